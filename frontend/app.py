@@ -1,0 +1,154 @@
+"""The HTTP app: OpenAI-compatible routes plus /health and /metrics."""
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from frontend import openai_protocol as api
+from frontend import streaming
+from frontend.engine_client import EngineDeadError
+from frontend.metrics import FrontendMetrics
+from frontend.serving import EngineRequestError, RequestServing, collect
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it, but logs do
+
+
+def error_response(exc: api.APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def _reject_non_finite(constant: str) -> float:
+    raise ValueError(f"{constant} is not a valid JSON number")
+
+
+async def read_json_body(request: Request, max_bytes: int) -> Any:
+    too_large = api.APIError(f"The request body is larger than {max_bytes} bytes", 413, "RequestEntityTooLargeError")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_large
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks), parse_constant=_reject_non_finite)
+    except (ValueError, RecursionError) as e:
+        raise api.APIError(f"The request body is not valid JSON: {e}"[:500]) from None
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def run_unless_disconnected(request: Request, work: Coroutine) -> tuple[bool, Any]:
+    """Runs `work` while watching for the client to leave (the body must already be read).
+
+    Returns (True, result), or (False, None) after cancelling `work` because the client went away.
+    """
+    work_task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait((work_task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not work_task.done():
+            work_task.cancel()
+            await asyncio.gather(work_task, return_exceptions=True)
+    if work_task.cancelled():
+        return False, None
+    return True, work_task.result()
+
+
+def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_root: str | None = None,
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, make_detokenizer: Callable | None = None) -> Starlette:
+    """engine: an EngineClient (or anything with its generate/stats/dead_reason); tokenizer: a frontend.tokenizer.Tokenizer.
+
+    make_detokenizer(tokenizer, prompt_token_ids, skip_special_tokens=...) defaults to IncrementalDetokenizer.
+    """
+    if make_detokenizer is None:
+        from frontend.detokenizer import IncrementalDetokenizer as make_detokenizer
+    metrics = FrontendMetrics(engine, model_name)
+    serving = RequestServing(engine, tokenizer, max_model_len, make_detokenizer, metrics)
+    started_at = int(time.time())
+
+    async def generation(request: Request, is_chat: bool) -> Response:
+        try:
+            body = await read_json_body(request, max_body_bytes)
+            req = api.parse_chat_request(body) if is_chat else api.parse_completion_request(body)
+            if req.model is not None and req.model != model_name:
+                raise api.model_not_found(req.model)
+            if engine.dead_reason is not None:
+                raise EngineDeadError(engine.dead_reason)
+            prompt_ids = await serving.prompt_token_ids(req, is_chat)
+            serving.fit_to_context(req, len(prompt_ids))
+            request_id, created = api.new_request_id(is_chat), int(time.time())
+            deltas = serving.generate_text(request_id, prompt_ids, req)
+            if req.stream:
+                events = streaming.chat_events if is_chat else streaming.completion_events
+                return streaming.SSEResponse(events(deltas, request_id, model_name, created, req.include_usage))
+            finished, result = await run_unless_disconnected(request, collect(deltas))
+            if not finished:
+                return Response(status_code=CLIENT_CLOSED_REQUEST)
+            make_body = api.chat_body if is_chat else api.completion_body
+            usage = api.usage_body(result.num_prompt_tokens, result.num_generated_tokens)
+            return JSONResponse(make_body(request_id, model_name, result.text, result.finish_reason,
+                                          result.stop_reason, usage, created))
+        except api.APIError as e:
+            return error_response(e)
+        except EngineDeadError as e:
+            return error_response(api.APIError(f"The engine is not available: {e}", 503, "ServiceUnavailableError"))
+        except EngineRequestError as e:
+            return error_response(api.APIError(f"Internal server error: {e}", 500, "InternalServerError"))
+        except Exception:
+            log.exception("unexpected error serving %s", request.url.path)
+            return error_response(api.APIError("Internal server error", 500, "InternalServerError"))
+
+    async def completions(request: Request) -> Response:
+        return await generation(request, is_chat=False)
+
+    async def chat_completions(request: Request) -> Response:
+        return await generation(request, is_chat=True)
+
+    async def models(request: Request) -> Response:
+        card = {"id": model_name, "object": "model", "created": started_at, "owned_by": "tinyvllm",
+                "root": model_root or model_name, "parent": None, "max_model_len": max_model_len}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=503 if engine.dead_reason is not None else 200)
+
+    async def prometheus(request: Request) -> Response:
+        content, content_type = metrics.render()
+        return Response(content, headers={"Content-Type": content_type})
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        type_ = {404: "NotFoundError", 405: "MethodNotAllowedError"}.get(exc.status_code, "BadRequestError")
+        return error_response(api.APIError(exc.detail, exc.status_code, type_))
+
+    app = Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/metrics", prometheus, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: http_error},
+    )
+    app.state.metrics = metrics
+    app.state.serving = serving
+    return app

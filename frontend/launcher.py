@@ -1,0 +1,91 @@
+"""Starts the engine's processes (one scheduler, `world_size` workers), watches them, and stops them.
+
+Used by both `tinyvllm serve` and the offline `LLM` API. Children are spawned (never forked, so no
+tinygrad or ZMQ state is inherited) and die with this process even if it is killed.
+"""
+import json
+import multiprocessing
+import pathlib
+import shutil
+from dataclasses import dataclass
+
+from protocol.transport import Endpoints
+from scheduler.main import SchedulerArgs, run_scheduler
+from workers.main import WorkerArgs, run_worker
+from workers.model_config import ModelConfig, is_gguf, resolve_model_path
+
+DEFAULT_KV_CACHE_BYTES = 1 << 30
+
+
+@dataclass(slots=True)
+class EngineArgs:
+    model: str | None = None
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+    block_size: int = 16
+    kv_cache_memory: int = DEFAULT_KV_CACHE_BYTES
+    num_kv_blocks: int = 0  # overrides kv_cache_memory when set
+    max_model_len: int | None = None  # default: the model's context length
+    world_size: int = 1
+    transport: str = "ipc"
+    tcp_base_port: int = 5555
+
+    def validate(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "world_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.num_kv_blocks < 0 or self.kv_cache_memory < 1:
+            raise ValueError("the KV cache size must be positive")
+        if self.world_size != 1:
+            raise ValueError("tensor/pipeline-parallel shards are not supported yet: use --world-size 1")
+
+
+def read_model_config(path: pathlib.Path) -> ModelConfig:
+    if is_gguf(path):
+        from workers.gguf_file import GGUFFile
+        gguf = GGUFFile(path)
+        return ModelConfig.from_gguf_metadata(gguf.metadata, gguf.tensor_names)
+    return ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
+
+
+class EngineProcesses:
+    def __init__(self, args: EngineArgs):
+        args.validate()
+        self.model_path = resolve_model_path(args.model)
+        self.model_config = read_model_config(self.model_path)
+        self.max_model_len = min(args.max_model_len or self.model_config.max_context, self.model_config.max_context)
+        if self.max_model_len < 2:
+            raise ValueError("--max-model-len must be at least 2")
+        self.endpoints = Endpoints.ipc() if args.transport == "ipc" else Endpoints.tcp(base_port=args.tcp_base_port)
+        spawn = multiprocessing.get_context("spawn")
+        sched_args = SchedulerArgs(args.world_size, args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
+                                   self.max_model_len, args.num_kv_blocks, args.kv_cache_memory)
+        self.processes = [spawn.Process(target=run_scheduler, args=(self.endpoints, sched_args), name="tinyvllm-scheduler")]
+        self.processes += [spawn.Process(target=run_worker, name=f"tinyvllm-worker{rank}",
+                                         args=(self.endpoints.workers, WorkerArgs(str(self.model_path), rank, args.world_size)))
+                           for rank in range(args.world_size)]
+
+    def start(self) -> None:
+        for p in self.processes:
+            p.start()
+
+    def dead_process(self) -> str | None:
+        """A description of the first child that exited, or None while all run."""
+        for p in self.processes:
+            if p.exitcode is not None:
+                return f"{p.name} exited with code {p.exitcode}"
+        return None
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        for p in self.processes:
+            if p.pid is not None:
+                p.join(timeout_s)
+        for p in self.processes:
+            if p.is_alive():
+                p.terminate()
+                p.join(2)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        if self.endpoints.scheduler_input.startswith("ipc://"):
+            shutil.rmtree(pathlib.Path(self.endpoints.scheduler_input[6:]).parent, ignore_errors=True)

@@ -1,0 +1,85 @@
+"""`tinyvllm serve`: the engine's processes behind an OpenAI-compatible HTTP server (uvicorn on uvloop)."""
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+
+import uvicorn
+import uvloop
+
+from frontend.app import build_app
+from frontend.engine_client import EngineClient, EngineDeadError
+from frontend.launcher import EngineArgs, EngineProcesses
+from frontend.tokenizer import Tokenizer
+
+log = logging.getLogger("tinyvllm.server")
+DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
+
+
+@dataclass(slots=True)
+class ServerArgs:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None
+    startup_timeout_s: float = 900.0
+
+
+async def wait_until_ready(engine: EngineClient, procs: EngineProcesses, timeout_s: float):
+    start = asyncio.create_task(engine.start(timeout_s))
+    while not start.done():
+        await asyncio.wait([start], timeout=0.5)
+        if not start.done() and (dead := procs.dead_process()):
+            start.cancel()
+            raise EngineDeadError(f"engine failed to start: {dead}")
+    return start.result()
+
+
+async def watch_processes(engine: EngineClient, procs: EngineProcesses) -> None:
+    while (dead := procs.dead_process()) is None:
+        await asyncio.sleep(0.5)
+    log.error("engine process died: %s; failing open requests", dead)
+    engine.mark_dead(f"engine process died ({dead})")
+
+
+async def serve_async(procs: EngineProcesses, engine_args: EngineArgs, server_args: ServerArgs) -> None:
+    name = server_args.served_model_name or (DEFAULT_SERVED_NAME if engine_args.model is None else
+                                             procs.model_path.stem if procs.model_path.is_file() else procs.model_path.name)
+    tokenizer = Tokenizer.from_model_path(procs.model_path)
+    engine = EngineClient(procs.endpoints.scheduler_input, procs.endpoints.frontend_output)
+    procs.start()
+    watcher = None
+    try:
+        ready = await wait_until_ready(engine, procs, server_args.startup_timeout_s)
+        app = build_app(engine, tokenizer, name, ready.max_model_len, model_root=str(procs.model_path))
+        config = uvicorn.Config(app, host=server_args.host, port=server_args.port, loop="none", log_level="warning",
+                                timeout_graceful_shutdown=5, lifespan="off")
+        server = uvicorn.Server(config)
+        watcher = asyncio.create_task(watch_processes(engine, procs))
+        serving = asyncio.create_task(server.serve())
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.05)
+        if server.started:
+            print(f"tinyvllm ready: serving {name} at http://{server_args.host}:{server_args.port}/v1 "
+                  f"({ready.num_blocks} KV blocks of {ready.block_size} tokens, max_model_len {ready.max_model_len})",
+                  flush=True)
+        await serving
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+        await engine.close()
+
+
+def serve(engine_args: EngineArgs, server_args: ServerArgs) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s frontend %(levelname)s %(message)s")
+
+    def stop_on_sigterm(*_):  # until uvicorn installs its own handlers, SIGTERM stops start-up cleanly
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
+    procs = EngineProcesses(engine_args)
+    try:
+        uvloop.run(serve_async(procs, engine_args, server_args))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        procs.stop()

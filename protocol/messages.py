@@ -1,0 +1,160 @@
+"""Every message that crosses a process boundary. The wire format is fixed by protocol.codec.
+
+Frontend -> scheduler:  AddRequest, AbortRequests, Shutdown
+Scheduler -> frontend:  EngineReady, StepOutputs
+Worker -> scheduler:    WorkerHello (handshake), WorkerReady, StepResult, WorkerError
+Scheduler -> worker:    InitWorker, StepPlan, Shutdown
+"""
+from dataclasses import dataclass, field
+
+from protocol.sampling import SamplingParams
+
+
+class FinishReason:
+    STOP = "stop"      # EOS or a stop token id
+    LENGTH = "length"  # max_tokens or max_model_len
+    ABORT = "abort"    # client went away, or aborted on request
+    ERROR = "error"    # the engine could not serve it (message in RequestOutput.error)
+
+
+class WorkerRole:
+    MIXED = "mixed"      # prefill and decode (the default)
+    PREFILL = "prefill"  # disaggregated serving: prefill only
+    DECODE = "decode"    # disaggregated serving: decode only
+
+
+# ---- frontend <-> scheduler -------------------------------------------------
+
+@dataclass(slots=True)
+class AddRequest:
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    eos_token_ids: list[int] = field(default_factory=list)
+    arrival_time: float = 0.0
+
+
+@dataclass(slots=True)
+class AbortRequests:
+    req_ids: list[str]
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """The tokens one request gained in one step (a delta), and how it ended if it did."""
+    req_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_running: int = 0
+    num_waiting: int = 0
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0
+    step_id: int = 0
+
+    @property
+    def kv_usage(self) -> float:
+        if self.num_total_blocks == 0:
+            return 0.0
+        return 1.0 - self.num_free_blocks / self.num_total_blocks
+
+
+@dataclass(slots=True)
+class StepOutputs:
+    outputs: list[RequestOutput]
+    stats: SchedulerStats
+    timestamp: float = 0.0
+
+
+@dataclass(slots=True)
+class EngineReady:
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    max_num_seqs: int
+    num_workers: int
+
+
+@dataclass(slots=True)
+class Shutdown:
+    reason: str = ""
+
+
+# ---- scheduler <-> workers --------------------------------------------------
+
+@dataclass(slots=True)
+class WorkerHello:
+    rank: int
+    world_size: int
+    role: str
+    pid: int
+    device: str
+
+
+@dataclass(slots=True)
+class InitWorker:
+    """Sent by the scheduler once every expected worker said hello."""
+    num_blocks: int  # 0: size the cache from kv_cache_bytes
+    kv_cache_bytes: int
+    block_size: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
+@dataclass(slots=True)
+class WorkerReady:
+    rank: int
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    """A request the worker has not seen: sent in full, once."""
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+
+
+@dataclass(slots=True)
+class CachedRequestData:
+    """A request the worker already holds: only what changed."""
+    req_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+
+
+@dataclass(slots=True)
+class StepPlan:
+    step_id: int
+    new_reqs: list[NewRequestData]
+    cached_reqs: list[CachedRequestData]
+    finished_req_ids: list[str]
+
+
+@dataclass(slots=True)
+class StepResult:
+    """Sampled tokens for the requests whose scheduled tokens reached the end of their known tokens."""
+    step_id: int
+    rank: int
+    req_ids: list[str]
+    sampled_token_ids: list[int]
+    elapsed_s: float = 0.0
+
+
+@dataclass(slots=True)
+class WorkerError:
+    rank: int
+    message: str

@@ -1,0 +1,26 @@
+"""Child processes end when their parent does, even if the parent is killed with SIGKILL."""
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+
+PR_SET_PDEATHSIG = 1
+
+
+def exit_with_parent(poll_s: float = 1.0) -> None:
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError):
+            pass
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+
+    def watch() -> None:  # also covers platforms without PDEATHSIG
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()

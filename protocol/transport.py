@@ -1,0 +1,60 @@
+"""ZMQ endpoints and sockets. ipc:// in a private temporary folder by default, tcp:// when asked."""
+import os
+import tempfile
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+
+from protocol.codec import MAX_MESSAGE_BYTES, decode, encode
+
+
+@dataclass(slots=True)
+class Endpoints:
+    scheduler_input: str   # frontend PUSH -> scheduler PULL (bound by the scheduler)
+    frontend_output: str   # scheduler PUSH -> frontend PULL (bound by the frontend)
+    workers: str           # scheduler ROUTER <-> worker DEALERs (bound by the scheduler)
+
+    @staticmethod
+    def ipc(folder: str | None = None) -> "Endpoints":
+        folder = folder or tempfile.mkdtemp(prefix="tinyvllm-")
+        os.chmod(folder, 0o700)
+        return Endpoints(*(f"ipc://{os.path.join(folder, name)}" for name in ("sched_in", "front_out", "workers")))
+
+    @staticmethod
+    def tcp(host: str = "127.0.0.1", base_port: int = 5555) -> "Endpoints":
+        return Endpoints(*(f"tcp://{host}:{base_port + i}" for i in range(3)))
+
+    def as_list(self) -> list[str]:
+        return [self.scheduler_input, self.frontend_output, self.workers]
+
+
+def make_socket(ctx: zmq.Context, kind: int, addr: str, bind: bool, identity: bytes | None = None) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+    sock.setsockopt(zmq.LINGER, 0)
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity)
+    if kind == zmq.ROUTER:
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    (sock.bind if bind else sock.connect)(addr)
+    return sock
+
+
+def send(sock: zmq.Socket, msg, identity: bytes | None = None) -> None:
+    if identity is None:
+        sock.send(encode(msg), copy=False)
+    else:
+        sock.send_multipart([identity, encode(msg)], copy=False)
+
+
+def recv(sock: zmq.Socket):
+    return decode(sock.recv())
+
+
+async def send_async(sock: zmq.asyncio.Socket, msg) -> None:
+    await sock.send(encode(msg), copy=False)
+
+
+async def recv_async(sock: zmq.asyncio.Socket):
+    return decode(await sock.recv())

@@ -1,0 +1,159 @@
+"""The scheduler process: owns the request queue and the KV block manager, drives the workers step by step.
+
+Sockets: PULL from the frontend (AddRequest, AbortRequests, Shutdown), PUSH to the frontend (EngineReady,
+StepOutputs), ROUTER to the workers (hello/init/ready handshake, StepPlan out, StepResult back).
+"""
+import logging
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from protocol.codec import CodecError, decode
+from protocol.messages import (AbortRequests, AddRequest, EngineReady, InitWorker, Shutdown, StepOutputs, StepPlan,
+                               StepResult, WorkerError, WorkerHello, WorkerReady)
+from protocol.transport import Endpoints, make_socket, recv, send
+from scheduler.request import Request
+from scheduler.scheduler import Scheduler, SchedulerConfig
+from protocol.process_guard import exit_with_parent
+
+log = logging.getLogger("tinyvllm.scheduler")
+
+
+@dataclass(slots=True)
+class SchedulerArgs:
+    world_size: int
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    num_kv_blocks: int  # 0: let the workers size the cache from kv_cache_bytes
+    kv_cache_bytes: int
+    startup_timeout_s: float = 900.0
+
+
+class WorkerGroup:
+    """The workers, by ZMQ identity. Every worker gets every plan; rank 0 answers with the sampled tokens."""
+
+    def __init__(self, sock: zmq.Socket):
+        self.sock = sock
+        self.identities: dict[int, bytes] = {}
+
+    def handshake(self, args: SchedulerArgs) -> int:
+        deadline = time.monotonic() + args.startup_timeout_s
+        while len(self.identities) < args.world_size:
+            identity, msg = self.recv(deadline)
+            if isinstance(msg, WorkerHello):
+                self.identities[msg.rank] = identity
+                log.info("worker rank %d (%s, pid %d) said hello", msg.rank, msg.device, msg.pid)
+        init = InitWorker(args.num_kv_blocks, args.kv_cache_bytes, args.block_size, args.max_model_len,
+                          args.max_num_seqs, args.max_num_batched_tokens)
+        for identity in self.identities.values():
+            send(self.sock, init, identity)
+        ready: dict[int, WorkerReady] = {}
+        while len(ready) < len(self.identities):
+            _, msg = self.recv(deadline)
+            if isinstance(msg, WorkerError):
+                raise RuntimeError(f"worker {msg.rank} failed to start: {msg.message}")
+            if isinstance(msg, WorkerReady):
+                ready[msg.rank] = msg
+        return min(r.num_blocks for r in ready.values())
+
+    def recv(self, deadline: float):
+        if not self.sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+            raise TimeoutError("no answer from the workers in time")
+        identity, data = self.sock.recv_multipart()
+        return identity, decode(data)
+
+    def broadcast(self, msg) -> None:
+        for identity in self.identities.values():
+            send(self.sock, msg, identity)
+
+
+class SchedulerLoop:
+    def __init__(self, endpoints: Endpoints, args: SchedulerArgs):
+        self.ctx = zmq.Context()
+        self.from_frontend = make_socket(self.ctx, zmq.PULL, endpoints.scheduler_input, bind=True)
+        self.to_frontend = make_socket(self.ctx, zmq.PUSH, endpoints.frontend_output, bind=False)
+        self.workers = WorkerGroup(make_socket(self.ctx, zmq.ROUTER, endpoints.workers, bind=True))
+        self.args = args
+        self.scheduler: Scheduler | None = None
+        self.running = True
+
+    def start(self) -> None:
+        num_blocks = self.workers.handshake(self.args)
+        a = self.args
+        self.scheduler = Scheduler(SchedulerConfig(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
+                                                   a.block_size, num_blocks))
+        send(self.to_frontend, EngineReady(num_blocks, a.block_size, a.max_model_len, a.max_num_seqs, a.world_size))
+        log.info("scheduler ready: %d KV blocks of %d tokens", num_blocks, a.block_size)
+
+    def handle_frontend(self, msg) -> None:
+        if isinstance(msg, AddRequest):
+            self.scheduler.add_request(Request.from_add_request(msg))
+        elif isinstance(msg, AbortRequests):
+            self.scheduler.abort(msg.req_ids)
+        elif isinstance(msg, Shutdown):
+            self.running = False
+
+    def drain_frontend(self, timeout_ms: int) -> bool:
+        """Handles every frontend message that is waiting (waiting up to timeout_ms for the first)."""
+        got = False
+        while self.from_frontend.poll(timeout_ms):
+            try:
+                self.handle_frontend(recv(self.from_frontend))
+            except CodecError as e:
+                log.warning("dropped a malformed message: %s", e)
+            got, timeout_ms = True, 0
+        return got
+
+    def run_step(self, plan: StepPlan) -> list:
+        self.workers.broadcast(plan)
+        poller = zmq.Poller()
+        poller.register(self.workers.sock, zmq.POLLIN)
+        poller.register(self.from_frontend, zmq.POLLIN)
+        pending = []  # frontend messages that arrive mid-step are applied after the step's result
+        while True:
+            events = dict(poller.poll())
+            if self.workers.sock in events:
+                _, msg = self.workers.recv(time.monotonic() + 1)
+                if isinstance(msg, WorkerError):
+                    raise RuntimeError(f"worker {msg.rank} failed: {msg.message}")
+                if isinstance(msg, StepResult) and msg.step_id == plan.step_id and msg.rank == 0:
+                    break
+            if self.from_frontend in events:
+                pending.append(recv(self.from_frontend))
+        outputs = self.scheduler.update_from_output(plan, msg)
+        for m in pending:
+            self.handle_frontend(m)
+        return outputs
+
+    def loop(self) -> None:
+        sched = self.scheduler
+        while self.running:
+            changed = self.drain_frontend(0 if sched.has_unfinished() else 100)
+            outputs = sched.take_pending_outputs()
+            plan = sched.schedule() if self.running else None
+            if plan is not None:
+                outputs += self.run_step(plan)
+                outputs += sched.take_pending_outputs()
+            if outputs or changed or plan is not None:
+                send(self.to_frontend, StepOutputs(outputs, sched.stats(), time.time()))
+
+    def close(self) -> None:
+        self.workers.broadcast(Shutdown("scheduler stopping"))
+        self.ctx.destroy(linger=100)
+
+
+def run_scheduler(endpoints: Endpoints, args: SchedulerArgs) -> None:
+    """Process entry point."""
+    exit_with_parent()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s scheduler %(levelname)s %(message)s")
+    loop = SchedulerLoop(endpoints, args)
+    try:
+        loop.start()
+        loop.loop()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        loop.close()

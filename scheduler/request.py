@@ -1,0 +1,68 @@
+"""One request as the scheduler tracks it: its tokens, how far the KV cache has caught up, its blocks."""
+import enum
+from dataclasses import dataclass, field
+
+from protocol.messages import AddRequest, FinishReason
+from protocol.sampling import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"    # queued, or preempted and holding no blocks
+    RUNNING = "running"    # admitted: holds blocks, scheduled every step until it finishes or is preempted
+    FINISHED = "finished"  # done for good (finish_reason says why); holds no blocks
+
+
+# eq=False: requests compare by identity (they are removed from queues by identity, and two may look alike).
+@dataclass(slots=True, eq=False)
+class Request:
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    eos_token_ids: list[int] = field(default_factory=list)
+    arrival_time: float = 0.0
+    output_token_ids: list[int] = field(default_factory=list)
+    # Tokens whose KV is in the cache. It chases num_tokens: the gap is what the next step computes.
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+
+    @classmethod
+    def from_add_request(cls, msg: AddRequest) -> "Request":
+        return cls(msg.req_id, list(msg.prompt_token_ids), msg.sampling, list(msg.eos_token_ids), msg.arrival_time)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def stop_reason(self, max_len: int) -> str | None:
+        """Why the request must stop after its newest token, or None to go on.
+
+        A stop token wins over a length cap hit on the same token: the model did choose to stop.
+        The stop token itself stays in output_token_ids (it counts as a completion token, as in vLLM).
+        """
+        last = self.output_token_ids[-1]
+        if not self.sampling.ignore_eos and last in self.eos_token_ids:
+            return FinishReason.STOP
+        if last in self.sampling.stop_token_ids:
+            return FinishReason.STOP
+        if self.num_output_tokens >= self.sampling.max_tokens or self.num_tokens >= max_len:
+            return FinishReason.LENGTH
+        return None

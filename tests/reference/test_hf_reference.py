@@ -1,0 +1,14 @@
+"""Smoke test of the transformers reference used by the end-to-end model tests."""
+from frontend.tokenizer import Tokenizer
+from tests.reference.hf_reference import reference_greedy
+from workers.model_config import resolve_model_path
+
+
+def test_reference_greedy_answers_a_simple_question():
+    tok = Tokenizer.from_model_path(resolve_model_path(None))
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])),
+               tok.encode("The numbers go 1, 2, 3,")]
+    results = reference_greedy(prompts, n_tokens=8)
+    assert [len(r["token_ids"]) for r in results] == [8, 8] and len(results[0]["top2_gap"]) == 8
+    assert tok.decode(results[0]["token_ids"]).startswith("The capital of France is Paris")
+    assert all(gap >= 0 for r in results for gap in r["top2_gap"])

@@ -1,0 +1,137 @@
+"""GGUFFile against an independent dequantiser (tinygrad.llm.gguf) on the real model and on synthetic files."""
+import os
+import time
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("DEV", "CPU")
+
+from tests.helpers.gguf_writer import GGML_TYPE_IDS, write_gguf  # noqa: E402
+from workers.gguf_file import GGML_TYPES, GGUFFile, dequantize  # noqa: E402
+from workers.model_config import resolve_model_path  # noqa: E402
+
+
+def tinygrad_dequant(raw: np.ndarray, ggml_type: int, n: int) -> np.ndarray:
+    from tinygrad import Tensor
+    from tinygrad.llm.gguf import ggml_data_to_tensor
+    return ggml_data_to_tensor(Tensor(np.ascontiguousarray(raw)), n, ggml_type).numpy().reshape(-1)
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    return GGUFFile(resolve_model_path(None))
+
+
+def test_header_metadata_and_shapes(smollm):
+    md = smollm.metadata
+    assert smollm.version == 3 and smollm.alignment == 32
+    assert md["general.architecture"] == "llama" and md["llama.block_count"] == 30
+    assert md["tokenizer.ggml.pre"] == "smollm" and md["tokenizer.ggml.add_bos_token"] is False
+    assert len(md["tokenizer.ggml.tokens"]) == 49152 and md["tokenizer.ggml.tokens"][2] == "<|im_end|>"
+    assert md["tokenizer.ggml.token_type"][:17] == [3] * 17 and len(md["tokenizer.ggml.merges"]) == 48900
+    assert md["llama.rope.freq_base"] == 100000.0
+    assert len(smollm.tensor_names) == 272 and "output.weight" not in smollm.tensor_names
+    assert smollm.tensor_shape("blk.0.attn_q.weight") == (576, 576)
+    assert smollm.tensor_shape("blk.0.attn_k.weight") == (192, 576)
+    assert smollm.tensor_shape("blk.0.ffn_down.weight") == (576, 1536)
+    assert smollm.tensor_shape("token_embd.weight") == (49152, 576)
+    assert smollm.tensor_shape("output_norm.weight") == (576,)
+    assert {smollm.tensor_type(n) for n in smollm.tensor_names} == {"F32", "Q4_1", "Q8_0"}
+
+
+def test_every_tensor_type_and_shape_matches_tinygrad(smollm):
+    seen = set()
+    for name in smollm.tensor_names:
+        info = smollm.tensor_info(name)
+        if (info.ggml_type, info.shape) in seen:
+            continue
+        seen.add((info.ggml_type, info.shape))
+        mine = smollm.load(name)
+        ref = tinygrad_dequant(smollm.raw(name), info.ggml_type, mine.size).reshape(info.shape)
+        assert mine.dtype == np.float32 and mine.shape == info.shape
+        np.testing.assert_array_equal(mine, ref, err_msg=name)
+    assert {t for t, _ in seen} == {0, 3, 8}
+
+
+def test_whole_model_loads_fast(smollm):
+    start = time.perf_counter()
+    total = sum(smollm.load(n).size for n in smollm.tensor_names)
+    assert total > 130e6
+    assert time.perf_counter() - start < 6  # ~1 s on 2 cores; generous for busy CI machines
+
+
+def test_synthetic_tensors_roundtrip_against_tinygrad(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 64)).astype(np.float32) * 3
+    x[0] = 0  # an all-zero block: scale 0
+    x[1, :32] = 5.0  # a constant block
+    x[2, :32] = np.linspace(-1, 1, 32)
+    tensors = {f"t.{name}": (x, name) for name in ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")}
+    tensors["vec"] = (np.arange(7, dtype=np.float32), "F32")  # odd size: exercises data padding
+    gguf = GGUFFile(write_gguf(tmp_path / "t.gguf", {"general.architecture": "test"}, tensors))
+    assert gguf.tensor_names == list(tensors)
+    np.testing.assert_array_equal(gguf.load("vec"), np.arange(7))
+    bounds = {"F32": 0, "F16": 5e-3, "Q8_0": 0.05, "Q4_0": 1.2, "Q4_1": 0.6}  # max error vs the original
+    for name, bound in bounds.items():
+        t = f"t.{name}"
+        mine = gguf.load(t)
+        assert gguf.tensor_type(t) == name and mine.shape == (8, 64)
+        np.testing.assert_array_equal(mine.reshape(-1), tinygrad_dequant(gguf.raw(t), GGML_TYPE_IDS[name], x.size))
+        assert np.abs(mine - x).max() <= bound, name
+        np.testing.assert_array_equal(mine[0], 0)
+
+
+def _random_blocks(rng, ggml_type: int, n_blocks: int, f16_fields: list[int]) -> np.ndarray:
+    """Random block bytes, with the fp16 scale fields replaced by sane finite values."""
+    _, _, block_bytes = GGML_TYPES[ggml_type]
+    blocks = rng.integers(0, 256, (n_blocks, block_bytes), dtype=np.uint8)
+    for off in f16_fields:
+        blocks[:, off:off + 2] = rng.uniform(-2, 2, (n_blocks, 1)).astype("<f2").view(np.uint8)
+    return blocks.reshape(-1)
+
+
+@pytest.mark.parametrize("type_name,f16_fields", [
+    ("Q4_0", [0]), ("Q4_1", [0, 2]), ("Q5_0", [0]), ("Q5_1", [0, 2]), ("Q8_0", [0]),
+    ("Q4_K", [0, 2]), ("Q5_K", [0, 2]), ("Q6_K", [208]),
+])
+def test_quant_formats_on_random_blocks_match_tinygrad(type_name, f16_fields):
+    ggml_type = {name: t for t, (name, _, _) in GGML_TYPES.items()}[type_name]
+    raw = _random_blocks(np.random.default_rng(ggml_type), ggml_type, 64, f16_fields)
+    n = 64 * GGML_TYPES[ggml_type][1]
+    np.testing.assert_allclose(dequantize(raw, ggml_type, n), tinygrad_dequant(raw, ggml_type, n), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("ggml_type", [1, 30])  # F16, BF16
+def test_half_precision_formats_match_tinygrad(ggml_type):
+    raw = np.random.default_rng(1).standard_normal(256).astype(np.float32)
+    raw = raw.astype("<f2").view(np.uint8) if ggml_type == 1 else (raw.view("<u4") >> 16).astype("<u2").view(np.uint8)
+    np.testing.assert_array_equal(dequantize(raw, ggml_type, 256), tinygrad_dequant(raw, ggml_type, 256))
+
+
+def test_unsupported_type_names_the_type():
+    with pytest.raises(ValueError, match="Q2_K"):
+        dequantize(np.zeros(84, np.uint8), 10, 256)
+
+
+def test_all_metadata_value_types_roundtrip(tmp_path):
+    md = {
+        "u8": np.uint8(200), "i8": np.int8(-5), "u16": np.uint16(60000), "i16": np.int16(-300),
+        "u32": 4_000_000_000, "i32": np.int32(-7), "f32": 0.5, "bool": True, "str": "héllo ✓",
+        "u64": np.uint64(2**63), "i64": -2**40, "f64": np.float64(1e-300),
+        "arr.str": ["a", "", "日本"], "arr.int": [1, 2, 3], "arr.neg": [-1, 2], "arr.f": [0.25, -1.5],
+        "arr.bool": [True, False], "arr.nested": [[1, 2], [3]], "arr.empty": [],
+    }
+    gguf = GGUFFile(write_gguf(tmp_path / "md.gguf", md, {}))
+    assert gguf.metadata == {k: (v.item() if isinstance(v, np.generic) else v) for k, v in md.items()}
+    assert gguf.tensor_names == []
+
+
+def test_rejects_bad_files(tmp_path):
+    (tmp_path / "bad.gguf").write_bytes(b"NOPE" + bytes(60))
+    with pytest.raises(ValueError, match="magic"):
+        GGUFFile(tmp_path / "bad.gguf")
+    path = write_gguf(tmp_path / "t.gguf", {}, {"w": (np.ones((4, 32), np.float32), "Q8_0")})
+    path.write_bytes(path.read_bytes()[:-40])
+    with pytest.raises(ValueError, match="truncated"):
+        GGUFFile(path)

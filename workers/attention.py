@@ -1,0 +1,71 @@
+"""Paged attention in tinygrad ops: write the step's keys/values into their slots, then attend over the
+sequence's blocks gathered through its block table, up to a symbolic number of blocks `nb`.
+
+Writes are slices at symbolic offsets (one small copy per row or per touched block), never a
+scatter over the whole cache, so their cost does not grow with the cache size.
+"""
+from tinygrad import Tensor, UOp, dtypes
+
+from workers.kv_cache import PagedKVCache
+
+
+def gqa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """q [B, T, H, D]; k, v [B, S, KVH, D]; mask [B, T, S] (True = attend) -> [B, T, H*D]."""
+    B, T, H, D = q.shape
+    KVH = k.shape[2]
+    q = q.reshape(B, T, KVH, H // KVH, D).permute(0, 2, 3, 1, 4)  # [B, KVH, G, T, D]
+    k, v = k.permute(0, 2, 1, 3).unsqueeze(2), v.permute(0, 2, 1, 3).unsqueeze(2)  # [B, KVH, 1, S, D]
+    scores = (q @ k.transpose(-1, -2)) * (1.0 / D ** 0.5)
+    scores = mask.reshape(B, 1, 1, T, mask.shape[-1]).where(scores, -float("inf"))
+    out = scores.softmax(-1) @ v  # [B, KVH, G, T, D]
+    return out.permute(0, 3, 1, 2, 4).reshape(B, T, H * D)
+
+
+def block_slots(block_table: Tensor, block_size: int) -> Tensor:
+    """[..., nb] block ids -> [..., nb * block_size] slot ids, in logical (position) order."""
+    slots = block_table.unsqueeze(-1) * block_size + Tensor.arange(block_size, dtype=dtypes.int32)
+    return slots.reshape(*block_table.shape[:-1], block_table.shape[-1] * block_size)
+
+
+class DecodeAttention:
+    """B sequences, one new token each. Row b writes at slot_vars[b] and sees context_lens[b] tokens."""
+
+    def __init__(self, cache: PagedKVCache, block_tables: Tensor, context_lens: Tensor, slot_vars: list[UOp]):
+        self.cache, self.slot_vars = cache, slot_vars
+        self.slots = block_slots(block_tables, cache.block_size)  # [B, S]
+        S = self.slots.shape[1]
+        self.mask = (Tensor.arange(S, dtype=dtypes.int32).reshape(1, 1, S) < context_lens.reshape(-1, 1, 1))
+
+    def __call__(self, layer: int, q: Tensor, kv: Tensor) -> Tensor:
+        cache = self.cache.layers[layer]
+        for b, slot in enumerate(self.slot_vars):
+            cache[slot:slot + 1].assign(kv[b:b + 1])
+        ctx = cache[self.slots]  # [B, S, 2, KVH, D]
+        return gqa_attention(q.unsqueeze(1), ctx[:, :, 0], ctx[:, :, 1], self.mask).squeeze(1)
+
+
+class PrefillAttention:
+    """One sequence, a chunk of T (padded) tokens at positions start .. start+T-1, of which n_valid are real.
+
+    write_block_vars[j] is the physical id of the j-th block the chunk touches (the scratch block when
+    it touches fewer); each is rewritten whole, keeping the slots outside the chunk."""
+
+    def __init__(self, cache: PagedKVCache, block_table: Tensor, start: Tensor, n_valid: Tensor, write_block_vars: list[UOp]):
+        self.cache, self.write_block_vars = cache, write_block_vars
+        self.slots = block_slots(block_table, cache.block_size)  # [S]
+        self.start, self.n_valid = start, n_valid
+        bs = cache.block_size
+        self.first_block_pos = (start // bs) * bs
+
+    def __call__(self, layer: int, q: Tensor, kv: Tensor) -> Tensor:
+        cache, bs, T = self.cache.layers[layer], self.cache.block_size, q.shape[0]
+        for j, blk in enumerate(self.write_block_vars):
+            rel = self.first_block_pos + j * bs + Tensor.arange(bs, dtype=dtypes.int32) - self.start  # chunk index per slot
+            keep_new = ((rel >= 0) & (rel < self.n_valid)).reshape(bs, 1, 1, 1)
+            view = cache[blk * bs:blk * bs + bs]
+            view.assign(keep_new.where(kv[rel.clip(0, T - 1)], view))
+        ctx = cache[self.slots]  # [S, 2, KVH, D]
+        S = ctx.shape[0]
+        positions = self.start + Tensor.arange(T, dtype=dtypes.int32)
+        mask = Tensor.arange(S, dtype=dtypes.int32).reshape(1, S) <= positions.reshape(T, 1)
+        return gqa_attention(q.unsqueeze(0), ctx[:, 0].unsqueeze(0), ctx[:, 1].unsqueeze(0), mask.unsqueeze(0)).squeeze(0)

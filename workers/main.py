@@ -1,0 +1,62 @@
+"""A worker process: loads the model, says hello to the scheduler, allocates its KV cache when told how,
+then runs every StepPlan it receives and answers with a StepResult."""
+import logging
+import os
+import traceback
+from dataclasses import dataclass
+
+import zmq
+
+from protocol.messages import InitWorker, Shutdown, StepPlan, WorkerError, WorkerHello, WorkerReady, WorkerRole
+from protocol.process_guard import exit_with_parent
+from protocol.transport import make_socket, recv, send
+
+log = logging.getLogger("tinyvllm.worker")
+
+
+@dataclass(slots=True)
+class WorkerArgs:
+    model: str | None
+    rank: int = 0
+    world_size: int = 1
+    role: str = WorkerRole.MIXED
+
+
+def build_runner(args: WorkerArgs, init: InitWorker):
+    from workers.kv_cache import PagedKVCache, blocks_for_budget
+    from workers.model import Transformer
+    from workers.model_config import load_weights
+    from workers.model_runner import ModelRunner
+    cfg, weights = load_weights(args.model)
+    num_blocks = init.num_blocks or blocks_for_budget(cfg, init.block_size, init.kv_cache_bytes)
+    model = Transformer(cfg, weights, init.max_model_len)
+    cache = PagedKVCache(cfg, num_blocks, init.block_size)
+    return ModelRunner(model, cache, init.max_num_seqs, init.max_model_len, init.max_num_batched_tokens)
+
+
+def run_worker(workers_endpoint: str, args: WorkerArgs) -> None:
+    """Process entry point."""
+    exit_with_parent()
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker{args.rank} %(levelname)s %(message)s")
+    from tinygrad import Device
+    ctx = zmq.Context()
+    sock = make_socket(ctx, zmq.DEALER, workers_endpoint, bind=False, identity=f"worker-{args.rank}".encode())
+    send(sock, WorkerHello(args.rank, args.world_size, args.role, os.getpid(), Device.DEFAULT))
+    runner = None
+    try:
+        while True:
+            msg = recv(sock)
+            if isinstance(msg, InitWorker):
+                runner = build_runner(args, msg)
+                send(sock, WorkerReady(args.rank, runner.cache.num_blocks, runner.cache.block_size, msg.max_model_len))
+            elif isinstance(msg, StepPlan):
+                send(sock, runner.execute(msg, args.rank))
+            elif isinstance(msg, Shutdown):
+                break
+    except KeyboardInterrupt:
+        pass
+    except Exception:
+        log.exception("worker failed")
+        send(sock, WorkerError(args.rank, traceback.format_exc(limit=5)))
+    finally:
+        ctx.destroy(linger=200)

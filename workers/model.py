@@ -1,0 +1,88 @@
+"""A Llama-family transformer (Llama, SmolLM2, Qwen2) in tinygrad, reading and writing a paged KV cache.
+
+The layer stack is shared by both kinds of step; what differs is how a layer's attention reaches the
+cache, which workers/attention.py supplies (decode: many sequences, one token each; prefill: one chunk).
+"""
+import numpy as np
+from tinygrad import Tensor
+from tinygrad.function import function
+
+from workers.model_config import ModelConfig
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * weight
+
+
+def rope_tables(cfg: ModelConfig, max_positions: int) -> tuple[Tensor, Tensor]:
+    half = cfg.head_dim // 2
+    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(half, dtype=np.float64) * 2 / cfg.head_dim))
+    angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return (Tensor(np.cos(angles).astype(np.float32)).realize(), Tensor(np.sin(angles).astype(np.float32)).realize())
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: [T, heads, head_dim]; cos/sin: [T, head_dim/2]. HF rotate_half convention."""
+    half = x.shape[-1] // 2
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    x1, x2 = x[..., :half], x[..., half:]
+    return (x1 * cos - x2 * sin).cat(x2 * cos + x1 * sin, dim=-1)
+
+
+class Layer:
+    def __init__(self, w: dict[str, Tensor], i: int):
+        p = f"blk.{i}."
+        self.attn_norm, self.ffn_norm = w[p + "attn_norm.weight"], w[p + "ffn_norm.weight"]
+        self.wq, self.wk, self.wv, self.wo = (w[p + f"attn_{n}.weight"] for n in ("q", "k", "v", "output"))
+        self.biases = tuple(b for n in ("q", "k", "v") if (b := w.get(p + f"attn_{n}.bias")) is not None)
+        self.w_gate, self.w_up, self.w_down = (w[p + f"ffn_{n}.weight"] for n in ("gate", "up", "down"))
+
+
+def make_layer_functions(cfg: ModelConfig):
+    """The dense halves of a layer as tinygrad functions: weights are explicit arguments, so all layers
+    share one graph and tinygrad schedules and compiles it once instead of once per layer."""
+
+    @function(precompile=True)
+    def qkv(x, cos, sin, norm, wq, wk, wv, *biases):
+        T, h = x.shape[0], rms_norm(x, norm, cfg.rms_eps)
+        q, k, v = h @ wq.T, h @ wk.T, h @ wv.T
+        if biases:
+            q, k, v = q + biases[0], k + biases[1], v + biases[2]
+        q = apply_rope(q.reshape(T, cfg.n_heads, cfg.head_dim), cos, sin)
+        k = apply_rope(k.reshape(T, cfg.n_kv_heads, cfg.head_dim), cos, sin)
+        return q.contiguous(), Tensor.stack(k, v.reshape(T, cfg.n_kv_heads, cfg.head_dim), dim=1).contiguous()
+
+    @function(precompile=True)
+    def out_and_mlp(x, attn, wo, norm, w_gate, w_up, w_down):
+        x = x + attn @ wo.T
+        h = rms_norm(x, norm, cfg.rms_eps)
+        return x + ((h @ w_gate.T).silu() * (h @ w_up.T)) @ w_down.T
+
+    return qkv, out_and_mlp
+
+
+class Transformer:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray], max_positions: int):
+        self.cfg = cfg
+        w = {name: Tensor(np.ascontiguousarray(arr, dtype=np.float32)).realize() for name, arr in weights.items()}
+        self.tok_embeddings = w["token_embd.weight"]
+        self.output = w.get("output.weight", self.tok_embeddings)
+        self.norm = w["output_norm.weight"]
+        self.layers = [Layer(w, i) for i in range(cfg.n_layers)]
+        self.cos, self.sin = rope_tables(cfg, max_positions)
+        self._qkv, self._out_and_mlp = make_layer_functions(cfg)
+
+    def forward(self, tokens: Tensor, positions: Tensor, attend) -> Tensor:
+        """Hidden states [T, dim] after the final norm.
+
+        attend(layer_index, q [T, heads, hd], kv [T, 2, kv_heads, hd]) -> [T, heads * hd] writes the new
+        keys and values into the paged cache and attends over the sequence's context."""
+        x = self.tok_embeddings[tokens]
+        cos, sin = self.cos[positions], self.sin[positions]
+        for i, layer in enumerate(self.layers):
+            q, kv = self._qkv(x, cos, sin, layer.attn_norm, layer.wq, layer.wk, layer.wv, *layer.biases)
+            x = self._out_and_mlp(x, attend(i, q, kv), layer.wo, layer.ffn_norm, layer.w_gate, layer.w_up, layer.w_down)
+        return rms_norm(x, self.norm, self.cfg.rms_eps)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return hidden @ self.output.T
