@@ -14,6 +14,7 @@ from starlette.routing import Route
 
 from frontend import openai_protocol as api
 from frontend import streaming
+from frontend.detokenizer import IncrementalDetokenizer
 from frontend.engine_client import EngineDeadError
 from frontend.metrics import FrontendMetrics
 from frontend.serving import EngineRequestError, RequestServing, collect
@@ -74,13 +75,13 @@ async def run_unless_disconnected(request: Request, work: Coroutine) -> tuple[bo
 
 
 def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_root: str | None = None,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, make_detokenizer: Callable | None = None) -> Starlette:
-    """engine: an EngineClient (or anything with its generate/stats/dead_reason); tokenizer: a frontend.tokenizer.Tokenizer.
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+              make_detokenizer: Callable = IncrementalDetokenizer) -> Starlette:
+    """engine: an EngineClient (or anything with its generate/stats/dead_reason);
+    tokenizer: a frontend.tokenizer.Tokenizer (encode, vocab_size, eos_token_ids, apply_chat_template).
 
-    make_detokenizer(tokenizer, prompt_token_ids, skip_special_tokens=...) defaults to IncrementalDetokenizer.
+    make_detokenizer(tokenizer, prompt_token_ids, skip_special_tokens=...): tests swap in a simpler one.
     """
-    if make_detokenizer is None:
-        from frontend.detokenizer import IncrementalDetokenizer as make_detokenizer
     metrics = FrontendMetrics(engine, model_name)
     serving = RequestServing(engine, tokenizer, max_model_len, make_detokenizer, metrics)
     started_at = int(time.time())

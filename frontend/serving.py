@@ -97,7 +97,9 @@ class RequestServing:
             raise APIError(f"Token id {bad} in '{param}' is out of vocabulary (size {vocab})", param=param)
 
     def fit_to_context(self, req: GenerationRequest, num_prompt_tokens: int) -> None:
-        """Checks prompt + max_tokens against max_model_len and stop ids against the vocab; fills chat's default max_tokens."""
+        """Checks prompt + max_tokens against max_model_len and stop ids against the vocabulary.
+
+        Fills in chat's default max_tokens: the rest of the context."""
         limit, p = self.max_model_len, num_prompt_tokens
         if p >= limit:
             raise APIError(f"This model's maximum context length is {limit} tokens. However, your request has "
@@ -110,7 +112,8 @@ class RequestServing:
         self._check_token_ids(req.sampling.stop_token_ids, "stop_token_ids")
         req.sampling.max_tokens = m
 
-    async def generate_text(self, req_id: str, prompt_ids: list[int], req: GenerationRequest) -> AsyncIterator[TextDelta]:
+    async def generate_text(self, req_id: str, prompt_ids: list[int],
+                            req: GenerationRequest) -> AsyncIterator[TextDelta]:
         """Text deltas as the engine produces tokens; the last one has finish_reason. Closing it aborts the request."""
         detok = self.make_detokenizer(self.tokenizer, prompt_ids, skip_special_tokens=req.skip_special_tokens)
         stops = StopStringMatcher(req.stop)

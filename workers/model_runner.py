@@ -59,29 +59,34 @@ class ModelRunner:
         return self.model.logits(hidden[(n_valid - 1).clip(0, T - 1)]).realize()
 
     # ---- one step ------------------------------------------------------------------------------
-    def execute(self, plan: StepPlan, rank: int = 0) -> StepResult:
-        t0 = time.perf_counter()
+    def compute_logits(self, plan: StepPlan) -> list[tuple[ScheduledChunk, Tensor]]:
+        """Runs the plan's tokens through the model; returns the [1, V] logits of each chunk that ends
+        at the end of its request's known tokens (the ones to sample from), in plan order."""
         chunks = self.batch.apply(plan)
         decodes = [c for c in chunks if c.length == 1]
-        prefills = [c for c in chunks if c.length > 1]
-        logits_rows: list[tuple[ScheduledChunk, Tensor]] = []
-        for i in range(0, len(decodes), max(self.decode_buckets)):
-            group = decodes[i:i + max(self.decode_buckets)]
-            logits = self._run_decode(group)
-            logits_rows += [(c, logits[j:j + 1]) for j, c in enumerate(group) if c.samples]
-        for chunk in prefills:
-            for piece_start in range(chunk.start, chunk.start + chunk.length, max(self.prefill_buckets)):
-                piece_len = min(max(self.prefill_buckets), chunk.start + chunk.length - piece_start)
-                logits = self._run_prefill(chunk, piece_start, piece_len)
+        max_batch, max_chunk = max(self.decode_buckets), max(self.prefill_buckets)
+        rows: list[tuple[ScheduledChunk, Tensor]] = []
+        for i in range(0, len(decodes), max_batch):
+            group = decodes[i:i + max_batch]
+            logits = self._run_decode(group).clone().realize()  # a jit reuses its output buffer on the next call
+            rows += [(c, logits[j:j + 1]) for j, c in enumerate(group) if c.samples]
+        for chunk in (c for c in chunks if c.length > 1):
+            for piece_start in range(chunk.start, chunk.start + chunk.length, max_chunk):
+                logits = self._run_prefill(chunk, piece_start, min(max_chunk, chunk.start + chunk.length - piece_start))
             if chunk.samples:
-                logits_rows.append((chunk, logits))
+                rows.append((chunk, logits.clone().realize()))
+        return rows
+
+    def execute(self, plan: StepPlan, rank: int = 0) -> StepResult:
+        t0 = time.perf_counter()
+        rows = self.compute_logits(plan)
         req_ids, tokens = [], []
-        if logits_rows:
-            sampled = self._sample([c for c, _ in logits_rows], Tensor.cat(*[row for _, row in logits_rows]))
-            for (chunk, _), token in zip(logits_rows, sampled):
-                chunk.state.token_ids.append(int(token))
+        if rows:
+            sampled = self._sample([c for c, _ in rows], Tensor.cat(*[logits for _, logits in rows]))
+            for (chunk, _), token in zip(rows, sampled):
+                chunk.state.token_ids.append(token)
                 req_ids.append(chunk.req_id)
-                tokens.append(int(token))
+                tokens.append(token)
         return StepResult(plan.step_id, rank, req_ids, tokens, time.perf_counter() - t0)
 
     def _block_table_row(self, block_ids: list[int], out: np.ndarray) -> None:
@@ -120,7 +125,9 @@ class ModelRunner:
         greedy = all(c.state.sampling.greedy for c in chunks)
         R_pad = bucket_for(R, self.decode_buckets) if R <= max(self.decode_buckets) else R
         logits = logits.pad(((0, R_pad - R), None)) if R_pad > R else logits
-        fn = self.sample_jits.setdefault((R_pad, greedy), TinyJit(lambda *a: (sample_greedy(*a) if greedy else sample(*a)).realize()))
+        if (fn := self.sample_jits.get((R_pad, greedy))) is None:
+            body = sample_greedy if greedy else sample
+            fn = self.sample_jits[(R_pad, greedy)] = TinyJit(lambda *a: body(*a).realize())
         if greedy:
             return fn(logits.contiguous().realize()).numpy()[:R].tolist()
         params = np.zeros((4, R_pad), np.float32)
