@@ -1,4 +1,5 @@
-"""Child processes end when their parent does, even if the parent is killed with SIGKILL."""
+"""Child processes end when their parent does, even if the parent is killed with SIGKILL, and leave
+Ctrl-C to their parent."""
 import ctypes
 import os
 import signal
@@ -17,6 +18,8 @@ def exit_with_parent(poll_s: float = 1.0) -> None:
         except (OSError, AttributeError):
             pass
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    # Ctrl-C reaches the whole process group; the parent decides how to stop, children follow its Shutdown.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:  # also covers platforms without PDEATHSIG
         while os.getppid() == parent:

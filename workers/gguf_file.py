@@ -80,9 +80,23 @@ class GGUFFile:
     def __init__(self, path: str | pathlib.Path):
         self.path = pathlib.Path(path)
         self._data = np.memmap(self.path, dtype=np.uint8, mode="r")
-        cur = _Cursor(memoryview(self._data))
-        if bytes(cur.buf[:4]) != GGUF_MAGIC:
+        if bytes(self._data[:4]) != GGUF_MAGIC:
             raise ValueError(f"{self.path} is not a GGUF file (bad magic)")
+        try:
+            raw_infos = self._parse_header(_Cursor(memoryview(self._data)))
+        except (struct.error, ValueError) as e:
+            raise ValueError(f"{self.path}: corrupt or truncated GGUF header ({e})") from e
+        self._tensors: dict[str, TensorInfo] = {}
+        for name, dims, ggml_type, offset in raw_infos:
+            n_elements = int(np.prod(dims, dtype=np.int64)) if dims else 1
+            _, block_elems, block_bytes = GGML_TYPES.get(ggml_type, ("?", 1, 0))
+            info = TensorInfo(name, tuple(int(d) for d in reversed(dims)), ggml_type, self._data_start + offset,
+                              n_elements // block_elems * block_bytes)
+            if info.offset + info.nbytes > len(self._data):
+                raise ValueError(f"{self.path}: tensor {name} extends past the end of the file (truncated?)")
+            self._tensors[name] = info
+
+    def _parse_header(self, cur: _Cursor) -> list[tuple]:
         cur.pos = 4
         self.version = cur.scalar("<I")
         if self.version not in (2, 3):
@@ -98,16 +112,8 @@ class GGUFFile:
             dims = tuple(cur.scalar("<Q") for _ in range(cur.scalar("<I")))
             raw_infos.append((name, dims, cur.scalar("<I"), cur.scalar("<Q")))
         self.alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
-        data_start = -(-cur.pos // self.alignment) * self.alignment
-        self._tensors: dict[str, TensorInfo] = {}
-        for name, dims, ggml_type, offset in raw_infos:
-            n_elements = int(np.prod(dims, dtype=np.int64)) if dims else 1
-            _, block_elems, block_bytes = GGML_TYPES.get(ggml_type, ("?", 1, 0))
-            info = TensorInfo(name, tuple(int(d) for d in reversed(dims)), ggml_type, data_start + offset,
-                              n_elements // block_elems * block_bytes)
-            if info.offset + info.nbytes > len(self._data):
-                raise ValueError(f"{self.path}: tensor {name} extends past the end of the file (truncated?)")
-            self._tensors[name] = info
+        self._data_start = -(-cur.pos // self.alignment) * self.alignment
+        return raw_infos
 
     @property
     def tensor_names(self) -> list[str]:

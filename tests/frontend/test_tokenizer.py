@@ -92,8 +92,9 @@ def test_chat_template_errors_become_value_errors(tok):
     broken = Tokenizer(tok._tok, bos_token_id=1, eos_token_ids=[2], add_bos=False, chat_template="{% if %}")
     with pytest.raises(ValueError, match="chat template"):
         broken.apply_chat_template([])
+    no_template = Tokenizer(tok._tok, bos_token_id=1, eos_token_ids=[2], add_bos=False, chat_template=None)
     with pytest.raises(ValueError, match="no chat template"):
-        Tokenizer(tok._tok, bos_token_id=1, eos_token_ids=[2], add_bos=False, chat_template=None).apply_chat_template([])
+        no_template.apply_chat_template([])
 
 
 def test_template_helpers_and_sandbox(tok):

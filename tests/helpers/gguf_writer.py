@@ -94,7 +94,8 @@ def quantize(x: np.ndarray, type_name: str) -> bytes:
     raise ValueError(f"gguf_writer cannot quantise to {type_name}")
 
 
-def write_gguf(path: str | pathlib.Path, metadata: dict, tensors: dict[str, tuple[np.ndarray, str | int]]) -> pathlib.Path:
+def write_gguf(path: str | pathlib.Path, metadata: dict,
+               tensors: dict[str, tuple[np.ndarray, str | int]]) -> pathlib.Path:
     path = pathlib.Path(path)
     id_to_name = {v: k for k, v in GGML_TYPE_IDS.items()}
     header = [b"GGUF", struct.pack("<IQQ", 3, len(tensors), len(metadata))]

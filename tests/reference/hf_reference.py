@@ -92,19 +92,32 @@ def _greedy_batch(model, prompts: list[list[int]], n_tokens: int) -> list[dict]:
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     results = [{"token_ids": [], "top2_gap": []} for _ in prompts]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # on a small, busy CI box, torch's thread pool oversubscribes and runs 3-5x slower
+    try:
+        _decode_loop(model, ids, mask, positions, n_tokens, results)
+    finally:
+        torch.set_num_threads(threads)
+    return results
+
+
+def _decode_loop(model, ids, mask, positions, n_tokens: int, results: list[dict]) -> None:
+    import torch
+
     with torch.inference_mode():
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-        for _ in range(n_tokens):
+        for step in range(n_tokens):
             top = torch.topk(out.logits[:, -1].float(), 2, dim=-1)
             gaps = (top.values[:, 0] - top.values[:, 1]).tolist()
             for r, token, gap in zip(results, top.indices[:, 0].tolist(), gaps):
                 r["token_ids"].append(token)
                 r["top2_gap"].append(gap)
-            mask = torch.cat([mask, torch.ones(len(prompts), 1, dtype=mask.dtype)], dim=1)
+            if step == n_tokens - 1:
+                break
+            mask = torch.cat([mask, torch.ones(len(results), 1, dtype=mask.dtype)], dim=1)
             positions = positions[:, -1:] + 1
             out = model(input_ids=top.indices[:, :1], attention_mask=mask, position_ids=positions,
                         past_key_values=out.past_key_values, use_cache=True)
-    return results
 
 
 def reference_greedy(prompts_token_ids: list[list[int]], n_tokens: int = 32) -> list[dict]:

@@ -15,7 +15,10 @@ HEAD_DIM = DIMS["dim"] // DIMS["heads"]
 
 
 def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """HF rotate_half row order -> llama.cpp's interleaved order: per head, rows [a0..a(h/2-1), b0..] -> [a0, b0, a1, b1, ...]."""
+    """HF rotate_half row order -> llama.cpp's interleaved one.
+
+    Per head, rows [a0 .. a(h/2-1), b0 .. b(h/2-1)] become [a0, b0, a1, b1, ...].
+    """
     head_dim = w.shape[0] // n_heads
     order = [h * head_dim + half * (head_dim // 2) + j
              for h in range(n_heads) for j in range(head_dim // 2) for half in (0, 1)]
@@ -34,7 +37,8 @@ def random_hf_weights(rng, arch: str, tied: bool) -> dict[str, np.ndarray]:
               p + "self_attn.v_proj.weight": (kv, d), p + "self_attn.o_proj.weight": (d, d),
               p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d), p + "mlp.down_proj.weight": (d, f)}
         if arch == "qwen2":
-            w |= {p + "self_attn.q_proj.bias": (d,), p + "self_attn.k_proj.bias": (kv,), p + "self_attn.v_proj.bias": (kv,)}
+            w |= {p + "self_attn.q_proj.bias": (d,), p + "self_attn.k_proj.bias": (kv,),
+                  p + "self_attn.v_proj.bias": (kv,)}
     return {k: rng.standard_normal(shape).astype(np.float32) for k, shape in w.items()}
 
 

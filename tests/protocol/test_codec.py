@@ -1,0 +1,63 @@
+"""Every message type survives encode -> decode unchanged, and bad bytes are refused, never executed."""
+import msgpack
+import pytest
+
+from protocol import messages as m
+from protocol.codec import MESSAGE_TYPES, CodecError, decode, encode
+from protocol.sampling import SamplingParams
+
+SP = SamplingParams(temperature=0.7, top_p=0.9, top_k=40, max_tokens=33, seed=-5, stop_token_ids=[7, 8], ignore_eos=True)
+
+EXAMPLES = [
+    m.AddRequest("r1", [1, 2, 3], SP, [2], 1700000000.5),
+    m.AbortRequests(["r1", "r2"]),
+    m.StepOutputs([m.RequestOutput("r1", [5], m.FinishReason.STOP, 3, 0, None),
+                   m.RequestOutput("r2", [], m.FinishReason.ERROR, 9, 0, "too long")],
+                  m.SchedulerStats(2, 1, 10, 64, 7), 12.25),
+    m.EngineReady(128, 16, 2048, 16, 1),
+    m.Shutdown("bye"),
+    m.WorkerHello(0, 1, m.WorkerRole.MIXED, 1234, "CPU"),
+    m.InitWorker(0, 1 << 30, 16, 2048, 16, 512),
+    m.WorkerReady(0, 128, 16, 2048),
+    m.StepPlan(3, [m.NewRequestData("r1", [1, 2, 3], SP, [4, 9], 0, 3)],
+               [m.CachedRequestData("r0", [11], 40, 1)], ["old"]),
+    m.StepResult(3, 0, ["r1", "r0"], [42, 43], 0.01),
+    m.WorkerError(1, "boom"),
+]
+
+
+def test_every_message_type_has_an_example():
+    assert {type(e) for e in EXAMPLES} == set(MESSAGE_TYPES)
+
+
+@pytest.mark.parametrize("msg", EXAMPLES, ids=lambda e: type(e).__name__)
+def test_round_trip(msg):
+    assert decode(encode(msg)) == msg
+
+
+def test_defaults_and_none_round_trip():
+    msg = m.AddRequest("x", [1], SamplingParams())
+    assert decode(encode(msg)) == msg
+
+
+@pytest.mark.parametrize("payload", [
+    b"", b"\xc1", msgpack.packb([99, []]), msgpack.packb(["AddRequest", []]), msgpack.packb([0, ["r", [1], "not params"]]),
+    msgpack.packb([1, [[1, 2]]]),  # AbortRequests with ints for ids
+    msgpack.packb([1, [["a"], "extra"]]),  # too many fields
+    msgpack.packb([0, ["r", [True], [1.0, 1.0, 0, 16, None, [], False], [], 0.0]]),  # bool is not a token id
+])
+def test_malformed_messages_are_refused(payload):
+    with pytest.raises(CodecError):
+        decode(payload)
+
+
+def test_non_protocol_objects_are_not_encoded():
+    with pytest.raises(CodecError):
+        encode({"not": "a message"})
+
+
+def test_oversized_message_is_refused(monkeypatch):
+    import protocol.codec as codec
+    monkeypatch.setattr(codec, "MAX_MESSAGE_BYTES", 10)
+    with pytest.raises(CodecError):
+        decode(encode(m.AbortRequests(["a" * 100])))
