@@ -41,6 +41,8 @@ class ModelRunner:
         self.decode_jits = {b: TinyJit(self._decode_step) for b in self.decode_buckets}
         self.prefill_jits = {t: TinyJit(self._prefill_step) for t in self.prefill_buckets}
         self.sample_jits: dict[tuple[int, bool], TinyJit] = {}
+        self.copy_vars = (UOp.variable("copy_src", 0, cache.num_blocks), UOp.variable("copy_dst", 0, cache.num_blocks))
+        self.copy_jit = TinyJit(self._copy_block)
         self.batch = BatchState()
 
     # ---- jitted bodies -----------------------------------------------------------------------
@@ -57,6 +59,17 @@ class ModelRunner:
         hidden = self.model.forward(tokens, positions, attend)
         Tensor.realize(*self.cache.layers)
         return self.model.logits(hidden[(n_valid - 1).clip(0, T - 1)]).realize()
+
+    def _copy_block(self, src: UOp, dst: UOp):
+        bs = self.cache.block_size
+        for layer in self.cache.layers:
+            layer[dst * bs:dst * bs + bs].assign(layer[src * bs:src * bs + bs].contiguous())
+        Tensor.realize(*self.cache.layers)
+
+    def copy_blocks(self, pairs: list[list[int]]) -> None:
+        """Copy-on-write: block dst gets block src's keys and values in every layer."""
+        for src, dst in pairs:
+            self.copy_jit(self.copy_vars[0].bind(src), self.copy_vars[1].bind(dst))
 
     # ---- one step ------------------------------------------------------------------------------
     def compute_logits(self, plan: StepPlan) -> list[tuple[ScheduledChunk, Tensor]]:
