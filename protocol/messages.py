@@ -46,8 +46,9 @@ class RequestOutput:
     new_token_ids: list[int]
     finish_reason: str | None = None
     num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (set on every output of the request)
     error: str | None = None
+    index: int = 0  # parallel sampling (n > 1): which child of req_id this is
 
 
 @dataclass(slots=True)
@@ -57,6 +58,10 @@ class SchedulerStats:
     num_free_blocks: int = 0
     num_total_blocks: int = 0
     step_id: int = 0
+    # Cumulative, in tokens: looked up in the prefix cache at admission (and at resume), and found there.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0  # cumulative
 
     @property
     def kv_usage(self) -> float:
@@ -142,6 +147,9 @@ class StepPlan:
     new_reqs: list[NewRequestData]
     cached_reqs: list[CachedRequestData]
     finished_req_ids: list[str]
+    # Copy-on-write: [src, dst] block pairs; workers copy each block's keys and values in every layer, in
+    # this order, before computing the step (after applying finished_req_ids).
+    block_copies: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)

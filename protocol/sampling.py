@@ -1,6 +1,8 @@
 """Sampling parameters: what the frontend asks for, what the worker samples with."""
 from dataclasses import dataclass, field
 
+MAX_N = 128  # parallel samples per request
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -11,6 +13,7 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    n: int = 1  # parallel samples of one prompt; the scheduler forks children that share the prompt's KV blocks
 
     @property
     def greedy(self) -> bool:
@@ -28,3 +31,5 @@ class SamplingParams:
             raise ValueError("max_tokens must be at least 1, got %s" % self.max_tokens)
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
             raise ValueError("seed must fit in a signed 64-bit integer")
+        if not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be between 1 and {MAX_N}, got {self.n}")

@@ -8,6 +8,7 @@ from protocol.sampling import SamplingParams
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"    # queued, or preempted and holding no blocks
+    WAITING_FOR_FORK = "waiting_for_fork"  # a parallel-sampling child: waits for its leader to prefill the prompt
     RUNNING = "running"    # admitted: holds blocks, scheduled every step until it finishes or is preempted
     FINISHED = "finished"  # done for good (finish_reason says why); holds no blocks
 
@@ -27,6 +28,18 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0
+    # Hook for a cache salt: mixed into the first block's hash, so only requests with the same salt share blocks.
+    cache_salt: str | None = None
+    # Parallel sampling: outputs go out under the parent's id with this child's index.
+    parent_id: str | None = None
+    index: int = 0
+    # A leader's siblings, until its prompt (but its last token) is computed and they fork off its blocks.
+    pending_forks: list["Request"] = field(default_factory=list)
+    num_cached_tokens: int | None = None  # prompt tokens the prefix cache supplied at first admission
+    # Prefix-cache bookkeeping (scheduler.kv_cache_manager): hashes of full blocks, and how many leading
+    # blocks of block_ids are known to be registered in the cache.
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_registered_blocks: int = 0
 
     @classmethod
     def from_add_request(cls, msg: AddRequest) -> "Request":
@@ -47,6 +60,25 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def output_id(self) -> str:
+        """The id the frontend knows: the parent's for a parallel-sampling child."""
+        return self.req_id if self.parent_id is None else self.parent_id
+
+    @property
+    def compute_limit(self) -> int:
+        """How far num_computed_tokens may go: a leader stops short of its last prompt token until it forks."""
+        return self.num_prompt_tokens - 1 if self.pending_forks else self.num_tokens
+
+    def token_ids_between(self, start: int, end: int) -> list[int]:
+        """all_token_ids[start:end] without building all_token_ids."""
+        num_prompt = len(self.prompt_token_ids)
+        if end <= num_prompt:
+            return self.prompt_token_ids[start:end]
+        if start >= num_prompt:
+            return self.output_token_ids[start - num_prompt:end - num_prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - num_prompt]
 
     @property
     def is_finished(self) -> bool:

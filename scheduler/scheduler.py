@@ -3,6 +3,7 @@
 Every request has num_computed_tokens chasing num_tokens; a step spends one token budget on closing
 those gaps, running requests first (oldest first), then waiting ones in FIFO order. A prefill is just a
 big gap, a decode a gap of 1, so both mix freely in one step and a long prompt is computed in chunks.
+A request being admitted (or resumed after preemption) starts past the longest cached prefix of its tokens.
 
 One step is in flight at a time: schedule() -> the worker runs the plan -> update_from_output().
 """
@@ -12,7 +13,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from protocol.messages import FinishReason, RequestOutput, SchedulerStats, StepPlan, StepResult
-from scheduler.block_manager import BlockManager
+from scheduler.admission import admission_error
+from scheduler.kv_cache_manager import KVCacheManager
+from scheduler.parallel_sampling import make_children
 from scheduler.request import Request, RequestStatus
 from scheduler.worker_view import WorkerView
 
@@ -24,6 +27,7 @@ class SchedulerConfig:
     max_model_len: int
     block_size: int
     num_blocks: int
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_blocks"):
@@ -34,11 +38,12 @@ class SchedulerConfig:
 class Scheduler:
     def __init__(self, config: SchedulerConfig):
         self.config = config
-        self.block_manager = BlockManager(config.num_blocks, config.block_size)
+        self.kv_cache_manager = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         # The longest a request may grow. Besides max_model_len, the whole pool caps it, so that a request
         # alone always fits and preemption always ends; the newest token needs no slot until it is fed back.
         self.max_len = min(config.max_model_len, config.num_blocks * config.block_size + 1)
-        self.requests: dict[str, Request] = {}  # every unfinished request, waiting or running
+        self.requests: dict[str, Request] = {}  # every unfinished request by its own id (children: "parent#i")
+        self.groups: dict[str, list[Request]] = {}  # parent id -> its children, while any is unfinished (n > 1)
         self.waiting: deque[Request] = deque()  # preempted requests go back to the front
         self.running: list[Request] = []  # kept in arrival order: the tail is preempted first
         self._arrival_rank: dict[str, int] = {}
@@ -47,35 +52,40 @@ class Scheduler:
         self._pending_outputs: list[RequestOutput] = []
         self._step_id = 0
         self._in_flight: dict[str, tuple[Request, int]] | None = None  # the plan's requests and their token counts
+        self.prefix_cache_queries = self.prefix_cache_hits = self.num_preemptions = 0
 
     # ---- frontend side -----------------------------------------------------------------------------
 
     def add_request(self, req: Request) -> bool:
-        """Queues req; False if it can never be served, with an ERROR output waiting in take_pending_outputs()."""
-        error = self._admission_error(req)
+        """Queues req (n > 1: its children); False if it can never be served, with one ERROR output (index 0)
+        waiting in take_pending_outputs()."""
+        c = self.config
+        error = admission_error(req, self._live_ids(), c.max_model_len, c.block_size, c.num_blocks)
         if error is not None:
             req.status, req.finish_reason = RequestStatus.FINISHED, FinishReason.ERROR
-            self._pending_outputs.append(
-                RequestOutput(req.req_id, [], FinishReason.ERROR, req.num_prompt_tokens, error=error))
+            self._pending_outputs.append(self._output(req, [], FinishReason.ERROR, error))
             return False
-        req.status = RequestStatus.WAITING
-        self.requests[req.req_id] = req
-        self._arrival_rank[req.req_id] = next(self._next_rank)
-        self.waiting.append(req)
+        children = [req] if req.sampling.n == 1 else make_children(req)
+        if req.sampling.n > 1:
+            self.groups[req.req_id] = children
+        for child in children:
+            self.requests[child.req_id] = child
+            self._arrival_rank[child.req_id] = next(self._next_rank)
+            if child.status is RequestStatus.WAITING:  # the rest wait for their leader to fork
+                self.waiting.append(child)
         return True
 
     def abort(self, req_ids: list[str]) -> None:
-        """Ends the given requests now, freeing their blocks; each yields one ABORT output. Unknown ids are ignored."""
+        """Ends the given requests now (a parent id: all its children), freeing their blocks; each unfinished
+        request yields one ABORT output. Unknown ids are ignored."""
         for req_id in req_ids:
-            req = self.requests.get(req_id)
-            if req is None:
-                continue
-            if req.status is RequestStatus.WAITING:
-                self.waiting.remove(req)
-            else:
-                self.running.remove(req)
-            self._finish(req, FinishReason.ABORT)
-            self._pending_outputs.append(RequestOutput(req_id, [], FinishReason.ABORT, req.num_prompt_tokens))
+            targets = self.groups.get(req_id) or [self.requests.get(req_id)]
+            for req in targets:
+                if req is None or req.is_finished:
+                    continue
+                self._unqueue(req)
+                self._finish(req, FinishReason.ABORT)
+                self._pending_outputs.append(self._output(req, [], FinishReason.ABORT))
 
     def take_pending_outputs(self) -> list[RequestOutput]:
         """Outputs not produced by a step (rejections, aborts), to be sent to the frontend once."""
@@ -88,36 +98,52 @@ class Scheduler:
         """Plans the next step, or None when no request is unfinished."""
         if self._in_flight is not None:
             raise RuntimeError(f"step {self._step_id} is still in flight: call update_from_output() first")
+        kv = self.kv_cache_manager
         budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[Request, int]] = []
-        preempted = False
+        preemptions_before = self.num_preemptions
+
+        # Copy-on-write first for requests the workers have not seen (fresh forks), so the last holder of a
+        # shared block writes in place and no table the workers hold ever needs a block replaced.
+        for req in list(self.running):
+            if req.status is RequestStatus.RUNNING and not self._worker.knows(req.req_id):
+                self._allocate_or_preempt(req, req.num_computed_tokens)
 
         index = 0
         while index < len(self.running) and budget > 0:
             req = self.running[index]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            num_new = min(req.compute_limit - req.num_computed_tokens, budget)
             assert num_new > 0, f"running request {req.req_id} has nothing to compute"
-            while not self.block_manager.allocate(req, req.num_computed_tokens + num_new):
-                victim = self.running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim is req:
-                    break
-            if req.status is not RequestStatus.RUNNING:
-                break
+            assert not (self._worker.knows(req.req_id) and kv.shared_blocks_to_write(req)), (
+                f"{req.req_id} would write into a shared block the workers already hold")
+            if not self._allocate_or_preempt(req, req.num_computed_tokens + num_new):
+                break  # req preempted itself: it was the tail
             scheduled.append((req, num_new))
             budget -= num_new
             index += 1
 
         # After a preemption the pool is tight: admitting new work now would only be preempted next.
-        while not preempted and self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
+        seats_taken = sum(self._seats(req) for req in self.running)
+        while self.num_preemptions == preemptions_before and self.waiting and budget > 0:
             req = self.waiting[0]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not self.block_manager.allocate(req, req.num_computed_tokens + num_new):
+            cached_block_ids = kv.find_cached_prefix(req)
+            num_cached = len(cached_block_ids) * self.config.block_size
+            if req.pending_forks and num_cached >= req.num_prompt_tokens - 1:
+                self._release_forks(req, at=1)  # the cache holds the shared prompt: each child looks it up itself
+            if seats_taken + self._seats(req) > self.config.max_num_seqs:
+                break
+            num_new = min(req.compute_limit - num_cached, budget)
+            if not kv.admit(req, cached_block_ids, num_cached + num_new):
                 break  # strict FIFO: a later, smaller request may not overtake
             self.waiting.popleft()
-            req.status = RequestStatus.RUNNING
+            req.status, req.num_computed_tokens = RequestStatus.RUNNING, num_cached
+            if req.num_cached_tokens is None:
+                req.num_cached_tokens = num_cached
+            if kv.enable_caching:
+                self.prefix_cache_queries += req.num_tokens
+                self.prefix_cache_hits += num_cached
             bisect.insort(self.running, req, key=lambda r: self._arrival_rank[r.req_id])
+            seats_taken += self._seats(req)
             scheduled.append((req, num_new))
             budget -= num_new
 
@@ -125,7 +151,7 @@ class Scheduler:
             return None
         self._step_id += 1
         self._in_flight = {req.req_id: (req, num_new) for req, num_new in scheduled}
-        return self._worker.make_plan(self._step_id, scheduled)
+        return self._worker.make_plan(self._step_id, scheduled, kv.take_block_copies())
 
     def update_from_output(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
         """Applies the worker's result for `plan`; returns one output per request that gained a token."""
@@ -137,6 +163,9 @@ class Scheduler:
         for req, num_new in in_flight.values():
             if req.status is RequestStatus.RUNNING:  # else aborted while the step ran: nothing to update
                 req.num_computed_tokens += num_new
+                self.kv_cache_manager.cache_computed_blocks(req)
+                if req.pending_forks and req.num_computed_tokens == req.num_prompt_tokens - 1:
+                    self._fork(req)
 
         outputs = []
         for req_id, token_id in zip(result.req_ids, result.sampled_token_ids):
@@ -147,14 +176,13 @@ class Scheduler:
             reason = req.stop_reason(self.max_len)
             if reason is not None:
                 self._finish(req, reason)
-            outputs.append(RequestOutput(req_id, [token_id], reason, req.num_prompt_tokens))
+            outputs.append(self._output(req, [token_id], reason))
 
         # A request that caught up without a token would never be scheduled again: end it rather than hang.
         for req, _ in in_flight.values():
             if req.status is RequestStatus.RUNNING and req.num_computed_tokens == req.num_tokens:
                 self._finish(req, FinishReason.ERROR)
-                outputs.append(RequestOutput(req.req_id, [], FinishReason.ERROR, req.num_prompt_tokens,
-                                             error="the worker returned no token for this request"))
+                outputs.append(self._output(req, [], FinishReason.ERROR, "the worker returned no token for this request"))
         if any(req.status is RequestStatus.FINISHED for req, _ in in_flight.values()):
             self.running = [req for req in self.running if req.status is RequestStatus.RUNNING]
         return outputs
@@ -167,18 +195,20 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        """Queued requests, counting parallel-sampling children that wait for their leader to fork."""
+        return len(self.waiting) + sum(len(req.pending_forks) for req in itertools.chain(self.running, self.waiting))
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
     def stats(self) -> SchedulerStats:
-        return SchedulerStats(self.num_running, self.num_waiting, self.block_manager.num_free_blocks,
-                              self.block_manager.num_total_blocks, self._step_id)
+        kv = self.kv_cache_manager
+        return SchedulerStats(self.num_running, self.num_waiting, kv.num_free_blocks, kv.num_total_blocks, self._step_id,
+                              self.prefix_cache_queries, self.prefix_cache_hits, self.num_preemptions)
 
     def check_invariants(self) -> None:
         """For tests: raises AssertionError if the queues, the worker view or the block pool disagree."""
-        assert len(self.running) <= self.config.max_num_seqs
+        assert sum(self._seats(req) for req in self.running) <= self.config.max_num_seqs
         ranks = [self._arrival_rank[req.req_id] for req in self.running]
         assert ranks == sorted(ranks), "running is out of arrival order"
         for req in self.waiting:
@@ -186,45 +216,93 @@ class Scheduler:
         for req in self.running:
             assert req.status is RequestStatus.RUNNING
             assert len(req.block_ids) * self.config.block_size >= req.num_computed_tokens
-        assert {id(r) for r in self.requests.values()} == {id(r) for r in [*self.running, *self.waiting]}
-        assert len(self.requests) == len(self.running) + len(self.waiting), "a request is queued twice"
-        assert self._worker.known_req_ids() <= {req.req_id for req in self.running}
-        self.block_manager.check_invariants([*self.running, *self.waiting])
+        forking = [child for req in itertools.chain(self.running, self.waiting) for child in req.pending_forks]
+        for child in forking:
+            assert child.status is RequestStatus.WAITING_FOR_FORK and not child.block_ids and not child.pending_forks
+        queued = [*self.running, *self.waiting, *forking]
+        assert {id(r) for r in self.requests.values()} == {id(r) for r in queued}
+        assert len(self.requests) == len(queued), "a request is queued twice"
+        for parent_id, children in self.groups.items():
+            assert any(not child.is_finished for child in children), f"group {parent_id} outlived its children"
+        self._worker.check_invariants(self.running)
+        self.kv_cache_manager.check_invariants(queued)
 
     # ---- internals -----------------------------------------------------------------------------------
 
-    def _admission_error(self, req: Request) -> str | None:
-        if req.req_id in self.requests:
-            return f"request id {req.req_id!r} is already in use"
-        if not req.prompt_token_ids:
-            return "the prompt is empty"
-        try:
-            req.sampling.validate()
-        except ValueError as e:
-            return str(e)
-        num_prompt = req.num_prompt_tokens
-        if num_prompt >= self.config.max_model_len:
-            return (f"the prompt has {num_prompt} tokens but max_model_len is {self.config.max_model_len}, "
-                    f"which leaves no room to generate")
-        num_blocks = self.block_manager.blocks_for_tokens(num_prompt)
-        if num_blocks > self.block_manager.num_total_blocks:
-            return (f"the prompt needs {num_blocks} KV cache blocks of {self.config.block_size} tokens "
-                    f"but the cache only has {self.block_manager.num_total_blocks}")
-        return None
+    def _live_ids(self):
+        return self.requests.keys() | self.groups.keys()
+
+    def _seats(self, req: Request) -> int:
+        """max_num_seqs slots a request takes: a leader reserves seats for the siblings that will fork from it."""
+        return self._seats_for_group(1 + len(req.pending_forks))
+
+    def _seats_for_group(self, size: int) -> int:
+        return min(size, self.config.max_num_seqs)
+
+    def _output(self, req: Request, token_ids: list[int], reason: str | None, error: str | None = None) -> RequestOutput:
+        return RequestOutput(req.output_id, token_ids, reason, req.num_prompt_tokens, req.num_cached_tokens or 0,
+                             error, req.index)
+
+    def _allocate_or_preempt(self, req: Request, num_total_tokens: int) -> bool:
+        """Makes room for req's next tokens, preempting the newest running requests as needed; False if that
+        preempted req itself."""
+        while not self.kv_cache_manager.allocate_slots(req, num_total_tokens):
+            victim = self.running.pop()
+            self._preempt(victim)
+            if victim is req:
+                return False
+        return True
+
+    def _fork(self, leader: Request) -> None:
+        """The leader computed all but the last prompt token: its siblings take its blocks and run beside it,
+        in the seats reserved for them; any beyond max_num_seqs wait (and find the prompt in the cache)."""
+        children, leader.pending_forks = leader.pending_forks, []
+        num_seated = self._seats_for_group(1 + len(children)) - 1
+        for child in children[:num_seated]:
+            self.kv_cache_manager.fork(leader, child)
+            child.status, child.num_computed_tokens = RequestStatus.RUNNING, leader.num_computed_tokens
+            child.num_cached_tokens = leader.num_cached_tokens
+            bisect.insort(self.running, child, key=lambda r: self._arrival_rank[r.req_id])
+        self._requeue_front(children[num_seated:], at=0)
+
+    def _release_forks(self, leader: Request, at: int) -> None:
+        """The leader's siblings become independent waiting requests, at waiting[at:]."""
+        children, leader.pending_forks = leader.pending_forks, []
+        self._requeue_front(children, at)
+
+    def _requeue_front(self, reqs: list[Request], at: int) -> None:
+        for req in reversed(reqs):
+            req.status = RequestStatus.WAITING
+            self.waiting.insert(at, req)
 
     def _preempt(self, req: Request) -> None:
-        """Frees req's blocks and requeues it at the front; it will be recomputed over prompt + outputs so far."""
-        self.block_manager.free(req)
+        """Frees req's blocks and requeues it at the front; it resumes through the prefix cache and recomputes
+        the rest of prompt + outputs so far."""
+        self.kv_cache_manager.free(req)
         req.status = RequestStatus.WAITING
         req.num_computed_tokens = 0
         req.num_preemptions += 1
+        self.num_preemptions += 1
         self.waiting.appendleft(req)
         self._worker.forget(req.req_id)
 
+    def _unqueue(self, req: Request) -> None:
+        if req.status is RequestStatus.WAITING:
+            self.waiting.remove(req)
+        elif req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        else:
+            leader = next(r for r in self.groups[req.parent_id] if req in r.pending_forks)
+            leader.pending_forks.remove(req)
+
     def _finish(self, req: Request, reason: str) -> None:
         """Ends req and frees its blocks; the caller takes it out of waiting/running."""
-        self.block_manager.free(req)
+        if req.pending_forks:  # only on abort: the siblings have not forked yet and go on without the leader
+            self._release_forks(req, at=0)
+        self.kv_cache_manager.free(req)
         req.status, req.finish_reason = RequestStatus.FINISHED, reason
         del self.requests[req.req_id]
         del self._arrival_rank[req.req_id]
         self._worker.forget(req.req_id)
+        if req.parent_id is not None and all(child.is_finished for child in self.groups[req.parent_id]):
+            del self.groups[req.parent_id]

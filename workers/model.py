@@ -44,7 +44,7 @@ def make_layer_functions(cfg: ModelConfig):
 
     @function(precompile=True)
     def qkv(x, cos, sin, norm, wq, wk, wv, *biases):
-        T, h = x.shape[0], rms_norm(x, norm, cfg.rms_eps)
+        T, h = x.shape[0], rms_norm(x, norm, cfg.rms_eps).contiguous()  # else each output recomputes the norm
         q, k, v = h @ wq.T, h @ wk.T, h @ wv.T
         if biases:
             q, k, v = q + biases[0], k + biases[1], v + biases[2]
@@ -54,8 +54,8 @@ def make_layer_functions(cfg: ModelConfig):
 
     @function(precompile=True)
     def out_and_mlp(x, attn, wo, norm, w_gate, w_up, w_down):
-        x = x + attn @ wo.T
-        h = rms_norm(x, norm, cfg.rms_eps)
+        x = (x + attn @ wo.T).contiguous()
+        h = rms_norm(x, norm, cfg.rms_eps).contiguous()
         return x + ((h @ w_gate.T).silu() * (h @ w_up.T)) @ w_down.T
 
     return qkv, out_and_mlp

@@ -6,21 +6,23 @@ from protocol import messages as m
 from protocol.codec import MESSAGE_TYPES, CodecError, decode, encode
 from protocol.sampling import SamplingParams
 
-SP = SamplingParams(temperature=0.7, top_p=0.9, top_k=40, max_tokens=33, seed=-5, stop_token_ids=[7, 8], ignore_eos=True)
+SP = SamplingParams(temperature=0.7, top_p=0.9, top_k=40, max_tokens=33, seed=-5, stop_token_ids=[7, 8], ignore_eos=True,
+                    n=3)
 
 EXAMPLES = [
     m.AddRequest("r1", [1, 2, 3], SP, [2], 1700000000.5),
     m.AbortRequests(["r1", "r2"]),
-    m.StepOutputs([m.RequestOutput("r1", [5], m.FinishReason.STOP, 3, 0, None),
+    m.StepOutputs([m.RequestOutput("r1", [5], m.FinishReason.STOP, 3, 0, None, 0),
+                   m.RequestOutput("r1", [6, 7], None, 3, 2, None, 2),
                    m.RequestOutput("r2", [], m.FinishReason.ERROR, 9, 0, "too long")],
-                  m.SchedulerStats(2, 1, 10, 64, 7), 12.25),
+                  m.SchedulerStats(2, 1, 10, 64, 7, 1200, 800, 3), 12.25),
     m.EngineReady(128, 16, 2048, 16, 1),
     m.Shutdown("bye"),
     m.WorkerHello(0, 1, m.WorkerRole.MIXED, 1234, "CPU"),
     m.InitWorker(0, 1 << 30, 16, 2048, 16, 512),
     m.WorkerReady(0, 128, 16, 2048),
     m.StepPlan(3, [m.NewRequestData("r1", [1, 2, 3], SP, [4, 9], 0, 3)],
-               [m.CachedRequestData("r0", [11], 40, 1)], ["old"]),
+               [m.CachedRequestData("r0", [11], 40, 1)], ["old"], [[4, 12], [4, 13]]),
     m.StepResult(3, 0, ["r1", "r0"], [42, 43], 0.01),
     m.WorkerError(1, "boom"),
 ]
@@ -40,11 +42,29 @@ def test_defaults_and_none_round_trip():
     assert decode(encode(msg)) == msg
 
 
+def test_new_fields_default_so_old_constructors_work():
+    assert SamplingParams().n == 1
+    assert m.RequestOutput("r", []).index == 0
+    stats = m.SchedulerStats(1, 2, 3, 4, 5)
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits, stats.num_preemptions) == (0, 0, 0)
+    assert m.StepPlan(1, [], [], []).block_copies == []
+
+
+@pytest.mark.parametrize("n, ok", [(0, False), (1, True), (128, True), (129, False)])
+def test_n_is_validated(n, ok):
+    if ok:
+        SamplingParams(n=n).validate()
+    else:
+        with pytest.raises(ValueError, match="n must be"):
+            SamplingParams(n=n).validate()
+
+
 @pytest.mark.parametrize("payload", [
     b"", b"\xc1", msgpack.packb([99, []]), msgpack.packb(["AddRequest", []]), msgpack.packb([0, ["r", [1], "not params"]]),
     msgpack.packb([1, [[1, 2]]]),  # AbortRequests with ints for ids
     msgpack.packb([1, [["a"], "extra"]]),  # too many fields
-    msgpack.packb([0, ["r", [True], [1.0, 1.0, 0, 16, None, [], False], [], 0.0]]),  # bool is not a token id
+    msgpack.packb([0, ["r", [True], [1.0, 1.0, 0, 16, None, [], False, 1], [], 0.0]]),  # bool is not a token id
+    msgpack.packb([0, ["r", [1], [1.0, 1.0, 0, 16, None, [], False], [], 0.0]]),  # SamplingParams without n
 ])
 def test_malformed_messages_are_refused(payload):
     with pytest.raises(CodecError):

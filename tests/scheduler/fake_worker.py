@@ -1,12 +1,18 @@
 """A deterministic stand-in for a model worker that checks every StepPlan it is given.
 
-It keeps what a real worker keeps (each request's tokens and block table) and a fake KV cache: each
-slot records (req_id, position, token) when written. Before "attending" it checks that every earlier
-position of the request is still there, so a block handed to two live requests, a block table that
-lost a block, or a recompute that skipped positions all fail loudly. The sampled token is a pure
-function of (req_id, position), so outputs do not depend on batching, chunking or preemption.
+It keeps what a real worker keeps (each request's tokens and block table) and a fake KV cache: a written
+slot records (position, prefix hash, writer), the prefix hash standing for every token up to and including
+that position, which is exactly what real keys and values depend on. Before "attending", a request checks
+that every position up to its newest holds what its own token history would have written: a block handed
+to two live requests, a lost block, a wrong cache hit, a skipped recompute or a missed copy all fail loudly,
+while a prefix shared with another request (cache hit, fork) legitimately passes. The plan's block copies
+are performed first, and writing into a block that another request the worker holds also holds fails
+(copy-on-write must have happened). A sampled token is a pure function of the request and its position
+(token_fn), or of the row's contents and sampling parameters (sample_fn), so outputs do not depend on
+batching, chunking, caching or preemption.
 """
 import zlib
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,6 +25,8 @@ EOS = 2
 VOCAB = 1000
 
 TokenFn = Callable[[str, int], int]
+# (req_id, position of the new token, hash of every token before it, sampling) -> token
+SampleFn = Callable[[str, int, int, SamplingParams], int]
 
 
 def default_token_fn(req_id: str, position: int) -> int:
@@ -31,11 +39,40 @@ def eos_at(positions: dict[str, int], base: TokenFn = default_token_fn) -> Token
     return lambda req_id, pos: EOS if positions.get(req_id) == pos else base(req_id, pos)
 
 
+def content_sample_fn(req_id: str, position: int, prefix_hash: int, sampling: SamplingParams) -> int:
+    """Like a model: greedy rows follow the tokens so far; seeded rows draw from (seed, position), like the real
+    sampler's noise; unseeded rows from (req_id, position). Never EOS."""
+    if sampling.greedy:
+        key = f"greedy:{prefix_hash}"
+    elif sampling.seed is not None:
+        key = f"seed:{sampling.seed}:{position}"
+    else:
+        key = f"random:{req_id}:{position}"
+    return 10 + zlib.crc32(key.encode()) % VOCAB
+
+
+def with_random_eos(base: SampleFn, one_in: int) -> SampleFn:
+    def sample(req_id: str, position: int, prefix_hash: int, sampling: SamplingParams) -> int:
+        token = base(req_id, position, prefix_hash, sampling)
+        return EOS if zlib.crc32(f"eos:{token}:{position}".encode()) % one_in == 0 else token
+    return sample
+
+
+def prefix_hashes(token_ids: list[int], hashes: list[int] | None = None) -> list[int]:
+    """hashes[p] stands for token_ids[:p + 1]; extends `hashes` in place to cover every token."""
+    hashes = [] if hashes is None else hashes
+    for token in token_ids[len(hashes):]:
+        hashes.append(hash((hashes[-1] if hashes else 0, token)))
+    return hashes
+
+
 @dataclass(slots=True)
 class WorkerRequest:
     token_ids: list[int]
     block_ids: list[int]
+    sampling: SamplingParams
     num_computed_tokens: int = 0
+    prefix_hashes: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -43,15 +80,18 @@ class FakeWorker:
     num_blocks: int
     block_size: int
     token_fn: TokenFn = default_token_fn
+    sample_fn: SampleFn | None = None  # when set, used instead of token_fn
     reqs: dict[str, WorkerRequest] = field(default_factory=dict)
     step_id: int = 0
     # Tokens a request had when it was dropped: if it comes back (resumed after preemption) it must match.
     dropped_tokens: dict[str, list[int]] = field(default_factory=dict)
     num_scheduled_per_step: list[int] = field(default_factory=list)
     num_reqs_per_step: list[int] = field(default_factory=list)
+    num_computed_by_req: Counter = field(default_factory=Counter)  # tokens each request id had computed, in total
+    num_block_copies: int = 0
 
     def __post_init__(self) -> None:
-        self.kv: list[tuple[str, int, int] | None] = [None] * (self.num_blocks * self.block_size)
+        self.kv: list[tuple[int, int, str] | None] = [None] * (self.num_blocks * self.block_size)
 
     def execute(self, plan: StepPlan) -> StepResult:
         assert plan.step_id == self.step_id + 1, f"step {plan.step_id} after {self.step_id}"
@@ -65,8 +105,9 @@ class FakeWorker:
             assert new.req_id not in self.reqs, f"{new.req_id} sent as new but the worker holds it"
             if new.req_id in self.dropped_tokens:
                 assert new.prompt_token_ids == self.dropped_tokens[new.req_id], f"{new.req_id} resumed with other tokens"
-            assert new.num_computed_tokens == 0, "no prefix caching yet: a new request starts from scratch"
-            self.reqs[new.req_id] = WorkerRequest(list(new.prompt_token_ids), list(new.block_ids))
+            assert 0 <= new.num_computed_tokens < len(new.prompt_token_ids)
+            self.reqs[new.req_id] = WorkerRequest(list(new.prompt_token_ids), list(new.block_ids), new.sampling,
+                                                  new.num_computed_tokens)
             scheduled.append((new.req_id, new.num_scheduled_tokens))
         for cached in plan.cached_reqs:
             assert cached.req_id in self.reqs, f"{cached.req_id} sent as cached but the worker does not hold it"
@@ -76,49 +117,69 @@ class FakeWorker:
             req.block_ids.extend(cached.new_block_ids)
             scheduled.append((cached.req_id, cached.num_scheduled_tokens))
         assert len({req_id for req_id, _ in scheduled}) == len(scheduled), "a request scheduled twice"
-        self._check_blocks_disjoint()
+        self._copy_blocks(plan.block_copies)
 
+        holders = self._holders()
         self.num_scheduled_per_step.append(sum(n for _, n in scheduled))
         self.num_reqs_per_step.append(len(scheduled))
         sampled_req_ids, sampled = [], []
         for req_id, num_scheduled in scheduled:
-            token = self._run(req_id, num_scheduled)
+            self.num_computed_by_req[req_id] += num_scheduled
+            token = self._run(req_id, num_scheduled, holders)
             if token is not None:
                 sampled_req_ids.append(req_id)
                 sampled.append(token)
         return StepResult(plan.step_id, 0, sampled_req_ids, sampled)
 
-    def _run(self, req_id: str, num_scheduled: int) -> int | None:
+    def _copy_blocks(self, pairs: list[list[int]]) -> None:
+        bs = self.block_size
+        for src, dst in pairs:
+            assert src != dst and 0 <= src < self.num_blocks and 0 <= dst < self.num_blocks, f"bad copy {src} -> {dst}"
+            self.kv[dst * bs:(dst + 1) * bs] = self.kv[src * bs:(src + 1) * bs]
+            self.num_block_copies += 1
+
+    def _holders(self) -> dict[int, set[str]]:
+        holders: dict[int, set[str]] = defaultdict(set)
+        for req_id, req in self.reqs.items():
+            assert len(set(req.block_ids)) == len(req.block_ids), f"{req_id} holds a block twice"
+            for block_id in req.block_ids:
+                assert 0 <= block_id < self.num_blocks, f"{req_id}: block {block_id} out of range"
+                holders[block_id].add(req_id)
+        return holders
+
+    def _run(self, req_id: str, num_scheduled: int, holders: dict[int, set[str]]) -> int | None:
         req = self.reqs[req_id]
         start, end = req.num_computed_tokens, req.num_computed_tokens + num_scheduled
         assert num_scheduled >= 1 and end <= len(req.token_ids), f"{req_id}: bad range [{start}, {end})"
         assert len(req.block_ids) * self.block_size >= end, f"{req_id}: blocks do not cover position {end - 1}"
+        hashes = prefix_hashes(req.token_ids, req.prefix_hashes)
+        for block_index in range(start // self.block_size, (end - 1) // self.block_size + 1):
+            block_id = req.block_ids[block_index]
+            assert holders[block_id] == {req_id}, f"{req_id} writes block {block_id}, shared with {holders[block_id]}"
         for pos in range(start, end):
-            self.kv[self._slot(req, pos)] = (req_id, pos, req.token_ids[pos])
+            self.kv[self._slot(req, pos)] = (pos, hashes[pos], req_id)
         for pos in range(end):  # attention reads every earlier position
-            assert self.kv[self._slot(req, pos)] == (req_id, pos, req.token_ids[pos]), f"{req_id}: KV at {pos} lost"
+            slot = self.kv[self._slot(req, pos)]
+            assert slot is not None and slot[:2] == (pos, hashes[pos]), (
+                f"{req_id}: KV at position {pos} is not its own history (written by {slot and slot[2]})")
         req.num_computed_tokens = end
         if end < len(req.token_ids):
             return None  # a prefill chunk short of the end samples nothing
-        token = self.token_fn(req_id, end)
+        if self.sample_fn is not None:
+            token = self.sample_fn(req_id, end, hashes[end - 1], req.sampling)
+        else:
+            token = self.token_fn(req_id, end)
         req.token_ids.append(token)
         return token
 
     def _slot(self, req: WorkerRequest, pos: int) -> int:
         return req.block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def _check_blocks_disjoint(self) -> None:
-        owner: dict[int, str] = {}
-        for req_id, req in self.reqs.items():
-            for block_id in req.block_ids:
-                assert 0 <= block_id < self.num_blocks, f"{req_id}: block {block_id} out of range"
-                assert block_id not in owner, f"block {block_id} held by {owner[block_id]} and {req_id}"
-                owner[block_id] = req_id
-
 
 def run_to_completion(scheduler, worker: FakeWorker, max_steps: int = 100_000,
                       on_step: Callable[[int], None] | None = None) -> dict[str, list]:
-    """Steps until nothing is unfinished, checking invariants after every step; returns outputs per request."""
+    """Steps until nothing is unfinished, checking invariants after every step; returns outputs per request id
+    (the parent's id for parallel-sampling children: see by_index)."""
     outputs: dict[str, list] = {}
     for out in scheduler.take_pending_outputs():
         outputs.setdefault(out.req_id, []).append(out)
@@ -141,17 +202,30 @@ def tokens_of(outputs: list) -> list[int]:
     return [t for out in outputs for t in out.new_token_ids]
 
 
+def by_index(outputs: list) -> dict[int, list]:
+    """A parent's outputs split per child index."""
+    split: dict[int, list] = {}
+    for out in outputs:
+        split.setdefault(out.index, []).append(out)
+    return split
+
+
+def make_prompt(seed: str, length: int) -> list[int]:
+    return [100 + (zlib.crc32(seed.encode()) + i) % VOCAB for i in range(length)]
+
+
 def make_request(req_id: str, prompt_len: int, max_tokens: int = 16, arrival_time: float = 0.0,
-                 eos_token_ids: tuple[int, ...] = (EOS,), **sampling) -> Request:
-    prompt = [100 + (zlib.crc32(req_id.encode()) + i) % VOCAB for i in range(prompt_len)]
+                 eos_token_ids: tuple[int, ...] = (EOS,), prompt: list[int] | None = None, **sampling) -> Request:
+    prompt = make_prompt(req_id, prompt_len) if prompt is None else prompt
     return Request(req_id, prompt, SamplingParams(max_tokens=max_tokens, **sampling), list(eos_token_ids), arrival_time)
 
 
 def make_scheduler(max_num_seqs: int = 8, max_num_batched_tokens: int = 64, max_model_len: int = 128,
-                   block_size: int = 4, num_blocks: int = 64,
-                   token_fn: TokenFn = default_token_fn) -> tuple[Scheduler, FakeWorker]:
-    config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, block_size, num_blocks)
-    return Scheduler(config), FakeWorker(num_blocks, block_size, token_fn)
+                   block_size: int = 4, num_blocks: int = 64, token_fn: TokenFn = default_token_fn,
+                   enable_prefix_caching: bool = True, sample_fn: SampleFn | None = None) -> tuple[Scheduler, FakeWorker]:
+    config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, block_size, num_blocks,
+                             enable_prefix_caching)
+    return Scheduler(config), FakeWorker(num_blocks, block_size, token_fn, sample_fn)
 
 
 def step(scheduler: Scheduler, worker: FakeWorker):

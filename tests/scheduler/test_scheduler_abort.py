@@ -28,7 +28,7 @@ def test_abort_running_request_frees_blocks_at_once():
     sched.add_request(make_request("b", 5, max_tokens=10))
     step(sched, worker)
     sched.abort(["a"])
-    assert a.block_ids == [] and sched.block_manager.num_free_blocks == 16 - 2 and sched.num_running == 1
+    assert a.block_ids == [] and sched.kv_cache_manager.num_free_blocks == 16 - 2 and sched.num_running == 1
     sched.check_invariants()
     plan, _ = step(sched, worker)
     assert plan.finished_req_ids == ["a"] and "a" not in worker.reqs
@@ -40,7 +40,7 @@ def test_abort_mid_chunked_prefill():
     sched.add_request(make_request("a", 30))
     step(sched, worker)
     sched.abort(["a"])
-    assert sched.block_manager.num_free_blocks == 64 and sched.schedule() is None
+    assert sched.kv_cache_manager.num_free_blocks == 64 and sched.schedule() is None
 
 
 def test_abort_while_the_step_is_in_flight():
@@ -58,7 +58,7 @@ def test_abort_while_the_step_is_in_flight():
     assert abort_outputs(sched) == [("a", FinishReason.ABORT, [])]
     outputs = run_to_completion(sched, worker)
     assert "a" not in outputs and len(tokens_of(outs) + tokens_of(outputs["b"])) == 9
-    assert sched.block_manager.num_free_blocks == 16
+    assert sched.kv_cache_manager.num_free_blocks == 16
 
 
 def test_abort_during_the_step_that_finishes_the_request():

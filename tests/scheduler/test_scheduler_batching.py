@@ -20,7 +20,7 @@ def test_prefill_then_decode_sends_the_diff():
     plan, outs = step(sched, worker)  # slot 8 needs a third block
     assert len(plan.cached_reqs[0].new_block_ids) == 1
     assert outs["a"].finish_reason == FinishReason.LENGTH
-    assert sched.block_manager.num_free_blocks == 64 and not sched.has_unfinished()
+    assert sched.kv_cache_manager.num_free_blocks == 64 and not sched.has_unfinished()
     assert sched.schedule() is None
 
     sched.add_request(make_request("b", 3))
@@ -44,7 +44,7 @@ def test_finished_requests_leave_at_once():
     sched.add_request(make_request("b", 5, max_tokens=5))
     _, outs = step(sched, worker)
     assert outs["a"].finish_reason == FinishReason.LENGTH and outs["b"].finish_reason is None
-    assert sched.num_running == 1 and sched.block_manager.num_free_blocks == 64 - 2
+    assert sched.num_running == 1 and sched.kv_cache_manager.num_free_blocks == 64 - 2
     plan, _ = step(sched, worker)
     assert plan.finished_req_ids == ["a"] and [r.req_id for r in plan.cached_reqs] == ["b"]
 

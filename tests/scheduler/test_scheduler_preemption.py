@@ -1,10 +1,12 @@
 import random
 
+import pytest
+
 from fake_worker import make_request, make_scheduler, run_to_completion, step, tokens_of
 
 
 def test_newest_request_is_preempted_and_resumed_with_its_outputs():
-    sched, worker = make_scheduler(block_size=4, num_blocks=6)
+    sched, worker = make_scheduler(block_size=4, num_blocks=6, enable_prefix_caching=False)
     reqs = [make_request(name, 8, max_tokens=4) for name in "abc"]
     for req in reqs:
         sched.add_request(req)
@@ -20,6 +22,7 @@ def test_newest_request_is_preempted_and_resumed_with_its_outputs():
     (c,) = resumed
     assert c.prompt_token_ids == reqs[2].prompt_token_ids + reqs[2].output_token_ids[:1]
     assert c.num_scheduled_tokens == 9 and c.num_computed_tokens == 0
+    assert sched.stats().num_preemptions == 1
 
 
 def test_a_request_preempts_itself_when_it_is_the_newest():
@@ -36,7 +39,8 @@ def test_a_request_preempts_itself_when_it_is_the_newest():
 
 def test_nothing_is_admitted_in_a_step_that_preempted():
     # b preempts itself in step 4 and frees 4 blocks, enough for its next 7-token chunk: it must still wait.
-    sched, worker = make_scheduler(block_size=4, num_blocks=6, max_num_batched_tokens=8)
+    # (With prefix caching, b's resume would revive its 3 cached blocks and need 4 free: it would wait anyway.)
+    sched, worker = make_scheduler(block_size=4, num_blocks=6, max_num_batched_tokens=8, enable_prefix_caching=False)
     sched.add_request(make_request("a", 4, max_tokens=20))
     sched.add_request(make_request("b", 16, max_tokens=20))
     for _ in range(3):
@@ -59,15 +63,16 @@ def run_workload(specs, **config):
     for req in reqs:
         assert sched.add_request(req)
     outputs = run_to_completion(sched, worker)
-    assert sched.block_manager.num_free_blocks == sched.block_manager.num_total_blocks
+    assert sched.kv_cache_manager.num_free_blocks == sched.kv_cache_manager.num_total_blocks
     return {r.req_id: (tokens_of(outputs[r.req_id]), outputs[r.req_id][-1].finish_reason) for r in reqs}, reqs
 
 
-def test_tiny_pool_gives_the_same_outputs_as_an_unpressured_run():
+@pytest.mark.parametrize("caching", [False, True])
+def test_tiny_pool_gives_the_same_outputs_as_an_unpressured_run(caching):
     specs = workload(seed=1, n=30)
     expected, _ = run_workload(specs, max_num_seqs=32, num_blocks=1024, block_size=4)
     for num_blocks, budget in [(10, 64), (12, 7), (12, 3)]:
         got, reqs = run_workload(specs, max_num_seqs=8, num_blocks=num_blocks, block_size=4,
-                                 max_num_batched_tokens=budget)
+                                 max_num_batched_tokens=budget, enable_prefix_caching=caching)
         assert got == expected
         assert sum(r.num_preemptions for r in reqs) > 0

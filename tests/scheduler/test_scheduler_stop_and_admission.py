@@ -9,7 +9,7 @@ def run_one(req, **config):
     sched, worker = make_scheduler(**config)
     assert sched.add_request(req)
     outputs = run_to_completion(sched, worker)[req.req_id]
-    assert sched.block_manager.num_free_blocks == sched.block_manager.num_total_blocks
+    assert sched.kv_cache_manager.num_free_blocks == sched.kv_cache_manager.num_total_blocks
     assert [o.finish_reason for o in outputs[:-1]] == [None] * (len(outputs) - 1)
     return tokens_of(outputs), outputs[-1].finish_reason
 

@@ -31,12 +31,14 @@ def random_request(rng: random.Random, req_id: str, max_model_len: int):
                         stop_token_ids=stop_ids, eos_token_ids=(EOS,) if rng.random() < 0.9 else ())
 
 
+@pytest.mark.parametrize("caching", [False, True])
 @pytest.mark.parametrize("seed", range(12))
-def test_random_workload(seed):
+def test_random_workload(seed, caching):
     rng = random.Random(seed)
     block_size = rng.choice([1, 2, 4, 8])
     config = dict(max_num_seqs=rng.randint(1, 10), max_num_batched_tokens=rng.randint(1, 40),
-                  max_model_len=rng.randint(4, 80), block_size=block_size, num_blocks=rng.randint(2, 160 // block_size))
+                  max_model_len=rng.randint(4, 80), block_size=block_size, num_blocks=rng.randint(2, 160 // block_size),
+                  enable_prefix_caching=caching)
     sched, worker = make_scheduler(**config, token_fn=random_token_fn)
     outputs: dict[str, list] = {}
     reqs = {}
@@ -76,7 +78,7 @@ def test_random_workload(seed):
         step += 1
         assert step < 100_000
 
-    assert sched.block_manager.num_free_blocks == sched.block_manager.num_total_blocks
+    assert sched.kv_cache_manager.num_free_blocks == sched.kv_cache_manager.num_total_blocks
     max_len = min(config["max_model_len"], config["num_blocks"] * block_size + 1)
     finish_reasons = set()
     for req_id, req in reqs.items():

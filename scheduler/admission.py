@@ -1,0 +1,29 @@
+"""Whether a request can ever be served: checked once, when it arrives. Messages are fit for an HTTP 400."""
+from scheduler.parallel_sampling import child_id
+from scheduler.request import Request
+
+MAX_TOKEN_ID = 2**31 - 1  # workers hold token ids as int32
+
+
+def admission_error(req: Request, ids_in_use, max_model_len: int, block_size: int, num_blocks: int) -> str | None:
+    """Why req must be refused, or None. ids_in_use: a container of every request and parent id still live."""
+    try:
+        req.sampling.validate()
+    except ValueError as e:
+        return str(e)
+    n = req.sampling.n
+    if any(req_id in ids_in_use for req_id in [req.req_id] + [child_id(req.req_id, i) for i in range(n if n > 1 else 0)]):
+        return f"request id {req.req_id!r} is already in use"
+    if not req.prompt_token_ids:
+        return "the prompt is empty"
+    if min(req.prompt_token_ids) < 0 or max(req.prompt_token_ids) > MAX_TOKEN_ID:
+        return f"prompt token ids must be between 0 and {MAX_TOKEN_ID}"
+    num_prompt = req.num_prompt_tokens
+    if num_prompt >= max_model_len:
+        return (f"the prompt has {num_prompt} tokens but max_model_len is {max_model_len}, "
+                f"which leaves no room to generate")
+    num_needed = -(-num_prompt // block_size)
+    if num_needed > num_blocks:
+        return (f"the prompt has {num_prompt} tokens and needs {num_needed} KV cache blocks of {block_size} tokens, "
+                f"but the whole cache only has {num_blocks} blocks ({num_blocks * block_size} tokens)")
+    return None

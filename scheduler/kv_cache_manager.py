@@ -1,0 +1,150 @@
+"""Per-request KV block bookkeeping over the BlockPool: block tables, prefix-cache hits, copy-on-write.
+
+The scheduler owns this; workers only ever see block ids (and the block copies of a step).
+
+- Prefix caching: a request's full, computed blocks are registered under their chained hashes; a request
+  being admitted (new or resumed after preemption) takes the longest run of cached blocks matching its
+  tokens and starts computing after them. The hit stops before the last token so the worker still
+  computes a position and produces logits.
+- Copy-on-write: blocks can be shared (cache hits, parallel-sampling forks). Before a request writes
+  into a block someone else also holds, it gets a private copy: the copy (src, dst) goes into the next
+  StepPlan and the worker performs it before computing the step.
+"""
+from collections.abc import Iterable
+
+from scheduler.block_hash import BlockHash, HashFn, hash_block, root_hash
+from scheduler.block_pool import BlockPool
+from scheduler.request import Request
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True, hash_fn: HashFn = hash_block):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}")
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.pool = BlockPool(num_blocks)
+        self._hash_fn = hash_fn
+        self._block_copies: list[list[int]] = []  # [src, dst] pairs for the step being planned
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.pool.num_total_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks / self.num_total_blocks
+
+    def blocks_for_tokens(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # ---- prefix cache --------------------------------------------------------------------------------
+
+    def find_cached_prefix(self, req: Request) -> list[int]:
+        """Block ids of the longest run of cached blocks that starts req's tokens, leaving its last token uncached."""
+        if not self.enable_caching:
+            return []
+        num_blocks = (req.num_tokens - 1) // self.block_size
+        self._hash_full_blocks(req, num_blocks)
+        hits: list[int] = []
+        for i in range(num_blocks):
+            block_id = self.pool.lookup(req.block_hashes[i], self._parent_hash(req, i), self._block_tokens(req, i))
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def cache_computed_blocks(self, req: Request) -> None:
+        """Registers req's blocks that became full and computed since the last call."""
+        num_full = req.num_computed_tokens // self.block_size
+        if not self.enable_caching or num_full <= req.num_registered_blocks:
+            return
+        self._hash_full_blocks(req, num_full)
+        for i in range(req.num_registered_blocks, num_full):
+            self.pool.register(req.block_ids[i], req.block_hashes[i], self._parent_hash(req, i),
+                               self._block_tokens(req, i))
+        req.num_registered_blocks = num_full
+
+    def _hash_full_blocks(self, req: Request, num_blocks: int) -> None:
+        """Extends req.block_hashes to its first num_blocks blocks (a request's tokens never change, only grow)."""
+        hashes = req.block_hashes
+        for i in range(len(hashes), num_blocks):
+            hashes.append(self._hash_fn(self._parent_hash(req, i), self._block_tokens(req, i)))
+
+    def _parent_hash(self, req: Request, i: int) -> BlockHash:
+        return req.block_hashes[i - 1] if i else root_hash(req.cache_salt)
+
+    def _block_tokens(self, req: Request, i: int) -> tuple[int, ...]:
+        return tuple(req.token_ids_between(i * self.block_size, (i + 1) * self.block_size))
+
+    # ---- allocation ----------------------------------------------------------------------------------
+
+    def admit(self, req: Request, cached_block_ids: list[int], num_total_tokens: int) -> bool:
+        """Gives a request that holds nothing the cached blocks plus fresh ones for num_total_tokens slots.
+        All or nothing: False leaves everything as it was."""
+        assert not req.block_ids, f"{req.req_id} is admitted while holding blocks"
+        num_revived = sum(1 for block_id in cached_block_ids if self.pool.blocks[block_id].ref_count == 0)
+        num_fresh = max(0, self.blocks_for_tokens(num_total_tokens) - len(cached_block_ids))
+        if num_revived + num_fresh > self.num_free_blocks:
+            return False
+        self.pool.hold(cached_block_ids)  # before take_fresh, which could otherwise evict them
+        req.block_ids = list(cached_block_ids) + self.pool.take_fresh(num_fresh)
+        req.num_registered_blocks = len(cached_block_ids)
+        return True
+
+    def shared_blocks_to_write(self, req: Request) -> list[int]:
+        """Indices into req.block_ids of blocks req will write into (from num_computed_tokens on) that others hold too."""
+        first = req.num_computed_tokens // self.block_size
+        return [i for i in range(first, len(req.block_ids)) if self.pool.blocks[req.block_ids[i]].ref_count > 1]
+
+    def allocate_slots(self, req: Request, num_total_tokens: int) -> bool:
+        """Makes req's block table hold num_total_tokens slots, privately wherever req will write.
+        All or nothing: False leaves everything as it was."""
+        to_copy = self.shared_blocks_to_write(req)
+        num_fresh = max(0, self.blocks_for_tokens(num_total_tokens) - len(req.block_ids))
+        if len(to_copy) + num_fresh > self.num_free_blocks:
+            return False
+        for i in to_copy:
+            src = req.block_ids[i]
+            (dst,) = self.pool.take_fresh(1)
+            self.pool.release([src])  # still held by the others: ref_count stays >= 1
+            req.block_ids[i] = dst
+            self._block_copies.append([src, dst])
+        req.block_ids += self.pool.take_fresh(num_fresh)
+        return True
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """child shares every block of parent (it has the same tokens); copy-on-write separates them later."""
+        assert not child.block_ids, f"{child.req_id} forks while holding blocks"
+        child.block_ids = list(parent.block_ids)
+        self.pool.hold(child.block_ids)
+        child.block_hashes = list(parent.block_hashes)
+        child.num_registered_blocks = parent.num_registered_blocks
+
+    def free(self, req: Request) -> None:
+        """Drops req's hold on its blocks. Its tail goes first into the free queue, so it is evicted first:
+        the tail of a sequence is the part least likely to be shared."""
+        self.pool.release(reversed(req.block_ids))
+        req.block_ids = []
+        req.num_registered_blocks = 0
+
+    def take_block_copies(self) -> list[list[int]]:
+        """The step's copies, in order. A copy whose destination was freed again meanwhile is dropped."""
+        copies = [pair for pair in self._block_copies if self.pool.blocks[pair[1]].ref_count > 0]
+        self._block_copies = []
+        return copies
+
+    def check_invariants(self, holders: Iterable[Request]) -> None:
+        """For tests: every request holding blocks must be in holders."""
+        holders = list(holders)
+        self.pool.check_invariants(req.block_ids for req in holders)
+        for req in holders:
+            assert req.num_registered_blocks <= len(req.block_ids)
+            for i in range(req.num_registered_blocks):
+                block = self.pool.blocks[req.block_ids[i]]
+                assert not self.enable_caching or block.block_hash is None or block.block_hash == req.block_hashes[i], (
+                    f"{req.req_id}: block {block.block_id} is cached under another prefix")

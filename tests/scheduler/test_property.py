@@ -1,0 +1,145 @@
+"""Property-based: random mixes of arrivals, shared prefixes, n > 1, aborts (also mid-step), tiny pools, prefix
+caching on and off. After every step the scheduler's and the pool's invariants hold (no leaked or doubly freed
+block, ref counts equal holders, cached free blocks have none) and the fake worker has checked every KV read;
+in the end every request finished or was aborted, each with exactly what an unpressured run would produce."""
+import zlib
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fake_worker import (EOS, content_sample_fn, make_prompt, make_request, make_scheduler, prefix_hashes,
+                         with_random_eos)
+from protocol.messages import FinishReason
+from scheduler.parallel_sampling import child_id, child_seed
+
+SAMPLE = with_random_eos(content_sample_fn, one_in=12)
+PREFIXES = [make_prompt(f"prefix{i}", 16) for i in range(2)]
+MAX_STEPS = 3000
+
+
+@dataclass(frozen=True)
+class Spec:
+    prefix: int  # index into PREFIXES, or -1 for none
+    prefix_len: int
+    suffix_len: int
+    max_tokens: int
+    n: int
+    mode: str  # greedy / seeded / random
+    use_eos: bool
+
+
+specs = st.builds(Spec, st.integers(-1, len(PREFIXES) - 1), st.integers(0, 16), st.integers(0, 6),
+                  st.integers(1, 8), st.sampled_from([1, 2, 3]), st.sampled_from(["greedy", "seeded", "random"]),
+                  st.booleans())
+events = st.one_of(st.tuples(st.just("add"), specs), st.tuples(st.just("step"), st.integers(1, 4)),
+                   st.tuples(st.sampled_from(["abort", "abort_in_flight"]), st.integers(0, 20)))
+configs = st.fixed_dictionaries(dict(
+    block_size=st.sampled_from([1, 2, 4]), num_blocks=st.integers(2, 24), max_num_seqs=st.integers(1, 6),
+    max_num_batched_tokens=st.integers(1, 24), max_model_len=st.integers(8, 48)))
+
+
+def build_request(req_id: str, spec: Spec):
+    prompt = (PREFIXES[spec.prefix][:spec.prefix_len] if spec.prefix >= 0 else []) + make_prompt(req_id, spec.suffix_len)
+    temperature = 0.0 if spec.mode == "greedy" else 1.0
+    seed = zlib.crc32(req_id.encode()) % 1000 if spec.mode == "seeded" else None
+    return make_request(req_id, 0, max_tokens=spec.max_tokens, prompt=prompt, n=spec.n, temperature=temperature,
+                        seed=seed, eos_token_ids=(EOS,) if spec.use_eos else ())
+
+
+def reference(req, index: int, max_len: int) -> tuple[list[int], str]:
+    """What child `index` of req yields with nothing interfering, computed without the scheduler."""
+    sampling = req.sampling
+    row_id = req.req_id if sampling.n == 1 else child_id(req.req_id, index)
+    seed = sampling.seed if sampling.n == 1 else child_seed(sampling.seed, index)
+    row_sampling = type(sampling)(temperature=sampling.temperature, max_tokens=sampling.max_tokens, seed=seed)
+    tokens, out = list(req.prompt_token_ids), []
+    hashes = prefix_hashes(tokens)
+    while True:
+        token = SAMPLE(row_id, len(tokens), hashes[-1], row_sampling)
+        out.append(token)
+        tokens.append(token)
+        prefix_hashes(tokens, hashes)
+        if token in req.eos_token_ids:
+            return out, FinishReason.STOP
+        if len(out) >= sampling.max_tokens or len(tokens) >= max_len:
+            return out, FinishReason.LENGTH
+
+
+@settings(max_examples=500, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(config=configs, script=st.lists(events, min_size=4, max_size=40))
+def test_random_mixes_keep_every_invariant_and_every_output(config, script):
+    for caching in (True, False):  # drawing the script costs more than running it: run it both ways
+        run_script(config, script, caching)
+
+
+def run_script(config: dict, script: list, caching: bool) -> None:
+    sched, worker = make_scheduler(sample_fn=SAMPLE, enable_prefix_caching=caching, **config)
+    reqs, outputs, aborted = {}, {}, set()
+
+    def collect(outs):
+        for out in outs:
+            seen = outputs.setdefault((out.req_id, out.index), [])
+            assert not seen or seen[-1].finish_reason is None, f"{out.req_id}#{out.index}: output after the end"
+            seen.append(out)
+
+    def abort(k: int):
+        if reqs:
+            req_id = sorted(reqs)[k % len(reqs)]
+            aborted.add(req_id)
+            sched.abort([req_id])
+
+    def run_step(abort_mid_step: int | None = None):
+        plan = sched.schedule()
+        if plan is not None:
+            rows = plan.new_reqs + plan.cached_reqs
+            assert len(rows) <= config["max_num_seqs"]
+            assert sum(r.num_scheduled_tokens for r in rows) <= config["max_num_batched_tokens"]
+            result = worker.execute(plan)
+            if abort_mid_step is not None:
+                abort(abort_mid_step)
+            collect(sched.update_from_output(plan, result))
+        collect(sched.take_pending_outputs())
+        sched.check_invariants()
+        return plan
+
+    for kind, arg in script:
+        if kind == "add":
+            req = build_request(f"r{len(reqs)}", arg)
+            reqs[req.req_id] = req
+            sched.add_request(req)
+            collect(sched.take_pending_outputs())
+        elif kind == "abort":
+            abort(arg)
+            collect(sched.take_pending_outputs())
+            sched.check_invariants()
+        elif kind == "abort_in_flight":
+            run_step(abort_mid_step=arg)
+        else:
+            for _ in range(arg):
+                run_step()
+    for _ in range(MAX_STEPS):
+        if run_step() is None:
+            break
+    assert not sched.has_unfinished() and not sched.groups, "requests left unfinished"
+    kv = sched.kv_cache_manager
+    assert kv.num_free_blocks == kv.num_total_blocks and all(block.ref_count == 0 for block in kv.pool.blocks)
+
+    max_len = min(config["max_model_len"], config["num_blocks"] * config["block_size"] + 1)
+    for req_id, req in reqs.items():
+        if (req_id, 0) in outputs and outputs[(req_id, 0)][-1].finish_reason == FinishReason.ERROR:
+            (error,) = outputs[(req_id, 0)]
+            assert error.error and error.new_token_ids == []
+            assert (req.num_prompt_tokens == 0 or req.num_prompt_tokens >= config["max_model_len"]
+                    or -(-req.num_prompt_tokens // config["block_size"]) > config["num_blocks"])
+            continue
+        for index in range(req.sampling.n):
+            outs = outputs.get((req_id, index))
+            assert outs, f"{req_id}#{index} never finished"
+            tokens, reason = [t for o in outs for t in o.new_token_ids], outs[-1].finish_reason
+            expected = reference(req, index, max_len)
+            if reason == FinishReason.ABORT:
+                assert req_id in aborted and tokens == expected[0][:len(tokens)]
+            else:
+                assert (tokens, reason) == expected, f"{req_id}#{index}"
