@@ -66,6 +66,8 @@ class BlockPool:
         """One more holder for each block; a cached free block is revived (leaves the free queue)."""
         for block_id in block_ids:
             block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self._free[block_id]
             block.ref_count += 1
 
     def release(self, block_ids: Iterable[int]) -> None:

@@ -98,13 +98,14 @@ class KVCacheManager:
 
     def shared_blocks_to_write(self, req: Request) -> list[int]:
         """Indices into req.block_ids of blocks req will write into (from num_computed_tokens on) that others hold too."""
-        first = req.num_computed_tokens // self.block_size
-        return [i for i in range(first, len(req.block_ids)) if self.pool.blocks[req.block_ids[i]].ref_count > 1]
+        blocks, table = self.pool.blocks, req.block_ids
+        return [i for i in range(req.num_computed_tokens // self.block_size, len(table)) if blocks[table[i]].ref_count > 1]
 
-    def allocate_slots(self, req: Request, num_total_tokens: int) -> bool:
+    def allocate_slots(self, req: Request, num_total_tokens: int, may_copy: bool = True) -> bool:
         """Makes req's block table hold num_total_tokens slots, privately wherever req will write.
-        All or nothing: False leaves everything as it was."""
+        All or nothing: False leaves everything as it was. may_copy=False: req's table must need no copy."""
         to_copy = self.shared_blocks_to_write(req)
+        assert may_copy or not to_copy, f"{req.req_id} would write into blocks shared with others: {to_copy}"
         num_fresh = max(0, self.blocks_for_tokens(num_total_tokens) - len(req.block_ids))
         if len(to_copy) + num_fresh > self.num_free_blocks:
             return False
@@ -114,7 +115,8 @@ class KVCacheManager:
             self.pool.release([src])  # still held by the others: ref_count stays >= 1
             req.block_ids[i] = dst
             self._block_copies.append([src, dst])
-        req.block_ids += self.pool.take_fresh(num_fresh)
+        if num_fresh:
+            req.block_ids += self.pool.take_fresh(num_fresh)
         return True
 
     def fork(self, parent: Request, child: Request) -> None:

@@ -33,7 +33,7 @@ class Request:
     # Parallel sampling: outputs go out under the parent's id with this child's index.
     parent_id: str | None = None
     index: int = 0
-    # A leader's siblings, until its prompt (but its last token) is computed and they fork off its blocks.
+    # A leader's siblings, until it has computed all but its last prompt token and they fork off its blocks.
     pending_forks: list["Request"] = field(default_factory=list)
     num_cached_tokens: int | None = None  # prompt tokens the prefix cache supplied at first admission
     # Prefix-cache bookkeeping (scheduler.kv_cache_manager): hashes of full blocks, and how many leading

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from protocol.messages import FinishReason, RequestOutput, SchedulerStats, StepPlan, StepResult
 from scheduler.admission import admission_error
+from scheduler.invariants import check_scheduler_invariants
 from scheduler.kv_cache_manager import KVCacheManager
 from scheduler.parallel_sampling import make_children
 from scheduler.request import Request, RequestStatus
@@ -46,9 +47,9 @@ class Scheduler:
         self.groups: dict[str, list[Request]] = {}  # parent id -> its children, while any is unfinished (n > 1)
         self.waiting: deque[Request] = deque()  # preempted requests go back to the front
         self.running: list[Request] = []  # kept in arrival order: the tail is preempted first
-        self._arrival_rank: dict[str, int] = {}
+        self.arrival_rank: dict[str, int] = {}
         self._next_rank = itertools.count()
-        self._worker = WorkerView()
+        self.worker_view = WorkerView()
         self._pending_outputs: list[RequestOutput] = []
         self._step_id = 0
         self._in_flight: dict[str, tuple[Request, int]] | None = None  # the plan's requests and their token counts
@@ -70,7 +71,7 @@ class Scheduler:
             self.groups[req.req_id] = children
         for child in children:
             self.requests[child.req_id] = child
-            self._arrival_rank[child.req_id] = next(self._next_rank)
+            self.arrival_rank[child.req_id] = next(self._next_rank)
             if child.status is RequestStatus.WAITING:  # the rest wait for their leader to fork
                 self.waiting.append(child)
         return True
@@ -106,7 +107,7 @@ class Scheduler:
         # Copy-on-write first for requests the workers have not seen (fresh forks), so the last holder of a
         # shared block writes in place and no table the workers hold ever needs a block replaced.
         for req in list(self.running):
-            if req.status is RequestStatus.RUNNING and not self._worker.knows(req.req_id):
+            if req.status is RequestStatus.RUNNING and not self.worker_view.knows(req.req_id):
                 self._allocate_or_preempt(req, req.num_computed_tokens)
 
         index = 0
@@ -114,8 +115,6 @@ class Scheduler:
             req = self.running[index]
             num_new = min(req.compute_limit - req.num_computed_tokens, budget)
             assert num_new > 0, f"running request {req.req_id} has nothing to compute"
-            assert not (self._worker.knows(req.req_id) and kv.shared_blocks_to_write(req)), (
-                f"{req.req_id} would write into a shared block the workers already hold")
             if not self._allocate_or_preempt(req, req.num_computed_tokens + num_new):
                 break  # req preempted itself: it was the tail
             scheduled.append((req, num_new))
@@ -123,14 +122,14 @@ class Scheduler:
             index += 1
 
         # After a preemption the pool is tight: admitting new work now would only be preempted next.
-        seats_taken = sum(self._seats(req) for req in self.running)
+        seats_taken = sum(self.seats(req) for req in self.running)
         while self.num_preemptions == preemptions_before and self.waiting and budget > 0:
             req = self.waiting[0]
             cached_block_ids = kv.find_cached_prefix(req)
             num_cached = len(cached_block_ids) * self.config.block_size
             if req.pending_forks and num_cached >= req.num_prompt_tokens - 1:
                 self._release_forks(req, at=1)  # the cache holds the shared prompt: each child looks it up itself
-            if seats_taken + self._seats(req) > self.config.max_num_seqs:
+            if seats_taken + self.seats(req) > self.config.max_num_seqs:
                 break
             num_new = min(req.compute_limit - num_cached, budget)
             if not kv.admit(req, cached_block_ids, num_cached + num_new):
@@ -142,8 +141,8 @@ class Scheduler:
             if kv.enable_caching:
                 self.prefix_cache_queries += req.num_tokens
                 self.prefix_cache_hits += num_cached
-            bisect.insort(self.running, req, key=lambda r: self._arrival_rank[r.req_id])
-            seats_taken += self._seats(req)
+            self._insert_running(req)
+            seats_taken += self.seats(req)
             scheduled.append((req, num_new))
             budget -= num_new
 
@@ -151,7 +150,7 @@ class Scheduler:
             return None
         self._step_id += 1
         self._in_flight = {req.req_id: (req, num_new) for req, num_new in scheduled}
-        return self._worker.make_plan(self._step_id, scheduled, kv.take_block_copies())
+        return self.worker_view.make_plan(self._step_id, scheduled, kv.take_block_copies())
 
     def update_from_output(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
         """Applies the worker's result for `plan`; returns one output per request that gained a token."""
@@ -206,38 +205,18 @@ class Scheduler:
         return SchedulerStats(self.num_running, self.num_waiting, kv.num_free_blocks, kv.num_total_blocks, self._step_id,
                               self.prefix_cache_queries, self.prefix_cache_hits, self.num_preemptions)
 
+    def seats(self, req: Request) -> int:
+        """max_num_seqs slots a request takes: a leader reserves seats for the siblings that will fork from it."""
+        return min(1 + len(req.pending_forks), self.config.max_num_seqs)
+
     def check_invariants(self) -> None:
         """For tests: raises AssertionError if the queues, the worker view or the block pool disagree."""
-        assert sum(self._seats(req) for req in self.running) <= self.config.max_num_seqs
-        ranks = [self._arrival_rank[req.req_id] for req in self.running]
-        assert ranks == sorted(ranks), "running is out of arrival order"
-        for req in self.waiting:
-            assert req.status is RequestStatus.WAITING and not req.block_ids and req.num_computed_tokens == 0
-        for req in self.running:
-            assert req.status is RequestStatus.RUNNING
-            assert len(req.block_ids) * self.config.block_size >= req.num_computed_tokens
-        forking = [child for req in itertools.chain(self.running, self.waiting) for child in req.pending_forks]
-        for child in forking:
-            assert child.status is RequestStatus.WAITING_FOR_FORK and not child.block_ids and not child.pending_forks
-        queued = [*self.running, *self.waiting, *forking]
-        assert {id(r) for r in self.requests.values()} == {id(r) for r in queued}
-        assert len(self.requests) == len(queued), "a request is queued twice"
-        for parent_id, children in self.groups.items():
-            assert any(not child.is_finished for child in children), f"group {parent_id} outlived its children"
-        self._worker.check_invariants(self.running)
-        self.kv_cache_manager.check_invariants(queued)
+        check_scheduler_invariants(self)
 
     # ---- internals -----------------------------------------------------------------------------------
 
     def _live_ids(self):
         return self.requests.keys() | self.groups.keys()
-
-    def _seats(self, req: Request) -> int:
-        """max_num_seqs slots a request takes: a leader reserves seats for the siblings that will fork from it."""
-        return self._seats_for_group(1 + len(req.pending_forks))
-
-    def _seats_for_group(self, size: int) -> int:
-        return min(size, self.config.max_num_seqs)
 
     def _output(self, req: Request, token_ids: list[int], reason: str | None, error: str | None = None) -> RequestOutput:
         return RequestOutput(req.output_id, token_ids, reason, req.num_prompt_tokens, req.num_cached_tokens or 0,
@@ -246,7 +225,9 @@ class Scheduler:
     def _allocate_or_preempt(self, req: Request, num_total_tokens: int) -> bool:
         """Makes room for req's next tokens, preempting the newest running requests as needed; False if that
         preempted req itself."""
-        while not self.kv_cache_manager.allocate_slots(req, num_total_tokens):
+        # A block table the workers hold may only grow: copy-on-write is for requests they have not seen yet.
+        may_copy = not self.worker_view.knows(req.req_id)
+        while not self.kv_cache_manager.allocate_slots(req, num_total_tokens, may_copy):
             victim = self.running.pop()
             self._preempt(victim)
             if victim is req:
@@ -256,24 +237,27 @@ class Scheduler:
     def _fork(self, leader: Request) -> None:
         """The leader computed all but the last prompt token: its siblings take its blocks and run beside it,
         in the seats reserved for them; any beyond max_num_seqs wait (and find the prompt in the cache)."""
+        num_seated = self.seats(leader) - 1
         children, leader.pending_forks = leader.pending_forks, []
-        num_seated = self._seats_for_group(1 + len(children)) - 1
         for child in children[:num_seated]:
             self.kv_cache_manager.fork(leader, child)
             child.status, child.num_computed_tokens = RequestStatus.RUNNING, leader.num_computed_tokens
             child.num_cached_tokens = leader.num_cached_tokens
-            bisect.insort(self.running, child, key=lambda r: self._arrival_rank[r.req_id])
-        self._requeue_front(children[num_seated:], at=0)
+            self._insert_running(child)
+        self._requeue(children[num_seated:], at=0)
 
     def _release_forks(self, leader: Request, at: int) -> None:
         """The leader's siblings become independent waiting requests, at waiting[at:]."""
         children, leader.pending_forks = leader.pending_forks, []
-        self._requeue_front(children, at)
+        self._requeue(children, at)
 
-    def _requeue_front(self, reqs: list[Request], at: int) -> None:
+    def _requeue(self, reqs: list[Request], at: int) -> None:
         for req in reversed(reqs):
             req.status = RequestStatus.WAITING
             self.waiting.insert(at, req)
+
+    def _insert_running(self, req: Request) -> None:
+        bisect.insort(self.running, req, key=lambda r: self.arrival_rank[r.req_id])
 
     def _preempt(self, req: Request) -> None:
         """Frees req's blocks and requeues it at the front; it resumes through the prefix cache and recomputes
@@ -284,7 +268,7 @@ class Scheduler:
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
-        self._worker.forget(req.req_id)
+        self.worker_view.forget(req.req_id)
 
     def _unqueue(self, req: Request) -> None:
         if req.status is RequestStatus.WAITING:
@@ -302,7 +286,7 @@ class Scheduler:
         self.kv_cache_manager.free(req)
         req.status, req.finish_reason = RequestStatus.FINISHED, reason
         del self.requests[req.req_id]
-        del self._arrival_rank[req.req_id]
-        self._worker.forget(req.req_id)
+        del self.arrival_rank[req.req_id]
+        self.worker_view.forget(req.req_id)
         if req.parent_id is not None and all(child.is_finished for child in self.groups[req.parent_id]):
             del self.groups[req.parent_id]

@@ -102,3 +102,11 @@ def test_one_step_in_flight_at_a_time():
     sched.update_from_output(plan, result)
     with pytest.raises(ValueError):
         sched.update_from_output(plan, result)
+
+
+@pytest.mark.parametrize("bad_token", [-1, 2**31])
+def test_token_ids_outside_int32_are_rejected_before_they_reach_the_hash_or_the_worker(bad_token):
+    sched, _ = make_scheduler()
+    assert not sched.add_request(make_request("bad", 0, prompt=[5, bad_token, 6]))
+    (out,) = sched.take_pending_outputs()
+    assert out.finish_reason == FinishReason.ERROR and "token ids" in out.error

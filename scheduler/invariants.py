@@ -1,0 +1,31 @@
+"""The scheduler's consistency checks, for tests (called after every step by the fake-worker tests)."""
+import itertools
+from typing import TYPE_CHECKING
+
+from scheduler.request import RequestStatus
+
+if TYPE_CHECKING:
+    from scheduler.scheduler import Scheduler
+
+
+def check_scheduler_invariants(sched: "Scheduler") -> None:
+    """Raises AssertionError if the queues, the worker view or the block pool disagree."""
+    config = sched.config
+    assert sum(sched.seats(req) for req in sched.running) <= config.max_num_seqs, "more seats taken than max_num_seqs"
+    ranks = [sched.arrival_rank[req.req_id] for req in sched.running]
+    assert ranks == sorted(ranks), "running is out of arrival order"
+    for req in sched.waiting:
+        assert req.status is RequestStatus.WAITING and not req.block_ids and req.num_computed_tokens == 0
+    for req in sched.running:
+        assert req.status is RequestStatus.RUNNING
+        assert len(req.block_ids) * config.block_size >= req.num_computed_tokens
+    forking = [child for req in itertools.chain(sched.running, sched.waiting) for child in req.pending_forks]
+    for child in forking:
+        assert child.status is RequestStatus.WAITING_FOR_FORK and not child.block_ids and not child.pending_forks
+    queued = [*sched.running, *sched.waiting, *forking]
+    assert {id(r) for r in sched.requests.values()} == {id(r) for r in queued}
+    assert len(sched.requests) == len(queued), "a request is queued twice"
+    for parent_id, children in sched.groups.items():
+        assert any(not child.is_finished for child in children), f"group {parent_id} outlived its children"
+    sched.worker_view.check_invariants(sched.running)
+    sched.kv_cache_manager.check_invariants(queued)
