@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     kv.add_argument("--num-kv-blocks", type=int, default=0, help="exact number of KV-cache blocks (overrides --kv-cache-memory)")
     serve.add_argument("--max-model-len", type=int, default=None,
                        help="longest sequence (prompt + output) in tokens; default: the model's context length")
+    serve.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                       help="turn off automatic prefix caching (reusing the KV blocks of prompts seen before)")
     return parser
 
 
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         engine_args = EngineArgs(model=args.model, max_num_seqs=args.max_num_seqs,
                                  max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
                                  kv_cache_memory=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
-                                 max_model_len=args.max_model_len)
+                                 max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching)
         try:
             serve(engine_args, ServerArgs(args.host, args.port, args.served_model_name))
         except (ValueError, FileNotFoundError, RuntimeError) as e:

@@ -26,6 +26,7 @@ class EngineArgs:
     kv_cache_memory: int = DEFAULT_KV_CACHE_BYTES
     num_kv_blocks: int = 0  # overrides kv_cache_memory when set
     max_model_len: int | None = None  # default: the model's context length
+    enable_prefix_caching: bool = True
     world_size: int = 1
     transport: str = "ipc"
     tcp_base_port: int = 5555
@@ -59,7 +60,7 @@ class EngineProcesses:
         self.endpoints = Endpoints.ipc() if args.transport == "ipc" else Endpoints.tcp(base_port=args.tcp_base_port)
         spawn = multiprocessing.get_context("spawn")
         sched_args = SchedulerArgs(args.world_size, args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
-                                   self.max_model_len, args.num_kv_blocks, args.kv_cache_memory)
+                                   self.max_model_len, args.num_kv_blocks, args.kv_cache_memory, args.enable_prefix_caching)
         self.processes = [spawn.Process(target=run_scheduler, args=(self.endpoints, sched_args), name="tinyvllm-scheduler")]
         self.processes += [spawn.Process(target=run_worker, name=f"tinyvllm-worker{rank}",
                                          args=(self.endpoints.workers, WorkerArgs(str(self.model_path), rank, args.world_size)))

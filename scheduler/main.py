@@ -29,6 +29,7 @@ class SchedulerArgs:
     max_model_len: int
     num_kv_blocks: int  # 0: let the workers size the cache from kv_cache_bytes
     kv_cache_bytes: int
+    enable_prefix_caching: bool = True
     startup_timeout_s: float = 900.0
 
 
@@ -84,7 +85,7 @@ class SchedulerLoop:
         num_blocks = self.workers.handshake(self.args)
         a = self.args
         self.scheduler = Scheduler(SchedulerConfig(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
-                                                   a.block_size, num_blocks))
+                                                   a.block_size, num_blocks, a.enable_prefix_caching))
         send(self.to_frontend, EngineReady(num_blocks, a.block_size, a.max_model_len, a.max_num_seqs, a.world_size))
         log.info("scheduler ready: %d KV blocks of %d tokens", num_blocks, a.block_size)
 

@@ -76,6 +76,7 @@ class ModelRunner:
         """Runs the plan's tokens through the model; returns the [1, V] logits of each chunk that ends
         at the end of its request's known tokens (the ones to sample from), in plan order."""
         chunks = self.batch.apply(plan)
+        self.copy_blocks(plan.block_copies)
         decodes = [c for c in chunks if c.length == 1]
         max_batch, max_chunk = max(self.decode_buckets), max(self.prefill_buckets)
         rows: list[tuple[ScheduledChunk, Tensor]] = []
