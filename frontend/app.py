@@ -17,7 +17,7 @@ from frontend import streaming
 from frontend.detokenizer import IncrementalDetokenizer
 from frontend.engine_client import EngineDeadError
 from frontend.metrics import FrontendMetrics
-from frontend.serving import EngineRequestError, RequestServing, collect
+from frontend.serving import CompletionResult, EngineRequestError, RequestServing, collect
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,14 @@ async def run_unless_disconnected(request: Request, work: Coroutine) -> tuple[bo
     return True, work_task.result()
 
 
+def response_body(result: CompletionResult, is_chat: bool, request_id: str, model: str, created: int) -> dict:
+    make_choice, make_body = (api.chat_choice, api.chat_body) if is_chat else (api.completion_choice,
+                                                                               api.completion_body)
+    choices = [make_choice(c.index, c.text, c.finish_reason, c.stop_reason) for c in result.choices]
+    usage = api.usage_body(result.num_prompt_tokens, result.num_generated_tokens, result.num_cached_tokens)
+    return make_body(request_id, model, choices, usage, created)
+
+
 def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_root: str | None = None,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
               make_detokenizer: Callable = IncrementalDetokenizer) -> Starlette:
@@ -98,16 +106,14 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
             serving.fit_to_context(req, len(prompt_ids))
             request_id, created = api.new_request_id(is_chat), int(time.time())
             deltas = serving.generate_text(request_id, prompt_ids, req)
+            n = req.sampling.n
             if req.stream:
                 events = streaming.chat_events if is_chat else streaming.completion_events
-                return streaming.SSEResponse(events(deltas, request_id, model_name, created, req.include_usage))
-            finished, result = await run_unless_disconnected(request, collect(deltas))
+                return streaming.SSEResponse(events(deltas, request_id, model_name, created, req.include_usage, n))
+            finished, result = await run_unless_disconnected(request, collect(deltas, n))
             if not finished:
                 return Response(status_code=CLIENT_CLOSED_REQUEST)
-            make_body = api.chat_body if is_chat else api.completion_body
-            usage = api.usage_body(result.num_prompt_tokens, result.num_generated_tokens)
-            return JSONResponse(make_body(request_id, model_name, result.text, result.finish_reason,
-                                          result.stop_reason, usage, created))
+            return JSONResponse(response_body(result, is_chat, request_id, model_name, created))
         except api.APIError as e:
             return error_response(e)
         except EngineDeadError as e:

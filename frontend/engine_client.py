@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import zmq
 import zmq.asyncio
 
+from frontend.request_completion import RequestCompletion
 from protocol.messages import (AbortRequests, AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats, Shutdown,
                                StepOutputs)
 from protocol.sampling import SamplingParams
@@ -61,25 +62,26 @@ class EngineClient:
 
     async def generate(self, req_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                        eos_token_ids: list[int]) -> AsyncIterator[RequestOutput]:
-        """Yields this request's deltas until one has a finish_reason. Leaving early aborts the request."""
+        """Yields this request's deltas (with n > 1, every child's, told apart by RequestOutput.index) until
+        every child has finished or one output is an ERROR. Leaving early aborts the request."""
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
         if req_id in self.queues:
             raise ValueError(f"duplicate request id {req_id}")
         q: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self.queues[req_id] = q
-        finished = False
+        completion = RequestCompletion(sampling.n)
         try:
             await send_async(self.to_scheduler, AddRequest(req_id, list(prompt_token_ids), sampling,
                                                            list(eos_token_ids), time.time()))
-            while not finished:
+            while not completion.done:
                 out = q.get_nowait() if not q.empty() else await q.get()
-                finished = out.finish_reason is not None
+                completion.observe(out)
                 yield out
         finally:
             del self.queues[req_id]
-            if not finished and self.dead_reason is None:
-                self.abort([req_id])
+            if not completion.all_children_finished and self.dead_reason is None:
+                self.abort([req_id])  # a parent id aborts every child still running
 
     def abort(self, req_ids: list[str]) -> None:
         # Not a coroutine: it must work from a generator's finally during cancellation.

@@ -3,12 +3,13 @@ import itertools
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import zmq
 
 from frontend.detokenizer import IncrementalDetokenizer
 from frontend.launcher import EngineArgs, EngineProcesses
+from frontend.request_completion import RequestCompletion
 from frontend.tokenizer import Tokenizer
 from protocol.messages import AbortRequests, AddRequest, EngineReady, RequestOutput, Shutdown, StepOutputs
 from protocol.sampling import SamplingParams
@@ -16,12 +17,24 @@ from protocol.transport import make_socket, recv, send
 
 
 @dataclass(slots=True)
+class CompletionOutput:
+    """One of a prompt's n samples."""
+    index: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None  # None: never finished, because another sample of the request failed
+
+
+@dataclass(slots=True)
 class GenerationResult:
+    """A prompt's result: every sample in `outputs` (SamplingParams.n of them, by index); `token_ids`, `text`
+    and `finish_reason` repeat the first sample's. `error` is set when the request ended with an error."""
     prompt_token_ids: list[int]
     token_ids: list[int]
     text: str
     finish_reason: str | None
     error: str | None = None
+    outputs: list[CompletionOutput] = field(default_factory=list)
 
 
 class LLM:
@@ -67,27 +80,39 @@ class LLM:
 
     def generate(self, prompts: str | list[int] | list[str | list[int]],
                  sampling: SamplingParams | list[SamplingParams] | None = None) -> list[GenerationResult]:
-        """Runs every prompt, batched by the engine, and returns the results in prompt order."""
+        """Runs every prompt, batched by the engine, and returns the results in prompt order.
+
+        With SamplingParams.n > 1 a result holds all n samples in `outputs` (its `text` and `token_ids` are
+        the first sample's)."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * len(prompts)
-        pending = dict(self._submit(p, sp) for p, sp in zip(prompts, params))
-        order, tokens, results = list(pending), {r: [] for r in pending}, {}
+        order, prompt_ids, collected = [], {}, {}
+        for prompt, sp in zip(prompts, params):
+            req_id, ids = self._submit(prompt, sp)
+            order.append(req_id)
+            prompt_ids[req_id], collected[req_id] = ids, _SampleCollector(sp.n)
+        pending = set(order)
         for out in self._outputs():
             if out.req_id not in pending:
                 continue
-            tokens[out.req_id] += out.new_token_ids
-            if out.finish_reason is not None:
-                ids = tokens[out.req_id]
-                results[out.req_id] = GenerationResult(pending.pop(out.req_id), ids, self.tokenizer.decode(ids),
-                                                       out.finish_reason, out.error)
+            collector = collected[out.req_id]
+            collector.add(out)
+            if collector.completion.done:
+                pending.discard(out.req_id)
+                if not collector.completion.all_children_finished:
+                    send(self.to_scheduler, AbortRequests([out.req_id]))  # an error ended it; stop the others
                 if not pending:
                     break
-        return [results[r] for r in order]
+        return [collected[r].result(prompt_ids[r], self.tokenizer) for r in order]
 
     def stream(self, prompt: str | list[int], sampling: SamplingParams | None = None) -> Iterator[str]:
-        """Yields the text as it is generated; closing the generator early aborts the request."""
-        req_id, ids = self._submit(prompt, sampling or SamplingParams())
+        """Yields the text as it is generated (one sample: n must be 1); closing the generator early aborts the
+        request."""
+        sampling = sampling or SamplingParams()
+        if sampling.n != 1:
+            raise ValueError("stream() yields one text: use generate() for n > 1")
+        req_id, ids = self._submit(prompt, sampling)
         detok, finished = IncrementalDetokenizer(self.tokenizer, ids), False
         try:
             for out in self._outputs():
@@ -127,3 +152,25 @@ class LLM:
             self.shutdown()
         except Exception:
             pass
+
+
+class _SampleCollector:
+    """Gathers one request's outputs, per sample index, until every sample finished or one failed."""
+
+    def __init__(self, n: int):
+        self.completion = RequestCompletion(n)
+        self.token_ids: list[list[int]] = [[] for _ in range(n)]
+        self.finish_reasons: list[str | None] = [None] * n
+
+    def add(self, out: RequestOutput) -> None:
+        self.completion.observe(out)
+        self.token_ids[out.index] += out.new_token_ids
+        if out.finish_reason is not None:
+            self.finish_reasons[out.index] = out.finish_reason
+
+    def result(self, prompt_token_ids: list[int], tokenizer: Tokenizer) -> GenerationResult:
+        outputs = [CompletionOutput(i, ids, tokenizer.decode(ids), reason)
+                   for i, (ids, reason) in enumerate(zip(self.token_ids, self.finish_reasons))]
+        first = outputs[0]
+        return GenerationResult(prompt_token_ids, first.token_ids, first.text, first.finish_reason,
+                                self.completion.error, outputs)

@@ -1,10 +1,11 @@
 """Prometheus metrics under vLLM's names, so dashboards and inference gateways work unchanged.
 
-Scheduler gauges are read from engine.stats at scrape time; request counters are fed by the serving glue.
+Scheduler gauges and cumulative scheduler counters are read from engine.stats at scrape time; request counters
+are fed by the serving glue.
 """
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, disable_created_metrics,
                                generate_latest)
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -26,6 +27,17 @@ class _EngineStatsCollector(Collector):
             ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", stats.kv_usage),
         ):
             family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([self.model_name], float(value))
+            yield family
+        # The scheduler keeps these cumulative, so they are counters even though they are read, not incremented.
+        for name, doc, value in (
+            ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+             stats.prefix_cache_queries),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+             stats.prefix_cache_hits),
+            ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", stats.num_preemptions),
+        ):
+            family = CounterMetricFamily(name, doc, labels=["model_name"])  # exposed as <name>_total
             family.add_metric([self.model_name], float(value))
             yield family
 
@@ -51,10 +63,14 @@ class FrontendMetrics:
     def record_first_token(self, seconds: float) -> None:
         self.time_to_first_token.observe(seconds)
 
-    def record_finished(self, prompt_tokens: int, generated_tokens: int, finish_reason: str, seconds: float) -> None:
+    def record_finished(self, prompt_tokens: int, generated_tokens: int, finish_reasons: list[str],
+                        seconds: float) -> None:
+        """One request: its prompt counted once, and one finished request per choice (n > 1), as vLLM counts
+        each parallel sample."""
         self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(generated_tokens)
-        self.request_success.labels(self.model_name, finish_reason).inc()
+        for reason in finish_reasons:
+            self.request_success.labels(self.model_name, reason).inc()
         self.e2e_latency.observe(seconds)
 
     def render(self) -> tuple[bytes, str]:

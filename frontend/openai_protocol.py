@@ -5,7 +5,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.sampling import SamplingParams
+from protocol.sampling import MAX_N, SamplingParams
+
 
 class APIError(Exception):
     """Anything that ends a request with an OpenAI-shaped error body."""
@@ -69,11 +70,14 @@ def _parse_common(body: Any, is_chat: bool) -> GenerationRequest:
     if not isinstance(body, dict):
         raise APIError("The request body must be a JSON object")
     n = _get(body, "n", (int,), 1)
-    if n != 1:
-        raise APIError("n > 1 is not supported yet" if n > 1 else f"n must be at least 1, got {n}", param="n")
-    best_of = _get(body, "best_of", (int,), 1)
-    if best_of != 1:
-        raise APIError("best_of is not supported yet", param="best_of")
+    if not 1 <= n <= MAX_N:
+        raise APIError(f"n must be between 1 and {MAX_N}, got {n}", param="n")
+    best_of = _get(body, "best_of", (int,), n)
+    if best_of < n:
+        raise APIError(f"best_of must be greater than or equal to n, got n={n} and best_of={best_of}",
+                       param="best_of")
+    if best_of > n:
+        raise APIError("best_of > n is not supported yet", param="best_of")
     if _get(body, "logprobs", (bool, int), False) or _get(body, "top_logprobs", (int,), 0):
         raise APIError("logprobs are not supported yet", param="logprobs")
     if _get(body, "echo", (bool,), False):
@@ -108,6 +112,7 @@ def _parse_common(body: Any, is_chat: bool) -> GenerationRequest:
         seed=_get(body, "seed", (int,)),
         stop_token_ids=list(stop_token_ids),
         ignore_eos=_get(body, "ignore_eos", (bool,), False),
+        n=n,
     )
     try:
         sampling.validate()
@@ -169,37 +174,42 @@ def new_request_id(is_chat: bool) -> str:
     return ("chatcmpl-" if is_chat else "cmpl-") + uuid.uuid4().hex
 
 
-def usage_body(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def _envelope(request_id: str, object_type: str, model: str, created: int | None) -> dict:
     return {"id": request_id, "object": object_type, "created": created or int(time.time()), "model": model}
 
 
-def completion_body(request_id: str, model: str, text: str, finish_reason: str | None,
-                    stop_reason: str | int | None, usage: dict, created: int | None = None) -> dict:
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
-    return {**_envelope(request_id, "text_completion", model, created), "choices": [choice], "usage": usage}
+def completion_choice(index: int, text: str, finish_reason: str | None, stop_reason: str | int | None) -> dict:
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
 
 
-def chat_body(request_id: str, model: str, text: str, finish_reason: str | None,
-              stop_reason: str | int | None, usage: dict, created: int | None = None) -> dict:
-    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-              "finish_reason": finish_reason, "stop_reason": stop_reason}
-    return {**_envelope(request_id, "chat.completion", model, created), "choices": [choice], "usage": usage}
+def chat_choice(index: int, text: str, finish_reason: str | None, stop_reason: str | int | None) -> dict:
+    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            "finish_reason": finish_reason, "stop_reason": stop_reason}
 
 
-def completion_chunk(request_id: str, model: str, created: int, text: str,
-                     finish_reason: str | None = None, stop_reason: str | int | None = None) -> dict:
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
+def completion_body(request_id: str, model: str, choices: list[dict], usage: dict, created: int | None = None) -> dict:
+    return {**_envelope(request_id, "text_completion", model, created), "choices": choices, "usage": usage}
+
+
+def chat_body(request_id: str, model: str, choices: list[dict], usage: dict, created: int | None = None) -> dict:
+    return {**_envelope(request_id, "chat.completion", model, created), "choices": choices, "usage": usage}
+
+
+def completion_chunk(request_id: str, model: str, created: int, text: str, finish_reason: str | None = None,
+                     stop_reason: str | int | None = None, index: int = 0) -> dict:
+    choice = completion_choice(index, text, finish_reason, stop_reason)
     return {**_envelope(request_id, "text_completion", model, created), "choices": [choice]}
 
 
-def chat_chunk(request_id: str, model: str, created: int, delta: dict,
-               finish_reason: str | None = None, stop_reason: str | int | None = None) -> dict:
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+def chat_chunk(request_id: str, model: str, created: int, delta: dict, finish_reason: str | None = None,
+               stop_reason: str | int | None = None, index: int = 0) -> dict:
+    choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
     if finish_reason is not None:
         choice["stop_reason"] = stop_reason
     return {**_envelope(request_id, "chat.completion.chunk", model, created), "choices": [choice]}

@@ -1,4 +1,4 @@
-"""Per-request glue: prompt -> token ids -> engine.generate -> incremental text (with stop strings)."""
+"""Per-request glue: prompt -> token ids -> engine.generate -> incremental text per choice (with stop strings)."""
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
@@ -6,6 +6,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+from frontend.choice_text import ChoiceText
 from frontend.openai_protocol import APIError, GenerationRequest
 from protocol.messages import FinishReason
 
@@ -16,47 +17,32 @@ LONG_INPUT_CHARS = 4096
 @dataclass(slots=True)
 class TextDelta:
     text: str
+    index: int = 0  # which choice (n > 1)
     finish_reason: str | None = None
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it; None for EOS
     num_prompt_tokens: int = 0
-    num_generated_tokens: int = 0  # cumulative
+    num_generated_tokens: int = 0  # cumulative over all choices
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+
+@dataclass(slots=True)
+class ChoiceResult:
+    index: int
+    text: str
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+@dataclass(slots=True)
+class CompletionResult:
+    choices: list[ChoiceResult]
+    num_prompt_tokens: int
+    num_generated_tokens: int  # over all choices
+    num_cached_tokens: int
 
 
 class EngineRequestError(Exception):
     """The engine ended this request with finish_reason 'error'."""
-
-
-class StopStringMatcher:
-    """Cuts the output at the first stop string, holding back any tail that could still become one."""
-
-    def __init__(self, stops: list[str]):
-        self.stops = stops
-        self.pending = ""
-
-    def feed(self, text: str, final: bool) -> tuple[str, str | None]:
-        """Returns (text safe to emit now, the stop string matched or None)."""
-        if not self.stops:
-            return text, None
-        self.pending += text
-        hits = [(i, s) for s in self.stops if (i := self.pending.find(s)) >= 0]
-        if hits:
-            i, stop = min(hits)
-            out, self.pending = self.pending[:i], ""
-            return out, stop
-        keep = 0 if final else self._partial_match_len()
-        cut = len(self.pending) - keep
-        out, self.pending = self.pending[:cut], self.pending[cut:]
-        return out, None
-
-    def _partial_match_len(self) -> int:
-        """Length of the longest tail of pending text that is a proper prefix of some stop string."""
-        best = 0
-        for stop in self.stops:
-            for k in range(min(len(stop) - 1, len(self.pending)), best, -1):
-                if self.pending.endswith(stop[:k]):
-                    best = k
-                    break
-        return best
 
 
 async def _maybe_in_thread(size: int, fn: Callable, *args: Any) -> Any:
@@ -114,55 +100,60 @@ class RequestServing:
 
     async def generate_text(self, req_id: str, prompt_ids: list[int],
                             req: GenerationRequest) -> AsyncIterator[TextDelta]:
-        """Text deltas as the engine produces tokens; the last one has finish_reason. Closing it aborts the request."""
-        detok = self.make_detokenizer(self.tokenizer, prompt_ids, skip_special_tokens=req.skip_special_tokens)
-        stops = StopStringMatcher(req.stop)
-        p, generated, finish = len(prompt_ids), 0, None
+        """Text deltas of every choice (TextDelta.index) as the engine produces tokens. Each choice's last delta
+        has its finish_reason; the generator ends once every choice has one. Closing it aborts the request."""
+        choices = [ChoiceText(i, self.make_detokenizer(self.tokenizer, prompt_ids,
+                                                       skip_special_tokens=req.skip_special_tokens),
+                              req.stop, req.sampling.stop_token_ids)
+                   for i in range(req.sampling.n)]
+        p, generated, cached, errored = len(prompt_ids), 0, 0, False
         start = time.monotonic()
         outputs = self.engine.generate(req_id, prompt_ids, req.sampling, self.tokenizer.eos_token_ids)
         try:
             async for out in outputs:
                 if out.finish_reason == FinishReason.ERROR:
-                    finish = FinishReason.ERROR
+                    errored = True
                     raise EngineRequestError(out.error or "the engine could not serve this request")
+                choice = choices[out.index]
+                if choice.finished:
+                    # Stopped by a stop string: the engine can only abort the whole request, which its
+                    # siblings still need, so this child runs on and its tokens are dropped here.
+                    continue
                 if generated == 0 and out.new_token_ids and self.metrics:
                     self.metrics.record_first_token(time.monotonic() - start)
                 generated += len(out.new_token_ids)
-                final = out.finish_reason is not None
-                # A "stop" finish means the last token is EOS or a stop token id: it ends the text, never shows in it.
-                shown = out.new_token_ids[:-1] if out.finish_reason == FinishReason.STOP else out.new_token_ids
-                text = detok.add(shown)
-                if final:
-                    text += detok.flush()
-                text, matched = stops.feed(text, final)
-                if matched is not None:
-                    finish = FinishReason.STOP
-                    await outputs.aclose()  # abort now, before the consumer even sees the last delta
-                    yield TextDelta(text, finish, matched, p, generated)
+                if out.index == 0:
+                    cached = out.num_cached_tokens  # the leader's: it looked the prompt up in the prefix cache
+                text = choice.feed(out)
+                if not choice.finished:
+                    if text:
+                        yield TextDelta(text, choice.index, None, None, p, generated, cached)
+                    continue
+                all_finished = all(c.finished for c in choices)
+                if all_finished:
+                    await outputs.aclose()  # abort stopped children now, before the consumer sees the last delta
+                yield TextDelta(text, choice.index, choice.finish_reason, choice.stop_reason, p, generated, cached)
+                if all_finished:
                     return
-                if final:
-                    finish = out.finish_reason
-                    yield TextDelta(text, finish, self._stop_token(out.new_token_ids, req, finish), p, generated)
-                    return
-                if text:
-                    yield TextDelta(text, None, None, p, generated)
         finally:
             await outputs.aclose()
             if self.metrics:
-                self.metrics.record_finished(p, generated, finish or FinishReason.ABORT, time.monotonic() - start)
-
-    @staticmethod
-    def _stop_token(new_ids: list[int], req: GenerationRequest, finish: str) -> int | None:
-        if finish == FinishReason.STOP and new_ids and new_ids[-1] in req.sampling.stop_token_ids:
-            return new_ids[-1]
-        return None
+                unfinished = FinishReason.ERROR if errored else FinishReason.ABORT
+                self.metrics.record_finished(p, generated, [c.finish_reason or unfinished for c in choices],
+                                             time.monotonic() - start)
 
 
-async def collect(deltas: AsyncIterator[TextDelta]) -> TextDelta:
-    """Runs a request to the end; returns one delta holding the whole text and how it finished."""
-    texts, last = [], TextDelta("")
+async def collect(deltas: AsyncIterator[TextDelta], n: int) -> CompletionResult:
+    """Runs a request to the end; returns every choice's whole text and how it finished, and the token counts."""
+    texts: list[list[str]] = [[] for _ in range(n)]
+    choices = [ChoiceResult(i, "") for i in range(n)]
+    last = TextDelta("")
     async with aclosing(deltas):
         async for last in deltas:
-            texts.append(last.text)
-    return TextDelta("".join(texts), last.finish_reason, last.stop_reason, last.num_prompt_tokens,
-                     last.num_generated_tokens)
+            texts[last.index].append(last.text)
+            if last.finish_reason is not None:
+                choices[last.index].finish_reason = last.finish_reason
+                choices[last.index].stop_reason = last.stop_reason
+    for choice, pieces in zip(choices, texts):
+        choice.text = "".join(pieces)
+    return CompletionResult(choices, last.num_prompt_tokens, last.num_generated_tokens, last.num_cached_tokens)

@@ -47,39 +47,46 @@ def stream_error_event(exc: Exception) -> bytes:
 
 
 async def completion_events(deltas: AsyncIterator[TextDelta], request_id: str, model: str, created: int,
-                            include_usage: bool) -> AsyncIterator[bytes]:
+                            include_usage: bool, n: int = 1) -> AsyncIterator[bytes]:
+    # n is unused: completions have no per-choice opening chunk (it keeps the signature of chat_events).
     def chunk(delta: TextDelta) -> dict:
-        return api.completion_chunk(request_id, model, created, delta.text, delta.finish_reason, delta.stop_reason)
+        return api.completion_chunk(request_id, model, created, delta.text, delta.finish_reason, delta.stop_reason,
+                                    delta.index)
 
-    async for event in _events(deltas, chunk, None, request_id, "text_completion", model, created, include_usage):
+    async for event in _events(deltas, chunk, [], request_id, "text_completion", model, created, include_usage):
         yield event
 
 
 async def chat_events(deltas: AsyncIterator[TextDelta], request_id: str, model: str, created: int,
-                      include_usage: bool) -> AsyncIterator[bytes]:
+                      include_usage: bool, n: int = 1) -> AsyncIterator[bytes]:
     def chunk(delta: TextDelta) -> dict:
         content = {"content": delta.text} if delta.text or delta.finish_reason is None else {}
-        return api.chat_chunk(request_id, model, created, content, delta.finish_reason, delta.stop_reason)
+        return api.chat_chunk(request_id, model, created, content, delta.finish_reason, delta.stop_reason,
+                              delta.index)
 
-    first = api.chat_chunk(request_id, model, created, {"role": "assistant", "content": ""})
-    async for event in _events(deltas, chunk, first, request_id, "chat.completion.chunk", model, created,
+    # As vLLM does: every choice's first chunk carries the role, sent before any token is generated.
+    role_chunks = [api.chat_chunk(request_id, model, created, {"role": "assistant", "content": ""}, index=i)
+                   for i in range(n)]
+    async for event in _events(deltas, chunk, role_chunks, request_id, "chat.completion.chunk", model, created,
                                include_usage):
         yield event
 
 
-async def _events(deltas, make_chunk, first_chunk, request_id, object_type, model, created, include_usage):
+async def _events(deltas, make_chunk, first_chunks, request_id, object_type, model, created, include_usage):
+    """Interleaved chunks of every choice (choices[0].index tells which), each choice ending with its own
+    finish_reason chunk; then the usage chunk if asked for, and [DONE] once, after every choice finished."""
     def with_usage_field(chunk: dict) -> dict:
         return {**chunk, "usage": None} if include_usage else chunk
 
     async with aclosing(deltas):
         try:
-            if first_chunk is not None:
-                yield sse_event(with_usage_field(first_chunk))
+            for first in first_chunks:
+                yield sse_event(with_usage_field(first))
             last = None
             async for last in deltas:
                 yield sse_event(with_usage_field(make_chunk(last)))
             if include_usage and last is not None:
-                usage = api.usage_body(last.num_prompt_tokens, last.num_generated_tokens)
+                usage = api.usage_body(last.num_prompt_tokens, last.num_generated_tokens, last.num_cached_tokens)
                 yield sse_event(api.usage_chunk(request_id, object_type, model, created, usage))
         except Exception as exc:
             yield stream_error_event(exc)

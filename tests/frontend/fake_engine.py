@@ -1,24 +1,31 @@
 """An in-process stand-in for frontend.engine_client.EngineClient: same methods and attributes, no processes.
 
-Each request gets a producer task (the "scheduler") that puts one token per step on the request's queue,
-cycling through `reply_token_ids`; after the reply it emits EOS (unless ignore_eos). It honours max_tokens,
-stop_token_ids and aborts, and records what it saw so tests can check it.
+Each request gets one producer task per child (the "scheduler"; n > 1 forks n children, as the real one does)
+that puts one token per step on the request's queue, under the parent id with the child's index. Child i
+cycles through `choice_replies[i]` (default: `reply_token_ids` for every child); after the reply it emits EOS
+(unless ignore_eos). It honours max_tokens, stop_token_ids and aborts (of the whole parent), reports
+`num_cached_tokens` on every output, keeps the cumulative prefix-cache counters in `stats`, and records what
+it saw so tests can check it.
 """
 import asyncio
 from collections.abc import AsyncIterator
 
 from frontend.engine_client import EngineDeadError
+from frontend.request_completion import RequestCompletion
 from protocol.messages import AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats
 from protocol.sampling import SamplingParams
 
 
 class FakeEngine:
     def __init__(self, reply_token_ids: list[int], eos_token_id: int, max_model_len: int = 256,
-                 step_delay_s: float = 0.001, fail_after: int | None = None):
+                 step_delay_s: float = 0.001, fail_after: int | None = None,
+                 choice_replies: list[list[int]] | None = None, num_cached_tokens: int = 0):
         self.reply_token_ids = list(reply_token_ids)
+        self.choice_replies = choice_replies
         self.eos_token_id = eos_token_id
         self.step_delay_s = step_delay_s
         self.fail_after = fail_after  # emit finish_reason "error" after this many tokens
+        self.num_cached_tokens = num_cached_tokens  # what the prefix cache "found" for each request
         self.queues: dict[str, asyncio.Queue] = {}
         self.stats = SchedulerStats(num_free_blocks=75, num_total_blocks=100)
         self.ready: EngineReady | None = EngineReady(num_blocks=100, block_size=16, max_model_len=max_model_len,
@@ -27,7 +34,9 @@ class FakeEngine:
         self.requests: dict[str, AddRequest] = {}
         self.aborted: list[str] = []
         self.finished: list[str] = []
-        self._producers: dict[str, asyncio.Task] = {}
+        self.num_preemptions = 0  # tests may set it; reported in stats
+        self._prefix_cache_queries = self._prefix_cache_hits = 0
+        self._producers: dict[str, dict[int, asyncio.Task]] = {}  # parent id -> child index -> task
 
     async def start(self, timeout_s: float = 600.0) -> EngineReady:
         return self.ready
@@ -45,56 +54,77 @@ class FakeEngine:
             raise ValueError(f"duplicate request id {req_id}")
         q: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self.queues[req_id] = q
-        finished = False
+        completion = RequestCompletion(sampling.n)
         try:
             self.requests[req_id] = AddRequest(req_id, list(prompt_token_ids), sampling, list(eos_token_ids))
-            self._producers[req_id] = asyncio.create_task(self._produce(req_id, len(prompt_token_ids), sampling, q))
+            self._prefix_cache_queries += len(prompt_token_ids)
+            self._prefix_cache_hits += self.num_cached_tokens
+            self._producers[req_id] = {
+                i: asyncio.create_task(self._produce(req_id, i, len(prompt_token_ids), sampling, q))
+                for i in range(sampling.n)}
             self._update_stats()
-            while not finished:
+            while not completion.done:
                 out = q.get_nowait() if not q.empty() else await q.get()
-                finished = out.finish_reason is not None
+                completion.observe(out)
                 yield out
         finally:
             del self.queues[req_id]
-            if not finished and self.dead_reason is None:
+            if not completion.all_children_finished and self.dead_reason is None:
                 self.abort([req_id])
 
-    async def _produce(self, req_id: str, num_prompt: int, sampling: SamplingParams, q: asyncio.Queue) -> None:
+    def _reply(self, index: int) -> list[int]:
+        return self.choice_replies[index % len(self.choice_replies)] if self.choice_replies else self.reply_token_ids
+
+    async def _produce(self, req_id: str, index: int, num_prompt: int, sampling: SamplingParams,
+                       q: asyncio.Queue) -> None:
+        reply = self._reply(index)
+
+        def output(token_ids: list[int], finish: str | None, error: str | None = None) -> RequestOutput:
+            return RequestOutput(req_id, token_ids, finish, num_prompt, self.num_cached_tokens, error, index)
+
         for i in range(sampling.max_tokens):
             await asyncio.sleep(self.step_delay_s)
             if self.fail_after is not None and i >= self.fail_after:
-                q.put_nowait(RequestOutput(req_id, [], FinishReason.ERROR, num_prompt, error="worker exploded"))
+                q.put_nowait(output([], FinishReason.ERROR, "worker exploded"))
                 break
-            at_eos = i % (len(self.reply_token_ids) + 1) == len(self.reply_token_ids)
+            at_eos = i % (len(reply) + 1) == len(reply)
             if at_eos and not sampling.ignore_eos:
                 token, finish = self.eos_token_id, FinishReason.STOP
             else:
-                token = self.reply_token_ids[i % len(self.reply_token_ids)] if not at_eos else self.eos_token_id
+                token = reply[i % len(reply)] if not at_eos else self.eos_token_id
                 finish = FinishReason.STOP if token in sampling.stop_token_ids else None
             if finish is None and i == sampling.max_tokens - 1:
                 finish = FinishReason.LENGTH
-            q.put_nowait(RequestOutput(req_id, [token], finish, num_prompt))
+            q.put_nowait(output([token], finish))
             if finish is not None:
                 break
-        self.finished.append(req_id)
-        self._producers.pop(req_id, None)
+        if (children := self._producers.get(req_id)) is not None:
+            children.pop(index, None)
+            if not children:
+                self.finished.append(req_id)
+                del self._producers[req_id]
         self._update_stats()
 
     def abort(self, req_ids: list[str]) -> None:
         for req_id in req_ids:
             self.aborted.append(req_id)
-            if (task := self._producers.pop(req_id, None)) is not None:
+            for task in self._producers.pop(req_id, {}).values():
                 task.cancel()
         self._update_stats()
 
     def _update_stats(self) -> None:
-        self.stats = SchedulerStats(num_running=len(self._producers), num_waiting=0, num_free_blocks=75,
-                                    num_total_blocks=100, step_id=self.stats.step_id + 1)
+        self.stats = SchedulerStats(
+            num_running=sum(len(children) for children in self._producers.values()), num_waiting=0,
+            num_free_blocks=75, num_total_blocks=100, step_id=self.stats.step_id + 1,
+            prefix_cache_queries=self._prefix_cache_queries, prefix_cache_hits=self._prefix_cache_hits,
+            num_preemptions=self.num_preemptions)
 
     @property
     def num_active(self) -> int:
+        """Requests with a child still producing."""
         return len(self._producers)
 
     async def close(self) -> None:
-        for task in self._producers.values():
-            task.cancel()
+        for children in self._producers.values():
+            for task in children.values():
+                task.cancel()

@@ -30,7 +30,7 @@ async def test_completion_non_streamed_shape_and_usage(served):
                                 "stop_reason": None}]
     # prompt: BOS + 2 chars; completion: the reply + EOS
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": len(REPLY) + 1,
-                             "total_tokens": 3 + len(REPLY) + 1}
+                             "total_tokens": 3 + len(REPLY) + 1, "prompt_tokens_details": {"cached_tokens": 0}}
     assert engine.requests[body["id"]].prompt_token_ids == tok.encode("Hi")
 
 

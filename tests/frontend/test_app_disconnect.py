@@ -82,3 +82,18 @@ async def test_leaving_a_non_streamed_request_aborts_it(live_server):
     await _wait_until(lambda: req_id in engine.aborted)
     await _wait_until(lambda: engine.num_active == 0)
     assert req_id not in engine.finished
+
+
+async def test_leaving_a_parallel_sampling_stream_aborts_every_choice(live_server):
+    url, engine = live_server
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        async with client.stream("POST", "/v1/completions", json={
+                "prompt": "Hi", "n": 3, "stream": True, **SLOW_LONG}) as r:
+            assert r.status_code == 200
+            lines = r.aiter_lines()
+            first = json.loads((await anext(lines))[len("data: "):])
+            req_id = first["id"]
+            await _wait_until(lambda: engine.stats.num_running == 3)
+        await _wait_until(lambda: req_id in engine.aborted)
+        await _wait_until(lambda: engine.num_active == 0 and engine.stats.num_running == 0)
+        assert req_id not in engine.finished

@@ -2,7 +2,7 @@
 import pytest
 
 from app_harness import MODEL, REPLY, client_for, make_app, parse_sse
-from frontend.serving import StopStringMatcher
+from frontend.stop_strings import StopStringMatcher
 
 pytestmark = pytest.mark.anyio
 
@@ -45,7 +45,8 @@ async def test_completion_stream_with_usage(served):
     assert done == "[DONE]"
     assert all(c["usage"] is None for c in chunks)
     assert usage_chunk["choices"] == [] and usage_chunk["object"] == "text_completion"
-    assert usage_chunk["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert usage_chunk["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
+                                    "prompt_tokens_details": {"cached_tokens": 0}}
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 

@@ -1,0 +1,101 @@
+"""EngineClient.generate with parallel sampling, against a scripted scheduler on real ZMQ sockets."""
+import asyncio
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from frontend.engine_client import EngineClient
+from protocol.messages import (AbortRequests, AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats,
+                               StepOutputs)
+from protocol.sampling import SamplingParams
+from protocol.transport import Endpoints, make_socket, recv_async, send_async
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+class ScriptedScheduler:
+    def __init__(self, endpoints: Endpoints):
+        self.ctx = zmq.asyncio.Context()
+        self.inbox = make_socket(self.ctx, zmq.PULL, endpoints.scheduler_input, bind=True)
+        self.outbox = make_socket(self.ctx, zmq.PUSH, endpoints.frontend_output, bind=False)
+
+    async def receive(self, timeout_s: float = 2.0):
+        return await asyncio.wait_for(recv_async(self.inbox), timeout_s)
+
+    async def step(self, *outputs: RequestOutput) -> None:
+        await send_async(self.outbox, StepOutputs(list(outputs), SchedulerStats()))
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
+
+
+@pytest.fixture
+async def engine_and_scheduler(tmp_path):
+    endpoints = Endpoints.ipc(str(tmp_path))
+    scheduler = ScriptedScheduler(endpoints)
+    client = EngineClient(endpoints.scheduler_input, endpoints.frontend_output)
+    await send_async(scheduler.outbox, EngineReady(16, 16, 256, 8, 1))
+    await client.start(5)
+    yield client, scheduler
+    await client.close()
+    scheduler.close()
+
+
+def out(index: int, tokens: list[int], finish: str | None = None, error: str | None = None) -> RequestOutput:
+    return RequestOutput("r", tokens, finish, 2, 0, error, index)
+
+
+async def _consume(client: EngineClient, n: int, received: list, stop_after: int | None = None) -> None:
+    gen = client.generate("r", [5, 6], SamplingParams(n=n), [2])
+    async for o in gen:
+        received.append(o)
+        if stop_after is not None and len(received) == stop_after:
+            await gen.aclose()
+            return
+
+
+async def test_generate_ends_only_when_every_child_finished(engine_and_scheduler):
+    client, scheduler = engine_and_scheduler
+    received = []
+    consumer = asyncio.create_task(_consume(client, 3, received))
+    add = await scheduler.receive()
+    assert isinstance(add, AddRequest) and add.sampling.n == 3
+    await scheduler.step(out(0, [7]), out(1, [8]), out(2, [9], FinishReason.STOP))
+    await scheduler.step(out(0, [7], FinishReason.LENGTH), out(1, [8]))
+    await asyncio.sleep(0.05)
+    assert not consumer.done()  # child 1 still runs
+    await scheduler.step(out(1, [8], FinishReason.STOP))
+    await asyncio.wait_for(consumer, 2)
+    assert [(o.index, o.finish_reason) for o in received] == [
+        (0, None), (1, None), (2, "stop"), (0, "length"), (1, None), (1, "stop")]
+    with pytest.raises(asyncio.TimeoutError):
+        await scheduler.receive(0.1)  # finished normally: no abort
+    assert client.queues == {}
+
+
+async def test_an_error_ends_the_whole_request(engine_and_scheduler):
+    client, scheduler = engine_and_scheduler
+    received = []
+    consumer = asyncio.create_task(_consume(client, 3, received))
+    await scheduler.receive()
+    await scheduler.step(out(0, [7]), out(1, [], FinishReason.ERROR, "no token"))
+    await asyncio.wait_for(consumer, 2)
+    assert [o.finish_reason for o in received] == [None, "error"]
+    abort = await scheduler.receive()  # the other children may still be running
+    assert abort == AbortRequests(["r"])
+
+
+async def test_leaving_early_aborts_the_parent(engine_and_scheduler):
+    client, scheduler = engine_and_scheduler
+    received = []
+    consumer = asyncio.create_task(_consume(client, 2, received, stop_after=2))
+    await scheduler.receive()
+    await scheduler.step(out(0, [7], FinishReason.STOP), out(1, [8]))
+    await asyncio.wait_for(consumer, 2)
+    assert await scheduler.receive() == AbortRequests(["r"])
