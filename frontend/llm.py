@@ -11,7 +11,7 @@ from frontend.detokenizer import IncrementalDetokenizer
 from frontend.launcher import EngineArgs, EngineProcesses
 from frontend.request_completion import RequestCompletion
 from frontend.tokenizer import Tokenizer
-from protocol.messages import AbortRequests, AddRequest, EngineReady, RequestOutput, Shutdown, StepOutputs
+from protocol.messages import AbortRequests, AddRequest, EngineReady, RequestOutput, SchedulerStats, Shutdown, StepOutputs
 from protocol.sampling import SamplingParams
 from protocol.transport import make_socket, recv, send
 
@@ -35,6 +35,7 @@ class GenerationResult:
     finish_reason: str | None
     error: str | None = None
     outputs: list[CompletionOutput] = field(default_factory=list)
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 class LLM:
@@ -46,6 +47,7 @@ class LLM:
         self.from_scheduler = make_socket(self.ctx, zmq.PULL, self.procs.endpoints.frontend_output, bind=True)
         self.procs.start()
         self.ready = self._wait_ready(startup_timeout_s)
+        self.stats = SchedulerStats()  # the scheduler's latest, as of the last output read
         self._ids = itertools.count()
 
     def _wait_ready(self, timeout_s: float) -> EngineReady:
@@ -76,6 +78,7 @@ class LLM:
                 continue
             msg = recv(self.from_scheduler)
             if isinstance(msg, StepOutputs):
+                self.stats = msg.stats
                 yield from msg.outputs
 
     def generate(self, prompts: str | list[int] | list[str | list[int]],
@@ -161,10 +164,13 @@ class _SampleCollector:
         self.completion = RequestCompletion(n)
         self.token_ids: list[list[int]] = [[] for _ in range(n)]
         self.finish_reasons: list[str | None] = [None] * n
+        self.num_cached_tokens = 0
 
     def add(self, out: RequestOutput) -> None:
         self.completion.observe(out)
         self.token_ids[out.index] += out.new_token_ids
+        if out.index == 0:
+            self.num_cached_tokens = out.num_cached_tokens
         if out.finish_reason is not None:
             self.finish_reasons[out.index] = out.finish_reason
 
@@ -173,4 +179,4 @@ class _SampleCollector:
                    for i, (ids, reason) in enumerate(zip(self.token_ids, self.finish_reasons))]
         first = outputs[0]
         return GenerationResult(prompt_token_ids, first.token_ids, first.text, first.finish_reason,
-                                self.completion.error, outputs)
+                                self.completion.error, outputs, self.num_cached_tokens)
