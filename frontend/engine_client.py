@@ -95,6 +95,6 @@ class EngineClient:
             await asyncio.wait_for(send_async(self.to_scheduler, Shutdown("frontend stopping")), 1.0)
         except (asyncio.TimeoutError, zmq.ZMQError):
             pass
-        self.to_scheduler.close()
-        self.from_scheduler.close()
+        self.to_scheduler.close(linger=500)  # let the Shutdown leave before the socket goes
+        self.from_scheduler.close(linger=0)
         self.ctx.term()

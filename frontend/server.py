@@ -72,8 +72,8 @@ async def serve_async(procs: EngineProcesses, engine_args: EngineArgs, server_ar
 def serve(engine_args: EngineArgs, server_args: ServerArgs) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s frontend %(levelname)s %(message)s")
 
-    def stop_on_sigterm(*_):  # until uvicorn installs its own handlers, SIGTERM stops start-up cleanly
-        raise KeyboardInterrupt
+    def stop_on_sigterm(*_):  # SIGTERM stops like Ctrl-C: in the event loop, asyncio.Runner cancels the main task
+        signal.raise_signal(signal.SIGINT)
 
     signal.signal(signal.SIGTERM, stop_on_sigterm)
     procs = EngineProcesses(engine_args)

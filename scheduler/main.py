@@ -109,13 +109,15 @@ class SchedulerLoop:
         return got
 
     def run_step(self, plan: StepPlan) -> list:
+        """Sends the plan, waits for rank 0's result; frontend messages that arrive meanwhile are applied after
+        it. A Shutdown while waiting (say, because a worker died and will never answer) ends the wait."""
         self.workers.broadcast(plan)
         poller = zmq.Poller()
         poller.register(self.workers.sock, zmq.POLLIN)
         poller.register(self.from_frontend, zmq.POLLIN)
-        pending = []  # frontend messages that arrive mid-step are applied after the step's result
+        pending = []
         while True:
-            events = dict(poller.poll())
+            events = dict(poller.poll(1000))
             if self.workers.sock in events:
                 _, msg = self.workers.recv(time.monotonic() + 1)
                 if isinstance(msg, WorkerError):
@@ -123,10 +125,18 @@ class SchedulerLoop:
                 if isinstance(msg, StepResult) and msg.step_id == plan.step_id and msg.rank == 0:
                     break
             if self.from_frontend in events:
-                pending.append(recv(self.from_frontend))
+                try:
+                    incoming = recv(self.from_frontend)
+                except CodecError as e:
+                    log.warning("dropped a malformed message: %s", e)
+                    continue
+                if isinstance(incoming, Shutdown):
+                    self.running = False
+                    return []
+                pending.append(incoming)
         outputs = self.scheduler.update_from_output(plan, msg)
-        for m in pending:
-            self.handle_frontend(m)
+        for incoming in pending:
+            self.handle_frontend(incoming)
         return outputs
 
     def loop(self) -> None:

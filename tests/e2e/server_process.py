@@ -191,8 +191,12 @@ class ServerProcess:
     def signal_and_wait(self, sig: int, timeout_s: float) -> float | None:
         """Sends `sig` to the server alone; returns the seconds it took to exit, or None if it did not in time."""
         self.snapshot()
-        start = time.monotonic()
         self.proc.send_signal(sig)
+        return self.wait_exit(timeout_s)
+
+    def wait_exit(self, timeout_s: float) -> float | None:
+        """Seconds until the server exited, or None if it still runs after timeout_s."""
+        start = time.monotonic()
         try:
             self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:

@@ -46,7 +46,7 @@ def test_engine_process_death_fails_requests_fast(server_factory, victim):
     for t in threads:
         t.start()
     assert tokens_flowing.wait(REQUEST_TIMEOUT_S), f"no tokens streamed: {streamed_events}" + server.log_tail()
-    assert wait_until(lambda: engine_load(server.url)[0] == 2, 30), engine_load(server.url)
+    assert wait_until(lambda: engine_load(server.url)[0] == 2, 30), f"{engine_load(server.url)}" + server.log_tail()
     assert "plain" not in results  # both requests are mid-generation
 
     os.kill(pid, signal.SIGKILL)
