@@ -1,6 +1,6 @@
-"""The HTTP app: OpenAI-compatible routes plus /health and /metrics."""
+"""The HTTP app: OpenAI-compatible routes, /tokenize and /detokenize, and the operators' routes (/health, /metrics,
+/version, /openapi.json), behind the optional API-key check."""
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -8,46 +8,29 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from frontend import openai_protocol as api
+from frontend import openai_schemas  # noqa: F401 (describes the OpenAI routes in /openapi.json)
 from frontend import streaming
+from frontend.auth import APIKeyMiddleware
 from frontend.detokenizer import IncrementalDetokenizer
+from frontend.embeddings import embedding_routes
 from frontend.engine_client import EngineDeadError
+from frontend.http_json import DEFAULT_MAX_BODY_BYTES, error_response, read_json_body  # noqa: F401 (re-exported)
+from frontend.metered_engine import MeteredEngine
 from frontend.metrics import FrontendMetrics
+from frontend.ollama.routes import mount_ollama
+from frontend.ops_routes import ops_routes
 from frontend.serving import CompletionResult, EngineRequestError, RequestServing, collect
+from frontend.tokenize_routes import tokenization_routes
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it, but logs do
-
-
-def error_response(exc: api.APIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
-
-
-def _reject_non_finite(constant: str) -> float:
-    raise ValueError(f"{constant} is not a valid JSON number")
-
-
-async def read_json_body(request: Request, max_bytes: int) -> Any:
-    too_large = api.APIError(f"The request body is larger than {max_bytes} bytes", 413, "RequestEntityTooLargeError")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
-        raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise too_large
-        chunks.append(chunk)
-    try:
-        return json.loads(b"".join(chunks), parse_constant=_reject_non_finite)
-    except (ValueError, RecursionError) as e:
-        raise api.APIError(f"The request body is not valid JSON: {e}"[:500]) from None
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -77,21 +60,22 @@ async def run_unless_disconnected(request: Request, work: Coroutine) -> tuple[bo
 def response_body(result: CompletionResult, is_chat: bool, request_id: str, model: str, created: int) -> dict:
     make_choice, make_body = (api.chat_choice, api.chat_body) if is_chat else (api.completion_choice,
                                                                                api.completion_body)
-    choices = [make_choice(c.index, c.text, c.finish_reason, c.stop_reason) for c in result.choices]
+    choices = [make_choice(c.index, c.text, c.finish_reason, c.stop_reason, c.logprobs) for c in result.choices]
     usage = api.usage_body(result.num_prompt_tokens, result.num_generated_tokens, result.num_cached_tokens)
     return make_body(request_id, model, choices, usage, created)
 
 
 def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_root: str | None = None,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-              make_detokenizer: Callable = IncrementalDetokenizer) -> Starlette:
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, models_dir: str | None = None,
+              make_detokenizer: Callable = IncrementalDetokenizer, api_key: str | None = None) -> Starlette:
     """engine: an EngineClient (or anything with its generate/stats/dead_reason);
     tokenizer: a frontend.tokenizer.Tokenizer (encode, vocab_size, eos_token_ids, apply_chat_template).
 
     make_detokenizer(tokenizer, prompt_token_ids, skip_special_tokens=...): tests swap in a simpler one.
+    api_key: when given, every /v1 and /api route needs `Authorization: Bearer <api_key>` (frontend/auth.py).
     """
-    metrics = FrontendMetrics(engine, model_name)
-    serving = RequestServing(engine, tokenizer, max_model_len, make_detokenizer, metrics)
+    metrics = FrontendMetrics(engine, model_name, max_model_len)
+    serving = RequestServing(MeteredEngine(engine, metrics), tokenizer, max_model_len, make_detokenizer, metrics)
     started_at = int(time.time())
 
     async def generation(request: Request, is_chat: bool) -> Response:
@@ -133,29 +117,28 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
     async def models(request: Request) -> Response:
         card = {"id": model_name, "object": "model", "created": started_at, "owned_by": "tinyvllm",
                 "root": model_root or model_name, "parent": None, "max_model_len": max_model_len}
-        return JSONResponse({"object": "list", "data": [card]})
-
-    async def health(request: Request) -> Response:
-        return Response(status_code=503 if engine.dead_reason is not None else 200)
-
-    async def prometheus(request: Request) -> Response:
-        content, content_type = metrics.render()
-        return Response(content, headers={"Content-Type": content_type})
+        return JSONResponse({"object": "list", "data": [card, *model_store.openai_cards(started_at)]})
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         type_ = {404: "NotFoundError", 405: "MethodNotAllowedError"}.get(exc.status_code, "BadRequestError")
-        return error_response(api.APIError(exc.detail, exc.status_code, type_))
+        response = error_response(api.APIError(exc.detail, exc.status_code, type_))
+        response.headers.update(exc.headers or {})  # a 405 must say which methods are allowed
+        return response
 
     app = Starlette(
         routes=[
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
-            Route("/health", health, methods=["GET"]),
-            Route("/metrics", prometheus, methods=["GET"]),
+            *tokenization_routes(tokenizer, model_name, max_model_len, max_body_bytes),
+            *embedding_routes(engine, tokenizer, model_name, max_model_len, max_body_bytes),
+            *ops_routes(engine, metrics),
         ],
         exception_handlers={HTTPException: http_error},
+        middleware=[Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else [],
     )
     app.state.metrics = metrics
     app.state.serving = serving
+    model_store = mount_ollama(app, engine, serving, model_name, model_root, models_dir, max_body_bytes)  # /api/*
+    app.state.api_key_required = bool(api_key)
     return app

@@ -7,11 +7,14 @@ from protocol.messages import FinishReason, RequestOutput
 
 
 class ChoiceText:
-    def __init__(self, index: int, detokenizer, stops: list[str], stop_token_ids: list[int]):
+    def __init__(self, index: int, detokenizer, stops: list[str], stop_token_ids: list[int],
+                 include_stop_str_in_output: bool = False, min_tokens: int = 0):
         self.index = index
         self.detokenizer = detokenizer
         self.stops = StopStringMatcher(stops)
         self.stop_token_ids = stop_token_ids
+        self.include_stop_str_in_output = include_stop_str_in_output
+        self.min_tokens = min_tokens  # as vLLM: stop strings count only once more tokens than this were generated
         self.num_tokens = 0  # consumed; tokens after a stop string are never fed
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None  # the stop string or stop token id that ended it; None for EOS
@@ -31,9 +34,11 @@ class ChoiceText:
         text = self.detokenizer.add(shown)
         if final:
             text += self.detokenizer.flush()
-        text, matched = self.stops.feed(text, final)
+        text, matched = self.stops.feed(text, final, may_stop=self.num_tokens > self.min_tokens)
         if matched is not None:
             self.finish_reason, self.stop_reason = FinishReason.STOP, matched
+            if self.include_stop_str_in_output:
+                text += matched
         elif final:
             self.finish_reason = out.finish_reason
             if out.finish_reason == FinishReason.STOP and out.new_token_ids and \

@@ -1,10 +1,13 @@
 """The `tinyvllm` command."""
 import argparse
+import os
 import re
 import sys
 
 from frontend.launcher import DEFAULT_KV_CACHE_BYTES, EngineArgs
+from frontend.ollama.model_store import default_models_dir
 
+API_KEY_ENV = "TINYVLLM_API_KEY"
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -14,6 +17,15 @@ def parse_bytes(text: str) -> int:
     if not m:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 512M, 2GiB, 1073741824)")
     return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def resolve_api_key(flag: str | None, environ) -> str | None:
+    """--api-key wins over $TINYVLLM_API_KEY; an empty flag is a mistake, an empty variable means no key."""
+    if flag is not None:
+        if not flag:
+            raise ValueError("--api-key must not be empty")
+        return flag
+    return environ.get(API_KEY_ENV) or None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     kv.add_argument("--num-kv-blocks", type=int, default=0, help="exact number of KV-cache blocks (overrides --kv-cache-memory)")
     serve.add_argument("--max-model-len", type=int, default=None,
                        help="longest sequence (prompt + output) in tokens; default: the model's context length")
+    serve.add_argument("--api-key", default=None,
+                       help=f"require `Authorization: Bearer <key>` on every /v1 and /api route (/health and /metrics "
+                            f"stay open); default: the {API_KEY_ENV} environment variable (which, unlike the "
+                            f"command line, other users cannot see in ps), else no key")
+    serve.add_argument("--models-dir", default=str(default_models_dir()),
+                       help="folder of the Ollama API's named models (one JSON manifest each, pointing at weights)")
     serve.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                        help="turn off automatic prefix caching (reusing the KV blocks of prompts seen before)")
     return parser
@@ -45,13 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
+        try:
+            api_key = resolve_api_key(args.api_key, os.environ)
+        except ValueError as e:
+            print(f"tinyvllm: error: {e}", file=sys.stderr)
+            return 2
         from frontend.server import ServerArgs, serve
         engine_args = EngineArgs(model=args.model, max_num_seqs=args.max_num_seqs,
                                  max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
                                  kv_cache_memory=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
                                  max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching)
         try:
-            serve(engine_args, ServerArgs(args.host, args.port, args.served_model_name))
+            serve(engine_args, ServerArgs(args.host, args.port, args.served_model_name, api_key=api_key,
+                                              models_dir=args.models_dir))
         except (ValueError, FileNotFoundError, RuntimeError) as e:
             print(f"tinyvllm: error: {e}", file=sys.stderr)
             return 2

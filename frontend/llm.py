@@ -11,7 +11,8 @@ from frontend.detokenizer import IncrementalDetokenizer
 from frontend.launcher import EngineArgs, EngineProcesses
 from frontend.request_completion import RequestCompletion
 from frontend.tokenizer import Tokenizer
-from protocol.messages import AbortRequests, AddRequest, EngineReady, RequestOutput, SchedulerStats, Shutdown, StepOutputs
+from protocol.messages import (AbortRequests, AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats,
+                               Shutdown, StepOutputs)
 from protocol.sampling import SamplingParams
 from protocol.transport import make_socket, recv, send
 
@@ -108,6 +109,25 @@ class LLM:
                 if not pending:
                     break
         return [collected[r].result(prompt_ids[r], self.tokenizer) for r in order]
+
+    def embed(self, texts: str | list[int] | list[str | list[int]]) -> list[list[float]]:
+        """One vector per input: the model's final hidden states (after the final norm) mean-pooled over the
+        input's tokens, then L2-normalised (frontend/embeddings.py says more)."""
+        if isinstance(texts, str) or (isinstance(texts, list) and texts and isinstance(texts[0], int)):
+            texts = [texts]
+        order = [self._submit(text, SamplingParams(embed=True, max_tokens=1))[0] for text in texts]
+        pending, vectors = set(order), {}
+        for out in self._outputs():
+            if out.req_id not in pending:
+                continue
+            pending.discard(out.req_id)
+            if out.finish_reason == FinishReason.ERROR or out.embedding is None:
+                send(self.to_scheduler, AbortRequests(list(pending)))
+                raise RuntimeError(out.error or f"no embedding for input {order.index(out.req_id)}")
+            vectors[out.req_id] = out.embedding
+            if not pending:
+                break
+        return [vectors[req_id] for req_id in order]
 
     def stream(self, prompt: str | list[int], sampling: SamplingParams | None = None) -> Iterator[str]:
         """Yields the text as it is generated (one sample: n must be 1); closing the generator early aborts the

@@ -1,17 +1,33 @@
 """Prometheus metrics under vLLM's names, so dashboards and inference gateways work unchanged.
 
-Scheduler gauges and cumulative scheduler counters are read from engine.stats at scrape time; request counters
-are fed by the serving glue.
+Scheduler gauges and cumulative scheduler counters are read from engine.stats at scrape time; request counters and
+histograms are fed by the serving glue (first token, finished request), by MeteredEngine (inter-token latency,
+request parameters) and, for the queue time only the scheduler can see, by whoever calls record_queue_time.
 """
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, disable_created_metrics,
                                generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+# vLLM's buckets (vllm/v1/metrics/loggers.py)
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-                480.0, 960.0, 1920.0, 7680.0)
+_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+                80.0)
+_REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                            240.0, 480.0, 960.0, 1920.0, 7680.0)
+_N_BUCKETS = (1, 2, 5, 10, 20)
+
+
+def one_two_five_buckets(max_value: int) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to max_value, as vLLM buckets token counts."""
+    buckets, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return tuple(buckets)
+            buckets.append(m * scale)
+        scale *= 10
 
 
 class _EngineStatsCollector(Collector):
@@ -43,25 +59,54 @@ class _EngineStatsCollector(Collector):
 
 
 class FrontendMetrics:
-    def __init__(self, engine, model_name: str):
+    def __init__(self, engine, model_name: str, max_model_len: int = 2048):
         disable_created_metrics()  # process-wide: drop the *_created series, as vLLM does
         self.model_name = model_name
         self.registry = CollectorRegistry()
         self.registry.register(_EngineStatsCollector(engine, model_name))
         labels = ["model_name"]
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", labels,
-                                     registry=self.registry).labels(model_name)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                                         labels, registry=self.registry).labels(model_name)
+
+        def counter(name: str, doc: str):
+            return Counter(name, doc, labels, registry=self.registry).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets):
+            return Histogram(name, doc, labels, buckets=buckets, registry=self.registry).labels(model_name)
+
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
         self.request_success = Counter("vllm:request_success", "Count of finished requests by finish reason.",
                                        labels + ["finished_reason"], registry=self.registry)
-        self.time_to_first_token = Histogram("vllm:time_to_first_token_seconds", "Time to first token in seconds.",
-                                             labels, buckets=_TTFT_BUCKETS, registry=self.registry).labels(model_name)
-        self.e2e_latency = Histogram("vllm:e2e_request_latency_seconds", "End to end request latency in seconds.",
-                                     labels, buckets=_E2E_BUCKETS, registry=self.registry).labels(model_name)
+        self.time_to_first_token = histogram("vllm:time_to_first_token_seconds",
+                                             "Histogram of time to first token in seconds.", _TTFT_BUCKETS)
+        self.inter_token_latency = histogram("vllm:inter_token_latency_seconds",
+                                             "Histogram of inter-token latency in seconds.", _ITL_BUCKETS)
+        self.e2e_latency = histogram("vllm:e2e_request_latency_seconds",
+                                     "Histogram of e2e request latency in seconds.", _REQUEST_LATENCY_BUCKETS)
+        self.queue_time = histogram("vllm:request_queue_time_seconds",
+                                    "Histogram of time spent in WAITING phase for request.", _REQUEST_LATENCY_BUCKETS)
+        token_buckets = one_two_five_buckets(max_model_len)
+        self.request_prompt_tokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+                                               token_buckets)
+        self.request_generation_tokens = histogram("vllm:request_generation_tokens",
+                                                   "Number of generation tokens processed.", token_buckets)
+        self.request_params_n = histogram("vllm:request_params_n", "Histogram of the n request parameter.",
+                                          _N_BUCKETS)
+        self.request_params_max_tokens = histogram("vllm:request_params_max_tokens",
+                                                   "Histogram of the max_tokens request parameter.", token_buckets)
+
+    def record_request_params(self, n: int, max_tokens: int) -> None:
+        self.request_params_n.observe(n)
+        self.request_params_max_tokens.observe(max_tokens)
+
+    def record_queue_time(self, seconds: float) -> None:
+        """Arrival to first scheduling of one request: only the scheduler knows it, so it is fed from outside."""
+        self.queue_time.observe(seconds)
 
     def record_first_token(self, seconds: float) -> None:
         self.time_to_first_token.observe(seconds)
+
+    def record_inter_token_latency(self, seconds: float) -> None:
+        self.inter_token_latency.observe(seconds)
 
     def record_finished(self, prompt_tokens: int, generated_tokens: int, finish_reasons: list[str],
                         seconds: float) -> None:
@@ -72,6 +117,8 @@ class FrontendMetrics:
         for reason in finish_reasons:
             self.request_success.labels(self.model_name, reason).inc()
         self.e2e_latency.observe(seconds)
+        self.request_prompt_tokens.observe(prompt_tokens)
+        self.request_generation_tokens.observe(generated_tokens)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -29,7 +29,10 @@ def model_not_found(name: str) -> APIError:
 
 @dataclass(slots=True)
 class GenerationRequest:
-    """What both endpoints share once parsed. max_tokens None means 'fill the context' (chat only)."""
+    """What both endpoints share once parsed. max_tokens None means 'fill the context' (chat only).
+
+    Logprobs are asked for through sampling.logprobs (top-k per token) and, for completions with echo,
+    sampling.prompt_logprobs."""
     model: str | None
     sampling: SamplingParams
     max_tokens: int | None
@@ -40,6 +43,11 @@ class GenerationRequest:
     add_special_tokens: bool = True
     prompt: str | list[int] = ""  # completions
     messages: list[dict[str, str]] = field(default_factory=list)  # chat; content already flattened to text
+    is_chat: bool = False  # chooses the logprobs format
+    include_stop_str_in_output: bool = False
+    # Completions: the prompt goes before the output. Chat (vLLM's extension): the last message's content does,
+    # when it is the assistant's (the reply continues it).
+    echo: bool = False
 
 
 _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "a boolean", list: "an array",
@@ -78,10 +86,9 @@ def _parse_common(body: Any, is_chat: bool) -> GenerationRequest:
                        param="best_of")
     if best_of > n:
         raise APIError("best_of > n is not supported yet", param="best_of")
-    if _get(body, "logprobs", (bool, int), False) or _get(body, "top_logprobs", (int,), 0):
-        raise APIError("logprobs are not supported yet", param="logprobs")
-    if _get(body, "echo", (bool,), False):
-        raise APIError("echo is not supported yet", param="echo")
+    logprobs = _parse_logprobs(body, is_chat)
+    echo = _get(body, "echo", (bool,), False)
+    min_tokens = _get(body, "min_tokens", (int,), 0)
 
     max_tokens = _get(body, "max_tokens", (int,))
     if is_chat:
@@ -108,12 +115,21 @@ def _parse_common(body: Any, is_chat: bool) -> GenerationRequest:
         temperature=float(_get(body, "temperature", (int, float), 1.0)),
         top_p=float(_get(body, "top_p", (int, float), 1.0)),
         top_k=_get(body, "top_k", (int,), 0),
-        max_tokens=max_tokens or 1,  # chat's "rest of the context" is filled in once the prompt length is known
+        # chat's "rest of the context" is filled in (and checked against min_tokens) once the prompt length is known
+        max_tokens=max_tokens or max(1, min_tokens),
         seed=_get(body, "seed", (int,)),
         stop_token_ids=list(stop_token_ids),
         ignore_eos=_get(body, "ignore_eos", (bool,), False),
         n=n,
+        min_p=float(_get(body, "min_p", (int, float), 0.0)),
+        presence_penalty=float(_get(body, "presence_penalty", (int, float), 0.0)),
+        frequency_penalty=float(_get(body, "frequency_penalty", (int, float), 0.0)),
+        repetition_penalty=float(_get(body, "repetition_penalty", (int, float), 1.0)),
+        min_tokens=min_tokens,
+        logprobs=logprobs,
+        prompt_logprobs=logprobs if echo and not is_chat else None,
     )
+    sampling.set_logit_bias(_parse_logit_bias(body))
     try:
         sampling.validate()
     except ValueError as e:
@@ -122,7 +138,40 @@ def _parse_common(body: Any, is_chat: bool) -> GenerationRequest:
         model=_get(body, "model", (str,)), sampling=sampling, max_tokens=max_tokens,
         stop=[s for s in stop if s], stream=stream, include_usage=include_usage,
         skip_special_tokens=_get(body, "skip_special_tokens", (bool,), True),
-        add_special_tokens=_get(body, "add_special_tokens", (bool,), not is_chat))
+        add_special_tokens=_get(body, "add_special_tokens", (bool,), not is_chat), is_chat=is_chat,
+        include_stop_str_in_output=_get(body, "include_stop_str_in_output", (bool,), False), echo=echo)
+
+
+def _parse_logprobs(body: dict, is_chat: bool) -> int | None:
+    """How many top logprobs per output token, or None for no logprobs (vLLM's checks and wording)."""
+    if not is_chat:
+        logprobs = _get(body, "logprobs", (int,))
+        if logprobs is not None and logprobs < 0:
+            raise APIError("`logprobs` must be a positive value.", param="logprobs")
+        return logprobs
+    wanted = _get(body, "logprobs", (bool,), False)
+    top = _get(body, "top_logprobs", (int,))
+    if top is not None and top < 0:
+        raise APIError("`top_logprobs` must be a positive value.", param="top_logprobs")
+    if top and not wanted:
+        raise APIError("when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _parse_logit_bias(body: dict) -> dict[int, float]:
+    """{"token id": bias} -> {token id: bias}; values are clamped to [-100, 100] by SamplingParams."""
+    raw = _get(body, "logit_bias", (dict,), {})
+    bias = {}
+    for key, value in raw.items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise APIError(f"Found token_id `{key}` in logit_bias but token_id must be an integer or string "
+                           f"representation of an integer.", param="logit_bias") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise APIError(f"logit_bias[{key!r}] must be a finite number, got {value!r:.50}", param="logit_bias")
+        bias[token_id] = float(value)
+    return bias
 
 
 def parse_completion_request(body: Any) -> GenerationRequest:
@@ -184,12 +233,15 @@ def _envelope(request_id: str, object_type: str, model: str, created: int | None
     return {"id": request_id, "object": object_type, "created": created or int(time.time()), "model": model}
 
 
-def completion_choice(index: int, text: str, finish_reason: str | None, stop_reason: str | int | None) -> dict:
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
+def completion_choice(index: int, text: str, finish_reason: str | None, stop_reason: str | int | None,
+                      logprobs: dict | None = None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+            "stop_reason": stop_reason}
 
 
-def chat_choice(index: int, text: str, finish_reason: str | None, stop_reason: str | int | None) -> dict:
-    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+def chat_choice(index: int, text: str, finish_reason: str | None, stop_reason: str | int | None,
+                logprobs: dict | None = None) -> dict:
+    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
             "finish_reason": finish_reason, "stop_reason": stop_reason}
 
 
@@ -202,14 +254,14 @@ def chat_body(request_id: str, model: str, choices: list[dict], usage: dict, cre
 
 
 def completion_chunk(request_id: str, model: str, created: int, text: str, finish_reason: str | None = None,
-                     stop_reason: str | int | None = None, index: int = 0) -> dict:
-    choice = completion_choice(index, text, finish_reason, stop_reason)
+                     stop_reason: str | int | None = None, index: int = 0, logprobs: dict | None = None) -> dict:
+    choice = completion_choice(index, text, finish_reason, stop_reason, logprobs)
     return {**_envelope(request_id, "text_completion", model, created), "choices": [choice]}
 
 
 def chat_chunk(request_id: str, model: str, created: int, delta: dict, finish_reason: str | None = None,
-               stop_reason: str | int | None = None, index: int = 0) -> dict:
-    choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+               stop_reason: str | int | None = None, index: int = 0, logprobs: dict | None = None) -> dict:
+    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     if finish_reason is not None:
         choice["stop_reason"] = stop_reason
     return {**_envelope(request_id, "chat.completion.chunk", model, created), "choices": [choice]}

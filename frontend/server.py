@@ -22,6 +22,8 @@ class ServerArgs:
     port: int = 8000
     served_model_name: str | None = None
     startup_timeout_s: float = 900.0
+    api_key: str | None = None  # required on /v1 and /api when set
+    models_dir: str | None = None  # Ollama's model store (manifests for /api/tags, /api/create, ...)
 
 
 async def wait_until_ready(engine: EngineClient, procs: EngineProcesses, timeout_s: float):
@@ -50,7 +52,8 @@ async def serve_async(procs: EngineProcesses, engine_args: EngineArgs, server_ar
     watcher = None
     try:
         ready = await wait_until_ready(engine, procs, server_args.startup_timeout_s)
-        app = build_app(engine, tokenizer, name, ready.max_model_len, model_root=str(procs.model_path))
+        app = build_app(engine, tokenizer, name, ready.max_model_len, model_root=str(procs.model_path),
+                        api_key=server_args.api_key, models_dir=server_args.models_dir)
         config = uvicorn.Config(app, host=server_args.host, port=server_args.port, loop="none", log_level="warning",
                                 timeout_graceful_shutdown=5, lifespan="off")
         server = uvicorn.Server(config)
@@ -60,7 +63,8 @@ async def serve_async(procs: EngineProcesses, engine_args: EngineArgs, server_ar
             await asyncio.sleep(0.05)
         if server.started:
             print(f"tinyvllm ready: serving {name} at http://{server_args.host}:{server_args.port}/v1 "
-                  f"({ready.num_blocks} KV blocks of {ready.block_size} tokens, max_model_len {ready.max_model_len})",
+                  f"({ready.num_blocks} KV blocks of {ready.block_size} tokens, max_model_len {ready.max_model_len}"
+                  f"{', API key required' if server_args.api_key else ''})",
                   flush=True)
         await serving
     finally:

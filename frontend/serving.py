@@ -6,6 +6,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+from frontend import logprobs as lp
 from frontend.choice_text import ChoiceText
 from frontend.openai_protocol import APIError, GenerationRequest
 from protocol.messages import FinishReason
@@ -23,6 +24,7 @@ class TextDelta:
     num_prompt_tokens: int = 0
     num_generated_tokens: int = 0  # cumulative over all choices
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    logprobs: dict | None = None  # this delta's tokens, in the endpoint's format (frontend/logprobs.py)
 
 
 @dataclass(slots=True)
@@ -31,6 +33,7 @@ class ChoiceResult:
     text: str
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    logprobs: dict | None = None
 
 
 @dataclass(slots=True)
@@ -56,6 +59,7 @@ class RequestServing:
         self.max_model_len = max_model_len
         self.make_detokenizer = make_detokenizer
         self.metrics = metrics
+        self.token_text = lp.TokenText(tokenizer)
 
     async def prompt_token_ids(self, req: GenerationRequest, is_chat: bool) -> list[int]:
         if is_chat:
@@ -96,17 +100,45 @@ class RequestServing:
                            f"{p + m} tokens ({p} in the messages, {m} in the completion). Please reduce the "
                            f"length of the messages or completion.", param="max_tokens")
         self._check_token_ids(req.sampling.stop_token_ids, "stop_token_ids")
+        vocab = self.tokenizer.vocab_size
+        if bad := sorted(t for t in req.sampling.logit_bias_token_ids if not 0 <= t < vocab):
+            raise APIError(f"token_id(s) {bad} in logit_bias contain out-of-vocab token ids. Vocabulary size: "
+                           f"{vocab}", param="logit_bias")
         req.sampling.max_tokens = m
+        if req.sampling.min_tokens > m:
+            raise APIError(f"min_tokens must be less than or equal to max_tokens={m}, got {req.sampling.min_tokens}.",
+                           param="min_tokens")
+
+    def echo_text(self, req: GenerationRequest, prompt_ids: list[int]) -> str:
+        """What goes before each choice's text when echo is asked for (see GenerationRequest.echo)."""
+        if not req.echo:
+            return ""
+        if req.is_chat:
+            last = req.messages[-1]
+            return last["content"] if last["role"] == "assistant" else ""
+        return req.prompt if isinstance(req.prompt, str) else self.tokenizer.decode(prompt_ids)
 
     async def generate_text(self, req_id: str, prompt_ids: list[int],
                             req: GenerationRequest) -> AsyncIterator[TextDelta]:
         """Text deltas of every choice (TextDelta.index) as the engine produces tokens. Each choice's last delta
         has its finish_reason; the generator ends once every choice has one. Closing it aborts the request."""
+        sp = req.sampling
         choices = [ChoiceText(i, self.make_detokenizer(self.tokenizer, prompt_ids,
                                                        skip_special_tokens=req.skip_special_tokens),
-                              req.stop, req.sampling.stop_token_ids)
-                   for i in range(req.sampling.n)]
+                              req.stop, sp.stop_token_ids, req.include_stop_str_in_output, sp.min_tokens)
+                   for i in range(sp.n)]
+        logprobs = [lp.ChoiceLogprobs(self.token_text, req.is_chat, sp.logprobs) if sp.logprobs is not None else None
+                    for _ in range(sp.n)]
+        echo = [self.echo_text(req, prompt_ids)] * sp.n  # each choice's, until its first delta takes it
         p, generated, cached, errored = len(prompt_ids), 0, 0, False
+
+        def delta(choice: ChoiceText, text: str, final: bool) -> TextDelta:
+            i = choice.index
+            text, echo[i] = echo[i] + text, ""
+            body = logprobs[i].take() if logprobs[i] is not None else None
+            return TextDelta(text, i, choice.finish_reason if final else None, choice.stop_reason if final else None,
+                             p, generated, cached, body)
+
         start = time.monotonic()
         outputs = self.engine.generate(req_id, prompt_ids, req.sampling, self.tokenizer.eos_token_ids)
         try:
@@ -124,15 +156,19 @@ class RequestServing:
                 generated += len(out.new_token_ids)
                 if out.index == 0:
                     cached = out.num_cached_tokens  # the leader's: it looked the prompt up in the prefix cache
+                if (choice_lps := logprobs[out.index]) is not None:
+                    if choice.num_tokens == 0 and sp.prompt_logprobs is not None:  # echo: the prompt's come first
+                        choice_lps.add(prompt_ids, [None] + (out.prompt_logprobs or []))
+                    choice_lps.add(out.new_token_ids, out.logprobs)
                 text = choice.feed(out)
                 if not choice.finished:
                     if text:
-                        yield TextDelta(text, choice.index, None, None, p, generated, cached)
+                        yield delta(choice, text, final=False)
                     continue
                 all_finished = all(c.finished for c in choices)
                 if all_finished:
                     await outputs.aclose()  # abort stopped children now, before the consumer sees the last delta
-                yield TextDelta(text, choice.index, choice.finish_reason, choice.stop_reason, p, generated, cached)
+                yield delta(choice, text, final=True)
                 if all_finished:
                     return
         finally:
@@ -151,6 +187,7 @@ async def collect(deltas: AsyncIterator[TextDelta], n: int) -> CompletionResult:
     async with aclosing(deltas):
         async for last in deltas:
             texts[last.index].append(last.text)
+            choices[last.index].logprobs = lp.merge(choices[last.index].logprobs, last.logprobs)
             if last.finish_reason is not None:
                 choices[last.index].finish_reason = last.finish_reason
                 choices[last.index].stop_reason = last.stop_reason

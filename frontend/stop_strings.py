@@ -8,12 +8,13 @@ class StopStringMatcher:
         self.stops = stops
         self.pending = ""
 
-    def feed(self, text: str, final: bool) -> tuple[str, str | None]:
-        """Returns (text safe to emit now, the stop string matched or None)."""
+    def feed(self, text: str, final: bool, may_stop: bool = True) -> tuple[str, str | None]:
+        """Returns (text safe to emit now, the stop string matched or None). With may_stop False (before
+        min_tokens) nothing matches yet, but a possible start of a stop string is still held back."""
         if not self.stops:
             return text, None
         self.pending += text
-        hits = [(i, s) for s in self.stops if (i := self.pending.find(s)) >= 0]
+        hits = [(i, s) for s in self.stops if (i := self.pending.find(s)) >= 0] if may_stop else []
         if hits:
             i, stop = min(hits)
             out, self.pending = self.pending[:i], ""

@@ -51,7 +51,7 @@ async def completion_events(deltas: AsyncIterator[TextDelta], request_id: str, m
     # n is unused: completions have no per-choice opening chunk (it keeps the signature of chat_events).
     def chunk(delta: TextDelta) -> dict:
         return api.completion_chunk(request_id, model, created, delta.text, delta.finish_reason, delta.stop_reason,
-                                    delta.index)
+                                    delta.index, delta.logprobs)
 
     async for event in _events(deltas, chunk, [], request_id, "text_completion", model, created, include_usage):
         yield event
@@ -62,7 +62,7 @@ async def chat_events(deltas: AsyncIterator[TextDelta], request_id: str, model: 
     def chunk(delta: TextDelta) -> dict:
         content = {"content": delta.text} if delta.text or delta.finish_reason is None else {}
         return api.chat_chunk(request_id, model, created, content, delta.finish_reason, delta.stop_reason,
-                              delta.index)
+                              delta.index, delta.logprobs)
 
     # As vLLM does: every choice's first chunk carries the role, sent before any token is generated.
     role_chunks = [api.chat_chunk(request_id, model, created, {"role": "assistant", "content": ""}, index=i)

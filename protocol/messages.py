@@ -40,6 +40,17 @@ class AbortRequests:
 
 
 @dataclass(slots=True)
+class TokenLogprobs:
+    """Log-probabilities at one position under the raw model distribution (log_softmax of the logits, before
+    penalties, biases or temperature, as vLLM's default raw_logprobs): the chosen (sampled or prompt) token's,
+    and the top_token_ids' (most likely first)."""
+    token_id: int
+    logprob: float
+    top_token_ids: list[int] = field(default_factory=list)
+    top_logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class RequestOutput:
     """The tokens one request gained in one step (a delta), and how it ended if it did."""
     req_id: str
@@ -49,6 +60,9 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (set on every output of the request)
     error: str | None = None
     index: int = 0  # parallel sampling (n > 1): which child of req_id this is
+    logprobs: list[TokenLogprobs] | None = None  # one per new token, when sampling.logprobs is set
+    prompt_logprobs: list[TokenLogprobs] | None = None  # prompt tokens 1.., once, with the first token
+    embedding: list[float] | None = None  # the result of an embedding (sampling.embed) request
 
 
 @dataclass(slots=True)
@@ -130,6 +144,9 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int
     num_scheduled_tokens: int
+    # How many of prompt_token_ids are the prompt (a resumed request also sends its outputs so far); 0: all.
+    num_prompt_tokens: int = 0
+    eos_token_ids: list[int] = field(default_factory=list)  # masked, with stop_token_ids, until min_tokens
 
 
 @dataclass(slots=True)
@@ -154,12 +171,18 @@ class StepPlan:
 
 @dataclass(slots=True)
 class StepResult:
-    """Sampled tokens for the requests whose scheduled tokens reached the end of their known tokens."""
+    """Sampled tokens for the requests whose scheduled tokens reached the end of their known tokens (embedding
+    requests: their vectors instead)."""
     step_id: int
     rank: int
     req_ids: list[str]
     sampled_token_ids: list[int]
     elapsed_s: float = 0.0
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)  # by req_ids; empty: no row asked
+    prompt_logprobs: list[list[TokenLogprobs] | None] = field(default_factory=list)  # by req_ids; empty: none
+    # Embedding requests that finished their prompt this step, and their pooled vectors.
+    pooled_req_ids: list[str] = field(default_factory=list)
+    embeddings: list[list[float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)

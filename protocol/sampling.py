@@ -2,6 +2,8 @@
 from dataclasses import dataclass, field
 
 MAX_N = 128  # parallel samples per request
+MAX_LOGPROBS = 20  # most top logprobs per position (vLLM's --max-logprobs default)
+MAX_LOGIT_BIAS = 100.0  # logit_bias values are clamped to [-100, 100], as OpenAI and vLLM do
 
 
 @dataclass(slots=True)
@@ -14,13 +16,37 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     n: int = 1  # parallel samples of one prompt; the scheduler forks children that share the prompt's KV blocks
+    min_p: float = 0.0  # drop tokens whose probability is below min_p times the most likely one's
+    presence_penalty: float = 0.0  # subtracted from the logit of every token already in the output
+    frequency_penalty: float = 0.0  # subtracted once per occurrence in the output
+    repetition_penalty: float = 1.0  # divides positive (multiplies negative) logits of prompt and output tokens
+    # logit_bias as two parallel lists (msgpack map keys must be strings): added to those tokens' logits
+    logit_bias_token_ids: list[int] = field(default_factory=list)
+    logit_bias_values: list[float] = field(default_factory=list)
+    min_tokens: int = 0  # EOS and stop_token_ids cannot be sampled before this many output tokens
+    logprobs: int | None = None  # per sampled token: its logprob and the top-k (k = this) logprobs
+    prompt_logprobs: int | None = None  # the same for every prompt token after the first
+    embed: bool = False  # a pooling request: the worker returns the prompt's embedding and samples nothing
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 1e-5
 
+    @property
+    def logit_bias(self) -> dict[int, float]:
+        return dict(zip(self.logit_bias_token_ids, self.logit_bias_values))
+
+    def set_logit_bias(self, bias: dict[int, float]) -> None:
+        """Stores bias with every value clamped to [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS]."""
+        self.logit_bias_token_ids = [int(t) for t in bias]
+        self.logit_bias_values = [min(MAX_LOGIT_BIAS, max(-MAX_LOGIT_BIAS, float(v))) for v in bias.values()]
+
+    @property
+    def uses_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
     def validate(self) -> None:
-        """Raises ValueError with a message fit for an HTTP 400."""
+        """Raises ValueError with a message fit for an HTTP 400 (vLLM's wording where it has one)."""
         if self.temperature < 0:
             raise ValueError("temperature must be non-negative, got %s" % self.temperature)
         if not 0.0 < self.top_p <= 1.0:
@@ -33,3 +59,25 @@ class SamplingParams:
             raise ValueError("seed must fit in a signed 64-bit integer")
         if not 1 <= self.n <= MAX_N:
             raise ValueError(f"n must be between 1 and {MAX_N}, got {self.n}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}.")
+        if self.repetition_penalty <= 0.0:
+            raise ValueError(f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
+        if not self.embed and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
+                             f"got {self.min_tokens}.")
+        if len(self.logit_bias_token_ids) != len(self.logit_bias_values):
+            raise ValueError("logit_bias: token ids and values differ in length")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be non-negative, got {value}.")
+            if value is not None and value > MAX_LOGPROBS:
+                kind = "sample" if name == "logprobs" else "prompt"
+                raise ValueError(f"Requested {kind} logprobs of {value}, which is greater than max allowed: "
+                                 f"{MAX_LOGPROBS}")

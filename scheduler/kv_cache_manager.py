@@ -46,7 +46,7 @@ class KVCacheManager:
 
     def find_cached_prefix(self, req: Request) -> list[int]:
         """Block ids of the longest run of cached blocks that starts req's tokens, leaving its last token uncached."""
-        if not self.enable_caching:
+        if not self.enable_caching or req.needs_every_position:
             return []
         num_blocks = (req.num_tokens - 1) // self.block_size
         self._hash_full_blocks(req, num_blocks)

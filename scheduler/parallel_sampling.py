@@ -30,7 +30,8 @@ def make_children(parent: Request) -> list[Request]:
                 parent_id=parent.req_id, index=i)
         for i in range(n)
     ]
-    if parent.num_prompt_tokens > 1:  # with one prompt token there is nothing to share
+    # With one prompt token there is nothing to share; with prompt logprobs every child computes its own.
+    if parent.num_prompt_tokens > 1 and not parent.needs_every_position:
         children[0].pending_forks = children[1:]
         for child in children[1:]:
             child.status = RequestStatus.WAITING_FOR_FORK

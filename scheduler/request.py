@@ -81,6 +81,11 @@ class Request:
         return self.prompt_token_ids[start:] + self.output_token_ids[:end - num_prompt]
 
     @property
+    def needs_every_position(self) -> bool:
+        """Prompt logprobs and embeddings need every prompt position computed: no prefix-cache hits, no forks."""
+        return self.sampling.prompt_logprobs is not None or self.sampling.embed
+
+    @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
@@ -89,12 +94,14 @@ class Request:
 
         A stop token wins over a length cap hit on the same token: the model did choose to stop.
         The stop token itself stays in output_token_ids (it counts as a completion token, as in vLLM).
+        Before min_tokens only the length caps apply (the worker masks stop tokens until then anyway).
         """
-        last = self.output_token_ids[-1]
-        if not self.sampling.ignore_eos and last in self.eos_token_ids:
-            return FinishReason.STOP
-        if last in self.sampling.stop_token_ids:
-            return FinishReason.STOP
+        if self.num_output_tokens >= self.sampling.min_tokens:
+            last = self.output_token_ids[-1]
+            if not self.sampling.ignore_eos and last in self.eos_token_ids:
+                return FinishReason.STOP
+            if last in self.sampling.stop_token_ids:
+                return FinishReason.STOP
         if self.num_output_tokens >= self.sampling.max_tokens or self.num_tokens >= max_len:
             return FinishReason.LENGTH
         return None

@@ -21,6 +21,13 @@ from scheduler.request import Request, RequestStatus
 from scheduler.worker_view import WorkerView
 
 
+def well_formed(result: StepResult, step_id: int) -> bool:
+    n = len(result.req_ids)
+    return (result.step_id == step_id and len(result.sampled_token_ids) == n
+            and len(result.logprobs) in (0, n) and len(result.prompt_logprobs) in (0, n)
+            and len(result.pooled_req_ids) == len(result.embeddings))
+
+
 @dataclass(slots=True)
 class SchedulerConfig:
     max_num_seqs: int
@@ -138,7 +145,7 @@ class Scheduler:
             req.status, req.num_computed_tokens = RequestStatus.RUNNING, num_cached
             if req.num_cached_tokens is None:
                 req.num_cached_tokens = num_cached
-            if kv.enable_caching:
+            if kv.enable_caching and not req.needs_every_position:  # those never look the cache up
                 self.prefix_cache_queries += req.num_tokens
                 self.prefix_cache_hits += num_cached
             self._insert_running(req)
@@ -156,7 +163,7 @@ class Scheduler:
         """Applies the worker's result for `plan`; returns one output per request that gained a token."""
         if self._in_flight is None or plan.step_id != self._step_id:
             raise ValueError(f"plan {plan.step_id} is not the step in flight")
-        if result.step_id != plan.step_id or len(result.req_ids) != len(result.sampled_token_ids):
+        if not well_formed(result, plan.step_id):
             raise ValueError(f"malformed result for step {plan.step_id}: {result}")
         in_flight, self._in_flight = self._in_flight, None
         for req, num_new in in_flight.values():
@@ -166,16 +173,31 @@ class Scheduler:
                 if req.pending_forks and req.num_computed_tokens == req.num_prompt_tokens - 1:
                     self._fork(req)
 
-        outputs = []
-        for req_id, token_id in zip(result.req_ids, result.sampled_token_ids):
+        def caught_up(req_id: str) -> Request | None:
             req = in_flight.get(req_id, (None, 0))[0]
-            if req is None or req.status is not RequestStatus.RUNNING or req.num_computed_tokens != req.num_tokens:
+            ok = req is not None and req.status is RequestStatus.RUNNING and req.num_computed_tokens == req.num_tokens
+            return req if ok else None
+
+        outputs = []
+        for i, (req_id, token_id) in enumerate(zip(result.req_ids, result.sampled_token_ids)):
+            if (req := caught_up(req_id)) is None:
                 continue
             req.output_token_ids.append(token_id)
             reason = req.stop_reason(self.max_len)
             if reason is not None:
                 self._finish(req, reason)
-            outputs.append(self._output(req, [token_id], reason))
+            out = self._output(req, [token_id], reason)
+            if result.logprobs and result.logprobs[i] is not None:
+                out.logprobs = [result.logprobs[i]]
+            if result.prompt_logprobs:
+                out.prompt_logprobs = result.prompt_logprobs[i]
+            outputs.append(out)
+        for req_id, embedding in zip(result.pooled_req_ids, result.embeddings):
+            if (req := caught_up(req_id)) is not None:  # an embedding request is done once its prompt is
+                self._finish(req, FinishReason.STOP)
+                out = self._output(req, [], FinishReason.STOP)
+                out.embedding = embedding
+                outputs.append(out)
 
         # A request that caught up without a token would never be scheduled again: end it rather than hang.
         for req, _ in in_flight.values():

@@ -5,6 +5,8 @@ sample themselves. A request they do not hold is sent in full; one they hold get
 ids. Workers apply finished_req_ids before new_reqs, so an id may leave and come back in one plan.
 A block table the workers hold only ever grows: copy-on-write replaces blocks only in tables not sent yet.
 """
+import dataclasses
+
 from protocol.messages import CachedRequestData, NewRequestData, StepPlan
 from scheduler.request import Request
 
@@ -30,9 +32,14 @@ class WorkerView:
         for req, num_new in scheduled:
             sent = self._sent_block_ids.get(req.req_id)
             if sent is None:
-                # A preempted request comes back with its outputs so far as part of its "prompt".
-                new_reqs.append(NewRequestData(req.req_id, req.all_token_ids, req.sampling, list(req.block_ids),
-                                               req.num_computed_tokens, num_new))
+                # A preempted request comes back with its outputs so far as part of its "prompt"; its prompt
+                # logprobs went out with its first token, so they are not computed again.
+                sampling = req.sampling
+                if req.output_token_ids and sampling.prompt_logprobs is not None:
+                    sampling = dataclasses.replace(sampling, prompt_logprobs=None)
+                new_reqs.append(NewRequestData(req.req_id, req.all_token_ids, sampling, list(req.block_ids),
+                                               req.num_computed_tokens, num_new, req.num_prompt_tokens,
+                                               list(req.eos_token_ids)))
                 self._sent_block_ids[req.req_id] = list(req.block_ids)
             else:
                 new_block_ids = req.block_ids[len(sent):]

@@ -2,8 +2,11 @@
 import os
 from dataclasses import dataclass, field
 
-from protocol.messages import StepPlan
+import numpy as np
+
+from protocol.messages import StepPlan, TokenLogprobs
 from protocol.sampling import SamplingParams
+from workers.penalties import TokenStats
 
 
 @dataclass(slots=True)
@@ -12,6 +15,25 @@ class RequestState:
     block_ids: list[int]
     sampling: SamplingParams
     seed: int
+    num_prompt_tokens: int
+    eos_token_ids: list[int] = field(default_factory=list)
+    stats: TokenStats | None = None  # requests with penalties only, built when they first sample
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # computed, not sent yet
+    pooled_sum: np.ndarray | None = None  # embedding requests: the sum of the final hidden states so far
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    def token_stats(self, vocab_size: int) -> TokenStats:
+        if self.stats is None:
+            self.stats = TokenStats(self.token_ids, self.num_prompt_tokens, vocab_size)
+        return self.stats
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+        if self.stats is not None:
+            self.stats.add(token_id)
 
 
 @dataclass(slots=True)
@@ -26,6 +48,21 @@ class ScheduledChunk:
     def samples(self) -> bool:
         return self.start + self.length == len(self.state.token_ids)
 
+    @property
+    def pools(self) -> bool:
+        """An embedding request: its hidden states are summed, and nothing is sampled."""
+        return self.state.sampling.embed
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Some position in the chunk predicts a prompt token whose logprobs were asked for."""
+        return self.state.sampling.prompt_logprobs is not None and self.start < self.state.num_prompt_tokens - 1
+
+    @property
+    def needs_full_prefill(self) -> bool:
+        """Must go through a prefill step (which sees every position) even when it is one token long."""
+        return self.pools or self.needs_prompt_logprobs
+
 
 @dataclass
 class BatchState:
@@ -38,7 +75,8 @@ class BatchState:
         chunks = []
         for new in plan.new_reqs:
             seed = new.sampling.seed if new.sampling.seed is not None else int.from_bytes(os.urandom(4), "little")
-            state = RequestState(list(new.prompt_token_ids), list(new.block_ids), new.sampling, seed & 0xFFFFFFFF)
+            state = RequestState(list(new.prompt_token_ids), list(new.block_ids), new.sampling, seed & 0xFFFFFFFF,
+                                 new.num_prompt_tokens or len(new.prompt_token_ids), list(new.eos_token_ids))
             self.requests[new.req_id] = state
             chunks.append(ScheduledChunk(new.req_id, state, new.num_computed_tokens, new.num_scheduled_tokens))
         for cached in plan.cached_reqs:

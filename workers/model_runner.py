@@ -1,6 +1,12 @@
 """Runs one StepPlan on the model: decode rows batched into a jitted step per batch-size bucket,
-prefill chunks through a jitted step per chunk-size bucket, then sampling on the device."""
+prefill chunks through a jitted step per chunk-size bucket, then sampling on the device.
+
+Two prefill variants serve the requests that need every position, compiled only when first asked for:
+prompt logprobs (the [T, V] logits reduced on the device to each position's logprob of the next prompt token
+and its top-k) and embeddings (the final hidden states summed over the chunk's valid positions)."""
+import functools
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 from tinygrad import Tensor, TinyJit, UOp, dtypes
@@ -9,8 +15,9 @@ from protocol.messages import StepPlan, StepResult
 from workers.attention import DecodeAttention, PrefillAttention
 from workers.batch_state import BatchState, ScheduledChunk
 from workers.kv_cache import PagedKVCache
+from workers.logprobs import logprobs_of, to_token_logprobs, top_count_bucket
 from workers.model import Transformer
-from workers.sampler import sample, sample_greedy
+from workers.sampling_batch import BatchSampler
 
 
 def buckets_up_to(limit: int, first: int) -> list[int]:
@@ -23,6 +30,12 @@ def buckets_up_to(limit: int, first: int) -> list[int]:
 
 def bucket_for(n: int, buckets: list[int]) -> int:
     return next(b for b in buckets if b >= n)
+
+
+@dataclass(slots=True)
+class StepWork:
+    rows: list[tuple[ScheduledChunk, Tensor]] = field(default_factory=list)  # chunks that sample, [1, V] logits
+    pooled: list[tuple[ScheduledChunk, list[float]]] = field(default_factory=list)  # finished embedding requests
 
 
 class ModelRunner:
@@ -40,7 +53,9 @@ class ModelRunner:
         self.block_vars = [UOp.variable(f"wblk{j}", 0, cache.num_blocks) for j in range(max(self.prefill_buckets) // bs + 1)]
         self.decode_jits = {b: TinyJit(self._decode_step) for b in self.decode_buckets}
         self.prefill_jits = {t: TinyJit(self._prefill_step) for t in self.prefill_buckets}
-        self.sample_jits: dict[tuple[int, bool], TinyJit] = {}
+        self.prefill_logprobs_jits: dict[tuple[int, int], TinyJit] = {}  # (T, top-k bucket)
+        self.prefill_pool_jits: dict[int, TinyJit] = {}
+        self.sampler = BatchSampler(self.decode_buckets)
         self.copy_vars = (UOp.variable("copy_src", 0, cache.num_blocks), UOp.variable("copy_dst", 0, cache.num_blocks))
         self.copy_jit = TinyJit(self._copy_block)
         self.batch = BatchState()
@@ -52,13 +67,33 @@ class ModelRunner:
         Tensor.realize(*self.cache.layers)
         return self.model.logits(hidden).realize()
 
-    def _prefill_step(self, tokens: Tensor, start: Tensor, n_valid: Tensor, block_table: Tensor, nb: UOp, *write_blocks: UOp):
+    def _prefill_hidden(self, tokens: Tensor, start: Tensor, n_valid: Tensor, block_table: Tensor, nb: UOp,
+                        write_blocks: tuple[UOp, ...]) -> Tensor:
         T = tokens.shape[0]
         positions = (start + Tensor.arange(T, dtype=dtypes.int32)).clip(0, self.max_model_len - 1)
         attend = PrefillAttention(self.cache, block_table[:nb], start, n_valid, list(write_blocks))
         hidden = self.model.forward(tokens, positions, attend)
         Tensor.realize(*self.cache.layers)
-        return self.model.logits(hidden[(n_valid - 1).clip(0, T - 1)]).realize()
+        return hidden
+
+    def _prefill_step(self, tokens: Tensor, start: Tensor, n_valid: Tensor, block_table: Tensor, nb: UOp, *write_blocks: UOp):
+        hidden = self._prefill_hidden(tokens, start, n_valid, block_table, nb, write_blocks)
+        return self.model.logits(hidden[(n_valid - 1).clip(0, tokens.shape[0] - 1)]).realize()
+
+    def _prefill_logprobs_step(self, k: int, tokens: Tensor, start: Tensor, n_valid: Tensor, block_table: Tensor,
+                               next_tokens: Tensor, nb: UOp, *write_blocks: UOp):
+        """The last position's logits, and each position's logprob of next_tokens (the following prompt token)."""
+        logits = self.model.logits(self._prefill_hidden(tokens, start, n_valid, block_table, nb, write_blocks))
+        outs = (logits[(n_valid - 1).clip(0, tokens.shape[0] - 1)], *logprobs_of(logits, next_tokens, k))
+        Tensor.realize(*outs)
+        return outs
+
+    def _prefill_pool_step(self, tokens: Tensor, start: Tensor, n_valid: Tensor, block_table: Tensor, nb: UOp,
+                           *write_blocks: UOp):
+        """The final hidden states (after the final norm) summed over the chunk's valid positions: [dim]."""
+        hidden = self._prefill_hidden(tokens, start, n_valid, block_table, nb, write_blocks)
+        valid = Tensor.arange(tokens.shape[0], dtype=dtypes.int32).reshape(-1, 1) < n_valid.reshape(1, 1)
+        return valid.where(hidden, 0.0).sum(0).realize()
 
     def _copy_block(self, src: UOp, dst: UOp):
         bs = self.cache.block_size
@@ -72,36 +107,53 @@ class ModelRunner:
             self.copy_jit(self.copy_vars[0].bind(src), self.copy_vars[1].bind(dst))
 
     # ---- one step ------------------------------------------------------------------------------
-    def compute_logits(self, plan: StepPlan) -> list[tuple[ScheduledChunk, Tensor]]:
-        """Runs the plan's tokens through the model; returns the [1, V] logits of each chunk that ends
-        at the end of its request's known tokens (the ones to sample from), in plan order."""
+    def compute(self, plan: StepPlan) -> StepWork:
+        """Runs the plan's tokens through the model. Returns the [1, V] logits of each chunk that ends at the end
+        of its request's known tokens (the ones to sample from), in plan order, and the finished embeddings."""
         chunks = self.batch.apply(plan)
         self.copy_blocks(plan.block_copies)
-        decodes = [c for c in chunks if c.length == 1]
-        max_batch, max_chunk = max(self.decode_buckets), max(self.prefill_buckets)
-        rows: list[tuple[ScheduledChunk, Tensor]] = []
+        decodes = [c for c in chunks if c.length == 1 and not c.needs_full_prefill]
+        max_batch = max(self.decode_buckets)
+        work = StepWork()
         for i in range(0, len(decodes), max_batch):
             group = decodes[i:i + max_batch]
             logits = self._run_decode(group).clone().realize()  # a jit reuses its output buffer on the next call
-            rows += [(c, logits[j:j + 1]) for j, c in enumerate(group) if c.samples]
-        for chunk in (c for c in chunks if c.length > 1):
-            for piece_start in range(chunk.start, chunk.start + chunk.length, max_chunk):
-                logits = self._run_prefill(chunk, piece_start, min(max_chunk, chunk.start + chunk.length - piece_start))
-            if chunk.samples:
-                rows.append((chunk, logits.clone().realize()))
-        return rows
+            work.rows += [(c, logits[j:j + 1]) for j, c in enumerate(group) if c.samples]
+        for chunk in (c for c in chunks if c.length > 1 or c.needs_full_prefill):
+            logits = self._run_chunk(chunk)
+            if chunk.samples and chunk.pools:
+                work.pooled.append((chunk, self._finish_embedding(chunk)))
+            elif chunk.samples:
+                work.rows.append((chunk, logits.clone().realize()))
+        return work
+
+    def compute_logits(self, plan: StepPlan) -> list[tuple[ScheduledChunk, Tensor]]:
+        return self.compute(plan).rows
 
     def execute(self, plan: StepPlan, rank: int = 0) -> StepResult:
         t0 = time.perf_counter()
-        rows = self.compute_logits(plan)
-        req_ids, tokens = [], []
-        if rows:
-            sampled = self._sample([c for c, _ in rows], Tensor.cat(*[logits for _, logits in rows]))
-            for (chunk, _), token in zip(rows, sampled):
-                chunk.state.token_ids.append(token)
-                req_ids.append(chunk.req_id)
-                tokens.append(token)
-        return StepResult(plan.step_id, rank, req_ids, tokens, time.perf_counter() - t0)
+        work = self.compute(plan)
+        result = StepResult(plan.step_id, rank, [], [])
+        if work.rows:
+            states = [c.state for c, _ in work.rows]
+            tokens, logprobs = self.sampler.sample(states, Tensor.cat(*[logits for _, logits in work.rows]))
+            prompt_logprobs = []
+            for (chunk, _), token in zip(work.rows, tokens):
+                chunk.state.append_token(token)
+                result.req_ids.append(chunk.req_id)
+                result.sampled_token_ids.append(token)
+                prompt_logprobs.append(chunk.state.prompt_logprobs if chunk.state.sampling.prompt_logprobs is not None
+                                       else None)
+                chunk.state.prompt_logprobs = []
+            if any(lp is not None for lp in logprobs):
+                result.logprobs = logprobs
+            if any(plp for plp in prompt_logprobs):
+                result.prompt_logprobs = [plp or None for plp in prompt_logprobs]
+        for chunk, embedding in work.pooled:
+            result.pooled_req_ids.append(chunk.req_id)
+            result.embeddings.append(embedding)
+        result.elapsed_s = time.perf_counter() - t0
+        return result
 
     def _block_table_row(self, block_ids: list[int], out: np.ndarray) -> None:
         out[:] = self.cache.scratch_block
@@ -121,7 +173,53 @@ class ModelRunner:
         return self.decode_jits[B](Tensor(tokens), Tensor(positions), Tensor(tables), Tensor(context_lens),
                                    self.nb_var.bind(nb), *binds)
 
-    def _run_prefill(self, chunk: ScheduledChunk, start: int, length: int) -> Tensor:
+    def _run_chunk(self, chunk: ScheduledChunk) -> Tensor | None:
+        """Runs a chunk through prefill steps of at most the largest bucket; returns the last piece's logits."""
+        max_chunk, logits = max(self.prefill_buckets), None
+        for piece_start in range(chunk.start, chunk.start + chunk.length, max_chunk):
+            length = min(max_chunk, chunk.start + chunk.length - piece_start)
+            if chunk.pools:
+                pooled = self._run_prefill(self._prefill_pool_jit, chunk, piece_start, length).numpy()
+                state = chunk.state
+                state.pooled_sum = pooled if state.pooled_sum is None else state.pooled_sum + pooled
+            elif chunk.needs_prompt_logprobs:
+                logits = self._run_prompt_logprobs(chunk, piece_start, length)
+            else:
+                logits = self._run_prefill(lambda T: self.prefill_jits[T], chunk, piece_start, length)
+        return logits
+
+    def _finish_embedding(self, chunk: ScheduledChunk) -> list[float]:
+        """Mean over the prompt's positions, then L2-normalised."""
+        mean = chunk.state.pooled_sum.astype(np.float64) / len(chunk.state.token_ids)
+        return (mean / max(np.linalg.norm(mean), 1e-12)).tolist()
+
+    def _prefill_pool_jit(self, T: int) -> TinyJit:
+        if T not in self.prefill_pool_jits:
+            self.prefill_pool_jits[T] = TinyJit(self._prefill_pool_step)
+        return self.prefill_pool_jits[T]
+
+    def _run_prompt_logprobs(self, chunk: ScheduledChunk, start: int, length: int) -> Tensor:
+        """A prefill piece that also records the logprobs of the prompt tokens its positions predict."""
+        state, k = chunk.state, chunk.state.sampling.prompt_logprobs
+        bucket = top_count_bucket(k)
+        T = bucket_for(length, self.prefill_buckets)
+        if (T, bucket) not in self.prefill_logprobs_jits:
+            self.prefill_logprobs_jits[(T, bucket)] = TinyJit(functools.partial(self._prefill_logprobs_step, bucket))
+        next_tokens = np.zeros(T, np.int32)
+        following = state.token_ids[start + 1:start + length + 1]
+        next_tokens[:len(following)] = following
+        outs = self._run_prefill(lambda _: self.prefill_logprobs_jits[(T, bucket)], chunk, start, length,
+                                 extra=(Tensor(next_tokens),))
+        last_logits, chosen = outs[0].clone().realize(), outs[1].numpy()
+        top_ids, top_lp = (outs[2].numpy().tolist(), outs[3].numpy().tolist()) if bucket else (None, None)
+        n = min(length, state.num_prompt_tokens - 1 - start)  # positions whose next token is a prompt token
+        if n > 0:
+            state.prompt_logprobs += to_token_logprobs(following[:n], chosen[:n].tolist(), top_ids, top_lp, k)
+        return last_logits
+
+    def _run_prefill(self, jit_for, chunk: ScheduledChunk, start: int, length: int, extra: tuple = ()):
+        """Calls jit_for(T) (a jitted prefill step for bucket T) on positions [start, start + length); `extra`
+        tensors go after the block table."""
         T, bs = bucket_for(length, self.prefill_buckets), self.cache.block_size
         tokens = np.zeros(T, np.int32)
         tokens[:length] = chunk.state.token_ids[start:start + length]
@@ -131,25 +229,5 @@ class ModelRunner:
         write_blocks = [int(table[b]) for b in range(first, last + 1)]
         write_blocks += [self.cache.scratch_block] * (T // bs + 1 - len(write_blocks))
         binds = [v.bind(b) for v, b in zip(self.block_vars, write_blocks)]
-        return self.prefill_jits[T](Tensor(tokens), Tensor(np.array([start], np.int32)), Tensor(np.array([length], np.int32)),
-                                    Tensor(table), self.nb_var.bind(last + 1), *binds)
-
-    def _sample(self, chunks: list[ScheduledChunk], logits: Tensor) -> list[int]:
-        R = len(chunks)
-        greedy = all(c.state.sampling.greedy for c in chunks)
-        R_pad = bucket_for(R, self.decode_buckets) if R <= max(self.decode_buckets) else R
-        logits = logits.pad(((0, R_pad - R), None)) if R_pad > R else logits
-        if (fn := self.sample_jits.get((R_pad, greedy))) is None:
-            body = sample_greedy if greedy else sample
-            fn = self.sample_jits[(R_pad, greedy)] = TinyJit(lambda *a: body(*a).realize())
-        if greedy:
-            return fn(logits.contiguous().realize()).numpy()[:R].tolist()
-        params = np.zeros((4, R_pad), np.float32)
-        seeds, positions = np.zeros(R_pad, np.uint32), np.zeros(R_pad, np.int32)
-        for j, c in enumerate(chunks):
-            sp = c.state.sampling
-            params[:, j] = (sp.temperature, sp.top_k, sp.top_p, 0)
-            seeds[j], positions[j] = c.state.seed, len(c.state.token_ids)
-        out = fn(logits.contiguous().realize(), Tensor(params[0]), Tensor(params[1].astype(np.int32)), Tensor(params[2]),
-                 Tensor(seeds), Tensor(positions))
-        return out.numpy()[:R].tolist()
+        return jit_for(T)(Tensor(tokens), Tensor(np.array([start], np.int32)), Tensor(np.array([length], np.int32)),
+                          Tensor(table), *extra, self.nb_var.bind(last + 1), *binds)

@@ -1,4 +1,4 @@
-"""Sampling on the device: greedy, temperature, top-k, top-p and per-request seeds.
+"""Sampling on the device: greedy, temperature, min-p, top-k, top-p and per-request seeds (vLLM's order).
 
 Top-k and top-p thresholds are found by bisection over values (a few dozen row reductions) instead of a
 sort over the vocabulary. Noise is a counter-based hash of (seed, position, token id), so a seeded
@@ -27,7 +27,8 @@ def uniform_noise(seeds: Tensor, positions: Tensor, vocab_size: int) -> Tensor:
 
 def _top_k_floor(scaled: Tensor, top_k: Tensor) -> Tensor:
     """Per row, the largest value v such that at least k entries are >= v (-inf where k is off)."""
-    lo, hi = scaled.min(-1, keepdim=True), scaled.max(-1, keepdim=True)
+    hi = scaled.max(-1, keepdim=True)
+    lo = (scaled == -float("inf")).where(hi, scaled).min(-1, keepdim=True)  # masked entries would pin lo at -inf
     k = top_k.reshape(-1, 1)
     for _ in range(BISECTION_STEPS):
         mid = (lo + hi) * 0.5
@@ -48,19 +49,18 @@ def _top_p_floor(probs: Tensor, top_p: Tensor) -> Tensor:
     return (p >= 1.0).where(0.0, lo)
 
 
-def sample(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, seeds: Tensor, positions: Tensor) -> Tensor:
+def sample(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor, seeds: Tensor,
+           positions: Tensor) -> Tensor:
     """logits [R, V] -> sampled token ids [R] (int32). Rows with temperature ~0 are greedy."""
     logits = logits.cast(dtypes.float32)
     greedy = logits.argmax(-1)
     t = temperature.maximum(GREEDY_TEMPERATURE).reshape(-1, 1)
     scaled = logits / t
+    probs = scaled.softmax(-1)
+    scaled = (probs >= probs.max(-1, keepdim=True) * min_p.reshape(-1, 1)).where(scaled, -float("inf"))
     scaled = (scaled >= _top_k_floor(scaled, top_k)).where(scaled, -float("inf"))
     probs = scaled.softmax(-1)
     scaled = (probs >= _top_p_floor(probs, top_p)).where(scaled, -float("inf"))
     gumbel = -(-uniform_noise(seeds, positions, logits.shape[-1]).log()).log()
     sampled = (scaled + gumbel).argmax(-1)
     return (temperature <= GREEDY_TEMPERATURE).where(greedy, sampled).cast(dtypes.int32)
-
-
-def sample_greedy(logits: Tensor) -> Tensor:
-    return logits.argmax(-1).cast(dtypes.int32)

@@ -139,8 +139,9 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
+        private_store = str(log_path.parent / f"models-{self.port}")  # never the user's ~/.cache model store
         cmd = [sys.executable, "-m", "frontend.cli", "serve", "--model", str(model), "--port", str(self.port),
-               *SERVE_DEFAULTS, *extra_args]
+               *SERVE_DEFAULTS, "--models-dir", private_store, *extra_args]
         env = {**os.environ, "DEV": "CPU", "PYTHONUNBUFFERED": "1"}
         self._log_file = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log_file, stderr=subprocess.STDOUT,

@@ -1,4 +1,6 @@
 """Every message type survives encode -> decode unchanged, and bad bytes are refused, never executed."""
+import re
+
 import msgpack
 import pytest
 
@@ -7,23 +9,31 @@ from protocol.codec import MESSAGE_TYPES, CodecError, decode, encode
 from protocol.sampling import SamplingParams
 
 SP = SamplingParams(temperature=0.7, top_p=0.9, top_k=40, max_tokens=33, seed=-5, stop_token_ids=[7, 8], ignore_eos=True,
-                    n=3)
+                    n=3, min_p=0.05, presence_penalty=0.5, frequency_penalty=-0.25, repetition_penalty=1.1,
+                    logit_bias_token_ids=[5, 9], logit_bias_values=[100.0, -2.5], min_tokens=2, logprobs=3,
+                    prompt_logprobs=0)
+LP = m.TokenLogprobs(5, -0.25, [5, 6], [-0.25, -1.5])
 
 EXAMPLES = [
     m.AddRequest("r1", [1, 2, 3], SP, [2], 1700000000.5),
     m.AbortRequests(["r1", "r2"]),
     m.StepOutputs([m.RequestOutput("r1", [5], m.FinishReason.STOP, 3, 0, None, 0),
                    m.RequestOutput("r1", [6, 7], None, 3, 2, None, 2),
-                   m.RequestOutput("r2", [], m.FinishReason.ERROR, 9, 0, "too long")],
+                   m.RequestOutput("r2", [], m.FinishReason.ERROR, 9, 0, "too long"),
+                   m.RequestOutput("r3", [5], None, 2, 0, None, 0, [LP], [m.TokenLogprobs(8, -3.0)]),
+                   m.RequestOutput("e1", [], m.FinishReason.STOP, 4, embedding=[0.5, -0.25, 0.0])],
                   m.SchedulerStats(2, 1, 10, 64, 7, 1200, 800, 3), 12.25),
     m.EngineReady(128, 16, 2048, 16, 1),
     m.Shutdown("bye"),
     m.WorkerHello(0, 1, m.WorkerRole.MIXED, 1234, "CPU"),
     m.InitWorker(0, 1 << 30, 16, 2048, 16, 512),
     m.WorkerReady(0, 128, 16, 2048),
-    m.StepPlan(3, [m.NewRequestData("r1", [1, 2, 3], SP, [4, 9], 0, 3)],
+    m.StepPlan(3, [m.NewRequestData("r1", [1, 2, 3], SP, [4, 9], 0, 3),
+                   m.NewRequestData("r2", [1, 2, 3, 4], SamplingParams(embed=True), [5], 2, 2, 3, [2, 7])],
                [m.CachedRequestData("r0", [11], 40, 1)], ["old"], [[4, 12], [4, 13]]),
     m.StepResult(3, 0, ["r1", "r0"], [42, 43], 0.01),
+    m.StepResult(4, 0, ["r1", "r0"], [5, 43], 0.02, [LP, None], [[m.TokenLogprobs(3, -1.0, [1], [-0.5])], None],
+                 ["e1"], [[0.25, 0.5]]),
     m.WorkerError(1, "boom"),
 ]
 
@@ -48,6 +58,15 @@ def test_new_fields_default_so_old_constructors_work():
     stats = m.SchedulerStats(1, 2, 3, 4, 5)
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits, stats.num_preemptions) == (0, 0, 0)
     assert m.StepPlan(1, [], [], []).block_copies == []
+    out = m.RequestOutput("r", [])
+    assert (out.logprobs, out.prompt_logprobs, out.embedding) == (None, None, None)
+    result = m.StepResult(1, 0, [], [])
+    assert (result.logprobs, result.prompt_logprobs, result.pooled_req_ids, result.embeddings) == ([], [], [], [])
+    new = m.NewRequestData("r", [1], SamplingParams(), [0], 0, 1)
+    assert (new.num_prompt_tokens, new.eos_token_ids) == (0, [])
+    sp = SamplingParams()
+    assert (sp.min_p, sp.repetition_penalty, sp.logit_bias, sp.min_tokens, sp.logprobs, sp.embed) == \
+        (0.0, 1.0, {}, 0, None, False)
 
 
 @pytest.mark.parametrize("n, ok", [(0, False), (1, True), (128, True), (129, False)])
@@ -81,3 +100,24 @@ def test_oversized_message_is_refused(monkeypatch):
     monkeypatch.setattr(codec, "MAX_MESSAGE_BYTES", 10)
     with pytest.raises(CodecError):
         decode(encode(m.AbortRequests(["a" * 100])))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"min_p": 1.5}, "min_p must be in [0, 1]"),
+    ({"presence_penalty": 2.5}, "presence_penalty must be in [-2, 2]"),
+    ({"frequency_penalty": -3}, "frequency_penalty must be in [-2, 2]"),
+    ({"repetition_penalty": 0}, "repetition_penalty must be greater than zero"),
+    ({"min_tokens": -1}, "min_tokens must be greater than or equal to 0"),
+    ({"min_tokens": 5, "max_tokens": 4}, "min_tokens must be less than or equal to max_tokens=4"),
+    ({"logprobs": 21}, "Requested sample logprobs of 21, which is greater than max allowed: 20"),
+    ({"prompt_logprobs": -1}, "prompt_logprobs must be non-negative"),
+])
+def test_new_sampling_fields_are_validated(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SamplingParams(**kwargs).validate()
+
+
+def test_logit_bias_is_clamped():
+    sp = SamplingParams()
+    sp.set_logit_bias({3: 250.0, 4: -1e9, 5: 1.5})
+    assert sp.logit_bias == {3: 100.0, 4: -100.0, 5: 1.5}

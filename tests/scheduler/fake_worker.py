@@ -23,6 +23,7 @@ from scheduler.scheduler import Scheduler, SchedulerConfig
 
 EOS = 2
 VOCAB = 1000
+POOLED = -1  # _run's answer for an embedding request that computed its whole prompt
 
 TokenFn = Callable[[str, int], int]
 # (req_id, position of the new token, hash of every token before it, sampling) -> token
@@ -56,6 +57,11 @@ def with_random_eos(base: SampleFn, one_in: int) -> SampleFn:
         token = base(req_id, position, prefix_hash, sampling)
         return EOS if zlib.crc32(f"eos:{token}:{position}".encode()) % one_in == 0 else token
     return sample
+
+
+def fake_embedding(token_ids: list[int]) -> list[float]:
+    """An embedding request's "vector": a pure function of its prompt."""
+    return [float(len(token_ids)), float(sum(token_ids) % 997)]
 
 
 def prefix_hashes(token_ids: list[int], hashes: list[int] | None = None) -> list[int]:
@@ -122,14 +128,19 @@ class FakeWorker:
         holders = self._holders()
         self.num_scheduled_per_step.append(sum(n for _, n in scheduled))
         self.num_reqs_per_step.append(len(scheduled))
-        sampled_req_ids, sampled = [], []
+        result = StepResult(plan.step_id, 0, [], [])
         for req_id, num_scheduled in scheduled:
             self.num_computed_by_req[req_id] += num_scheduled
             token = self._run(req_id, num_scheduled, holders)
-            if token is not None:
-                sampled_req_ids.append(req_id)
-                sampled.append(token)
-        return StepResult(plan.step_id, 0, sampled_req_ids, sampled)
+            if token is None:
+                continue
+            if token == POOLED:
+                result.pooled_req_ids.append(req_id)
+                result.embeddings.append(fake_embedding(self.reqs[req_id].token_ids))
+            else:
+                result.req_ids.append(req_id)
+                result.sampled_token_ids.append(token)
+        return result
 
     def _copy_blocks(self, pairs: list[list[int]]) -> None:
         bs = self.block_size
@@ -165,6 +176,8 @@ class FakeWorker:
         req.num_computed_tokens = end
         if end < len(req.token_ids):
             return None  # a prefill chunk short of the end samples nothing
+        if req.sampling.embed:
+            return POOLED
         if self.sample_fn is not None:
             token = self.sample_fn(req_id, end, hashes[end - 1], req.sampling)
         else:

@@ -17,6 +17,11 @@ def rope(x, positions, theta):
 
 def dense_logits(cfg, w: dict, tokens: list[int]) -> np.ndarray:
     """Logits [T, vocab] for every position of `tokens`."""
+    return dense_hidden(cfg, w, tokens) @ w.get("output.weight", w["token_embd.weight"]).astype(np.float64).T
+
+
+def dense_hidden(cfg, w: dict, tokens: list[int]) -> np.ndarray:
+    """The final hidden states [T, dim] (after the final norm) for every position of `tokens`."""
     w = {k: v.astype(np.float64) for k, v in w.items()}
     T, H, KVH, D = len(tokens), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     pos = np.arange(T)
@@ -38,8 +43,7 @@ def dense_logits(cfg, w: dict, tokens: list[int]) -> np.ndarray:
         h = rms(x, w[p + "ffn_norm.weight"], cfg.rms_eps)
         gate = h @ w[p + "ffn_gate.weight"].T
         x = x + ((gate / (1 + np.exp(-gate))) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
-    x = rms(x, w["output_norm.weight"], cfg.rms_eps)
-    return x @ w.get("output.weight", w["token_embd.weight"]).T
+    return rms(x, w["output_norm.weight"], cfg.rms_eps)
 
 
 def random_llama(cfg, seed: int = 0) -> dict[str, np.ndarray]:

@@ -1,0 +1,61 @@
+"""`--api-key`: every /v1 and /api route needs `Authorization: Bearer <key>`; /health, /metrics and the rest stay open.
+
+A pure ASGI middleware: Starlette's BaseHTTPMiddleware would wrap every response in its own stream, which breaks
+server-sent events and hides client disconnects from the handlers.
+"""
+import hashlib
+import hmac
+import json
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from frontend.openai_protocol import error_body
+
+PROTECTED_PREFIXES = ("/v1", "/api")
+OPENAI, OLLAMA = "openai", "ollama"
+
+UNAUTHORIZED_BODIES = {OPENAI: error_body("Unauthorized", "AuthenticationError", 401),
+                       OLLAMA: {"error": "unauthorized"}}
+
+
+def is_protected(path: str) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in PROTECTED_PREFIXES)
+
+
+def error_style(path: str) -> str:
+    return OLLAMA if path == "/api" or path.startswith("/api/") else OPENAI
+
+
+def _digest(secret: bytes) -> bytes:
+    return hashlib.sha256(secret).digest()
+
+
+class APIKeyMiddleware:
+    def __init__(self, app: ASGIApp, api_key: str):
+        if not api_key:
+            raise ValueError("the API key must not be empty")
+        self.app = app
+        # Comparing fixed-length digests keeps the comparison's time independent of the key's length, too.
+        self._key_digest = _digest(api_key.encode("utf-8"))
+
+    def authorized(self, headers: Headers) -> bool:
+        scheme, _, credentials = headers.get("authorization", "").partition(" ")
+        # Starlette decodes header bytes as latin-1: encoding back gives the bytes sent, so a UTF-8 key matches.
+        # compare_digest runs whatever the scheme, so a wrong scheme takes as long as a wrong key.
+        key_matches = hmac.compare_digest(_digest(credentials.strip().encode("latin-1")), self._key_digest)
+        return scheme.lower() == "bearer" and key_matches
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # CORS preflights never carry credentials, so OPTIONS passes (as in vLLM); lifespan events too.
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or not is_protected(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        if self.authorized(Headers(scope=scope)):
+            await self.app(scope, receive, send)
+            return
+        body = json.dumps(UNAUTHORIZED_BODIES[error_style(scope["path"])]).encode()
+        await send({"type": "http.response.start", "status": 401, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"www-authenticate", b"Bearer")]})
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,120 @@
+"""POST /v1/embeddings (OpenAI's shape), and embed(): vectors from the served model itself.
+
+An embedding is the model's final hidden states (after the final norm), mean-pooled over the input's tokens and
+then L2-normalised. The worker computes it in a prefill-only request (SamplingParams.embed): no token is
+sampled, nothing is taken from or kept for the prefix cache's sake, and its KV blocks are freed as soon as it
+finishes. A generative model's pooled states are not a trained sentence embedding: good for comparing texts
+under one model, not comparable with another model's vectors.
+"""
+import asyncio
+import base64
+import time
+import uuid
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from frontend import openai_protocol as api
+from frontend.engine_client import EngineDeadError
+from frontend.http_json import error_response, read_json_object
+from protocol.messages import FinishReason
+from protocol.sampling import SamplingParams
+
+ENCODING_FORMATS = ("float", "base64")
+
+
+async def embed(engine, token_id_lists: list[list[int]]) -> list[list[float]]:
+    """One vector per token id list, computed concurrently; raises RuntimeError if the engine refuses one."""
+    async def one(ids: list[int]) -> list[float]:
+        vector = None
+        async for out in engine.generate(f"embd-{uuid.uuid4().hex}", ids, SamplingParams(embed=True, max_tokens=1), []):
+            if out.finish_reason == FinishReason.ERROR:
+                raise RuntimeError(out.error or "the engine could not compute this embedding")
+            vector = out.embedding if out.embedding is not None else vector
+        if vector is None:
+            raise RuntimeError("the engine returned no embedding")
+        return vector
+
+    try:
+        async with asyncio.TaskGroup() as group:  # one failure cancels (and so aborts) the rest
+            tasks = [group.create_task(one(ids)) for ids in token_id_lists]
+    except ExceptionGroup as failures:
+        raise failures.exceptions[0] from None
+    return [t.result() for t in tasks]
+
+
+def _inputs(value) -> list[str | list[int]]:
+    """OpenAI's input: a string, a list of strings, a list of token ids, or a list of such lists."""
+    def token_ids(x) -> bool:
+        return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+    if isinstance(value, str):
+        value = [value]
+    elif token_ids(value):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(x, str) or token_ids(x) for x in value):
+        raise api.APIError("'input' must be a non-empty string, array of strings, array of token ids, or array of "
+                           "arrays of token ids", param="input")
+    if any(x == "" for x in value):
+        raise api.APIError("'input' must not contain empty strings", param="input")
+    return value
+
+
+def encode_vector(vector: list[float], encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":  # little-endian float32, as the openai client decodes it
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return vector
+
+
+def embedding_routes(engine, tokenizer, model_name: str, max_model_len: int, max_body_bytes: int) -> list[Route]:
+    async def tokenized(item: str | list[int]) -> list[int]:
+        if isinstance(item, str):
+            return await asyncio.to_thread(tokenizer.encode, item, True) if len(item) > 4096 else \
+                tokenizer.encode(item, True)
+        if (bad := next((t for t in item if not 0 <= t < tokenizer.vocab_size), None)) is not None:
+            raise api.APIError(f"Token id {bad} in 'input' is out of vocabulary (size {tokenizer.vocab_size})",
+                               param="input")
+        return item
+
+    async def embeddings(request: Request) -> Response:
+        try:
+            body = await read_json_object(request, max_body_bytes)
+            model = api._get(body, "model", (str,))
+            if model is not None and model != model_name:
+                raise api.model_not_found(model)
+            inputs = _inputs(body.get("input"))
+            encoding_format = api._get(body, "encoding_format", (str,), "float")
+            if encoding_format not in ENCODING_FORMATS:
+                raise api.APIError(f"'encoding_format' must be one of {list(ENCODING_FORMATS)}, got "
+                                   f"{encoding_format!r:.50}", param="encoding_format")
+            if api._get(body, "dimensions", (int,)) is not None:
+                raise api.APIError(f'Model "{model_name}" does not support matryoshka representation, changing '
+                                   f"output dimensions will lead to poor results.", param="dimensions")
+            if engine.dead_reason is not None:
+                raise EngineDeadError(engine.dead_reason)
+            batch = [await tokenized(item) for item in inputs]
+            for ids in batch:
+                if not ids:
+                    raise api.APIError("The input is empty", param="input")
+                if len(ids) > max_model_len:
+                    raise api.APIError(f"This model's maximum context length is {max_model_len} tokens. However, you "
+                                       f"requested {len(ids)} tokens in the input for embedding generation. Please "
+                                       f"reduce the length of the input.", param="input")
+            vectors = await embed(engine, batch)
+        except api.APIError as e:
+            return error_response(e)
+        except EngineDeadError as e:
+            return error_response(api.APIError(f"The engine is not available: {e}", 503, "ServiceUnavailableError"))
+        except RuntimeError as e:
+            return error_response(api.APIError(f"Internal server error: {e}", 500, "InternalServerError"))
+        num_tokens = sum(len(ids) for ids in batch)
+        return JSONResponse({
+            "id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model_name,
+            "data": [{"index": i, "object": "embedding", "embedding": encode_vector(v, encoding_format)}
+                     for i, v in enumerate(vectors)],
+            "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
+        })
+
+    return [Route("/v1/embeddings", embeddings, methods=["POST"])]

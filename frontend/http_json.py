@@ -1,0 +1,42 @@
+"""JSON request bodies (size-bounded, strict) and OpenAI-shaped error responses, shared by every route module."""
+import json
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from frontend import openai_protocol as api
+
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+def error_response(exc: api.APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def _reject_non_finite(constant: str) -> float:
+    raise ValueError(f"{constant} is not a valid JSON number")
+
+
+async def read_json_body(request: Request, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Any:
+    too_large = api.APIError(f"The request body is larger than {max_bytes} bytes", 413, "RequestEntityTooLargeError")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_large
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks), parse_constant=_reject_non_finite)
+    except (ValueError, RecursionError) as e:
+        raise api.APIError(f"The request body is not valid JSON: {e}"[:500]) from None
+
+
+async def read_json_object(request: Request, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> dict:
+    body = await read_json_body(request, max_bytes)
+    if not isinstance(body, dict):
+        raise api.APIError("The request body must be a JSON object")
+    return body

@@ -1,0 +1,143 @@
+"""POST /api/create (from a model name, a GGUF file or model folder on the server, or uploaded blobs; with a
+Modelfile or the JSON fields), and HEAD/POST /api/blobs/<digest> for the uploads."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import pathlib
+import re
+import uuid
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from frontend.ollama import go_template, model_info, modelfile, names
+from frontend.ollama.http_io import OllamaError, field, handler, model_field, read_json, status_reply, timestamp
+from frontend.ollama.model_store import ModelEntry, ModelStore
+from frontend.ollama.options import check_options
+from frontend.ollama.service import OllamaService
+from workers.model_config import resolve_model_path
+
+_DIGEST_RE = re.compile(r"sha256[:-]([0-9a-f]{64})")
+
+
+def parse_digest(digest: str) -> str:
+    if not (m := _DIGEST_RE.fullmatch(digest)):
+        raise OllamaError(f"invalid digest {digest!r}: expected sha256:<64 hex digits>")
+    return m.group(1)
+
+
+def weights_entry(name: str, source: pathlib.Path, sha256: str | None = None) -> ModelEntry:
+    """A manifest for weights on disk; OllamaError if they are not a model this server can load."""
+    try:
+        model_info.read_weights_info(source)
+    except (OSError, ValueError, KeyError) as e:
+        raise OllamaError(f"{source} is not a model this server can load: {e}") from None
+    size = model_info.source_size(source)
+    return ModelEntry(names.full_name(name), str(source), created=timestamp(), size=size,
+                      digest=sha256 or model_info.cheap_digest(source), weights_sha256=sha256)
+
+
+def local_source(path_text: str) -> pathlib.Path:
+    try:
+        return resolve_model_path(path_text)
+    except (FileNotFoundError, ValueError) as e:
+        raise OllamaError(str(e)) from None
+
+
+def base_from_files(store: ModelStore, name: str, files: Any) -> ModelEntry:
+    if not isinstance(files, dict) or not files or not all(isinstance(v, str) for v in files.values()):
+        raise OllamaError("'files' must map file names to sha256 digests")
+    digests = {file_name: parse_digest(d) for file_name, d in files.items()}
+    for file_name, hex_digest in digests.items():
+        if pathlib.Path(file_name).name != file_name:
+            raise OllamaError(f"invalid file name {file_name!r}")
+        if not store.blob_path(hex_digest).exists():
+            raise OllamaError(f"blob sha256:{hex_digest} ({file_name}) was not uploaded: POST it to /api/blobs first")
+    folder = store.folder_from_blobs(digests)  # links named as uploaded: readers go by the .gguf suffix
+    if len(digests) == 1 and (file_name := next(iter(digests))).endswith(".gguf"):
+        return weights_entry(name, folder / file_name, digests[file_name])
+    return weights_entry(name, local_source(str(folder)))
+
+
+def base_from(store: ModelStore, name: str, from_: str) -> ModelEntry:
+    if (entry := store.get(from_)) is not None:
+        return ModelEntry(names.full_name(name), entry.source, entry.name, dict(entry.parameters), entry.template,
+                          entry.system, entry.license, timestamp(), entry.size, entry.digest, entry.weights_sha256)
+    if not pathlib.Path(from_).expanduser().exists():
+        raise OllamaError(f"model '{from_}' not found: 'from' must name a model that /api/tags lists, or a GGUF "
+                          "file or model folder on the server", 404)
+    return weights_entry(name, local_source(from_))
+
+
+def license_text(value: Any) -> str | None:
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "\n".join(value)
+    if value is None or isinstance(value, str):
+        return value
+    raise OllamaError("'license' must be a string or a list of strings")
+
+
+def make_routes(service: OllamaService):
+    store = service.store
+
+    @handler
+    async def create(request: Request) -> Response:
+        body = await read_json(request, service.max_body_bytes)
+        name = model_field(body)
+        if not names.is_valid(name):
+            raise OllamaError(f'invalid model name "{name}"')
+        for unsupported in ("quantize", "adapters", "messages"):
+            if body.get(unsupported):
+                raise OllamaError(f"'{unsupported}' is not supported by this server")
+        mf = modelfile.parse(field(body, "modelfile", str, ""))
+        from_, files = field(body, "from", str) or mf.from_, body.get("files")
+        if not from_ and not files:
+            raise OllamaError("neither 'from' nor 'files' was specified")
+        store.check_writable(name)  # no models folder, or the served name: 400 before any work
+        if files:
+            entry = await asyncio.to_thread(base_from_files, store, name, files)
+        else:
+            entry = await asyncio.to_thread(base_from, store, name, from_)
+        entry.parameters = {**entry.parameters, **mf.parameters, **check_options(body.get("parameters"), "parameters")}
+        entry.template = field(body, "template", str) or mf.template or entry.template
+        entry.system = field(body, "system", str) or mf.system or entry.system
+        entry.license = license_text(body.get("license")) or mf.license or entry.license
+        if entry.template and "{%" not in entry.template:
+            go_template.validate(entry.template)
+        store.put(entry)
+        statuses = [{"status": "using existing layer sha256:" + entry.digest}]
+        for part in (entry.template, entry.system, entry.license, entry.parameters and str(entry.parameters)):
+            if part:
+                statuses.append({"status": "creating new layer sha256:" + hashlib.sha256(part.encode()).hexdigest()})
+        statuses += [{"status": "writing manifest"}, {"status": "success"}]
+        return status_reply(statuses, field(body, "stream", bool, True))
+
+    @handler
+    async def blob_exists(request: Request) -> Response:
+        path = store.blob_path(parse_digest(request.path_params["digest"]))
+        return Response(status_code=200 if path.exists() else 404)
+
+    @handler
+    async def blob_upload(request: Request) -> Response:
+        expected = parse_digest(request.path_params["digest"])
+        path = store.blob_path(expected)
+        if path.exists():
+            return Response(status_code=200)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial, digest = path.with_name(f"{path.name}.partial-{uuid.uuid4().hex}"), hashlib.sha256()
+        try:
+            with open(partial, "wb") as f:
+                async for chunk in request.stream():
+                    digest.update(chunk)
+                    f.write(chunk)
+            if digest.hexdigest() != expected:
+                raise OllamaError(f"digest mismatch: the upload's sha256 is {digest.hexdigest()}, expected {expected}")
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
+        return Response(status_code=201)
+
+    return create, blob_exists, blob_upload

@@ -1,0 +1,172 @@
+"""Ollama's HTTP conventions: `{"error": "..."}` bodies, NDJSON streams, bounded JSON bodies, RFC3339 times."""
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from frontend.engine_client import EngineDeadError
+from frontend.ollama.go_template import TemplateError
+from frontend.ollama.model_store import StoreError, now_rfc3339
+from frontend.ollama.modelfile import ModelfileError
+from frontend.ollama.options import OptionError
+from frontend.openai_protocol import APIError
+from frontend.serving import EngineRequestError
+
+log = logging.getLogger(__name__)
+NDJSON = "application/x-ndjson"
+CLIENT_CLOSED_REQUEST = 499
+
+timestamp = now_rfc3339
+_KIND_WORDS = {str: "a string", bool: "a boolean", int: "an integer", list: "a list", dict: "an object"}
+
+
+class OllamaError(Exception):
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.message, self.status = message, status
+
+
+def error_response(message: str, status: int) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def model_not_found(name: str) -> OllamaError:
+    return OllamaError(f"model '{name}' not found", 404)
+
+
+def as_ollama_error(exc: Exception) -> OllamaError:
+    """The error a client sees for anything a handler raised."""
+    if isinstance(exc, OllamaError):
+        return exc
+    if isinstance(exc, StoreError):
+        return OllamaError(str(exc), exc.status)
+    if isinstance(exc, (OptionError, ModelfileError, TemplateError)):
+        return OllamaError(str(exc), 400)
+    if isinstance(exc, APIError):
+        return OllamaError(exc.message, exc.status)
+    if isinstance(exc, EngineDeadError):
+        return OllamaError(f"the engine is not available: {exc}", 503)
+    if isinstance(exc, EngineRequestError):
+        return OllamaError(f"the engine failed this request: {exc}", 500)
+    log.error("unexpected error in an Ollama route", exc_info=exc)
+    return OllamaError("internal server error", 500)
+
+
+def handler(fn: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+    """Turns whatever `fn` raises into Ollama's error shape and status."""
+    @functools.wraps(fn)
+    async def wrapped(*args: Any) -> Response:
+        try:
+            return await fn(*args)
+        except Exception as e:
+            err = as_ollama_error(e)
+            return error_response(err.message, err.status)
+    return wrapped
+
+
+async def read_json(request: Request, max_bytes: int) -> dict:
+    declared = request.headers.get("content-length", "")
+    too_large = OllamaError(f"request body is larger than {max_bytes} bytes", 413)
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_large
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        raise OllamaError("missing request body")
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise OllamaError(f"invalid JSON in request body: {e}"[:300]) from None
+    if not isinstance(body, dict):
+        raise OllamaError("the request body must be a JSON object")
+    return body
+
+
+def field(body: dict, name: str, kind: type, default: Any = None) -> Any:
+    """body[name] if it is a `kind` (a JSON true is not an int), `default` if absent or null; else 400."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise OllamaError(f"'{name}' must be {_KIND_WORDS.get(kind, kind.__name__)}, got {value!r:.60}")
+    return value
+
+
+def model_field(body: dict) -> str:
+    """`model` (or the older `name`); 400 when missing."""
+    name = field(body, "model", str) or field(body, "name", str)
+    if not name:
+        raise OllamaError("model is required")
+    return name
+
+
+def ndjson_line(obj: dict) -> bytes:
+    return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
+
+
+async def _first(items: AsyncIterator[dict]) -> dict | None:
+    try:
+        return await anext(items)
+    except StopAsyncIteration:
+        return None
+
+
+async def streamed(request: Request, items: AsyncIterator[dict]) -> Response:
+    """NDJSON, as Ollama streams: an error before the first item gets its own status; later, an error line."""
+    finished, first = await unless_disconnected(request, _first(items))
+    if not finished:
+        await items.aclose()
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    if first is None:
+        return Response(b"", media_type=NDJSON)
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            yield ndjson_line(first)
+            async for item in items:
+                yield ndjson_line(item)
+        except Exception as e:
+            yield ndjson_line({"error": as_ollama_error(e).message})
+        finally:
+            await items.aclose()
+
+    return StreamingResponse(body(), media_type=NDJSON)
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Coroutine) -> tuple[bool, Any]:
+    """Runs `work` (the body already read); (False, None) if the client left first and `work` was cancelled."""
+    task, watcher = asyncio.ensure_future(work), asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        return False, None
+    return True, task.result()
+
+
+def status_reply(statuses: list[dict], stream: bool) -> Response:
+    """/api/create and /api/pull: the progress lines as NDJSON, or just the last one."""
+    if not stream:
+        return JSONResponse(statuses[-1])
+    return Response(b"".join(ndjson_line(s) for s in statuses), media_type=NDJSON)

@@ -1,0 +1,146 @@
+"""The OpenAPI document served at /openapi.json, built from the app's own route list.
+
+Every route the app has appears in the document, described or not; a route's module describes it once, at import:
+
+    from frontend import openapi
+    openapi.describe("/api/chat", "POST", request_schema={...}, response_schema={...},
+                     summary="Ollama chat", stream_media_type="application/x-ndjson",
+                     error_schema=openapi.OLLAMA_ERROR_SCHEMA)
+
+Schemas are JSON Schema (OpenAPI 3.1). A route without a description is listed with a `default` response: any
+status and body may come back, so a fuzzer can only check it for 5xx.
+"""
+import re
+from dataclasses import dataclass
+
+from starlette.routing import BaseRoute, Mount, Route
+
+from frontend import auth
+
+OPENAPI_VERSION = "3.1.0"
+JSON = "application/json"
+SSE = "text/event-stream"
+SSE_EVENT_SCHEMA = {"type": "object", "required": ["data"], "properties": {
+    "data": {"type": "string", "description": "a JSON chunk, an error object, or [DONE] last"}}}
+
+# {"error": {message, type, param, code}}: every OpenAI-style error body (frontend/openai_protocol.error_body).
+ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {
+        "type": "object",
+        "required": ["message", "type", "param", "code"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"type": ["string", "null"]}, "code": {"type": "integer"}},
+    }},
+}
+# Ollama's errors are flat: {"error": "..."}.
+OLLAMA_ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
+_UNAUTHORIZED_SCHEMAS = {auth.OPENAI: ERROR_SCHEMA, auth.OLLAMA: OLLAMA_ERROR_SCHEMA}
+
+_STATUS_TEXT = {400: "Bad request", 401: "Missing or wrong API key", 404: "Not found (e.g. an unknown model)", 405: "Method not allowed",
+                413: "Request body too large", 500: "Internal server error", 503: "Engine not available"}
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    summary: str = ""
+    request_schema: dict | None = None
+    response_schema: dict | None = None
+    stream_media_type: str | None = None  # a second 200 media type, e.g. text/event-stream when stream=true
+    error_statuses: tuple[int, ...] = ()
+    error_schema: dict | None = None
+    response_media_type: str | None = JSON  # e.g. text/plain for /metrics; None: no body, errors included
+
+
+_operations: dict[tuple[str, str], Operation] = {}
+
+
+def describe(path: str, method: str, request_schema: dict | None = None, response_schema: dict | None = None, *,
+             summary: str = "", stream_media_type: str | None = None, error_statuses: tuple[int, ...] = (400,),
+             error_schema: dict | None = None, response_media_type: str | None = JSON) -> None:
+    """Registers the schemas of one route (the full path, as clients call it). Calling it again replaces them.
+
+    response_schema: the 200 body in response_media_type (None there: the route answers without a body).
+    stream_media_type: what the 200 is when the client asks for a stream; text/event-stream gets a per-event schema.
+    error_statuses: the error codes the route answers with, each with error_schema (default: OpenAI's shape);
+    401 is added by itself when an API key guards the route.
+    """
+    _operations[(path, method.upper())] = Operation(summary, request_schema, response_schema, stream_media_type,
+                                                    tuple(error_statuses), error_schema, response_media_type)
+
+
+def described(path: str, method: str) -> Operation | None:
+    return _operations.get((path, method.upper()))
+
+
+def app_operations(routes: list[BaseRoute], prefix: str = "") -> list[tuple[str, str]]:
+    """(path, method) of every HTTP route, mounts included; the HEAD that Starlette adds to each GET is left out
+    unless it was described."""
+    found = []
+    for route in routes:
+        if isinstance(route, Mount):
+            found += app_operations(route.routes, prefix + route.path)
+        elif isinstance(route, Route):
+            path = prefix + route.path_format
+            methods = sorted(route.methods or ["GET"])
+            found += [(path, m) for m in methods if m != "HEAD" or "GET" not in methods or described(path, m)]
+    return found
+
+
+def _with_content(response: dict, media_type: str | None, schema: dict | None) -> dict:
+    if media_type is not None:
+        response.setdefault("content", {})[media_type] = {"schema": schema if schema is not None else {}}
+    return response
+
+
+def _responses(op: Operation, path: str, protected: bool) -> dict:
+    ok = _with_content({"description": "OK"}, op.response_media_type, op.response_schema)
+    if op.stream_media_type == SSE:
+        _with_content(ok, SSE, SSE_EVENT_SCHEMA)  # before OpenAPI 3.2, an event stream's schema is per event
+    elif op.stream_media_type:
+        ok.setdefault("content", {})[op.stream_media_type] = {}  # e.g. NDJSON: no schema, the stream is opaque
+    responses = {"200": ok}
+    error_media_type = JSON if op.response_media_type is not None else None
+    for status in sorted(set(op.error_statuses)):
+        responses[str(status)] = _with_content({"description": _STATUS_TEXT.get(status, "Error")}, error_media_type,
+                                               op.error_schema or ERROR_SCHEMA)
+    if protected:
+        responses["401"] = _with_content({"description": _STATUS_TEXT[401]}, JSON,
+                                         _UNAUTHORIZED_SCHEMAS[auth.error_style(path)])
+    return responses
+
+
+def _operation_object(path: str, method: str, protected: bool) -> dict:
+    op = described(path, method)
+    obj: dict = {"summary": op.summary if op and op.summary else f"{method} {path}",
+                 "operationId": _operation_id(path, method),
+                 # undescribed: any status and body may come back, so only "no 5xx" can be checked against it
+                 "responses": _responses(op, path, protected) if op else {"default": {"description": "Not described"}}}
+    obj.update(_path_parameters(path))
+    if op and op.request_schema is not None:
+        obj["requestBody"] = _with_content({"required": True}, JSON, op.request_schema)
+    if protected:
+        obj["security"] = [{"bearer": []}]
+    return obj
+
+
+def _path_parameters(path: str) -> dict:
+    names = re.findall(r"{(\w+)}", path)
+    return {"parameters": [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names]
+            } if names else {}
+
+
+def _operation_id(path: str, method: str) -> str:
+    return method.lower() + "_" + (re.sub(r"\W+", "_", path).strip("_") or "root")
+
+
+def build_document(routes: list[BaseRoute], *, title: str, version: str, api_key_required: bool) -> dict:
+    paths: dict[str, dict] = {}
+    for path, method in app_operations(routes):
+        protected = api_key_required and auth.is_protected(path)
+        paths.setdefault(path, {})[method.lower()] = _operation_object(path, method, protected)
+    doc = {"openapi": OPENAPI_VERSION, "info": {"title": title, "version": version}, "paths": paths}
+    if api_key_required:
+        doc["components"] = {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}}
+    return doc
