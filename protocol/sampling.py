@@ -53,6 +53,8 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1], got %s" % self.top_p)
         if self.top_k < -1:
             raise ValueError("top_k must be -1 (disable), 0 (disable) or at least 1, got %s" % self.top_k)
+        if self.top_k > 2**31 - 1:  # the wire and the worker hold it as a 32-bit integer
+            raise ValueError("top_k must be at most 2147483647, got %s" % self.top_k)
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1, got %s" % self.max_tokens)
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:

@@ -56,6 +56,7 @@ BAD_REQUESTS = [
     (COMPL, {"prompt": "Hi", "n": 3, "best_of": 2}, "best_of must be greater than or equal to n"),
     (COMPL, {"prompt": "Hi", "temperature": -0.1}, "temperature"),
     (COMPL, {"prompt": "Hi", "temperature": "hot"}, "'temperature' must be a number"),
+    (COMPL, {"prompt": "Hi", "top_k": 10**30}, "top_k must be at most"),  # was a 500: msgpack int overflow
     (COMPL, {"prompt": "Hi", "top_p": 0}, "top_p"),
     (COMPL, {"prompt": "Hi", "top_p": 1.5}, "top_p"),
     (COMPL, {"prompt": "Hi", "top_k": -2}, "top_k"),
@@ -153,3 +154,4 @@ async def test_long_prompt_is_tokenized_off_the_event_loop():
                   "However, your request has 5001 input tokens")
     assert (await client.post(COMPL, json={"prompt": "Hi", "max_tokens": 1})).status_code == 200
     assert threads[0] != threading.get_ident() and threads[1] == threading.get_ident()
+
