@@ -21,9 +21,13 @@ class MeteredEngine:
                        *args, **kwargs) -> AsyncIterator:
         self._metrics.record_request_params(sampling.n, sampling.max_tokens)
         last_token_at: dict[int, float] = {}  # per choice: children of n > 1 produce their tokens independently
+        queue_time_recorded = False
         async with aclosing(self._engine.generate(req_id, prompt_token_ids, sampling, eos_token_ids,
                                                   *args, **kwargs)) as outputs:
             async for out in outputs:
+                if not queue_time_recorded and out.index == 0 and out.queue_time_s is not None:
+                    self._metrics.record_queue_time(out.queue_time_s)  # once per request, not per choice
+                    queue_time_recorded = True
                 if out.new_token_ids:
                     now = time.monotonic()
                     if (previous := last_token_at.get(out.index)) is not None:

@@ -63,6 +63,7 @@ class RequestOutput:
     logprobs: list[TokenLogprobs] | None = None  # one per new token, when sampling.logprobs is set
     prompt_logprobs: list[TokenLogprobs] | None = None  # prompt tokens 1.., once, with the first token
     embedding: list[float] | None = None  # the result of an embedding (sampling.embed) request
+    queue_time_s: float | None = None  # seconds from arrival to first scheduling, once the request was scheduled
 
 
 @dataclass(slots=True)

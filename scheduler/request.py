@@ -36,6 +36,7 @@ class Request:
     # A leader's siblings, until it has computed all but its last prompt token and they fork off its blocks.
     pending_forks: list["Request"] = field(default_factory=list)
     num_cached_tokens: int | None = None  # prompt tokens the prefix cache supplied at first admission
+    queue_time_s: float | None = None  # arrival to first admission (vllm:request_queue_time_seconds)
     # Prefix-cache bookkeeping (scheduler.kv_cache_manager): hashes of full blocks, and how many leading
     # blocks of block_ids are known to be registered in the cache.
     block_hashes: list[bytes] = field(default_factory=list)

@@ -9,6 +9,7 @@ One step is in flight at a time: schedule() -> the worker runs the plan -> updat
 """
 import bisect
 import itertools
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -145,6 +146,8 @@ class Scheduler:
             req.status, req.num_computed_tokens = RequestStatus.RUNNING, num_cached
             if req.num_cached_tokens is None:
                 req.num_cached_tokens = num_cached
+            if req.queue_time_s is None and req.arrival_time > 0:
+                req.queue_time_s = max(0.0, time.time() - req.arrival_time)
             if kv.enable_caching and not req.needs_every_position:  # those never look the cache up
                 self.prefix_cache_queries += req.num_tokens
                 self.prefix_cache_hits += num_cached
@@ -241,8 +244,10 @@ class Scheduler:
         return self.requests.keys() | self.groups.keys()
 
     def _output(self, req: Request, token_ids: list[int], reason: str | None, error: str | None = None) -> RequestOutput:
-        return RequestOutput(req.output_id, token_ids, reason, req.num_prompt_tokens, req.num_cached_tokens or 0,
-                             error, req.index)
+        out = RequestOutput(req.output_id, token_ids, reason, req.num_prompt_tokens, req.num_cached_tokens or 0,
+                            error, req.index)
+        out.queue_time_s = req.queue_time_s
+        return out
 
     def _allocate_or_preempt(self, req: Request, num_total_tokens: int) -> bool:
         """Makes room for req's next tokens, preempting the newest running requests as needed; False if that

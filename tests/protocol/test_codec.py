@@ -20,6 +20,7 @@ EXAMPLES = [
     m.StepOutputs([m.RequestOutput("r1", [5], m.FinishReason.STOP, 3, 0, None, 0),
                    m.RequestOutput("r1", [6, 7], None, 3, 2, None, 2),
                    m.RequestOutput("r2", [], m.FinishReason.ERROR, 9, 0, "too long"),
+                   m.RequestOutput("r3", [8], None, 4, 0, None, 0, queue_time_s=0.125),
                    m.RequestOutput("r3", [5], None, 2, 0, None, 0, [LP], [m.TokenLogprobs(8, -3.0)]),
                    m.RequestOutput("e1", [], m.FinishReason.STOP, 4, embedding=[0.5, -0.25, 0.0])],
                   m.SchedulerStats(2, 1, 10, 64, 7, 1200, 800, 3), 12.25),
