@@ -18,8 +18,8 @@ def _reject_non_finite(constant: str) -> float:
     raise ValueError(f"{constant} is not a valid JSON number")
 
 
-async def read_json_body(request: Request, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Any:
-    too_large = api.APIError(f"The request body is larger than {max_bytes} bytes", 413, "RequestEntityTooLargeError")
+async def read_bounded_body(request: Request, max_bytes: int, too_large: Exception) -> bytes:
+    """The raw body, raising `too_large` as soon as it is declared or streamed past max_bytes."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes:
         raise too_large
@@ -29,8 +29,14 @@ async def read_json_body(request: Request, max_bytes: int = DEFAULT_MAX_BODY_BYT
         if size > max_bytes:
             raise too_large
         chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json_body(request: Request, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Any:
+    too_large = api.APIError(f"The request body is larger than {max_bytes} bytes", 413, "RequestEntityTooLargeError")
+    raw = await read_bounded_body(request, max_bytes, too_large)
     try:
-        return json.loads(b"".join(chunks), parse_constant=_reject_non_finite)
+        return json.loads(raw, parse_constant=_reject_non_finite)
     except (ValueError, RecursionError) as e:
         raise api.APIError(f"The request body is not valid JSON: {e}"[:500]) from None
 

@@ -11,6 +11,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from frontend.http_json import read_bounded_body
 from frontend.engine_client import EngineDeadError
 from frontend.ollama.go_template import TemplateError
 from frontend.ollama.model_store import StoreError, now_rfc3339
@@ -72,17 +73,7 @@ def handler(fn: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[R
 
 
 async def read_json(request: Request, max_bytes: int) -> dict:
-    declared = request.headers.get("content-length", "")
-    too_large = OllamaError(f"request body is larger than {max_bytes} bytes", 413)
-    if declared.isdigit() and int(declared) > max_bytes:
-        raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise too_large
-        chunks.append(chunk)
-    raw = b"".join(chunks)
+    raw = await read_bounded_body(request, max_bytes, OllamaError(f"request body is larger than {max_bytes} bytes", 413))
     if not raw.strip():
         raise OllamaError("missing request body")
     try:
