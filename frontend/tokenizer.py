@@ -139,6 +139,12 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def special_token_ids(self) -> set[int]:
+        """Control tokens (dropped by decode(skip_special_tokens=True)), BOS and EOS."""
+        ids = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+        return ids | set(self.eos_token_ids) | ({self.bos_token_id} if self.bos_token_id is not None else set())
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
