@@ -47,6 +47,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="longest sequence (prompt + output) in tokens; default: the model's context length")
     parser.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                         help="turn off automatic prefix caching (reusing the KV blocks of prompts seen before)")
+    parser.add_argument("--no-jit-warmup", dest="jit_warmup", action="store_false",
+                        help="skip capturing every batch size's jitted step at start-up (faster start; the first "
+                             "requests of each new batch size then wait for a compile)")
+    parser.add_argument("--beam", type=int, default=0,
+                        help="tinygrad BEAM search width for the model's kernels (e.g. 2; 0: off). Searching takes "
+                             "minutes on the first start; results are cached on disk")
 
 
 def engine_args_from(args: argparse.Namespace) -> EngineArgs:
@@ -54,7 +60,8 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
     return EngineArgs(model=args.model, max_num_seqs=args.max_num_seqs,
                       max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
                       kv_cache_memory=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
-                      max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching)
+                      max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
+                      jit_warmup=args.jit_warmup, beam=args.beam)
 
 
 def build_parser() -> argparse.ArgumentParser:

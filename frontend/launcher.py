@@ -27,6 +27,8 @@ class EngineArgs:
     num_kv_blocks: int = 0  # overrides kv_cache_memory when set
     max_model_len: int | None = None  # default: the model's context length
     enable_prefix_caching: bool = True
+    jit_warmup: bool = False  # capture every batch bucket's jitted step before serving (the CLI turns it on)
+    beam: int = 0  # tinygrad BEAM search width for the workers' kernels (0: hand-coded heuristics)
     world_size: int = 1
     transport: str = "ipc"
     tcp_base_port: int = 5555
@@ -35,6 +37,8 @@ class EngineArgs:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "world_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.beam < 0:
+            raise ValueError("--beam must be 0 (off) or a positive search width")
         if self.num_kv_blocks < 0 or self.kv_cache_memory < 1:
             raise ValueError("the KV cache size must be positive")
         if self.world_size != 1:
@@ -62,9 +66,10 @@ class EngineProcesses:
         sched_args = SchedulerArgs(args.world_size, args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
                                    self.max_model_len, args.num_kv_blocks, args.kv_cache_memory, args.enable_prefix_caching)
         self.processes = [spawn.Process(target=run_scheduler, args=(self.endpoints, sched_args), name="tinyvllm-scheduler")]
-        self.processes += [spawn.Process(target=run_worker, name=f"tinyvllm-worker{rank}",
-                                         args=(self.endpoints.workers, WorkerArgs(str(self.model_path), rank, args.world_size)))
-                           for rank in range(args.world_size)]
+        worker_args = [WorkerArgs(str(self.model_path), rank, args.world_size, jit_warmup=args.jit_warmup, beam=args.beam)
+                       for rank in range(args.world_size)]
+        self.processes += [spawn.Process(target=run_worker, name=f"tinyvllm-worker{a.rank}", args=(self.endpoints.workers, a))
+                           for a in worker_args]
 
     def start(self) -> None:
         for p in self.processes:

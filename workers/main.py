@@ -2,6 +2,8 @@
 then runs every StepPlan it receives and answers with a StepResult."""
 import logging
 import os
+import sys
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -14,12 +16,29 @@ from protocol.transport import make_socket, recv, send
 log = logging.getLogger("tinyvllm.worker")
 
 
+class WarmupProgress:
+    """A progress bar on stderr for the start-up captures: one line, redrawn in place on a terminal."""
+
+    def __init__(self, name: str, width: int = 24):
+        self.name, self.width, self.start = name, width, time.monotonic()
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int, what: str) -> None:
+        filled = self.width * done // total
+        line = (f"{self.name}: capturing jitted steps [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} "
+                f"({what}) {time.monotonic() - self.start:.0f}s")
+        end = "\n" if done == total or not self.tty else ""
+        print(("\r" if self.tty else "") + line, end=end, file=sys.stderr, flush=True)
+
+
 @dataclass(slots=True)
 class WorkerArgs:
     model: str | None
     rank: int = 0
     world_size: int = 1
     role: str = WorkerRole.MIXED
+    jit_warmup: bool = False
+    beam: int = 0
 
 
 def build_runner(args: WorkerArgs, init: InitWorker):
@@ -31,13 +50,22 @@ def build_runner(args: WorkerArgs, init: InitWorker):
     num_blocks = init.num_blocks or blocks_for_budget(cfg, init.block_size, init.kv_cache_bytes)
     model = Transformer(cfg, weights, init.max_model_len)
     cache = PagedKVCache(cfg, num_blocks, init.block_size)
-    return ModelRunner(model, cache, init.max_num_seqs, init.max_model_len, init.max_num_batched_tokens)
+    runner = ModelRunner(model, cache, init.max_num_seqs, init.max_model_len, init.max_num_batched_tokens)
+    if args.jit_warmup:
+        runner.warm_up(WarmupProgress(f"worker{args.rank}"))
+    return runner
 
 
 def run_worker(workers_endpoint: str, args: WorkerArgs) -> None:
     """Process entry point."""
     exit_with_parent()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker{args.rank} %(levelname)s %(message)s")
+    from tinygrad import Context
+    with Context(BEAM=args.beam):
+        serve_steps(workers_endpoint, args)
+
+
+def serve_steps(workers_endpoint: str, args: WorkerArgs) -> None:
     from tinygrad import Device
     ctx = zmq.Context()
     sock = make_socket(ctx, zmq.DEALER, workers_endpoint, bind=False, identity=f"worker-{args.rank}".encode())

@@ -28,6 +28,13 @@ def buckets_up_to(limit: int, first: int) -> list[int]:
     return sizes + [limit]
 
 
+def capture_on_next_call(jit: TinyJit) -> None:
+    """A TinyJit's first call runs eagerly so that one-time work (realizing weights) stays out of the capture; here
+    every weight and cache buffer is already realized, so warm-up captures on the first call: half the start-up."""
+    if jit.cnt == 0:
+        jit.cnt = 1
+
+
 def bucket_for(n: int, buckets: list[int]) -> int:
     return next(b for b in buckets if b >= n)
 
@@ -168,10 +175,40 @@ class ModelRunner:
             tokens[j], positions[j], context_lens[j] = c.state.token_ids[c.start], c.start, c.start + 1
             self._block_table_row(c.state.block_ids, tables[j])
             slots[j] = c.state.block_ids[c.start // bs] * bs + c.start % bs
+        return self._call_decode(tokens, positions, tables, context_lens, slots)
+
+    def _call_decode(self, tokens: np.ndarray, positions: np.ndarray, tables: np.ndarray, context_lens: np.ndarray,
+                     slots: list[int]) -> Tensor:
+        bs = self.cache.block_size
         nb = max(int(context_lens.max()) + bs - 1, bs) // bs
         binds = [v.bind(s) for v, s in zip(self.slot_vars, slots)]
-        return self.decode_jits[B](Tensor(tokens), Tensor(positions), Tensor(tables), Tensor(context_lens),
-                                   self.nb_var.bind(nb), *binds)
+        return self.decode_jits[len(tokens)](Tensor(tokens), Tensor(positions), Tensor(tables), Tensor(context_lens),
+                                             self.nb_var.bind(nb), *binds)
+
+    # ---- start-up ------------------------------------------------------------------------------
+    def warm_up(self, progress=None) -> int:
+        """Captures every decode and prefill bucket's TinyJit (and the plain greedy and sampling variants of the
+        sampler) before the first request, so no request waits for a compile. Every write goes to the scratch
+        block. progress(done, total, what) is called after each bucket. Returns the number of buckets captured."""
+        todo = [("decode", b) for b in self.decode_buckets] + [("prefill", t) for t in self.prefill_buckets]
+        scratch, vocab = self.cache.scratch_block, self.model.cfg.vocab_size
+        for done, (kind, size) in enumerate(todo, 1):
+            if kind == "decode":
+                capture_on_next_call(self.decode_jits[size])
+                logits = self._call_decode(np.zeros(size, np.int32), np.zeros(size, np.int32),
+                                           np.full((size, self.max_blocks_per_seq), scratch, np.int32),
+                                           np.ones(size, np.int32), [self.cache.scratch_slot] * size)
+                for greedy in (True, False):
+                    self.sampler.warm_up(size, vocab, greedy, logits)
+            else:
+                capture_on_next_call(self.prefill_jits[size])
+                table = np.full(self.max_blocks_per_seq, scratch, np.int32)
+                binds = [v.bind(scratch) for v in self.block_vars[:size // self.cache.block_size + 1]]  # as _run_prefill
+                self.prefill_jits[size](Tensor(np.zeros(size, np.int32)), Tensor(np.zeros(1, np.int32)),
+                                        Tensor(np.ones(1, np.int32)), Tensor(table), self.nb_var.bind(1), *binds).realize()
+            if progress is not None:
+                progress(done, len(todo), f"{kind} {size}")
+        return len(todo)
 
     def _run_chunk(self, chunk: ScheduledChunk) -> Tensor | None:
         """Runs a chunk through prefill steps of at most the largest bucket; returns the last piece's logits."""

@@ -81,6 +81,16 @@ class BatchSampler:
         self.buckets = buckets
         self.jits: dict[tuple[int, SamplerVariant], TinyJit] = {}
 
+    def warm_up(self, R_pad: int, vocab_size: int, greedy: bool, logits: Tensor) -> None:
+        """Runs the plain greedy or sampling variant once for bucket R_pad (callers call it twice to capture)."""
+        variant = SamplerVariant(greedy, False, None)
+        params = np.array([[1.0], [0.0], [1.0], [0.0]], np.float32).repeat(R_pad, 1)  # temperature, top_k, top_p, min_p
+        inputs = [] if greedy else [params, np.zeros(R_pad, np.uint32), np.zeros(R_pad, np.int32)]
+        if (fn := self.jits.get((R_pad, variant))) is None:
+            fn = self.jits[(R_pad, variant)] = TinyJit(sampler_body(variant))
+            fn.cnt = 1  # capture on this first call: see workers.model_runner.capture_on_next_call
+        fn(logits[:R_pad].contiguous().realize(), *(Tensor(a) for a in inputs))[0].numpy()
+
     def sample(self, states: list[RequestState], logits: Tensor) -> tuple[list[int], list[TokenLogprobs | None]]:
         """logits [R, V] of the rows that sample -> their tokens, and per row its logprobs (None if not asked)."""
         R, V = logits.shape

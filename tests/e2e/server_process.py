@@ -24,7 +24,7 @@ STARTUP_TIMEOUT_S = float(os.environ.get("TINYVLLM_E2E_STARTUP_TIMEOUT", 240))
 # A request may wait for tinygrad to compile a new batch/chunk bucket on a busy 2-core machine.
 REQUEST_TIMEOUT_S = float(os.environ.get("TINYVLLM_E2E_REQUEST_TIMEOUT", 240))
 MODEL_NAME = "tiny"  # --served-model-name of every test server
-SERVE_DEFAULTS = ("--num-kv-blocks", "64", "--max-num-seqs", "16", "--served-model-name", MODEL_NAME)
+SERVE_DEFAULTS = ("--num-kv-blocks", "64", "--max-num-seqs", "16", "--served-model-name", MODEL_NAME, "--no-jit-warmup")
 
 
 # ---- /proc ----------------------------------------------------------------------------------------------------

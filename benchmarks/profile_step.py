@@ -1,0 +1,73 @@
+"""Where a worker step's time goes: model forward vs sampling, per decode batch size, on the real model.
+
+    DEV=CPU python benchmarks/profile_step.py --batch 1 16 --steps 20
+
+Drives workers.model_runner.ModelRunner directly with StepPlans (no scheduler, no IPC), so the numbers are
+the worker's own cost per step. Prints a table of medians. Add DEBUG=2 to see tinygrad's per-kernel times.
+"""
+import argparse
+import statistics
+import time
+
+from protocol.messages import CachedRequestData, NewRequestData, StepPlan
+from protocol.sampling import SamplingParams
+
+
+def build(model: str | None, max_num_seqs: int, block_size: int, max_model_len: int):
+    from workers.kv_cache import PagedKVCache
+    from workers.model import Transformer
+    from workers.model_config import load_weights
+    from workers.model_runner import ModelRunner
+    cfg, weights = load_weights(model)
+    blocks = max_num_seqs * (-(-max_model_len // block_size)) + 1
+    runner = ModelRunner(Transformer(cfg, weights, max_model_len), PagedKVCache(cfg, blocks, block_size),
+                         max_num_seqs, max_model_len, 512)
+    return cfg, runner
+
+
+def profile_batch(runner, batch: int, prompt_len: int, steps: int, step0: int) -> dict:
+    bs, per_seq = runner.cache.block_size, runner.max_blocks_per_seq
+    ids = [f"b{batch}-{i}" for i in range(batch)]
+    new = [NewRequestData(r, [1 + (i * 7 + j) % 1000 for j in range(prompt_len)], SamplingParams(max_tokens=steps + 4, temperature=0.0),
+                          list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)), 0, prompt_len) for i, r in enumerate(ids)]
+    runner.execute(StepPlan(step0, new, [], []))
+    forward, sample, total = [], [], []
+    for s in range(steps + 3):  # the first steps compile and warm up
+        plan = StepPlan(step0 + 1 + s, [], [CachedRequestData(r, [], prompt_len + s, 1) for r in ids], [])
+        t0 = time.perf_counter()
+        work = runner.compute(plan)
+        from tinygrad import Tensor
+        Tensor.realize(*[logits for _, logits in work.rows])
+        t1 = time.perf_counter()
+        states = [c.state for c, _ in work.rows]
+        tokens, _ = runner.sampler.sample(states, Tensor.cat(*[logits for _, logits in work.rows]))
+        for (chunk, _), token in zip(work.rows, tokens):
+            chunk.state.append_token(token)
+        t2 = time.perf_counter()
+        if s >= 3:
+            forward.append(t1 - t0), sample.append(t2 - t1), total.append(t2 - t0)
+    runner.execute(StepPlan(step0 + steps + 10, [], [], ids))
+    med = statistics.median
+    return {"batch": batch, "forward_ms": med(forward) * 1e3, "sample_ms": med(sample) * 1e3,
+            "step_ms": med(total) * 1e3, "tok_s": batch / med(total)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    cfg, runner = build(args.model, max(args.batch), 16, 512)
+    print(f"loaded in {time.perf_counter() - t0:.1f}s")
+    print("| batch | forward ms | sampling ms | step ms | tokens/s |")
+    print("|---|---|---|---|---|")
+    for i, b in enumerate(args.batch):
+        r = profile_batch(runner, b, args.prompt_len, args.steps, i * 1000)
+        print(f"| {r['batch']} | {r['forward_ms']:.1f} | {r['sample_ms']:.1f} | {r['step_ms']:.1f} | {r['tok_s']:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Start-up capture: warm_up captures every decode and prefill bucket (and the plain greedy and sampling variants of
+the sampler) without touching a live KV block, and the captured steps then compute what the dense reference does."""
+import numpy as np
+import pytest
+
+from protocol.messages import CachedRequestData, NewRequestData, StepPlan
+from protocol.sampling import SamplingParams
+from tests.workers.dense_reference import dense_logits, random_llama
+from tests.workers.test_paged_attention import CFG
+from workers.kv_cache import PagedKVCache
+from workers.model import Transformer
+from workers.model_runner import ModelRunner
+from workers.sampling_batch import SamplerVariant
+
+BLOCK_SIZE, NUM_BLOCKS = 4, 16
+
+
+@pytest.fixture(scope="module")
+def warmed():
+    weights = random_llama(CFG, seed=11)
+    weights["output.weight"] = np.random.default_rng(12).standard_normal((CFG.vocab_size, CFG.dim)).astype(np.float32) * 0.3
+    runner = ModelRunner(Transformer(CFG, weights, CFG.max_context), PagedKVCache(CFG, NUM_BLOCKS, BLOCK_SIZE),
+                         max_num_seqs=2, max_model_len=32, max_num_batched_tokens=8)
+    seen = []
+    count = runner.warm_up(lambda done, total, what: seen.append((done, total, what)))
+    return weights, runner, count, seen
+
+
+def test_every_bucket_is_captured_before_the_first_request(warmed):
+    _, runner, count, seen = warmed
+    assert runner.decode_buckets == [1, 2] and runner.prefill_buckets == [4, 8]
+    assert count == 4 and seen == [(1, 4, "decode 1"), (2, 4, "decode 2"), (3, 4, "prefill 4"), (4, 4, "prefill 8")]
+    assert all(jit.captured is not None for jit in runner.decode_jits.values())
+    assert all(jit.captured is not None for jit in runner.prefill_jits.values())
+    for bucket in runner.decode_buckets:
+        for greedy in (True, False):
+            assert runner.sampler.jits[(bucket, SamplerVariant(greedy, False, None))].captured is not None
+
+
+def test_warm_up_writes_only_the_scratch_block(warmed):
+    _, runner, _, _ = warmed
+    live_slots = runner.cache.scratch_slot  # every slot before the scratch block belongs to a real block
+    for layer in runner.cache.layers:
+        assert not np.any(layer.numpy()[:live_slots])
+
+
+def test_captured_steps_compute_the_dense_model(warmed):
+    weights, runner, _, _ = warmed
+    prompts = [[5, 17, 3, 88, 41, 9], [60, 2, 33]]
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+    new = [NewRequestData(f"r{i}", p, greedy, [2 * i, 2 * i + 1, 8 + i], 0, len(p)) for i, p in enumerate(prompts)]
+    outputs = [list(p) for p in prompts]
+    result = runner.execute(StepPlan(1, new, [], []))
+    for step in range(2, 5):
+        for req_id, token in zip(result.req_ids, result.sampled_token_ids):
+            outputs[int(req_id[1])].append(token)
+        cached = [CachedRequestData(f"r{i}", [], len(o) - 1, 1) for i, o in enumerate(outputs)]
+        result = runner.execute(StepPlan(step, [], cached, []))
+    for seq in outputs:  # each sampled token is the dense model's argmax after the tokens before it
+        for t in range(len(seq) - 3, len(seq)):
+            assert seq[t] == int(dense_logits(CFG, weights, seq[:t])[-1].argmax())
