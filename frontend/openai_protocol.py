@@ -63,9 +63,19 @@ def _get(body: dict, name: str, types: tuple, default: Any = None) -> Any:
     if not value_ok:
         names = " or ".join(_TYPE_NAMES[t] for t in types if not (t is int and float in types))
         raise APIError(f"'{name}' must be {names}, got {value!r:.100}", param=name)
-    if isinstance(value, float) and not math.isfinite(value):
+    if float in types and not _is_finite_number(value):
         raise APIError(f"'{name}' must be a finite number", param=name)
     return value
+
+
+def _is_finite_number(value: Any) -> bool:
+    """A JSON number that is finite as a float: a huge integer literal (10**400) is not (float() overflows)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _int_list(value: Any, name: str) -> list[int]:
@@ -168,7 +178,7 @@ def _parse_logit_bias(body: dict) -> dict[int, float]:
         except ValueError:
             raise APIError(f"Found token_id `{key}` in logit_bias but token_id must be an integer or string "
                            f"representation of an integer.", param="logit_bias") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if not _is_finite_number(value):
             raise APIError(f"logit_bias[{key!r}] must be a finite number, got {value!r:.50}", param="logit_bias")
         bias[token_id] = float(value)
     return bias

@@ -5,7 +5,7 @@ Every route the app has appears in the document, described or not; a route's mod
     from frontend import openapi
     openapi.describe("/api/chat", "POST", request_schema={...}, response_schema={...},
                      summary="Ollama chat", stream_media_type="application/x-ndjson",
-                     error_schema=openapi.OLLAMA_ERROR_SCHEMA)
+                     error_statuses=(400, 404), error_schema=openapi.OLLAMA_ERROR_SCHEMA)
 
 Schemas are JSON Schema (OpenAPI 3.1). A route without a description is listed with a `default` response: any
 status and body may come back, so a fuzzer can only check it for 5xx.
@@ -19,6 +19,7 @@ from frontend import auth
 
 OPENAPI_VERSION = "3.1.0"
 JSON = "application/json"
+BINARY = "application/octet-stream"
 SSE = "text/event-stream"
 SSE_EVENT_SCHEMA = {"type": "object", "required": ["data"], "properties": {
     "data": {"type": "string", "description": "a JSON chunk, an error object, or [DONE] last"}}}
@@ -38,8 +39,9 @@ ERROR_SCHEMA = {
 OLLAMA_ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
 _UNAUTHORIZED_SCHEMAS = {auth.OPENAI: ERROR_SCHEMA, auth.OLLAMA: OLLAMA_ERROR_SCHEMA}
 
-_STATUS_TEXT = {400: "Bad request", 401: "Missing or wrong API key", 404: "Not found (e.g. an unknown model)", 405: "Method not allowed",
-                413: "Request body too large", 500: "Internal server error", 503: "Engine not available"}
+_STATUS_TEXT = {200: "OK", 201: "Created", 400: "Bad request", 401: "Missing or wrong API key",
+                404: "Not found (e.g. an unknown model)", 405: "Method not allowed", 413: "Request body too large",
+                500: "Internal server error", 501: "Not implemented on this server", 503: "Engine not available"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +52,10 @@ class Operation:
     stream_media_type: str | None = None  # a second 200 media type, e.g. text/event-stream when stream=true
     error_statuses: tuple[int, ...] = ()
     error_schema: dict | None = None
-    response_media_type: str | None = JSON  # e.g. text/plain for /metrics; None: no body, errors included
+    response_media_type: str | None = JSON  # e.g. text/plain for /metrics; None: no body
+    request_media_type: str = JSON  # e.g. application/octet-stream for an upload
+    success_statuses: tuple[int, ...] = (200,)  # each with the 200's content
+    path_schemas: tuple[tuple[str, dict], ...] = ()  # path parameter -> its schema (default: any string)
 
 
 _operations: dict[tuple[str, str], Operation] = {}
@@ -58,16 +63,23 @@ _operations: dict[tuple[str, str], Operation] = {}
 
 def describe(path: str, method: str, request_schema: dict | None = None, response_schema: dict | None = None, *,
              summary: str = "", stream_media_type: str | None = None, error_statuses: tuple[int, ...] = (400,),
-             error_schema: dict | None = None, response_media_type: str | None = JSON) -> None:
+             error_schema: dict | None = None, response_media_type: str | None = JSON, request_media_type: str = JSON,
+             success_statuses: tuple[int, ...] = (200,), path_schemas: dict[str, dict] | None = None) -> None:
     """Registers the schemas of one route (the full path, as clients call it). Calling it again replaces them.
 
+    request_schema: the body's schema in request_media_type (JSON unless told).
     response_schema: the 200 body in response_media_type (None there: the route answers without a body).
     stream_media_type: what the 200 is when the client asks for a stream; text/event-stream gets a per-event schema.
-    error_statuses: the error codes the route answers with, each with error_schema (default: OpenAI's shape);
+    error_statuses: the error codes the route answers with, each with error_schema (default: OpenAI's shape), as
+    JSON; without a body when response_media_type is None and no error_schema is given (e.g. /health's 503).
     401 is added by itself when an API key guards the route.
+    success_statuses: the codes that mean success (e.g. 200 and 201), each described like the 200.
+    path_schemas: the schemas of path parameters ({name} in the path) that are not just any string.
     """
     _operations[(path, method.upper())] = Operation(summary, request_schema, response_schema, stream_media_type,
-                                                    tuple(error_statuses), error_schema, response_media_type)
+                                                    tuple(error_statuses), error_schema, response_media_type,
+                                                    request_media_type, tuple(success_statuses),
+                                                    tuple((path_schemas or {}).items()))
 
 
 def described(path: str, method: str) -> Operation | None:
@@ -100,8 +112,9 @@ def _responses(op: Operation, path: str, protected: bool) -> dict:
         _with_content(ok, SSE, SSE_EVENT_SCHEMA)  # before OpenAPI 3.2, an event stream's schema is per event
     elif op.stream_media_type:
         ok.setdefault("content", {})[op.stream_media_type] = {}  # e.g. NDJSON: no schema, the stream is opaque
-    responses = {"200": ok}
-    error_media_type = JSON if op.response_media_type is not None else None
+    responses = {str(status): {**ok, "description": _STATUS_TEXT.get(status, "Success")}
+                 for status in sorted(set(op.success_statuses))}
+    error_media_type = JSON if op.response_media_type is not None or op.error_schema is not None else None
     for status in sorted(set(op.error_statuses)):
         responses[str(status)] = _with_content({"description": _STATUS_TEXT.get(status, "Error")}, error_media_type,
                                                op.error_schema or ERROR_SCHEMA)
@@ -117,18 +130,18 @@ def _operation_object(path: str, method: str, protected: bool) -> dict:
                  "operationId": _operation_id(path, method),
                  # undescribed: any status and body may come back, so only "no 5xx" can be checked against it
                  "responses": _responses(op, path, protected) if op else {"default": {"description": "Not described"}}}
-    obj.update(_path_parameters(path))
+    obj.update(_path_parameters(path, dict(op.path_schemas) if op else {}))
     if op and op.request_schema is not None:
-        obj["requestBody"] = _with_content({"required": True}, JSON, op.request_schema)
+        obj["requestBody"] = _with_content({"required": True}, op.request_media_type, op.request_schema)
     if protected:
         obj["security"] = [{"bearer": []}]
     return obj
 
 
-def _path_parameters(path: str) -> dict:
+def _path_parameters(path: str, schemas: dict[str, dict]) -> dict:
     names = re.findall(r"{(\w+)}", path)
-    return {"parameters": [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names]
-            } if names else {}
+    return {"parameters": [{"name": n, "in": "path", "required": True, "schema": schemas.get(n, {"type": "string"})}
+                           for n in names]} if names else {}
 
 
 def _operation_id(path: str, method: str) -> str:

@@ -3,6 +3,7 @@ import re
 
 _PART = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}"
 _NAME_RE = re.compile(rf"{_PART}(?:/{_PART}){{0,2}}(?::{_PART})?")
+PATTERN = f"^{_NAME_RE.pattern}$"  # a valid name, for JSON schemas (is_valid also allows surrounding spaces)
 
 
 def full_name(name: str) -> str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,13 +19,13 @@ log = logging.getLogger(__name__)
 
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
 # Ollama option -> (its type, our SamplingParams field, the value that changes nothing)
-_SAMPLER_OPTIONS = {
+SAMPLER_OPTIONS = {
     "temperature": (float, "temperature", None), "top_p": (float, "top_p", None), "top_k": (int, "top_k", None),
     "min_p": (float, "min_p", 0.0), "repeat_penalty": (float, "repetition_penalty", 1.0),
     "presence_penalty": (float, "presence_penalty", 0.0), "frequency_penalty": (float, "frequency_penalty", 0.0),
 }
-_OTHER_OPTIONS = {"seed": int, "num_predict": int, "stop": list}
-_IGNORED_OPTIONS = {
+OTHER_OPTIONS = {"seed": int, "num_predict": int, "stop": list}
+IGNORED_OPTIONS = {
     "num_ctx": int, "num_keep": int, "repeat_last_n": int, "typical_p": float, "tfs_z": float, "mirostat": int,
     "mirostat_tau": float, "mirostat_eta": float, "penalize_newline": bool, "numa": bool, "num_batch": int,
     "num_gpu": int, "main_gpu": int, "low_vram": bool, "f16_kv": bool, "logits_all": bool, "vocab_only": bool,
@@ -44,9 +46,9 @@ class GenerationSettings:
 
 
 def option_type(name: str) -> type | None:
-    if name in _SAMPLER_OPTIONS:
-        return _SAMPLER_OPTIONS[name][0]
-    return _OTHER_OPTIONS.get(name) or _IGNORED_OPTIONS.get(name)
+    if name in SAMPLER_OPTIONS:
+        return SAMPLER_OPTIONS[name][0]
+    return OTHER_OPTIONS.get(name) or IGNORED_OPTIONS.get(name)
 
 
 def _checked(name: str, value: Any, kind: type) -> Any:
@@ -61,6 +63,8 @@ def _checked(name: str, value: Any, kind: type) -> Any:
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         raise OptionError(f"option '{name}' must be {_TYPE_WORDS[kind]}, got {value!r:.50}")
+    if isinstance(value, float) and math.isinf(value) or kind is float and abs(value) > sys.float_info.max:
+        raise OptionError(f"option '{name}' must be a finite number, got {value!r:.50}")
     if kind is int:
         if value != int(value):
             raise OptionError(f"option '{name}' must be {_TYPE_WORDS[int]}, got {value!r}")
@@ -106,7 +110,7 @@ def generation_settings(model_parameters: dict, options: Any) -> GenerationSetti
     merged = {**DEFAULTS, **model_parameters, **check_options(options)}
     fields = {f.name for f in dataclasses.fields(SamplingParams)}
     kwargs: dict[str, Any] = {}
-    for name, (_, target, neutral) in _SAMPLER_OPTIONS.items():
+    for name, (_, target, neutral) in SAMPLER_OPTIONS.items():
         if name not in merged:
             continue
         if target in fields:

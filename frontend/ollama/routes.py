@@ -5,6 +5,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from frontend.ollama import create_routes, embed_routes, generate_routes, model_routes, pull_routes
+from frontend.ollama import schemas  # noqa: F401 (describes these routes in /openapi.json)
 from frontend.ollama.model_store import ModelStore
 from frontend.ollama.service import OllamaService
 

@@ -3,9 +3,9 @@
 Each request gets one producer task per child (the "scheduler"; n > 1 forks n children, as the real one does)
 that puts one token per step on the request's queue, under the parent id with the child's index. Child i
 cycles through `choice_replies[i]` (default: `reply_token_ids` for every child); after the reply it emits EOS
-(unless ignore_eos). It honours max_tokens, stop_token_ids and aborts (of the whole parent), reports
-`num_cached_tokens` on every output, keeps the cumulative prefix-cache counters in `stats`, and records what
-it saw so tests can check it.
+(unless ignore_eos); an embedding request (sampling.embed) gets one output with a vector instead. It honours
+max_tokens, stop_token_ids and aborts (of the whole parent), reports `num_cached_tokens` on every output, keeps
+the cumulative prefix-cache counters in `stats`, and records what it saw so tests can check it.
 """
 import asyncio
 from collections.abc import AsyncIterator
@@ -24,7 +24,7 @@ class FakeEngine:
         self.choice_replies = choice_replies
         self.eos_token_id = eos_token_id
         self.step_delay_s = step_delay_s
-        self.fail_after = fail_after  # emit finish_reason "error" after this many tokens
+        self.fail_after = fail_after  # emit finish_reason "error" after this many tokens (embeddings: at once)
         self.num_cached_tokens = num_cached_tokens  # what the prefix cache "found" for each request
         self.queues: dict[str, asyncio.Queue] = {}
         self.stats = SchedulerStats(num_free_blocks=75, num_total_blocks=100)
@@ -82,7 +82,14 @@ class FakeEngine:
         def output(token_ids: list[int], finish: str | None, error: str | None = None) -> RequestOutput:
             return RequestOutput(req_id, token_ids, finish, num_prompt, self.num_cached_tokens, error, index)
 
-        for i in range(sampling.max_tokens):
+        if sampling.embed:  # as the scheduler does: one output, no token, the pooled vector
+            await asyncio.sleep(self.step_delay_s)
+            if self.fail_after is not None:
+                q.put_nowait(output([], FinishReason.ERROR, "worker exploded"))
+            else:
+                q.put_nowait(RequestOutput(req_id, [], FinishReason.STOP, num_prompt, self.num_cached_tokens,
+                                           embedding=self.embedding_of(num_prompt)))
+        for i in range(0 if sampling.embed else sampling.max_tokens):
             await asyncio.sleep(self.step_delay_s)
             if self.fail_after is not None and i >= self.fail_after:
                 q.put_nowait(output([], FinishReason.ERROR, "worker exploded"))
@@ -104,6 +111,13 @@ class FakeEngine:
                 self.finished.append(req_id)
                 del self._producers[req_id]
         self._update_stats()
+
+    @staticmethod
+    def embedding_of(num_prompt_tokens: int, dim: int = 4) -> list[float]:
+        """A unit vector that depends on the prompt's length (stands in for the pooled hidden states)."""
+        raw = [float((num_prompt_tokens + i) % 3 + 1) for i in range(dim)]
+        norm = sum(x * x for x in raw) ** 0.5
+        return [x / norm for x in raw]
 
     def abort(self, req_ids: list[str]) -> None:
         for req_id in req_ids:

@@ -135,10 +135,14 @@ async def test_format_json_returns_the_json_in_the_reply(tmp_path):
     assert [line["message"]["content"] for line in lines] == ['{"a": [1, 2]}', ""]
 
 
-async def test_format_json_without_json_in_the_reply_is_an_error(served):
+async def test_format_json_without_json_in_the_reply_returns_the_reply(served):
+    # decoding is not constrained: a model may answer in prose (or be cut off), which is no server error
     client, _, _ = served
     r = await client.post("/api/generate", json={"model": MODEL, "prompt": "Hi", "format": "json", "stream": False})
-    assert r.status_code == 500 and "no valid JSON" in r.json()["error"]
+    assert r.status_code == 200 and r.json()["response"] == REPLY
+    r = await client.post("/api/generate", json={"model": MODEL, "prompt": "Hi", "stream": False,
+                                                 "format": {"type": "object", "required": 5}})
+    assert r.status_code == 200 and r.json()["response"] == REPLY
     bad = await client.post("/api/generate", json={"model": MODEL, "prompt": "Hi", "format": "yaml"})
     assert bad.status_code == 400 and "invalid format" in bad.json()["error"]
 

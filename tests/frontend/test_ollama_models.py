@@ -195,7 +195,7 @@ async def test_embeddings(served, monkeypatch):
     assert r.status_code == 501 and "embeddings are not available" in r.json()["error"]
 
 
-async def test_embeddings_engine_failure(served):
-    client, _, _ = served  # the fake engine computes no embedding: frontend.embeddings.embed raises RuntimeError
+async def test_embeddings_engine_failure(tmp_path):
+    client, _, _ = make_ollama_app(tmp_path, fail_after=0)  # the engine ends the request with an error
     r = await client.post("/api/embed", json={"model": MODEL, "input": "Hi"})
     assert r.status_code == 500 and "could not compute the embeddings" in r.json()["error"]
