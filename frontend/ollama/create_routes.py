@@ -21,6 +21,7 @@ from frontend.ollama.service import OllamaService
 from workers.model_config import resolve_model_path
 
 _DIGEST_RE = re.compile(r"sha256[:-]([0-9a-f]{64})")
+MAX_BLOB_BYTES = 64 << 30  # an upload is model weights: large, but bounded like every other body
 
 
 def parse_digest(digest: str) -> str:
@@ -126,11 +127,17 @@ def make_routes(service: OllamaService):
         path = store.blob_path(expected)
         if path.exists():
             return Response(status_code=200)
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BLOB_BYTES:
+            raise OllamaError(f"upload too large: at most {MAX_BLOB_BYTES} bytes", 413)
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial, digest = path.with_name(f"{path.name}.partial-{uuid.uuid4().hex}"), hashlib.sha256()
+        partial, digest, size = path.with_name(f"{path.name}.partial-{uuid.uuid4().hex}"), hashlib.sha256(), 0
         try:
             with open(partial, "wb") as f:
                 async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > MAX_BLOB_BYTES:
+                        raise OllamaError(f"upload too large: at most {MAX_BLOB_BYTES} bytes", 413)
                     digest.update(chunk)
                     f.write(chunk)
             if digest.hexdigest() != expected:

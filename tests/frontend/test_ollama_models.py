@@ -135,6 +135,23 @@ async def test_blob_upload_then_create_from_files(served, weights, tmp_path):
     assert not list((tmp_path / "models" / "folders").iterdir())  # the assembled folder goes with its last model
 
 
+async def test_blob_upload_is_bounded(served, monkeypatch):
+    from frontend.ollama import create_routes
+    client, _, _ = served
+    monkeypatch.setattr(create_routes, "MAX_BLOB_BYTES", 1000)
+    data = b"x" * 1001
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    r = await client.post(f"/api/blobs/{digest}", content=data)
+    assert r.status_code == 413 and "too large" in r.json()["error"]
+
+    async def chunks():  # no Content-Length: counted while streaming
+        yield data[:600]
+        yield data[600:]
+    r = await client.post(f"/api/blobs/{digest}", content=chunks())
+    assert r.status_code == 413 and "too large" in r.json()["error"]
+    assert (await client.head(f"/api/blobs/{digest}")).status_code == 404
+
+
 @pytest.mark.parametrize("body,status,fragment", [
     ({"model": "x"}, 400, "neither 'from' nor 'files'"),
     ({"model": "x", "from": "missing-model"}, 404, "not found"),
