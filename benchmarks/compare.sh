@@ -10,8 +10,8 @@
 #   --servers "tinyvllm vllm llama-server"   which to run; the others' JSON from an earlier run in --out is reused
 #   --input-len 256 --output-len 128         prompt tokens and generated tokens per request (ignore_eos is on)
 #   --concurrency "1 4 16"                   levels, each run as its own `bench serve` call
-#   --num-prompts N                          measured requests per level (default: max(8, 2 * concurrency))
-#   --warmup N                               unmeasured requests before each level (default: the concurrency)
+#   --num-prompts N                          measured requests per level (default: max(4, concurrency): one full wave)
+#   --warmup N                               unmeasured requests before each level (default: 1; tinyvllm captures its jitted steps at start-up)
 #   --threads 2                              CPU threads for llama-server (-t) and vLLM (VLLM_CPU_OMP_THREADS_BIND)
 #   (vLLM also gets VLLM_CPU_KVCACHE_SPACE=2 GiB and LD_PRELOAD of the venv's libiomp5.so and the system's tcmalloc,
 #    as its CPU guide says; VLLM_LD_PRELOAD="" turns the preload off, DEV=... picks tinyvllm's backend)
@@ -112,7 +112,7 @@ start_server() {  # start_server <name> <port>: in its own process group, log in
 bench() {  # bench <name> <port>: one `bench serve` call per concurrency level -> $OUT/<name>-c<level>.json
   local name=$1 port=$2 c n w
   for c in $CONCURRENCY; do
-    n=${NUM_PROMPTS:-$(( 2 * c > 8 ? 2 * c : 8 ))}; w=${WARMUP:-$c}
+    n=${NUM_PROMPTS:-$(( c > 4 ? c : 4 ))}; w=${WARMUP:-1}
     echo "== $name, concurrency $c: $n requests ($w warm-up), $INPUT_LEN in / $OUTPUT_LEN out" >&2
     rm -f "$OUT/$name-c$c.json"
     "$TINYVLLM_BIN/tinyvllm" bench serve --base-url "http://127.0.0.1:$port" --model "$MODEL_NAME" --tokenizer "$GGUF" \
@@ -127,7 +127,7 @@ vllm_bench_against_tinyvllm() {  # vLLM's own load generator against tinyvllm: d
   echo "== vllm bench serve against tinyvllm" >&2
   "$VLLM_PY" "$VLLM_MAIN" bench serve --backend openai --base-url "http://127.0.0.1:$port" --endpoint /v1/completions \
     --model "$MODEL_NAME" --tokenizer "$HF_MODEL_DIR" --dataset-name random --random-input-len "$INPUT_LEN" \
-    --random-output-len "$OUTPUT_LEN" --ignore-eos --temperature 0 --num-prompts "${NUM_PROMPTS:-$(( 2 * MAX_C > 8 ? 2 * MAX_C : 8 ))}" \
+    --random-output-len "$OUTPUT_LEN" --ignore-eos --temperature 0 --num-prompts "${NUM_PROMPTS:-$(( MAX_C > 4 ? MAX_C : 4 ))}" \
     --max-concurrency "$MAX_C" --save-result --result-dir "$OUT" --result-filename vllm-bench-tinyvllm.json
 }
 

@@ -2,12 +2,16 @@
 
 The layer stack is shared by both kinds of step; what differs is how a layer's attention reaches the
 cache, which workers/attention.py supplies (decode: many sequences, one token each; prefill: one chunk).
+
+Weights are workers.quantized_weight.DeviceWeight: GGUF Q4_1/Q8_0 matrices stay quantised on the device
+and every matmul reads `w.dequantized()`, which tinygrad fuses into the matmul kernel (see `linear`).
 """
 import numpy as np
 from tinygrad import Tensor
 from tinygrad.function import function
 
 from workers.model_config import ModelConfig
+from workers.quantized_weight import DeviceWeight, dequant_at_load_default
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -30,22 +34,36 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class Layer:
-    def __init__(self, w: dict[str, Tensor], i: int):
+    def __init__(self, w: dict[str, DeviceWeight], i: int):
         p = f"blk.{i}."
-        self.attn_norm, self.ffn_norm = w[p + "attn_norm.weight"], w[p + "ffn_norm.weight"]
+        self.attn_norm, self.ffn_norm = w[p + "attn_norm.weight"].dequantized(), w[p + "ffn_norm.weight"].dequantized()
         self.wq, self.wk, self.wv, self.wo = (w[p + f"attn_{n}.weight"] for n in ("q", "k", "v", "output"))
-        self.biases = tuple(b for n in ("q", "k", "v") if (b := w.get(p + f"attn_{n}.bias")) is not None)
+        self.biases = tuple(b.dequantized() for n in ("q", "k", "v") if (b := w.get(p + f"attn_{n}.bias")) is not None)
         self.w_gate, self.w_up, self.w_down = (w[p + f"ffn_{n}.weight"] for n in ("gate", "up", "down"))
 
 
-def make_layer_functions(cfg: ModelConfig):
-    """The dense halves of a layer as tinygrad functions: weights are explicit arguments, so all layers
-    share one graph and tinygrad schedules and compiles it once instead of once per layer."""
+FUSED_DEQUANT_MAX_ROWS = 8  # on CPU fused beats the scratch copy up to batch 8 and is ~1.4x slower at 16
+
+
+def linear(h: Tensor, w: DeviceWeight, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS) -> Tensor:
+    """h @ w.T. For up to max_fused_rows rows of h (decode) the dequantisation is fused into the matmul's loads;
+    for more rows (larger batches, prefill) the fused kernel would redo it for every few rows, so the weight
+    is dequantised once into a scratch float32 buffer first (h.shape is static: each jitted step picks one)."""
+    weight = w.dequantized()
+    return h @ (weight.contiguous() if h.shape[0] > max_fused_rows and w.kind != "F32" else weight).T
+
+
+def make_layer_functions(cfg: ModelConfig, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS):
+    """The dense halves of a layer as tinygrad functions: weights are explicit arguments (a DeviceWeight's
+    Tensors become arguments too), so all layers share one graph and tinygrad schedules and compiles it once
+    instead of once per layer (once per combination of weight kinds, if layers are quantised differently)."""
+    def lin(h: Tensor, w: DeviceWeight) -> Tensor:
+        return linear(h, w, max_fused_rows)
 
     @function(precompile=True)
     def qkv(x, cos, sin, norm, wq, wk, wv, *biases):
         T, h = x.shape[0], rms_norm(x, norm, cfg.rms_eps).contiguous()  # else each output recomputes the norm
-        q, k, v = h @ wq.T, h @ wk.T, h @ wv.T
+        q, k, v = (lin(h, w) for w in (wq, wk, wv))
         if biases:
             q, k, v = q + biases[0], k + biases[1], v + biases[2]
         q = apply_rope(q.reshape(T, cfg.n_heads, cfg.head_dim), cos, sin)
@@ -54,20 +72,25 @@ def make_layer_functions(cfg: ModelConfig):
 
     @function(precompile=True)
     def out_and_mlp(x, attn, wo, norm, w_gate, w_up, w_down):
-        x = (x + attn @ wo.T).contiguous()
+        x = (x + lin(attn, wo)).contiguous()
         h = rms_norm(x, norm, cfg.rms_eps).contiguous()
-        return x + ((h @ w_gate.T).silu() * (h @ w_up.T)) @ w_down.T
+        return x + lin(lin(h, w_gate).silu() * lin(h, w_up), w_down)
 
     return qkv, out_and_mlp
 
 
 class Transformer:
-    def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray], max_positions: int):
+    def __init__(self, cfg: ModelConfig, weights: dict, max_positions: int, dequantize_at_load: bool | None = None):
+        """weights: load_weights' dict (float32 arrays or QuantizedArrays). dequantize_at_load=True turns every
+        weight into float32 on the device (the old path, ~4x the bytes); None reads TINYVLLM_DEQUANT_AT_LOAD."""
         self.cfg = cfg
-        w = {name: Tensor(np.ascontiguousarray(arr, dtype=np.float32)).realize() for name, arr in weights.items()}
+        if dequantize_at_load is None:
+            dequantize_at_load = dequant_at_load_default()
+        w = {name: DeviceWeight.from_host(arr, dequantize_at_load) for name, arr in weights.items()}
         self.tok_embeddings = w["token_embd.weight"]
         self.output = w.get("output.weight", self.tok_embeddings)
-        self.norm = w["output_norm.weight"]
+        self.norm = w["output_norm.weight"].dequantized()
+        self.weight_nbytes = sum(x.nbytes for x in w.values())  # bytes of weights on the device
         self.layers = [Layer(w, i) for i in range(cfg.n_layers)]
         self.cos, self.sin = rope_tables(cfg, max_positions)
         self._qkv, self._out_and_mlp = make_layer_functions(cfg)
@@ -77,7 +100,7 @@ class Transformer:
 
         attend(layer_index, q [T, heads, hd], kv [T, 2, kv_heads, hd]) -> [T, heads * hd] writes the new
         keys and values into the paged cache and attends over the sequence's context."""
-        x = self.tok_embeddings[tokens]
+        x = self.tok_embeddings.rows(tokens)
         cos, sin = self.cos[positions], self.sin[positions]
         for i, layer in enumerate(self.layers):
             q, kv = self._qkv(x, cos, sin, layer.attn_norm, layer.wq, layer.wk, layer.wv, *layer.biases)
@@ -85,4 +108,5 @@ class Transformer:
         return rms_norm(x, self.norm, self.cfg.rms_eps)
 
     def logits(self, hidden: Tensor) -> Tensor:
-        return hidden @ self.output.T
+        # always fused: the scratch float32 copy of a tied embedding would be vocab x dim x 4 bytes per jitted step
+        return linear(hidden, self.output, max_fused_rows=hidden.shape[0])

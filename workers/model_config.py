@@ -1,9 +1,12 @@
 """Model hyper-parameters, locating model files, and loading weights under one naming scheme.
 
 Weights always come back with GGUF names (token_embd.weight, blk.{i}.attn_q.weight, ...,
-output_norm.weight, and output.weight only when embeddings are not tied), as float32 numpy arrays
+output_norm.weight, and output.weight only when embeddings are not tied), as float32 arrays
 in PyTorch (out_features, in_features) layout, and with q/k rows in the HF "rotate_half" (NeoX)
-order: rotary pairs are (x[j], x[j + head_dim/2]) within each head.
+order: rotary pairs are (x[j], x[j + head_dim/2]) within each head. GGUF matrices of the types the
+kernels dequantise themselves (Q4_1, Q8_0) come back as workers.quantized_weight.QuantizedArray, the
+undequantised blocks, which act as float32 arrays (np.asarray dequantises); keep_quantized=False
+gives plain numpy float32 for everything.
 """
 from __future__ import annotations
 
@@ -178,18 +181,28 @@ def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(n_heads, head_dim // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape))
 
 
-def _load_gguf(path: pathlib.Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+def _load_gguf(path: pathlib.Path, keep_quantized: bool) -> tuple[ModelConfig, dict]:
     from workers.gguf_file import GGUFFile
+    from workers.quantized_weight import QuantizedArray
 
     gguf = GGUFFile(path)
     config = ModelConfig.from_gguf_metadata(gguf.metadata, gguf.tensor_names)
-    weights = {name: gguf.load(name) for name in gguf.tensor_names}
+
+    def load(name: str):
+        kind, shape = gguf.tensor_type(name), gguf.tensor_shape(name)
+        if keep_quantized and QuantizedArray.keeps(kind, shape):
+            return QuantizedArray.from_raw(kind, gguf.raw(name), shape)
+        return gguf.load(name)
+
+    weights = {name: load(name) for name in gguf.tensor_names}
     if config.arch == "llama":
         for i in range(config.n_layers):
             for kind, heads in (("attn_q", config.n_heads), ("attn_k", config.n_kv_heads)):
                 for suffix in ("weight", "bias"):
-                    if (name := f"blk.{i}.{kind}.{suffix}") in weights:
-                        weights[name] = unpermute_rope_rows(weights[name], heads)
+                    if isinstance(w := weights.get(name := f"blk.{i}.{kind}.{suffix}"), QuantizedArray):
+                        weights[name] = w.with_rows(lambda blocks, h=heads: unpermute_rope_rows(blocks, h))
+                    elif w is not None:
+                        weights[name] = unpermute_rope_rows(w, heads)
     if "rope_freqs.weight" in weights and config.rope_scaling is None:
         config = dataclasses.replace(config, rope_scaling={"rope_type": "rope_freqs"})
     return config, weights
@@ -212,9 +225,10 @@ def _load_hf(folder: pathlib.Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     return config, weights
 
 
-def load_weights(path: str | pathlib.Path | None) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+def load_weights(path: str | pathlib.Path | None, keep_quantized: bool = True) -> tuple[ModelConfig, dict]:
+    """(config, {GGUF name: float32 array or QuantizedArray}); see the module docstring."""
     path = resolve_model_path(None if path is None else str(path))
-    config, weights = _load_gguf(path) if is_gguf(path) else _load_hf(path)
+    config, weights = _load_gguf(path, keep_quantized) if is_gguf(path) else _load_hf(path)
     vocab = weights["token_embd.weight"].shape[0]  # the embedding is the truth (configs may pad or not)
     if vocab != config.vocab_size:
         config = dataclasses.replace(config, vocab_size=vocab)

@@ -1,6 +1,6 @@
 # Shared paths for the peer-server scripts (sourced, not run).
 #   TINYVLLM_PEERS_DIR  cache for everything the peers need (default ~/.cache/tinyvllm-peers)
-#   TINYVLLM_PYTHON     the python of tinyvllm's own venv (default <repo>/.venv/bin/python, else /tmp/venv/bin/python)
+#   TINYVLLM_PYTHON     the python of tinyvllm's own venv (default <repo>/.venv/bin/python, made by `make install`)
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PEERS_DIR=${TINYVLLM_PEERS_DIR:-$HOME/.cache/tinyvllm-peers}
 VLLM_VERSION=${VLLM_VERSION:-0.32.0}
@@ -13,7 +13,7 @@ LLAMA_SERVER=$LLAMA_SRC/build/bin/llama-server
 HF_MODEL_DIR=$PEERS_DIR/hf-model                          # the default GGUF converted to a HF folder (float32)
 if [ -z "${TINYVLLM_PYTHON:-}" ]; then
   if [ -x "$REPO_ROOT/.venv/bin/python" ]; then TINYVLLM_PYTHON=$REPO_ROOT/.venv/bin/python
-  else TINYVLLM_PYTHON=/tmp/venv/bin/python; fi
+  else TINYVLLM_PYTHON=$(command -v python3); fi
 fi
 TINYVLLM_BIN=$(dirname "$TINYVLLM_PYTHON")
 
