@@ -7,17 +7,6 @@ from app_harness import MAX_MODEL_LEN, MODEL, REPLY, client_for, make_app
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
-def served():
-    app, engine, tokenizer = make_app()
-    return client_for(app), engine, tokenizer
-
-
 async def test_completion_non_streamed_shape_and_usage(served):
     client, engine, tok = served
     r = await client.post("/v1/completions", json={"model": MODEL, "prompt": "Hi"})

@@ -10,11 +10,6 @@ LABEL = (("model_name", MODEL),)
 
 
 @pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
 def served():
     app, engine, _ = make_app(num_cached_tokens=2)
     return client_for(app), engine

@@ -16,11 +16,6 @@ pytestmark = pytest.mark.anyio
 SLOW_LONG = {"max_tokens": 500, "ignore_eos": True}  # 500 steps of 20 ms: only an abort ends it in time
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def live_server():
     app, engine, _ = make_app(max_model_len=1024, step_delay_s=0.02)

@@ -12,11 +12,6 @@ COMPL = "/v1/completions"
 USER_HI = [{"role": "user", "content": "Hi"}]
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def served():
     app, engine, tokenizer = make_app()

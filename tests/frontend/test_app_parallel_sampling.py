@@ -13,11 +13,6 @@ USER_HI = [{"role": "user", "content": "Hi"}]
 
 
 @pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
 def served():
     tok = CharTokenizer()
     app, engine, _ = make_app(choice_replies=[tok.encode(r, add_special_tokens=False) for r in REPLIES])

@@ -17,11 +17,6 @@ REPLY = "Hello there! 你好, señor 🙂 done."
 pytestmark = [pytest.mark.anyio, pytest.mark.skipif(not os.path.exists(GGUF), reason="SmolLM2 GGUF not installed")]
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
     return tokenizer_mod.Tokenizer.from_model_path(GGUF)

@@ -7,17 +7,6 @@ from frontend.stop_strings import StopStringMatcher
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
-def served():
-    app, engine, tokenizer = make_app()
-    return client_for(app), engine, tokenizer
-
-
 async def test_completion_stream(served):
     client, _, _ = served
     r = await client.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "stream": True})

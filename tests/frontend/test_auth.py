@@ -23,11 +23,6 @@ GOOD = {"Authorization": f"Bearer {KEY}".encode()}  # header bytes: a non-ASCII 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 def make_app(api_key: str | None = KEY, **engine_kwargs):
     tokenizer = CharTokenizer()
     engine = FakeEngine(tokenizer.encode("Hello", add_special_tokens=False), tokenizer.eos_token_ids[0],

@@ -14,11 +14,6 @@ from protocol.transport import Endpoints, make_socket, recv_async, send_async
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 class ScriptedScheduler:
     def __init__(self, endpoints: Endpoints):
         self.ctx = zmq.asyncio.Context()

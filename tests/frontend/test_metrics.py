@@ -14,11 +14,6 @@ HISTOGRAMS = ["vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seco
 
 
 @pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
 def served():
     app, engine, _ = make_app()
     return client_for(app), app

@@ -10,11 +10,6 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
 def client(tmp_path):
     app, _, _ = build_ollama_app(tmp_path, model_root=str(write_small_gguf(tmp_path / "served.gguf")))
     return ollama.AsyncClient(host="http://test", transport=httpx.ASGITransport(app))

@@ -16,11 +16,6 @@ pytestmark = pytest.mark.anyio
 LONG_REPLY = "la " * 70  # 210 steps of 20 ms: only an abort ends it in time
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def live_server(tmp_path_factory):
     app, engine, _ = build_ollama_app(tmp_path_factory.mktemp("ollama"), reply=LONG_REPLY, step_delay_s=0.02)

@@ -9,11 +9,6 @@ DURATIONS = ("total_duration", "load_duration", "prompt_eval_duration", "eval_du
 
 
 @pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
 def served(tmp_path):
     return make_ollama_app(tmp_path)
 

@@ -10,11 +10,6 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
 def weights(tmp_path):
     """(the served GGUF, another model's GGUF)"""
     return write_small_gguf(tmp_path / "served.gguf"), write_small_gguf(tmp_path / "other.gguf", seed=1)

@@ -17,11 +17,6 @@ from protocol.sampling import MAX_LOGPROBS, MAX_N
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 async def document(app) -> dict:
     r = await client_for(app).get("/openapi.json")
     assert r.status_code == 200

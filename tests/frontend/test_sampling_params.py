@@ -2,22 +2,11 @@
 that live in the frontend: include_stop_str_in_output and min_tokens' hold on stop strings."""
 import pytest
 
-from app_harness import MODEL, client_for, make_app, parse_sse
+from app_harness import MODEL, parse_sse
 from frontend.openai_protocol import APIError, parse_chat_request, parse_completion_request
 
 pytestmark = pytest.mark.anyio
 USER_HI = [{"role": "user", "content": "Hi"}]
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
-def served():
-    app, engine, tokenizer = make_app()
-    return client_for(app), engine, tokenizer
 
 
 def test_every_sampling_field_reaches_sampling_params():

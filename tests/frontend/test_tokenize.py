@@ -3,24 +3,13 @@ import importlib.metadata
 
 import pytest
 
-from app_harness import MAX_MODEL_LEN, MODEL, client_for, make_app
+from app_harness import MAX_MODEL_LEN, MODEL
 from frontend import ops_routes
 from frontend.serving import LONG_INPUT_CHARS
 
 pytestmark = pytest.mark.anyio
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
-def served():
-    app, engine, tokenizer = make_app()
-    return client_for(app), engine, tokenizer
 
 
 async def tokenize(client, **body) -> dict:

@@ -14,11 +14,6 @@ TEXT = "Hello world! 你好 🙂 <|im_end|>"
 pytestmark = [pytest.mark.anyio, pytest.mark.skipif(not os.path.exists(GGUF), reason="SmolLM2 GGUF not installed")]
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
     return Tokenizer.from_model_path(GGUF)
