@@ -7,9 +7,10 @@ Weights are workers.quantized_weight.DeviceWeight: GGUF Q4_1/Q8_0 matrices stay 
 and every matmul reads `w.dequantized()`, which tinygrad fuses into the matmul kernel (see `linear`).
 """
 import numpy as np
-from tinygrad import Tensor
+from tinygrad import Device, Tensor
 from tinygrad.function import function
 
+from workers.cpu_matmul import cpu_linear, use_cpu_kernels
 from workers.model_config import ModelConfig
 from workers.quantized_weight import DeviceWeight, dequant_at_load_default
 
@@ -45,22 +46,25 @@ class Layer:
 FUSED_DEQUANT_MAX_ROWS = 8  # on CPU fused beats the scratch copy up to batch 8 and is ~1.4x slower at 16
 
 
-def linear(h: Tensor, w: DeviceWeight, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS) -> Tensor:
-    """h @ w.T. For up to max_fused_rows rows of h (decode) the dequantisation is fused into the matmul's loads;
-    for more rows (larger batches, prefill) the fused kernel would redo it for every few rows, so the weight
-    is dequantised once into a scratch float32 buffer first (h.shape is static: each jitted step picks one)."""
+def linear(h: Tensor, w: DeviceWeight, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS, cpu_kernels: bool = False) -> Tensor:
+    """h @ w.T. With cpu_kernels (tinygrad's CPU backend): workers/cpu_matmul.py's kernels. Otherwise, for up to max_fused_rows
+    rows of h (decode) the dequantisation is fused into the matmul's loads; for more rows (larger batches,
+    prefill) the fused kernel would redo it for every few rows, so the weight is dequantised once into a
+    scratch float32 buffer first (h.shape is static: each jitted step picks one)."""
+    if cpu_kernels:
+        return cpu_linear(h, w)
     weight = w.dequantized()
     return h @ (weight.contiguous() if h.shape[0] > max_fused_rows and w.kind != "F32" else weight).T
 
 
-def make_layer_functions(cfg: ModelConfig, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS):
+def make_layer_functions(cfg: ModelConfig, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS, cpu_kernels: bool = False):
     """The dense halves of a layer as tinygrad functions: weights are explicit arguments (a DeviceWeight's
     Tensors become arguments too), so all layers share one graph and tinygrad schedules and compiles it once
     instead of once per layer (once per combination of weight kinds, if layers are quantised differently)."""
     def lin(h: Tensor, w: DeviceWeight) -> Tensor:
-        return linear(h, w, max_fused_rows)
+        return linear(h, w, max_fused_rows, cpu_kernels)
 
-    @function(precompile=True)
+    @function(precompile=True, allow_implicit=cpu_kernels)
     def qkv(x, cos, sin, norm, wq, wk, wv, *biases):
         T, h = x.shape[0], rms_norm(x, norm, cfg.rms_eps).contiguous()  # else each output recomputes the norm
         q, k, v = (lin(h, w) for w in (wq, wk, wv))
@@ -70,7 +74,7 @@ def make_layer_functions(cfg: ModelConfig, max_fused_rows: int = FUSED_DEQUANT_M
         k = apply_rope(k.reshape(T, cfg.n_kv_heads, cfg.head_dim), cos, sin)
         return q.contiguous(), Tensor.stack(k, v.reshape(T, cfg.n_kv_heads, cfg.head_dim), dim=1).contiguous()
 
-    @function(precompile=True)
+    @function(precompile=True, allow_implicit=cpu_kernels)
     def out_and_mlp(x, attn, wo, norm, w_gate, w_up, w_down):
         x = (x + lin(attn, wo)).contiguous()
         h = rms_norm(x, norm, cfg.rms_eps).contiguous()
@@ -84,6 +88,7 @@ class Transformer:
         """weights: load_weights' dict (float32 arrays or QuantizedArrays). dequantize_at_load=True turns every
         weight into float32 on the device (the old path, ~4x the bytes); None reads TINYVLLM_DEQUANT_AT_LOAD."""
         self.cfg = cfg
+        self.cpu_kernels = use_cpu_kernels(Device.DEFAULT)
         if dequantize_at_load is None:
             dequantize_at_load = dequant_at_load_default()
         w = {name: DeviceWeight.from_host(arr, dequantize_at_load) for name, arr in weights.items()}
@@ -93,7 +98,7 @@ class Transformer:
         self.weight_nbytes = sum(x.nbytes for x in w.values())  # bytes of weights on the device
         self.layers = [Layer(w, i) for i in range(cfg.n_layers)]
         self.cos, self.sin = rope_tables(cfg, max_positions)
-        self._qkv, self._out_and_mlp = make_layer_functions(cfg)
+        self._qkv, self._out_and_mlp = make_layer_functions(cfg, cpu_kernels=self.cpu_kernels)
 
     def forward(self, tokens: Tensor, positions: Tensor, attend) -> Tensor:
         """Hidden states [T, dim] after the final norm.
@@ -109,4 +114,4 @@ class Transformer:
 
     def logits(self, hidden: Tensor) -> Tensor:
         # always fused: the scratch float32 copy of a tied embedding would be vocab x dim x 4 bytes per jitted step
-        return linear(hidden, self.output, max_fused_rows=hidden.shape[0])
+        return linear(hidden, self.output, max_fused_rows=hidden.shape[0], cpu_kernels=self.cpu_kernels)

@@ -70,9 +70,9 @@ class ModelRunner:
     # ---- jitted bodies -----------------------------------------------------------------------
     def _decode_step(self, tokens: Tensor, positions: Tensor, block_tables: Tensor, context_lens: Tensor, nb: UOp, *slots: UOp):
         attend = DecodeAttention(self.cache, block_tables[:, :nb], context_lens, list(slots))
-        hidden = self.model.forward(tokens, positions, attend)
-        Tensor.realize(*self.cache.layers)
-        return self.model.logits(hidden).realize()
+        logits = self.model.logits(self.model.forward(tokens, positions, attend))
+        Tensor.realize(logits, *self.cache.layers)  # one schedule: realizing them apart runs the layers twice
+        return logits
 
     def _prefill_hidden(self, tokens: Tensor, start: Tensor, n_valid: Tensor, block_table: Tensor, nb: UOp,
                         write_blocks: tuple[UOp, ...]) -> Tensor:
@@ -80,7 +80,7 @@ class ModelRunner:
         positions = (start + Tensor.arange(T, dtype=dtypes.int32)).clip(0, self.max_model_len - 1)
         attend = PrefillAttention(self.cache, block_table[:nb], start, n_valid, list(write_blocks))
         hidden = self.model.forward(tokens, positions, attend)
-        Tensor.realize(*self.cache.layers)
+        Tensor.realize(hidden, *self.cache.layers)  # together: realizing the cache alone would leave hidden to recompute
         return hidden
 
     def _prefill_step(self, tokens: Tensor, start: Tensor, n_valid: Tensor, block_table: Tensor, nb: UOp, *write_blocks: UOp):

@@ -2,6 +2,7 @@
 the sampler) without touching a live KV block, and the captured steps then compute what the dense reference does."""
 import numpy as np
 import pytest
+from tinygrad.uop.ops import Ops
 
 from protocol.messages import CachedRequestData, NewRequestData, StepPlan
 from protocol.sampling import SamplingParams
@@ -59,3 +60,18 @@ def test_captured_steps_compute_the_dense_model(warmed):
     for seq in outputs:  # each sampled token is the dense model's argmax after the tokens before it
         for t in range(len(seq) - 3, len(seq)):
             assert seq[t] == int(dense_logits(CFG, weights, seq[:t])[-1].argmax())
+
+
+def matmul_calls(jit) -> int:
+    return sum(1 for call in jit.captured.linear.src
+               if call.src[0].op is Ops.PROGRAM and call.src[0].src[0].arg.name.startswith("matmul_"))
+
+
+def test_each_captured_step_runs_every_layer_once(warmed):
+    """The logits and the KV-cache writes are realized in one schedule: realized apart, the layers ran twice."""
+    _, runner, _, _ = warmed
+    per_layer = 7  # q, k, v, output, gate, up, down
+    for bucket, jit in runner.decode_jits.items():
+        assert matmul_calls(jit) == CFG.n_layers * per_layer + 1, bucket  # + the logits
+    for bucket, jit in runner.prefill_jits.items():
+        assert matmul_calls(jit) == CFG.n_layers * per_layer + 1, bucket
