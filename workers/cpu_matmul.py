@@ -28,7 +28,8 @@ from tinygrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 
 REASSOCIATE_PRAGMA = "#pragma clang fp reassociate(on)\n"
 CPU_KERNELS_ENV = "TINYVLLM_CPU_KERNELS"  # "0": tinygrad's own kernels on CPU too (for comparisons)
-MAX_UPCAST_ROWS = 16  # accumulators per weight row; 16 fits the 32 AVX-512 registers with room for loads
+MAX_UPCAST_ROWS = 16
+FUSED_DEQUANT_MAX_ROWS = 16  # decode batches dequantise in the loop; prefill chunks use a scratch float32 weight  # accumulators per weight row; 16 fits the 32 AVX-512 registers with room for loads
 
 
 class ReassociatingClangRenderer(ClangRenderer):
@@ -97,8 +98,11 @@ def _q8_0_kernel(out: UOp, h: UOp, q: UOp, d: UOp) -> UOp:
 _KERNELS = {"F32": _f32_kernel, "Q4_1": _q4_1_kernel, "Q8_0": _q8_0_kernel}
 
 
-def cpu_linear(h: Tensor, w) -> Tensor:
-    """h [T, K] @ w.T for a workers.quantized_weight.DeviceWeight w [N, K]: one custom kernel, [T, N] float32."""
+def cpu_linear(h: Tensor, w, max_fused_rows: int) -> Tensor:
+    """h [T, K] @ w.T for a workers.quantized_weight.DeviceWeight w [N, K]: [T, N] float32. Up to max_fused_rows
+    rows the quantised weight is dequantised inside the matmul's loop; for more, dequantising it once into a
+    scratch float32 buffer and running the float32 kernel is faster (the loop's integer work is per row)."""
     rows, cols = h.shape[0], w.shape[0]
+    kind, parts = (w.kind, w.parts) if rows <= max_fused_rows else ("F32", (w.dequantized().contiguous(),))
     out = Tensor.empty(rows, cols, dtype=dtypes.float32, device=h.device)
-    return out.custom_kernel(h.float().contiguous(), *w.parts, fxn=_KERNELS[w.kind])[0]
+    return out.custom_kernel(h.float().contiguous(), *parts, fxn=_KERNELS[kind])[0]

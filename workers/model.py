@@ -10,6 +10,7 @@ import numpy as np
 from tinygrad import Device, Tensor
 from tinygrad.function import function
 
+from workers.cpu_matmul import FUSED_DEQUANT_MAX_ROWS as CPU_FUSED_DEQUANT_MAX_ROWS
 from workers.cpu_matmul import cpu_linear, use_cpu_kernels
 from workers.model_config import ModelConfig
 from workers.quantized_weight import DeviceWeight, dequant_at_load_default
@@ -43,7 +44,7 @@ class Layer:
         self.w_gate, self.w_up, self.w_down = (w[p + f"ffn_{n}.weight"] for n in ("gate", "up", "down"))
 
 
-FUSED_DEQUANT_MAX_ROWS = 8  # on CPU fused beats the scratch copy up to batch 8 and is ~1.4x slower at 16
+FUSED_DEQUANT_MAX_ROWS = 8  # with tinygrad's own CPU kernels fused beat the scratch copy up to 8 rows, ~1.4x slower at 16
 
 
 def linear(h: Tensor, w: DeviceWeight, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS, cpu_kernels: bool = False) -> Tensor:
@@ -52,7 +53,7 @@ def linear(h: Tensor, w: DeviceWeight, max_fused_rows: int = FUSED_DEQUANT_MAX_R
     prefill) the fused kernel would redo it for every few rows, so the weight is dequantised once into a
     scratch float32 buffer first (h.shape is static: each jitted step picks one)."""
     if cpu_kernels:
-        return cpu_linear(h, w)
+        return cpu_linear(h, w, max(max_fused_rows, CPU_FUSED_DEQUANT_MAX_ROWS))
     weight = w.dequantized()
     return h @ (weight.contiguous() if h.shape[0] > max_fused_rows and w.kind != "F32" else weight).T
 
