@@ -43,6 +43,7 @@ def bucket_for(n: int, buckets: list[int]) -> int:
 class StepWork:
     rows: list[tuple[ScheduledChunk, Tensor]] = field(default_factory=list)  # chunks that sample, [1, V] logits
     pooled: list[tuple[ScheduledChunk, list[float]]] = field(default_factory=list)  # finished embedding requests
+    batch_logits: Tensor | None = None  # all of `rows` at once ([>= len(rows), V]) when they are one decode batch
 
 
 class ModelRunner:
@@ -114,9 +115,11 @@ class ModelRunner:
             self.copy_jit(self.copy_vars[0].bind(src), self.copy_vars[1].bind(dst))
 
     # ---- one step ------------------------------------------------------------------------------
-    def compute(self, plan: StepPlan) -> StepWork:
+    def compute(self, plan: StepPlan, keep_logits: bool = True) -> StepWork:
         """Runs the plan's tokens through the model. Returns the [1, V] logits of each chunk that ends at the end
-        of its request's known tokens (the ones to sample from), in plan order, and the finished embeddings."""
+        of its request's known tokens (the ones to sample from), in plan order, and the finished embeddings.
+        keep_logits=False (execute, which samples at once): a single decode batch's logits stay in the jit's
+        output buffer (valid until its next call) and come back whole as batch_logits too, saving two copies."""
         chunks = self.batch.apply(plan)
         self.copy_blocks(plan.block_copies)
         decodes = [c for c in chunks if c.length == 1 and not c.needs_full_prefill]
@@ -124,7 +127,11 @@ class ModelRunner:
         work = StepWork()
         for i in range(0, len(decodes), max_batch):
             group = decodes[i:i + max_batch]
-            logits = self._run_decode(group).clone().realize()  # a jit reuses its output buffer on the next call
+            logits = self._run_decode(group)
+            if keep_logits or len(decodes) > max_batch:  # a jit reuses its output buffer on the next call
+                logits = logits.clone().realize()
+            elif all(c.samples for c in group):
+                work.batch_logits = logits
             work.rows += [(c, logits[j:j + 1]) for j, c in enumerate(group) if c.samples]
         for chunk in (c for c in chunks if c.length > 1 or c.needs_full_prefill):
             logits = self._run_chunk(chunk)
@@ -132,6 +139,7 @@ class ModelRunner:
                 work.pooled.append((chunk, self._finish_embedding(chunk)))
             elif chunk.samples:
                 work.rows.append((chunk, logits.clone().realize()))
+                work.batch_logits = None
         return work
 
     def compute_logits(self, plan: StepPlan) -> list[tuple[ScheduledChunk, Tensor]]:
@@ -139,11 +147,12 @@ class ModelRunner:
 
     def execute(self, plan: StepPlan, rank: int = 0) -> StepResult:
         t0 = time.perf_counter()
-        work = self.compute(plan)
+        work = self.compute(plan, keep_logits=False)
         result = StepResult(plan.step_id, rank, [], [])
         if work.rows:
             states = [c.state for c, _ in work.rows]
-            tokens, logprobs = self.sampler.sample(states, Tensor.cat(*[logits for _, logits in work.rows]))
+            logits = work.batch_logits if work.batch_logits is not None else Tensor.cat(*[lg for _, lg in work.rows])
+            tokens, logprobs = self.sampler.sample(states, logits)
             prompt_logprobs = []
             for (chunk, _), token in zip(work.rows, tokens):
                 chunk.state.append_token(token)

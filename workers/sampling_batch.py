@@ -92,10 +92,12 @@ class BatchSampler:
         fn(logits[:R_pad].contiguous().realize(), *(Tensor(a) for a in inputs))[0].numpy()
 
     def sample(self, states: list[RequestState], logits: Tensor) -> tuple[list[int], list[TokenLogprobs | None]]:
-        """logits [R, V] of the rows that sample -> their tokens, and per row its logprobs (None if not asked)."""
-        R, V = logits.shape
+        """logits [R, V] of the R rows that sample (or more rows: the first R are used) -> their tokens, and per row
+        its logprobs (None if not asked)."""
+        R, V = len(states), logits.shape[1]
         R_pad = next((b for b in self.buckets if b >= R), R)
-        logits = logits.pad(((0, R_pad - R), None)) if R_pad > R else logits
+        rows = logits.shape[0]
+        logits = logits.pad(((0, R_pad - rows), None)) if R_pad > rows else logits[:R_pad] if rows > R_pad else logits
         variant, inputs = build_inputs(states, R_pad, V)
         if (fn := self.jits.get((R_pad, variant))) is None:
             fn = self.jits[(R_pad, variant)] = TinyJit(sampler_body(variant))

@@ -163,3 +163,12 @@ def test_variant_keeps_the_greedy_fast_path(params, expected):
 def test_min_tokens_reached_leaves_the_fast_path():
     variant, _ = build_inputs([state(SamplingParams(temperature=0, min_tokens=1), [1], [5])], 1, V)
     assert not variant.processed
+
+
+def test_extra_logits_rows_past_the_states_are_ignored():
+    """execute hands the sampler a decode batch's whole padded output: only the first len(states) rows count."""
+    rows = np.random.default_rng(5).standard_normal((32, V)).astype(np.float32)
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+    for n in (1, 2, 3):  # fewer rows than the bucket, the bucket, a larger bucket with padding rows in the logits
+        tokens, _ = SAMPLER.sample([state(greedy, [1]) for _ in range(n)], Tensor(rows))
+        assert tokens == rows[:n].argmax(-1).tolist()
