@@ -3,7 +3,8 @@
     DEV=CPU python benchmarks/profile_step.py --batch 1 16 --steps 20
 
 Drives workers.model_runner.ModelRunner directly with StepPlans (no scheduler, no IPC), so the numbers are
-the worker's own cost per step. Prints a table of medians. Add DEBUG=2 to see tinygrad's per-kernel times.
+the worker's own cost per step: forward and sampling timed apart, then `execute ms`, the same number of
+further steps through ModelRunner.execute (what the worker runs per StepPlan). Prints a table of medians. Add DEBUG=2 to see tinygrad's per-kernel times.
 """
 import argparse
 import statistics
@@ -28,7 +29,7 @@ def build(model: str | None, max_num_seqs: int, block_size: int, max_model_len: 
 def profile_batch(runner, batch: int, prompt_len: int, steps: int, step0: int) -> dict:
     bs, per_seq = runner.cache.block_size, runner.max_blocks_per_seq
     ids = [f"b{batch}-{i}" for i in range(batch)]
-    new = [NewRequestData(r, [1 + (i * 7 + j) % 1000 for j in range(prompt_len)], SamplingParams(max_tokens=steps + 4, temperature=0.0),
+    new = [NewRequestData(r, [1 + (i * 7 + j) % 1000 for j in range(prompt_len)], SamplingParams(max_tokens=2 * steps + 8, temperature=0.0),
                           list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)), 0, prompt_len) for i, r in enumerate(ids)]
     runner.execute(StepPlan(step0, new, [], []))
     forward, sample, total = [], [], []
@@ -46,10 +47,15 @@ def profile_batch(runner, batch: int, prompt_len: int, steps: int, step0: int) -
         t2 = time.perf_counter()
         if s >= 3:
             forward.append(t1 - t0), sample.append(t2 - t1), total.append(t2 - t0)
-    runner.execute(StepPlan(step0 + steps + 10, [], [], ids))
+    executed = []  # the same steps the way the worker runs a StepPlan: ModelRunner.execute
+    for s in range(steps + 3, 2 * steps + 3):
+        t0 = time.perf_counter()
+        runner.execute(StepPlan(step0 + 1 + s, [], [CachedRequestData(r, [], prompt_len + s, 1) for r in ids], []))
+        executed.append(time.perf_counter() - t0)
+    runner.execute(StepPlan(step0 + 2 * steps + 10, [], [], ids))
     med = statistics.median
     return {"batch": batch, "forward_ms": med(forward) * 1e3, "sample_ms": med(sample) * 1e3,
-            "step_ms": med(total) * 1e3, "tok_s": batch / med(total)}
+            "step_ms": med(total) * 1e3, "tok_s": batch / med(total), "execute_ms": med(executed) * 1e3}
 
 
 def main() -> None:
@@ -62,11 +68,11 @@ def main() -> None:
     t0 = time.perf_counter()
     cfg, runner = build(args.model, max(args.batch), 16, 512)
     print(f"loaded in {time.perf_counter() - t0:.1f}s")
-    print("| batch | forward ms | sampling ms | step ms | tokens/s |")
-    print("|---|---|---|---|---|")
+    print("| batch | forward ms | sampling ms | step ms | tokens/s | execute ms |")
+    print("|---|---|---|---|---|---|")
     for i, b in enumerate(args.batch):
         r = profile_batch(runner, b, args.prompt_len, args.steps, i * 1000)
-        print(f"| {r['batch']} | {r['forward_ms']:.1f} | {r['sample_ms']:.1f} | {r['step_ms']:.1f} | {r['tok_s']:.2f} |", flush=True)
+        print(f"| {r['batch']} | {r['forward_ms']:.1f} | {r['sample_ms']:.1f} | {r['step_ms']:.1f} | {r['tok_s']:.2f} | {r['execute_ms']:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

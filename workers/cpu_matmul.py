@@ -9,7 +9,7 @@ chain of scalar adds. So on CPU:
   reordering of additions and multiplications only (no finite-math or no-NaN assumptions, so -inf masks
   still work); the on-disk kernel cache is keyed by the source text, so it never serves a kernel compiled
   without the pragma for one with it.
-- `cpu_linear(h, w)` computes h @ w.T with one custom kernel per weight kind (float32, Q4_1, Q8_0): rows of
+- `cpu_linear(h, w, max_fused_rows)` computes h @ w.T with one custom kernel per weight kind (float32, Q4_1, Q8_0): rows of
   the output outer, the reduction as a plain inner loop over the weight's contiguous bytes (which clang turns
   into vector FMAs), dequantising in the loop, and the rows of h upcast (up to 16 at a time) so each weight
   byte loaded serves many rows. The loop shape is fixed (`opts_to_apply`), not left to the heuristics.
