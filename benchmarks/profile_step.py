@@ -4,7 +4,8 @@
 
 Drives workers.model_runner.ModelRunner directly with StepPlans (no scheduler, no IPC), so the numbers are
 the worker's own cost per step: forward and sampling timed apart, then `execute ms`, the same number of
-further steps through ModelRunner.execute (what the worker runs per StepPlan). Prints a table of medians. Add DEBUG=2 to see tinygrad's per-kernel times.
+further steps through ModelRunner.execute (what the worker runs per StepPlan). Prints a table of medians.
+Add DEBUG=2 to see tinygrad's per-kernel times.
 """
 import argparse
 import statistics

@@ -9,8 +9,8 @@ chain of scalar adds. So on CPU:
   reordering of additions and multiplications only (no finite-math or no-NaN assumptions, so -inf masks
   still work); the on-disk kernel cache is keyed by the source text, so it never serves a kernel compiled
   without the pragma for one with it.
-- `cpu_linear(h, w, max_fused_rows)` computes h @ w.T with one custom kernel per weight kind (float32, Q4_1, Q8_0): rows of
-  the output outer, the reduction as a plain inner loop over the weight's contiguous bytes (which clang turns
+- `cpu_linear(h, w, max_fused_rows)` computes h @ w.T with one custom kernel per weight kind (float32, Q4_1,
+  Q8_0): rows of the output outer, the reduction as a plain inner loop over the weight's contiguous bytes (which clang turns
   into vector FMAs), dequantising in the loop, and the rows of h upcast (up to 16 at a time) so each weight
   byte loaded serves many rows. The loop shape is fixed (`opts_to_apply`), not left to the heuristics.
 
@@ -19,17 +19,17 @@ Measured on this project's 2-vCPU Xeon (docs/BENCHMARKS.md): a [1536, 576] Q4_1 
 """
 from __future__ import annotations
 
-import os
-
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.renderer.cstyle import ClangRenderer
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 
+from workers.env_flags import env_flag
+
 REASSOCIATE_PRAGMA = "#pragma clang fp reassociate(on)\n"
 CPU_KERNELS_ENV = "TINYVLLM_CPU_KERNELS"  # "0": tinygrad's own kernels on CPU too (for comparisons)
-MAX_UPCAST_ROWS = 16
-FUSED_DEQUANT_MAX_ROWS = 16  # decode batches dequantise in the loop; prefill chunks use a scratch float32 weight  # accumulators per weight row; 16 fits the 32 AVX-512 registers with room for loads
+MAX_UPCAST_ROWS = 16  # accumulators per weight row; 16 fits the 32 AVX-512 registers with room for loads
+FUSED_DEQUANT_MAX_ROWS = 16  # decode batches dequantise in the loop; prefill chunks use a scratch float32 weight
 
 
 class ReassociatingClangRenderer(ClangRenderer):
@@ -45,7 +45,7 @@ def use_cpu_kernels(device: str) -> bool:
     """Makes `device` render with ReassociatingClangRenderer if it is tinygrad's CPU backend with its default
     (clang) renderer; returns whether it does, i.e. whether cpu_linear should be used there. Off when
     TINYVLLM_CPU_KERNELS=0 or when another CPU renderer was chosen (DEV=CPU:LLVM, DEV=CPU:CLANG)."""
-    if os.environ.get(CPU_KERNELS_ENV, "1").strip().lower() in ("0", "false", "no"):
+    if not env_flag(CPU_KERNELS_ENV, True):
         return False
     if not isinstance(device, str) or device.split(":")[0] != "CPU":
         return False

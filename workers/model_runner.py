@@ -125,21 +125,20 @@ class ModelRunner:
         decodes = [c for c in chunks if c.length == 1 and not c.needs_full_prefill]
         max_batch = max(self.decode_buckets)
         work = StepWork()
+        alias = not keep_logits and len(decodes) <= max_batch  # a jit reuses its output buffer on the next call
         for i in range(0, len(decodes), max_batch):
             group = decodes[i:i + max_batch]
-            logits = self._run_decode(group)
-            if keep_logits or len(decodes) > max_batch:  # a jit reuses its output buffer on the next call
-                logits = logits.clone().realize()
-            elif all(c.samples for c in group):
-                work.batch_logits = logits
-            work.rows += [(c, logits[j:j + 1]) for j, c in enumerate(group) if c.samples]
+            decode_logits = self._run_decode(group) if alias else self._run_decode(group).clone().realize()
+            work.rows += [(c, decode_logits[j:j + 1]) for j, c in enumerate(group) if c.samples]
+        one_batch = alias and decodes and len(work.rows) == len(decodes)  # every decode row samples, in order
         for chunk in (c for c in chunks if c.length > 1 or c.needs_full_prefill):
             logits = self._run_chunk(chunk)
             if chunk.samples and chunk.pools:
                 work.pooled.append((chunk, self._finish_embedding(chunk)))
             elif chunk.samples:
                 work.rows.append((chunk, logits.clone().realize()))
-                work.batch_logits = None
+        if one_batch and len(work.rows) == len(decodes):  # and no prefill chunk samples
+            work.batch_logits = decode_logits
         return work
 
     def compute_logits(self, plan: StepPlan) -> list[tuple[ScheduledChunk, Tensor]]:

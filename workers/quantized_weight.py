@@ -21,6 +21,7 @@ import os
 import numpy as np
 from tinygrad import Tensor, dtypes
 
+from workers.env_flags import env_flag
 from workers.gguf_file import GGML_TYPE_IDS, GGML_TYPES, dequantize
 
 IN_KERNEL_TYPES = ("Q4_1", "Q8_0")
@@ -28,7 +29,7 @@ DEQUANT_AT_LOAD_ENV = "TINYVLLM_DEQUANT_AT_LOAD"  # "1": every weight becomes fl
 
 
 def dequant_at_load_default() -> bool:
-    return os.environ.get(DEQUANT_AT_LOAD_ENV, "0").strip().lower() not in ("", "0", "false", "no")
+    return env_flag(DEQUANT_AT_LOAD_ENV, False)
 
 
 class QuantizedArray:
