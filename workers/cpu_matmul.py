@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.codegen.opt import Opt, OptOps
+from tinygrad.helpers import NUM_CPU_THREADS
 from tinygrad.renderer.cstyle import ClangRenderer
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 
@@ -67,8 +68,11 @@ def upcast_rows(rows: int) -> int:
 
 def _finish(out: UOp, acc: UOp, t: UOp, n: UOp, name: str) -> UOp:
     rows, cols = out.shape
-    up = upcast_rows(rows)
-    opts = (Opt(OptOps.UPCAST, 0, up),) if up > 1 else ()
+    up, threads = upcast_rows(rows), NUM_CPU_THREADS.value
+    # split the output columns across cores (tinygrad's core_id; workers/cpu_graph.py runs the parts in parallel).
+    # A size-1 range is dropped before the opts apply, so with one row the columns are axis 0.
+    opts = ((Opt(OptOps.THREAD, 1 if rows > 1 else 0, threads),) if threads > 1 and cols % threads == 0 else ()) + \
+        ((Opt(OptOps.UPCAST, 0, up),) if up > 1 else ())
     return out[t, n].store(acc).end(t, n).sink(arg=KernelInfo(name=f"{name}_{rows}_{cols}", opts_to_apply=opts))
 
 

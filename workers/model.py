@@ -11,6 +11,7 @@ from tinygrad import Device, Tensor
 from tinygrad.function import function
 
 from workers.cpu_matmul import FUSED_DEQUANT_MAX_ROWS as CPU_FUSED_DEQUANT_MAX_ROWS
+from workers.cpu_graph import use_cpu_graph
 from workers.cpu_matmul import cpu_linear, use_cpu_kernels
 from workers.model_config import ModelConfig
 from workers.quantized_weight import DeviceWeight, dequant_at_load_default
@@ -90,6 +91,7 @@ class Transformer:
         weight into float32 on the device (the old path, ~4x the bytes); None reads TINYVLLM_DEQUANT_AT_LOAD."""
         self.cfg = cfg
         self.cpu_kernels = use_cpu_kernels(Device.DEFAULT)
+        use_cpu_graph(Device.DEFAULT)
         if dequantize_at_load is None:
             dequantize_at_load = dequant_at_load_default()
         w = {name: DeviceWeight.from_host(arr, dequantize_at_load) for name, arr in weights.items()}

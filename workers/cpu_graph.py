@@ -1,0 +1,135 @@
+"""A TinyJit graph for tinygrad's CPU backend: a captured step's kernels run from C, on all cores.
+
+Without it, tinygrad runs every kernel of a jitted CPU step from Python, one ctypes call each (~50 us; a
+decode step has ~730 kernels), and a kernel that tinygrad split across cores (its `core_id` argument) runs
+its parts one after another on the calling thread. `CPUGraph` is a tinygrad `GraphRunner`: the JIT hands it
+batches of compiled kernels, it writes them once into a command table (function address, core count, the
+arguments), and each replay patches only what changes (input buffer addresses, symbolic variables such as
+positions) and calls `tv_run` in workers/cpu_graph_exec.c, which runs the table on a pool of threads.
+
+Command table row (uint64): [function address, core count | (core_id argument index + 1) << 16, args...].
+`use_cpu_graph(device)` installs it; `TINYVLLM_CPU_GRAPH=0` turns it off.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from tinygrad import Device
+from tinygrad.engine.jit import GraphException, GraphRunner
+from tinygrad.helpers import NUM_CPU_THREADS
+from tinygrad.uop.ops import Ops
+
+from workers.env_flags import env_flag
+
+CPU_GRAPH_ENV = "TINYVLLM_CPU_GRAPH"
+_SOURCE = Path(__file__).with_name("cpu_graph_exec.c")
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tinyvllm"
+
+
+@functools.cache
+def executor() -> ctypes.CDLL:
+    """The compiled executor, built with clang into ~/.cache/tinyvllm on first use (keyed by its source)."""
+    source = _SOURCE.read_bytes()
+    lib_path = _cache_dir() / f"cpu_graph_exec-{hashlib.sha256(source).hexdigest()[:16]}.so"
+    if not lib_path.exists():
+        clang = shutil.which("clang")
+        if clang is None:
+            raise RuntimeError("clang is needed to build the CPU graph executor (tinygrad's CPU backend needs it too)")
+        lib_path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib_path.parent)
+        os.close(fd)
+        try:
+            subprocess.run([clang, "-O2", "-shared", "-fPIC", "-pthread", "-o", tmp, str(_SOURCE)], check=True)
+            os.replace(tmp, lib_path)  # atomic: worker processes may build it at the same time
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    lib = ctypes.CDLL(str(lib_path))
+    lib.tv_start.argtypes, lib.tv_start.restype = [ctypes.c_int], ctypes.c_int
+    lib.tv_run.argtypes, lib.tv_run.restype = [ctypes.c_void_p, ctypes.c_int], None
+    lib.tv_max_args.restype = ctypes.c_int
+    lib.threads = lib.tv_start(NUM_CPU_THREADS.value)
+    return lib
+
+
+MAX_ARGS = 24  # tv_max_args() in cpu_graph_exec.c
+
+
+class CPUGraph(GraphRunner):
+    @staticmethod
+    def supports_uop(batch_devs, new_call) -> bool:
+        """Compiled kernels with at most MAX_ARGS arguments and a fixed core count; the JIT runs any other call
+        itself, between graphs."""
+        if not GraphRunner.supports_uop(batch_devs, new_call):
+            return False
+        info = new_call.src[0].arg
+        return len(info.globals) + len(info.vars) <= MAX_ARGS and isinstance(info.global_size[0], int)
+
+    def __init__(self, linear, input_uops=()):
+        super().__init__(linear, input_uops)
+        lib = executor()
+        max_args = lib.tv_max_args()
+        if self.launch_dims_replace or max_args != MAX_ARGS:
+            raise GraphException("CPUGraph: a call it does not support")  # supports_uop keeps these out
+        self.table = np.zeros((len(self.calls), 2 + max_args), dtype=np.uint64)
+        self.buffer_patches: list[tuple[int, int, int]] = []  # (row, column, input slot)
+        self.var_columns: dict[tuple[int, int], int] = {}  # (row, index in the program's vars) -> column
+        for j, ((_, ast, bufs, device_vars), runtime, replace) in enumerate(zip(self.calls, self.runtimes, self.uop_replace)):
+            if ast.op is not Ops.PROGRAM or runtime is None:
+                raise GraphException("CPUGraph: only compiled kernels")
+            info = ast.arg
+            n_bufs = len(info.globals)
+            if n_bufs + len(info.vars) > max_args:
+                raise GraphException(f"CPUGraph: {info.name} has more than {max_args} arguments")
+            row = self.table[j]
+            row[0] = runtime.addr
+            core_arg = info.runtimevars.get("core_id")
+            cores = int(info.global_size[0]) if core_arg is not None else 1
+            row[1] = cores | ((n_bufs + core_arg + 1) << 16 if core_arg is not None else 0)
+            for col, g in enumerate(info.globals):
+                row[2 + col] = bufs[g].get_buf(bufs[g].device).va_addr
+            position = {p: info.globals.index(p) for p in info.globals}
+            self.buffer_patches += [(j, 2 + position[p], slot) for p, slot in replace if p in position]
+            for i, v in enumerate(info.vars):
+                if v.expr in device_vars:
+                    row[2 + n_bufs + i] = device_vars[v.expr]
+                self.var_columns[(j, i)] = 2 + n_bufs + i
+        self.lib, self.table_ptr = lib, self.table.ctypes.data
+
+    def __call__(self, input_uops, var_vals, wait=False):
+        for row, col, slot in self.buffer_patches:
+            buf = input_uops[slot].buffer
+            self.table[row, col] = buf.ensure_allocated().get_buf(buf.device).va_addr
+        for j, i, val in self.updated_vars(var_vals):
+            self.table[j, self.var_columns[(j, i)]] = val
+        start = time.perf_counter()
+        self.lib.tv_run(self.table_ptr, len(self.table))
+        return time.perf_counter() - start if wait else None
+
+
+def use_cpu_graph(device: str) -> bool:
+    """Makes TinyJit batch `device`'s kernels into CPUGraph if it is tinygrad's CPU backend (and the device has
+    no graph of its own); returns whether it does. TINYVLLM_CPU_GRAPH=0 takes it out again."""
+    if not isinstance(device, str) or device.split(":")[0] != "CPU":
+        return False
+    dev = Device[device]
+    if not env_flag(CPU_GRAPH_ENV, True):
+        if dev.graph is CPUGraph:
+            dev.graph = None
+        return False
+    if dev.graph is None:
+        dev.graph = CPUGraph
+    return dev.graph is CPUGraph
