@@ -6,6 +6,8 @@ scatter over the whole cache, so their cost does not grow with the cache size.
 """
 from tinygrad import Tensor, UOp, dtypes
 
+from workers.cpu_attention import cpu_decode_attention
+from workers.cpu_attention import supports as supports_cpu_attention
 from workers.kv_cache import PagedKVCache
 
 
@@ -28,18 +30,24 @@ def block_slots(block_table: Tensor, block_size: int) -> Tensor:
 
 
 class DecodeAttention:
-    """B sequences, one new token each. Row b writes at slot_vars[b] and sees context_lens[b] tokens."""
+    """B sequences, one new token each. Row b writes at slot_vars[b] and sees context_lens[b] tokens, which lie in
+    the first nb blocks of its row of block_tables. cpu_kernels: attend with workers/cpu_attention.py's kernel."""
 
-    def __init__(self, cache: PagedKVCache, block_tables: Tensor, context_lens: Tensor, slot_vars: list[UOp]):
+    def __init__(self, cache: PagedKVCache, block_tables: Tensor, nb: UOp, context_lens: Tensor, slot_vars: list[UOp],
+                 cpu_kernels: bool = False):
         self.cache, self.slot_vars = cache, slot_vars
-        self.slots = block_slots(block_tables, cache.block_size)  # [B, S]
+        self.block_tables, self.context_lens = block_tables, context_lens
+        self.slots = block_slots(block_tables[:, :nb], cache.block_size)  # [B, S]
         S = self.slots.shape[1]
         self.mask = (Tensor.arange(S, dtype=dtypes.int32).reshape(1, 1, S) < context_lens.reshape(-1, 1, 1))
+        self.cpu_kernels = cpu_kernels
 
     def __call__(self, layer: int, q: Tensor, kv: Tensor) -> Tensor:
         cache = self.cache.layers[layer]
         for b, slot in enumerate(self.slot_vars):
             cache[slot:slot + 1].assign(kv[b:b + 1])
+        if self.cpu_kernels and supports_cpu_attention(q.shape[1], kv.shape[2], q.shape[2]):
+            return cpu_decode_attention(q, cache, self.block_tables, self.context_lens, self.cache.block_size)
         ctx = cache[self.slots]  # [B, S, 2, KVH, D]
         return gqa_attention(q.unsqueeze(1), ctx[:, :, 0], ctx[:, :, 1], self.mask).squeeze(1)
 

@@ -25,6 +25,7 @@ from tinygrad.helpers import NUM_CPU_THREADS
 from tinygrad.renderer.cstyle import ClangRenderer
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 
+from workers.cpu_matvec import C_KERNEL_KINDS, cpu_matvec
 from workers.env_flags import env_flag
 
 REASSOCIATE_PRAGMA = "#pragma clang fp reassociate(on)\n"
@@ -107,6 +108,8 @@ def cpu_linear(h: Tensor, w, max_fused_rows: int) -> Tensor:
     rows the quantised weight is dequantised inside the matmul's loop; for more, dequantising it once into a
     scratch float32 buffer and running the float32 kernel is faster (the loop's integer work is per row)."""
     rows, cols = h.shape[0], w.shape[0]
+    if rows <= max_fused_rows and w.kind in C_KERNEL_KINDS:
+        return cpu_matvec(h, w)
     kind, parts = (w.kind, w.parts) if rows <= max_fused_rows else ("F32", (w.dequantized().contiguous(),))
     out = Tensor.empty(rows, cols, dtype=dtypes.float32, device=h.device)
     return out.custom_kernel(h.float().contiguous(), *parts, fxn=_KERNELS[kind])[0]

@@ -70,7 +70,7 @@ class ModelRunner:
 
     # ---- jitted bodies -----------------------------------------------------------------------
     def _decode_step(self, tokens: Tensor, positions: Tensor, block_tables: Tensor, context_lens: Tensor, nb: UOp, *slots: UOp):
-        attend = DecodeAttention(self.cache, block_tables[:, :nb], context_lens, list(slots))
+        attend = DecodeAttention(self.cache, block_tables, nb, context_lens, list(slots), self.model.cpu_kernels)
         logits = self.model.logits(self.model.forward(tokens, positions, attend))
         Tensor.realize(logits, *self.cache.layers)  # one schedule: realizing them apart runs the layers twice
         return logits

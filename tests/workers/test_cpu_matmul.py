@@ -53,10 +53,10 @@ def test_cpu_device_renders_with_the_reassociation_pragma(weights):
     # two new kernels in one realize: tinygrad compiles them in its spawned worker pool where it has one
     h = Tensor(np.ones((5, K), np.float32)).realize()
     before = set(to_program_cache)
-    Tensor.realize(cpu_linear(h, weights["Q8_0"][0], FUSED_DEQUANT_MAX_ROWS), (h * 7).sum(1))
+    Tensor.realize(cpu_linear(h, weights["F32"][0], FUSED_DEQUANT_MAX_ROWS), (h * 7).sum(1))
     sources = {p.src[0].arg.name: p.src[2].arg for key, p in to_program_cache.items()
                if key not in before and p.src[0].arg is not None and p.src[2].op is Ops.SOURCE}
-    assert "matmul_q8_0_5_48" in sources and len(sources) >= 2
+    assert "matmul_f32_5_48" in sources and len(sources) >= 2
     assert all(src.startswith(REASSOCIATE_PRAGMA) for src in sources.values())
 
 
