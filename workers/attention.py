@@ -6,7 +6,7 @@ scatter over the whole cache, so their cost does not grow with the cache size.
 """
 from tinygrad import Tensor, UOp, dtypes
 
-from workers.cpu_attention import cpu_decode_attention
+from workers.cpu_attention import cpu_decode_attention, cpu_prefill_attention
 from workers.cpu_attention import supports as supports_cpu_attention
 from workers.kv_cache import PagedKVCache
 
@@ -56,11 +56,14 @@ class PrefillAttention:
     """One sequence, a chunk of T (padded) tokens at positions start .. start+T-1, of which n_valid are real.
 
     write_block_vars[j] is the physical id of the j-th block the chunk touches (the scratch block when
-    it touches fewer); each is rewritten whole, keeping the slots outside the chunk."""
+    it touches fewer); each is rewritten whole, keeping the slots outside the chunk. The keys and values it
+    attends over lie in the first nb blocks of block_table. cpu_kernels: as DecodeAttention."""
 
-    def __init__(self, cache: PagedKVCache, block_table: Tensor, start: Tensor, n_valid: Tensor, write_block_vars: list[UOp]):
+    def __init__(self, cache: PagedKVCache, block_table: Tensor, nb: UOp, start: Tensor, n_valid: Tensor,
+                 write_block_vars: list[UOp], cpu_kernels: bool = False):
         self.cache, self.write_block_vars = cache, write_block_vars
-        self.slots = block_slots(block_table, cache.block_size)  # [S]
+        self.block_table, self.cpu_kernels = block_table, cpu_kernels
+        self.slots = block_slots(block_table[:nb], cache.block_size)  # [S]
         self.start, self.n_valid = start, n_valid
         bs = cache.block_size
         self.first_block_pos = (start // bs) * bs
@@ -72,6 +75,8 @@ class PrefillAttention:
             keep_new = ((rel >= 0) & (rel < self.n_valid)).reshape(bs, 1, 1, 1)
             view = cache[blk * bs:blk * bs + bs]
             view.assign(keep_new.where(kv[rel.clip(0, T - 1)], view))
+        if self.cpu_kernels and supports_cpu_attention(q.shape[1], kv.shape[2], q.shape[2]):
+            return cpu_prefill_attention(q, cache, self.block_table, self.start, bs)
         ctx = cache[self.slots]  # [S, 2, KVH, D]
         S = ctx.shape[0]
         positions = self.start + Tensor.arange(T, dtype=dtypes.int32)

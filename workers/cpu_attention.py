@@ -1,18 +1,20 @@
-"""Decode attention on the CPU backend as one hand-written C kernel that reads the paged KV cache in place.
+"""Paged attention on the CPU backend as one hand-written C kernel that reads the KV cache in place.
 
-tinygrad's version (workers/attention.py) gathers every sequence's blocks into a dense copy, then runs the
-scores, softmax and weighted sum as separate kernels over `nb` symbolic blocks; on this CPU those kernels ran
-at ~1 GFLOP/s and did not use the second core. This kernel walks each sequence's block table itself, up to the
-sequence's own length: per (sequence, kv head) the scores of its query heads, a softmax with a vectorised
-exp, and the weighted sum of the values. Work items are split across cores through tinygrad's `core_id`.
-Like workers/cpu_matvec.py it is a tinygrad PROGRAM in portable C vector extensions.
+tinygrad's version (workers/attention.py) gathers the blocks into a dense copy, then runs the scores, softmax
+and weighted sum as separate kernels over `nb` symbolic blocks; on this CPU those ran at ~1 GFLOP/s on one
+core. This kernel walks the block table itself, up to each row's own length: per (row, kv head) the scores of
+its query heads, a softmax with a vectorised exp, and the weighted sum of the values. A decode row is a
+sequence (its own table row and length); a prefill row is one query of a chunk, causal from the chunk's start.
+Rows are dealt to the cores round-robin through tinygrad's `core_id`. Like workers/cpu_matvec.py it is
+portable C (clang vector extensions) run as a tinygrad PROGRAM (workers/c_kernel.py).
 """
 from __future__ import annotations
 
 from tinygrad import Tensor, dtypes
 from tinygrad.helpers import NUM_CPU_THREADS
 from tinygrad.renderer import Estimates
-from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
+
+from workers.c_kernel import c_kernel
 
 _SOURCE = """typedef float v16 __attribute__((vector_size(64), aligned(4)));
 #define B {batch}
@@ -24,7 +26,8 @@ _SOURCE = """typedef float v16 __attribute__((vector_size(64), aligned(4)));
 #define BS {block_size}
 #define MAXB {max_blocks}
 #define ITEMS (B * KVH)
-#define PER_CORE {per_core}
+#define CORES {cores}
+#define PREFILL {prefill}
 
 static inline float lane_sum(v16 v) {{
 #pragma clang fp reassociate(on)
@@ -52,13 +55,15 @@ static inline float exp_nonpositive(float x) {{
   return p * scale;
 }}
 
+// decode: row b is sequence b, with block table row b and length lens[b];
+// prefill: row b is query b of one sequence's chunk, at position lens[0] + b, so it sees lens[0] + b + 1 keys
 void {name}(float *restrict out, const float *restrict q, const float *restrict cache, const int *restrict tables,
             const int *restrict lens, int core_id) {{
   float scores[G][MAXB * BS];
-  const int end = (core_id + 1) * PER_CORE < ITEMS ? (core_id + 1) * PER_CORE : ITEMS;
-  for (int item = core_id * PER_CORE; item < end; item++) {{
+  for (int item = core_id; item < ITEMS; item += CORES) {{  // interleaved: causal prefill rows grow in cost
     const int b = item / KVH, kvh = item % KVH;
-    int n = lens[b];
+    const int *table = tables + (PREFILL ? 0 : b * MAXB);
+    int n = PREFILL ? lens[0] + b + 1 : lens[b];
     n = n < 0 ? 0 : (n > MAXB * BS ? MAXB * BS : n);
     v16 qv[G][DV], acc[G][DV];
     for (int g = 0; g < G; g++)
@@ -69,7 +74,7 @@ void {name}(float *restrict out, const float *restrict q, const float *restrict 
     float max_score[G];
     for (int g = 0; g < G; g++) max_score[g] = -__builtin_inff();
     for (int p = 0; p < n; p++) {{
-      const long slot = (long)tables[b * MAXB + p / BS] * BS + p % BS;
+      const long slot = (long)table[p / BS] * BS + p % BS;
       const float *key = cache + (slot * 2 * KVH + kvh) * D;
       for (int g = 0; g < G; g++) {{
         v16 dot = qv[g][0] * *(const v16 *)key;
@@ -86,7 +91,7 @@ void {name}(float *restrict out, const float *restrict q, const float *restrict 
       denom[g] = sum > 0.0f ? sum : 1.0f;
     }}
     for (int p = 0; p < n; p++) {{
-      const long slot = (long)tables[b * MAXB + p / BS] * BS + p % BS;
+      const long slot = (long)table[p / BS] * BS + p % BS;
       const float *value = cache + (slot * 2 * KVH + KVH + kvh) * D;
       for (int g = 0; g < G; g++)
         for (int c = 0; c < DV; c++) acc[g][c] += scores[g][p] * *(const v16 *)(value + c * 16);
@@ -103,29 +108,31 @@ def supports(heads: int, kv_heads: int, head_dim: int) -> bool:
     return head_dim % 16 == 0 and heads % kv_heads == 0
 
 
-def _program(batch: int, heads: int, kv_heads: int, head_dim: int, block_size: int, max_blocks: int):
-    items = batch * kv_heads
+def _program(rows: int, heads: int, kv_heads: int, head_dim: int, block_size: int, max_blocks: int, prefill: bool):
+    items = rows * kv_heads
     cores = max(1, min(NUM_CPU_THREADS.value, items))
-    name = f"paged_attention_decode_{batch}_{heads}_{kv_heads}_{head_dim}_{block_size}_{max_blocks}_c{cores}"
-    source = _SOURCE.format(name=name, batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                            block_size=block_size, max_blocks=max_blocks, per_core=-(-items // cores),
+    name = f"paged_attention_{'prefill' if prefill else 'decode'}_{rows}_{heads}_{kv_heads}_{head_dim}_{block_size}_{max_blocks}_c{cores}"
+    source = _SOURCE.format(name=name, batch=rows, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                            block_size=block_size, max_blocks=max_blocks, cores=cores, prefill=int(prefill),
                             scale=repr(float(head_dim) ** -0.5))
+    return c_kernel(name, source, cores, Estimates(ops=4 * rows * heads * head_dim))
 
-    def fxn(*params: UOp) -> UOp:
-        core = UOp.variable("core_id", 0, cores - 1, dtypes.int, param=True)
-        sink = UOp.sink(*params, core, arg=KernelInfo(name=name, estimates=Estimates(ops=4 * batch * heads * head_dim)))
-        info = ProgramInfo(name=name, global_size=(cores, 1, 1), local_size=(1, 1, 1), vars=(core,),
-                           globals=tuple(range(len(params))), outs=(0,), ins=tuple(range(1, len(params))))
-        return UOp(Ops.PROGRAM, src=(sink, UOp(Ops.LINEAR, src=(*sink.src, sink)), UOp(Ops.SOURCE, arg=source)), arg=info)
-    return fxn
+
+def _attend(q: Tensor, cache: Tensor, tables: Tensor, lens: Tensor, block_size: int, prefill: bool) -> Tensor:
+    rows, heads, head_dim = q.shape
+    out = Tensor.empty(rows, heads * head_dim, dtype=dtypes.float32, device=q.device)
+    fxn = _program(rows, heads, cache.shape[2], head_dim, block_size, tables.shape[-1], prefill)
+    return out.custom_kernel(q.float().contiguous(), cache, tables.cast(dtypes.int32).contiguous(),
+                             lens.cast(dtypes.int32).contiguous(), fxn=fxn)[0]
 
 
 def cpu_decode_attention(q: Tensor, cache: Tensor, block_tables: Tensor, context_lens: Tensor, block_size: int) -> Tensor:
     """q [B, H, D]; cache [slots, 2, KVH, D] (workers/kv_cache.py); block_tables [B, max_blocks] int32;
     context_lens [B] int32 (row b attends to its first context_lens[b] positions) -> [B, H * D]."""
-    batch, heads, head_dim = q.shape
-    kv_heads, max_blocks = cache.shape[2], block_tables.shape[1]
-    out = Tensor.empty(batch, heads * head_dim, dtype=dtypes.float32, device=q.device)
-    fxn = _program(batch, heads, kv_heads, head_dim, block_size, max_blocks)
-    return out.custom_kernel(q.float().contiguous(), cache, block_tables.cast(dtypes.int32).contiguous(),
-                             context_lens.cast(dtypes.int32).contiguous(), fxn=fxn)[0]
+    return _attend(q, cache, block_tables, context_lens, block_size, prefill=False)
+
+
+def cpu_prefill_attention(q: Tensor, cache: Tensor, block_table: Tensor, start: Tensor, block_size: int) -> Tensor:
+    """One sequence's chunk: q [T, H, D] for positions start .. start+T-1 (causal); block_table [max_blocks]
+    int32; start: an int32 Tensor of one element -> [T, H * D]."""
+    return _attend(q, cache, block_table.reshape(1, -1), start.reshape(1), block_size, prefill=True)

@@ -25,6 +25,8 @@ from tinygrad.helpers import NUM_CPU_THREADS
 from tinygrad.renderer.cstyle import ClangRenderer
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 
+from workers.cpu_gemm import cpu_gemm
+from workers.cpu_gemm import supports as supports_cpu_gemm
 from workers.cpu_matvec import C_KERNEL_KINDS, cpu_matvec
 from workers.env_flags import env_flag
 
@@ -110,6 +112,8 @@ def cpu_linear(h: Tensor, w, max_fused_rows: int) -> Tensor:
     rows, cols = h.shape[0], w.shape[0]
     if rows <= max_fused_rows and w.kind in C_KERNEL_KINDS:
         return cpu_matvec(h, w)
+    if rows > max_fused_rows and supports_cpu_gemm(w):
+        return cpu_gemm(h, w)
     kind, parts = (w.kind, w.parts) if rows <= max_fused_rows else ("F32", (w.dequantized().contiguous(),))
     out = Tensor.empty(rows, cols, dtype=dtypes.float32, device=h.device)
     return out.custom_kernel(h.float().contiguous(), *parts, fxn=_KERNELS[kind])[0]

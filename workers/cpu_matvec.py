@@ -6,37 +6,34 @@ across the whole reduction and sum its lanes once per output: per block, the wei
 into two vectors (q * d + m) once and multiplied into every activation row. The C uses clang's portable vector
 extensions (no intrinsics), so it compiles to AVX-512, AVX2 or NEON code with `-march=native`.
 
-Each kernel is a tinygrad PROGRAM (tinygrad compiles the source with its own clang and disk cache, and the JIT
-and workers/cpu_graph.py run it like any kernel). Its output columns are split across cores through tinygrad's
-`core_id` argument. Shapes, row count and core count are compile-time constants.
+Each kernel is a tinygrad PROGRAM (workers/c_kernel.py); its output columns are split across cores through
+tinygrad's `core_id` argument. Shapes, row count and core count are compile-time constants.
 """
 from __future__ import annotations
 
 from tinygrad import Tensor, dtypes
 from tinygrad.helpers import NUM_CPU_THREADS
 from tinygrad.renderer import Estimates
-from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
+
+from workers.c_kernel import c_kernel
 
 C_KERNEL_KINDS = ("Q4_1", "Q8_0")
 
-_PRELUDE = """#pragma clang fp reassociate(on)
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
+# shared by the C kernels of workers/cpu_matvec.py and workers/cpu_gemm.py
+VECTOR_TYPES = """typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef unsigned char u8x16 __attribute__((vector_size(16), aligned(1)));
 typedef signed char i8x16 __attribute__((vector_size(16), aligned(1)));
-#if defined(__AVX512F__)
-#define ROW_TILE 16
-#else
-#define ROW_TILE 8
-#endif
 static inline float lane_sum(v16 v) {
+#pragma clang fp reassociate(on)
   float s = 0.0f;
   for (int i = 0; i < 16; i++) s += v[i];
   return s;
 }
 """
 
-# the block's 32 weights as two 16-lane vectors w0 (elements 0-15) and w1 (16-31)
-_DEQUANT = {
+# weight row n's 32-element block b as two 16-lane vectors w0 (elements 0-15) and w1 (16-31); K, KB = K / 32
+DEQUANT_BLOCK = {
+    "F32": """      const v16 w0 = *(const v16 *)(weight + (long)n * K + b * 32), w1 = *(const v16 *)(weight + (long)n * K + b * 32 + 16);""",
     "Q4_1": """      const u8x16 q = *(const u8x16 *)(weight + ((long)n * KB + b) * 16);
       const float scale = d[(long)n * KB + b], low = m[(long)n * KB + b];
       const v16 w0 = __builtin_convertvector(q & (unsigned char)15, v16) * scale + low;
@@ -46,20 +43,28 @@ _DEQUANT = {
       const float scale = d[(long)n * KB + b];
       const v16 w0 = __builtin_convertvector(q0, v16) * scale, w1 = __builtin_convertvector(q1, v16) * scale;""",
 }
-_PARAMS = {
+WEIGHT_PARAMS = {  # DeviceWeight.parts as C parameters
+    "F32": "const float *restrict weight",
     "Q4_1": "const unsigned char *restrict weight, const float *restrict d, const float *restrict m",
     "Q8_0": "const signed char *restrict weight, const float *restrict d",
 }
+BLOCK_BYTES = {"F32": 128, "Q4_1": 20, "Q8_0": 34}  # bytes of one 32-element block as stored in GGUF
 
 
 def matvec_source(name: str, kind: str, rows: int, cols: int, k: int, cores: int) -> str:
     """C for out[rows, cols] = h[rows, k] @ w.T, core `core_id` of `cores` computing its share of the columns."""
-    return _PRELUDE + f"""#define ROWS {rows}
+    return VECTOR_TYPES + f"""#pragma clang fp reassociate(on)
+#if defined(__AVX512F__)
+#define ROW_TILE 16
+#else
+#define ROW_TILE 8
+#endif
+#define ROWS {rows}
 #define COLS {cols}
 #define K {k}
 #define KB {k // 32}
 #define PER_CORE {-(-cols // cores)}
-void {name}(float *restrict out, const float *restrict h, {_PARAMS[kind]}, int core_id) {{
+void {name}(float *restrict out, const float *restrict h, {WEIGHT_PARAMS[kind]}, int core_id) {{
   const int n_end = (core_id + 1) * PER_CORE < COLS ? (core_id + 1) * PER_CORE : COLS;
   for (int n = core_id * PER_CORE; n < n_end; n++) {{
     for (int t0 = 0; t0 < ROWS; t0 += ROW_TILE) {{
@@ -67,7 +72,7 @@ void {name}(float *restrict out, const float *restrict h, {_PARAMS[kind]}, int c
       v16 acc[ROW_TILE];
       for (int t = 0; t < ROW_TILE; t++) acc[t] = (v16){{0}};
       for (int b = 0; b < KB; b++) {{
-{_DEQUANT[kind]}
+{DEQUANT_BLOCK[kind]}
         for (int t = 0; t < tiles; t++) {{
           const float *x = h + (long)(t0 + t) * K + b * 32;
           acc[t] += w0 * *(const v16 *)x + w1 * *(const v16 *)(x + 16);
@@ -84,16 +89,9 @@ def _program(kind: str, rows: int, cols: int, k: int):
     cores = max(1, min(NUM_CPU_THREADS.value, cols))
     name = f"matvec_{kind.lower()}_{rows}_{cols}_{k}_c{cores}"
     source = matvec_source(name, kind, rows, cols, k, cores)
-    weight_bytes = cols * k * (20 if kind == "Q4_1" else 34) // 32
-
-    def fxn(*params: UOp) -> UOp:
-        core = UOp.variable("core_id", 0, cores - 1, dtypes.int, param=True)
-        sink = UOp.sink(*params, core, arg=KernelInfo(name=name, estimates=Estimates(
-            ops=2 * rows * cols * k, lds=weight_bytes + 4 * rows * k, mem=weight_bytes + 4 * rows * (k + cols))))
-        info = ProgramInfo(name=name, global_size=(cores, 1, 1), local_size=(1, 1, 1), vars=(core,),
-                           globals=tuple(range(len(params))), outs=(0,), ins=tuple(range(1, len(params))))
-        return UOp(Ops.PROGRAM, src=(sink, UOp(Ops.LINEAR, src=(*sink.src, sink)), UOp(Ops.SOURCE, arg=source)), arg=info)
-    return fxn
+    weight_bytes = cols * k * BLOCK_BYTES[kind] // 32
+    return c_kernel(name, source, cores, Estimates(ops=2 * rows * cols * k, lds=weight_bytes + 4 * rows * k,
+                                                   mem=weight_bytes + 4 * rows * (k + cols)))
 
 
 def cpu_matvec(h: Tensor, w) -> Tensor:

@@ -79,7 +79,7 @@ class ModelRunner:
                         write_blocks: tuple[UOp, ...]) -> Tensor:
         T = tokens.shape[0]
         positions = (start + Tensor.arange(T, dtype=dtypes.int32)).clip(0, self.max_model_len - 1)
-        attend = PrefillAttention(self.cache, block_table[:nb], start, n_valid, list(write_blocks))
+        attend = PrefillAttention(self.cache, block_table, nb, start, n_valid, list(write_blocks), self.model.cpu_kernels)
         hidden = self.model.forward(tokens, positions, attend)
         Tensor.realize(hidden, *self.cache.layers)  # together: realizing the cache alone would leave hidden to recompute
         return hidden

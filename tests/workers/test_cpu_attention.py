@@ -1,11 +1,11 @@
-"""The CPU decode-attention kernel (workers/cpu_attention.py) against a numpy softmax(q k^T / sqrt(d)) v over each
+"""The CPU attention kernels (workers/cpu_attention.py) against a numpy softmax(q k^T / sqrt(d)) v over each
 sequence's own blocks: scattered and shared block ids, grouped query heads, lengths that end mid-block, a
 length of zero, scores spread over tens of units; and inside a TinyJit whose inputs change between calls (the CPU graph patches them)."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit
 
-from workers.cpu_attention import cpu_decode_attention, supports
+from workers.cpu_attention import cpu_decode_attention, cpu_prefill_attention, supports
 from workers.cpu_graph import use_cpu_graph
 
 BS, MAXB, KVH, H, D = 4, 5, 2, 6, 32
@@ -43,7 +43,7 @@ def test_matches_numpy(B):
     if B == 3:
         lens[1] = 0  # nothing to attend to: zeros, not NaN
     got = cpu_decode_attention(Tensor(q), Tensor(cache), Tensor(tables), Tensor(lens), BS).numpy()
-    np.testing.assert_allclose(got, reference(q, cache, tables, lens), rtol=5e-6, atol=5e-6)
+    np.testing.assert_allclose(got, reference(q, cache, tables, lens), rtol=5e-6, atol=1e-5)
 
 
 def test_in_a_jit_with_new_inputs_each_call():
@@ -57,7 +57,16 @@ def test_in_a_jit_with_new_inputs_each_call():
     for _ in range(4):
         q, cache, tables, lens = inputs(rng, 4)
         got = step(Tensor(q), Tensor(cache), Tensor(tables), Tensor(lens)).numpy()
-        np.testing.assert_allclose(got, reference(q, cache, tables, lens), rtol=5e-6, atol=5e-6)
+        np.testing.assert_allclose(got, reference(q, cache, tables, lens), rtol=5e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("start,T", [(0, 8), (5, 8), (13, 7)])
+def test_prefill_is_causal_from_the_chunk_start(start, T):
+    q, cache, tables, _ = inputs(np.random.default_rng(start), 1)
+    q = np.random.default_rng(T).standard_normal((T, H, D)).astype(np.float32) * 3
+    got = cpu_prefill_attention(Tensor(q), Tensor(cache), Tensor(tables[0]), Tensor(np.array([start], np.int32)), BS).numpy()
+    rows = [reference(q[t:t + 1], cache, tables, np.array([min(start + t + 1, MAXB * BS)])) for t in range(T)]
+    np.testing.assert_allclose(got, np.concatenate(rows), rtol=5e-6, atol=1e-5)
 
 
 def test_supported_shapes():

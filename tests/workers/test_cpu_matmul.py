@@ -30,7 +30,7 @@ def weights(tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind", ["F32", "Q4_1", "Q8_0"])
-@pytest.mark.parametrize("rows", [1, 3, 8, 16, 40])  # decode buckets, an odd one; 40: prefill (scratch weight)
+@pytest.mark.parametrize("rows", [1, 3, 8, 16, 40, 42])  # decode buckets, an odd one; 40, 42: prefill (cpu_gemm, 42 with a part tile)
 def test_cpu_linear_equals_numpy(weights, kind, rows):
     assert use_cpu_kernels(Device.DEFAULT), "the test suite runs on tinygrad's CPU backend"
     weight, dense = weights[kind]

@@ -1,0 +1,22 @@
+"""Hand-written C kernels for tinygrad's CPU backend, as tinygrad PROGRAMs.
+
+`c_kernel(name, source, cores, estimates)` is a `custom_kernel` fxn: tinygrad compiles `source` with its own
+clang flags (-O2 -march=native, freestanding) and disk cache, and the JIT and workers/cpu_graph.py run it like
+a generated kernel. The C function `name` takes the custom_kernel's buffers in order (output first), then
+`int core_id`: the program runs once per core id in [0, cores), each call doing its share of the work.
+"""
+from __future__ import annotations
+
+from tinygrad import dtypes
+from tinygrad.renderer import Estimates
+from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
+
+
+def c_kernel(name: str, source: str, cores: int, estimates: Estimates):
+    def fxn(*params: UOp) -> UOp:
+        core = UOp.variable("core_id", 0, cores - 1, dtypes.int, param=True)
+        sink = UOp.sink(*params, core, arg=KernelInfo(name=name, estimates=estimates))
+        info = ProgramInfo(name=name, global_size=(cores, 1, 1), local_size=(1, 1, 1), vars=(core,),
+                           globals=tuple(range(len(params))), outs=(0,), ins=tuple(range(1, len(params))))
+        return UOp(Ops.PROGRAM, src=(sink, UOp(Ops.LINEAR, src=(*sink.src, sink)), UOp(Ops.SOURCE, arg=source)), arg=info)
+    return fxn
