@@ -1,4 +1,4 @@
-"""Prefill-sized matrix products on the CPU backend (more than a decode batch of rows) as a hand-written C kernel.
+"""Matrix products of GEMM_MIN_ROWS or more rows (decode batches, prefill chunks) on the CPU backend, in C.
 
 out[T, N] = h[T, K] @ w.T, w float32, Q4_1 or Q8_0. Each core takes its share of the output columns in panels
 of NR weight rows: the panel is dequantised once into a small float32 buffer (L1-sized: NR x K floats), then
@@ -16,7 +16,7 @@ from tinygrad.renderer import Estimates
 from workers.c_kernel import c_kernel
 from workers.cpu_matvec import BLOCK_BYTES, DEQUANT_BLOCK, VECTOR_TYPES, WEIGHT_PARAMS
 
-GEMM_KINDS = ("F32", "Q4_1", "Q8_0")
+GEMM_MIN_ROWS = 4  # MR: with fewer rows cpu_matvec is faster (measured: docs/BENCHMARKS.md)
 
 _SOURCE = """#define T {rows}
 #define N {cols}
@@ -84,12 +84,8 @@ def _program(kind: str, rows: int, cols: int, k: int):
                                                    mem=weight_bytes + 4 * rows * (k + cols)))
 
 
-def supports(w) -> bool:
-    return w.kind in GEMM_KINDS and w.shape[1] % 32 == 0
-
-
 def cpu_gemm(h: Tensor, w) -> Tensor:
-    """h [T, K] @ w.T for a workers.quantized_weight.DeviceWeight w [N, K] (see supports): [T, N] float32."""
+    """h [T, K] @ w.T for a workers.quantized_weight.DeviceWeight w [N, K] (c_kernels_support): [T, N] float32."""
     rows, k = h.shape
     out = Tensor.empty(rows, w.shape[0], dtype=dtypes.float32, device=h.device)
     return out.custom_kernel(h.float().contiguous(), *w.parts, fxn=_program(w.kind, rows, w.shape[0], k))[0]

@@ -9,13 +9,14 @@ chain of scalar adds. So on CPU:
   reordering of additions and multiplications only (no finite-math or no-NaN assumptions, so -inf masks
   still work); the on-disk kernel cache is keyed by the source text, so it never serves a kernel compiled
   without the pragma for one with it.
-- `cpu_linear(h, w, max_fused_rows)` computes h @ w.T with one custom kernel per weight kind (float32, Q4_1,
-  Q8_0): rows of the output outer, the reduction as a plain inner loop over the weight's contiguous bytes (which clang turns
-  into vector FMAs), dequantising in the loop, and the rows of h upcast (up to 16 at a time) so each weight
-  byte loaded serves many rows. The loop shape is fixed (`opts_to_apply`), not left to the heuristics.
+- `cpu_linear(h, w)` computes h @ w.T: with the hand-written C kernels (workers/cpu_matvec.py,
+  workers/cpu_gemm.py) for weights of whole 32-element blocks per row, which is every GGUF weight; otherwise
+  (a float32 weight with an odd K) with a custom kernel: rows of the output outer, the reduction as a plain
+  inner loop over the weight's contiguous row (which clang turns into vector FMAs), the rows of h upcast (up
+  to 16 at a time), the output columns split across cores. The loop shape is fixed (`opts_to_apply`).
 
-Measured on this project's 2-vCPU Xeon (docs/BENCHMARKS.md): a [1536, 576] Q4_1 matvec went from ~1.1 ms to
-~0.25 ms, and to ~20 GFLOP/s at 8-16 rows. Other backends keep tinygrad's kernels.
+Measured on this project's 2-vCPU Xeon (docs/BENCHMARKS.md): kernels of this kind took a [1536, 576] Q4_1
+matvec from ~1.1 ms to ~0.25 ms; the C kernels since then to ~0.1 ms. Other backends keep tinygrad's kernels.
 """
 from __future__ import annotations
 
@@ -25,15 +26,13 @@ from tinygrad.helpers import NUM_CPU_THREADS
 from tinygrad.renderer.cstyle import ClangRenderer
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 
-from workers.cpu_gemm import cpu_gemm
-from workers.cpu_gemm import supports as supports_cpu_gemm
-from workers.cpu_matvec import C_KERNEL_KINDS, cpu_matvec
+from workers.cpu_gemm import GEMM_MIN_ROWS, cpu_gemm
+from workers.cpu_matvec import c_kernels_support, cpu_matvec
 from workers.env_flags import env_flag
 
 REASSOCIATE_PRAGMA = "#pragma clang fp reassociate(on)\n"
 CPU_KERNELS_ENV = "TINYVLLM_CPU_KERNELS"  # "0": tinygrad's own kernels on CPU too (for comparisons)
 MAX_UPCAST_ROWS = 16  # accumulators per weight row; 16 fits the 32 AVX-512 registers with room for loads
-FUSED_DEQUANT_MAX_ROWS = 16  # decode batches dequantise in the loop; prefill chunks use a scratch float32 weight
 
 
 class ReassociatingClangRenderer(ClangRenderer):
@@ -84,36 +83,12 @@ def _f32_kernel(out: UOp, h: UOp, w: UOp) -> UOp:
     return _finish(out, (h[t, k] * w[n, k]).reduce(k, arg=Ops.ADD), t, n, "matmul_f32")
 
 
-def _q4_1_kernel(out: UOp, h: UOp, packed: UOp, d: UOp, m: UOp) -> UOp:
-    # byte j of a 32-block holds element j in its low nibble and element j + 16 in its high one
-    t, n = UOp.range(out.shape[0], 0), UOp.range(out.shape[1], 1)
-    blk, j = UOp.range(packed.shape[1], 2, AxisType.REDUCE), UOp.range(16, 3, AxisType.REDUCE)
-    q, scale, low = packed[n, blk, j], d[n, blk, 0], m[n, blk, 0]
-    lo = (q & 15).cast(dtypes.float32) * scale + low
-    hi = (q >> 4).cast(dtypes.float32) * scale + low
-    acc = (lo * h[t, blk * 32 + j] + hi * h[t, blk * 32 + 16 + j]).reduce(blk, j, arg=Ops.ADD)
-    return _finish(out, acc, t, n, "matmul_q4_1")
-
-
-def _q8_0_kernel(out: UOp, h: UOp, q: UOp, d: UOp) -> UOp:
-    t, n = UOp.range(out.shape[0], 0), UOp.range(out.shape[1], 1)
-    blk, j = UOp.range(q.shape[1], 2, AxisType.REDUCE), UOp.range(32, 3, AxisType.REDUCE)
-    acc = (q[n, blk, j].cast(dtypes.float32) * d[n, blk, 0] * h[t, blk * 32 + j]).reduce(blk, j, arg=Ops.ADD)
-    return _finish(out, acc, t, n, "matmul_q8_0")
-
-
-_KERNELS = {"F32": _f32_kernel, "Q4_1": _q4_1_kernel, "Q8_0": _q8_0_kernel}
-
-
-def cpu_linear(h: Tensor, w, max_fused_rows: int) -> Tensor:
-    """h [T, K] @ w.T for a workers.quantized_weight.DeviceWeight w [N, K]: [T, N] float32. Up to max_fused_rows
-    rows the quantised weight is dequantised inside the matmul's loop; for more, dequantising it once into a
-    scratch float32 buffer and running the float32 kernel is faster (the loop's integer work is per row)."""
-    rows, cols = h.shape[0], w.shape[0]
-    if rows <= max_fused_rows and w.kind in C_KERNEL_KINDS:
-        return cpu_matvec(h, w)
-    if rows > max_fused_rows and supports_cpu_gemm(w):
-        return cpu_gemm(h, w)
-    kind, parts = (w.kind, w.parts) if rows <= max_fused_rows else ("F32", (w.dequantized().contiguous(),))
-    out = Tensor.empty(rows, cols, dtype=dtypes.float32, device=h.device)
-    return out.custom_kernel(h.float().contiguous(), *parts, fxn=_KERNELS[kind])[0]
+def cpu_linear(h: Tensor, w) -> Tensor:
+    """h [T, K] @ w.T for a workers.quantized_weight.DeviceWeight w [N, K]: [T, N] float32. Weights of whole
+    32-blocks per row (every quantised weight) take the C kernels: workers/cpu_matvec.py for a few rows,
+    workers/cpu_gemm.py for more. Others (float32 with an odd K) take the tinygrad kernel above."""
+    if c_kernels_support(w):
+        return cpu_matvec(h, w) if h.shape[0] < GEMM_MIN_ROWS else cpu_gemm(h, w)
+    assert w.kind == "F32", w  # quantised rows are whole blocks
+    out = Tensor.empty(h.shape[0], w.shape[0], dtype=dtypes.float32, device=h.device)
+    return out.custom_kernel(h.float().contiguous(), w.parts[0], fxn=_f32_kernel)[0]

@@ -17,7 +17,6 @@ from tinygrad.renderer import Estimates
 
 from workers.c_kernel import c_kernel
 
-C_KERNEL_KINDS = ("Q4_1", "Q8_0")
 
 # shared by the C kernels of workers/cpu_matvec.py and workers/cpu_gemm.py
 VECTOR_TYPES = """typedef float v16 __attribute__((vector_size(64), aligned(4)));
@@ -49,6 +48,11 @@ WEIGHT_PARAMS = {  # DeviceWeight.parts as C parameters
     "Q8_0": "const signed char *restrict weight, const float *restrict d",
 }
 BLOCK_BYTES = {"F32": 128, "Q4_1": 20, "Q8_0": 34}  # bytes of one 32-element block as stored in GGUF
+
+
+def c_kernels_support(w) -> bool:
+    """Whether cpu_matvec and workers/cpu_gemm.py's cpu_gemm take this DeviceWeight (whole 32-blocks per row)."""
+    return w.kind in WEIGHT_PARAMS and w.shape[1] % 32 == 0
 
 
 def matvec_source(name: str, kind: str, rows: int, cols: int, k: int, cores: int) -> str:
@@ -95,8 +99,9 @@ def _program(kind: str, rows: int, cols: int, k: int):
 
 
 def cpu_matvec(h: Tensor, w) -> Tensor:
-    """h [T, K] @ w.T for a Q4_1 or Q8_0 workers.quantized_weight.DeviceWeight w [N, K]: [T, N] float32."""
-    assert w.kind in C_KERNEL_KINDS, w.kind
+    """h [T, K] @ w.T for a workers.quantized_weight.DeviceWeight w [N, K] (c_kernels_support): [T, N] float32.
+    Best for a few rows; workers/cpu_gemm.py's register tiles win from GEMM_MIN_ROWS rows."""
+    assert c_kernels_support(w), w
     rows, k = h.shape
     cols = w.shape[0]
     out = Tensor.empty(rows, cols, dtype=dtypes.float32, device=h.device)

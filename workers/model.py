@@ -10,7 +10,6 @@ import numpy as np
 from tinygrad import Device, Tensor
 from tinygrad.function import function
 
-from workers.cpu_matmul import FUSED_DEQUANT_MAX_ROWS as CPU_FUSED_DEQUANT_MAX_ROWS
 from workers.cpu_graph import use_cpu_graph
 from workers.cpu_matmul import cpu_linear, use_cpu_kernels
 from workers.model_config import ModelConfig
@@ -54,7 +53,7 @@ def linear(h: Tensor, w: DeviceWeight, max_fused_rows: int = FUSED_DEQUANT_MAX_R
     prefill) the fused kernel would redo it for every few rows, so the weight is dequantised once into a
     scratch float32 buffer first (h.shape is static: each jitted step picks one)."""
     if cpu_kernels:
-        return cpu_linear(h, w, max(max_fused_rows, CPU_FUSED_DEQUANT_MAX_ROWS))
+        return cpu_linear(h, w)
     weight = w.dequantized()
     return h @ (weight.contiguous() if h.shape[0] > max_fused_rows and w.kind != "F32" else weight).T
 

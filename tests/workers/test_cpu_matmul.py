@@ -9,7 +9,7 @@ from tinygrad.uop.ops import Ops
 
 from tests.helpers.gguf_writer import write_gguf
 from tests.workers.test_quantized_weight import awkward_matrix
-from workers.cpu_matmul import (CPU_KERNELS_ENV, FUSED_DEQUANT_MAX_ROWS, REASSOCIATE_PRAGMA,
+from workers.cpu_matmul import (CPU_KERNELS_ENV, REASSOCIATE_PRAGMA,
                                 ReassociatingClangRenderer, cpu_linear, upcast_rows, use_cpu_kernels)
 from workers.gguf_file import GGUFFile
 from workers.quantized_weight import DeviceWeight, QuantizedArray
@@ -30,13 +30,13 @@ def weights(tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind", ["F32", "Q4_1", "Q8_0"])
-@pytest.mark.parametrize("rows", [1, 3, 8, 16, 40, 42])  # decode buckets, an odd one; 40, 42: prefill (cpu_gemm, 42 with a part tile)
+@pytest.mark.parametrize("rows", [1, 3, 4, 8, 16, 42])  # 1, 3: cpu_matvec; from 4: cpu_gemm (42: a part tile)
 def test_cpu_linear_equals_numpy(weights, kind, rows):
     assert use_cpu_kernels(Device.DEFAULT), "the test suite runs on tinygrad's CPU backend"
     weight, dense = weights[kind]
     assert weight.kind == kind
     h = np.random.default_rng(rows).standard_normal((rows, K)).astype(np.float32)
-    got = cpu_linear(Tensor(h), weight, FUSED_DEQUANT_MAX_ROWS).numpy()
+    got = cpu_linear(Tensor(h), weight).numpy()
     want = h.astype(np.float64) @ dense.T.astype(np.float64)
     assert got.shape == (rows, N)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
@@ -51,9 +51,10 @@ def test_cpu_device_renders_with_the_reassociation_pragma(weights):
     assert isinstance(Device["CPU"].renderer, ReassociatingClangRenderer)
     assert Device["CPU"].renderers.count(ReassociatingClangRenderer) == 1
     # two new kernels in one realize: tinygrad compiles them in its spawned worker pool where it has one
-    h = Tensor(np.ones((5, K), np.float32)).realize()
+    odd_k = 40  # rows of whole 32-blocks take the C kernels; this one takes tinygrad's float32 kernel
+    h, w = Tensor(np.ones((5, odd_k), np.float32)).realize(), DeviceWeight.from_host(np.ones((N, odd_k), np.float32))
     before = set(to_program_cache)
-    Tensor.realize(cpu_linear(h, weights["F32"][0], FUSED_DEQUANT_MAX_ROWS), (h * 7).sum(1))
+    Tensor.realize(cpu_linear(h, w), (h * 7).sum(1))
     sources = {p.src[0].arg.name: p.src[2].arg for key, p in to_program_cache.items()
                if key not in before and p.src[0].arg is not None and p.src[2].op is Ops.SOURCE}
     assert "matmul_f32_5_48" in sources and len(sources) >= 2

@@ -73,7 +73,7 @@ def kernel_calls(jit):
 
 def matmul_calls(jit) -> int:
     return sum(1 for call in kernel_calls(jit)
-               if call.src[0].op is Ops.PROGRAM and call.src[0].src[0].arg.name.startswith("matmul_"))
+               if call.src[0].op is Ops.PROGRAM and call.src[0].src[0].arg.name.startswith(("matmul_", "matvec_", "gemm_")))
 
 
 def test_each_captured_step_runs_every_layer_once(warmed):
