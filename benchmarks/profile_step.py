@@ -1,11 +1,13 @@
 """Where a worker step's time goes: model forward vs sampling, per decode batch size, on the real model.
 
-    DEV=CPU python benchmarks/profile_step.py --batch 1 16 --steps 20
+    DEV=CPU python benchmarks/profile_step.py --batch 1 16 --steps 20 [--prefill-len 256]
 
 Drives workers.model_runner.ModelRunner directly with StepPlans (no scheduler, no IPC), so the numbers are
 the worker's own cost per step: forward and sampling timed apart, then `execute ms`, the same number of
 further steps through ModelRunner.execute (what the worker runs per StepPlan). Prints a table of medians.
-Add DEBUG=2 to see tinygrad's per-kernel times.
+--prefill-len N also times whole-prompt prefills of N tokens (one sequence, after two compiling runs).
+Add DEBUG=2 to see tinygrad's per-kernel times (with TINYVLLM_CPU_GRAPH=0 on CPU, else a step's kernels
+run inside the graph and are not timed one by one).
 """
 import argparse
 import statistics
@@ -59,21 +61,40 @@ def profile_batch(runner, batch: int, prompt_len: int, steps: int, step0: int) -
             "step_ms": med(total) * 1e3, "tok_s": batch / med(total), "execute_ms": med(executed) * 1e3}
 
 
+def profile_prefill(runner, prompt_len: int, runs: int, step0: int) -> float:
+    """Median ms of ModelRunner.execute for a plan that prefills a whole prompt of prompt_len tokens."""
+    blocks = list(range(1, 1 + runner.max_blocks_per_seq))
+    times = []
+    for i in range(runs + 2):  # the first two compile
+        req = f"p{i}"
+        plan = StepPlan(step0 + 2 * i, [NewRequestData(req, [1 + (i * 7 + j) % 1000 for j in range(prompt_len)],
+                                                      SamplingParams(max_tokens=4, temperature=0.0), blocks, 0, prompt_len)], [], [])
+        t0 = time.perf_counter()
+        runner.execute(plan)
+        times.append(time.perf_counter() - t0)
+        runner.execute(StepPlan(step0 + 2 * i + 1, [], [], [req]))
+    return statistics.median(times[2:]) * 1e3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--prefill-len", type=int, default=0)
     args = ap.parse_args()
     t0 = time.perf_counter()
-    cfg, runner = build(args.model, max(args.batch), 16, 512)
+    cfg, runner = build(args.model, max(args.batch), 16, max(512, args.prefill_len + 64))
     print(f"loaded in {time.perf_counter() - t0:.1f}s")
     print("| batch | forward ms | sampling ms | step ms | tokens/s | execute ms |")
     print("|---|---|---|---|---|---|")
     for i, b in enumerate(args.batch):
         r = profile_batch(runner, b, args.prompt_len, args.steps, i * 1000)
         print(f"| {r['batch']} | {r['forward_ms']:.1f} | {r['sample_ms']:.1f} | {r['step_ms']:.1f} | {r['tok_s']:.2f} | {r['execute_ms']:.1f} |", flush=True)
+    if args.prefill_len:
+        ms = profile_prefill(runner, args.prefill_len, 3, 100_000)
+        print(f"\n| prefill tokens | execute ms | tokens/s |\n|---|---|---|\n| {args.prefill_len} | {ms:.1f} | {args.prefill_len / ms * 1e3:.0f} |")
 
 
 if __name__ == "__main__":
