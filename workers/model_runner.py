@@ -17,6 +17,7 @@ from workers.batch_state import BatchState, ScheduledChunk
 from workers.kv_cache import PagedKVCache
 from workers.logprobs import logprobs_of, to_token_logprobs, top_count_bucket
 from workers.model import Transformer
+from workers.device_input import device_tensor
 from workers.sampling_batch import BatchSampler
 
 
@@ -190,7 +191,8 @@ class ModelRunner:
         bs = self.cache.block_size
         nb = max(int(context_lens.max()) + bs - 1, bs) // bs
         binds = [v.bind(s) for v, s in zip(self.slot_vars, slots)]
-        return self.decode_jits[len(tokens)](Tensor(tokens), Tensor(positions), Tensor(tables), Tensor(context_lens),
+        return self.decode_jits[len(tokens)](device_tensor(tokens), device_tensor(positions), device_tensor(tables),
+                                             device_tensor(context_lens),
                                              self.nb_var.bind(nb), *binds)
 
     # ---- start-up ------------------------------------------------------------------------------
@@ -254,7 +256,7 @@ class ModelRunner:
         following = state.token_ids[start + 1:start + length + 1]
         next_tokens[:len(following)] = following
         outs = self._run_prefill(lambda _: self.prefill_logprobs_jits[(T, bucket)], chunk, start, length,
-                                 extra=(Tensor(next_tokens),))
+                                 extra=(device_tensor(next_tokens),))
         last_logits, chosen = outs[0].clone().realize(), outs[1].numpy()
         top_ids, top_lp = (outs[2].numpy().tolist(), outs[3].numpy().tolist()) if bucket else (None, None)
         n = min(length, state.num_prompt_tokens - 1 - start)  # positions whose next token is a prompt token
@@ -274,5 +276,6 @@ class ModelRunner:
         write_blocks = [int(table[b]) for b in range(first, last + 1)]
         write_blocks += [self.cache.scratch_block] * (T // bs + 1 - len(write_blocks))
         binds = [v.bind(b) for v, b in zip(self.block_vars, write_blocks)]
-        return jit_for(T)(Tensor(tokens), Tensor(np.array([start], np.int32)), Tensor(np.array([length], np.int32)),
-                          Tensor(table), *extra, self.nb_var.bind(last + 1), *binds)
+        return jit_for(T)(device_tensor(tokens), device_tensor(np.array([start], np.int32)),
+                          device_tensor(np.array([length], np.int32)), device_tensor(table), *extra,
+                          self.nb_var.bind(last + 1), *binds)

@@ -12,6 +12,7 @@ from tinygrad import Tensor, TinyJit, dtypes
 
 from protocol.messages import TokenLogprobs
 from workers.batch_state import RequestState
+from workers.device_input import device_tensor
 from workers.logprobs import logprobs_of, to_token_logprobs, top_count_bucket
 from workers.penalties import additive_bias, apply_logit_processing
 from workers.sampler import sample
@@ -89,7 +90,7 @@ class BatchSampler:
         if (fn := self.jits.get((R_pad, variant))) is None:
             fn = self.jits[(R_pad, variant)] = TinyJit(sampler_body(variant))
             fn.cnt = 1  # capture on this first call: see workers.model_runner.capture_on_next_call
-        fn(logits[:R_pad].contiguous().realize(), *(Tensor(a) for a in inputs))[0].numpy()
+        fn(logits[:R_pad].contiguous().realize(), *(device_tensor(a) for a in inputs))[0].numpy()
 
     def sample(self, states: list[RequestState], logits: Tensor) -> tuple[list[int], list[TokenLogprobs | None]]:
         """logits [R, V] of the R rows that sample (or more rows: the first R are used) -> their tokens, and per row
@@ -101,7 +102,7 @@ class BatchSampler:
         variant, inputs = build_inputs(states, R_pad, V)
         if (fn := self.jits.get((R_pad, variant))) is None:
             fn = self.jits[(R_pad, variant)] = TinyJit(sampler_body(variant))
-        outs = [o.numpy() for o in fn(logits.contiguous().realize(), *(Tensor(a) for a in inputs))]
+        outs = [o.numpy() for o in fn(logits.contiguous().realize(), *(device_tensor(a) for a in inputs))]
         tokens = outs[0][:R].tolist()
         if variant.top_count is None:
             return tokens, [None] * R
