@@ -14,10 +14,9 @@ from tinygrad import Tensor, dtypes
 from tinygrad.helpers import NUM_CPU_THREADS
 from tinygrad.renderer import Estimates
 
-from workers.c_kernel import c_kernel
+from workers.c_kernel import VECTOR_TYPES, c_kernel
 
-_SOURCE = """typedef float v16 __attribute__((vector_size(64), aligned(4)));
-#define B {batch}
+_SOURCE = """#define B {batch}
 #define H {heads}
 #define KVH {kv_heads}
 #define G (H / KVH)
@@ -28,13 +27,6 @@ _SOURCE = """typedef float v16 __attribute__((vector_size(64), aligned(4)));
 #define ITEMS (B * KVH)
 #define CORES {cores}
 #define PREFILL {prefill}
-
-static inline float lane_sum(v16 v) {{
-#pragma clang fp reassociate(on)
-  float s = 0.0f;
-  for (int i = 0; i < 16; i++) s += v[i];
-  return s;
-}}
 
 // e^x for x <= 0: 2^(x log2 e) as 2^n * 2^f, |f| <= 1/2, 2^f by its Taylor series to degree 7 (~6e-9 error)
 static inline float exp_nonpositive(float x) {{
@@ -112,7 +104,7 @@ def _program(rows: int, heads: int, kv_heads: int, head_dim: int, block_size: in
     items = rows * kv_heads
     cores = max(1, min(NUM_CPU_THREADS.value, items))
     name = f"paged_attention_{'prefill' if prefill else 'decode'}_{rows}_{heads}_{kv_heads}_{head_dim}_{block_size}_{max_blocks}_c{cores}"
-    source = _SOURCE.format(name=name, batch=rows, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+    source = VECTOR_TYPES + _SOURCE.format(name=name, batch=rows, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                             block_size=block_size, max_blocks=max_blocks, cores=cores, prefill=int(prefill),
                             scale=repr(float(head_dim) ** -0.5))
     return c_kernel(name, source, cores, Estimates(ops=4 * rows * heads * head_dim))

@@ -3,18 +3,16 @@
 out[T, N] = h[T, K] @ w.T, w float32, Q4_1 or Q8_0. Each core takes its share of the output columns in panels
 of NR weight rows: the panel is dequantised once into a small float32 buffer (L1-sized: NR x K floats), then
 every tile of MR activation rows runs against it with MR x NR vector accumulators over K (each loaded value
-feeds NR or MR multiply-adds). So a quantised weight is read once per product, not dequantised into a
-float32 copy in memory first (what workers/cpu_matmul.py's prefill path does). Portable C vector extensions,
+feeds NR or MR multiply-adds). So a quantised weight is read once per product and never dequantised into a
+float32 copy in memory. Portable C vector extensions,
 run as a tinygrad PROGRAM (workers/c_kernel.py); shapes are compile-time constants.
 """
 from __future__ import annotations
 
-from tinygrad import Tensor, dtypes
-from tinygrad.helpers import NUM_CPU_THREADS
-from tinygrad.renderer import Estimates
+from tinygrad import Tensor
 
-from workers.c_kernel import c_kernel
-from workers.cpu_matvec import BLOCK_BYTES, DEQUANT_BLOCK, VECTOR_TYPES, WEIGHT_PARAMS
+from workers.c_kernel import VECTOR_TYPES
+from workers.cpu_matvec import DEQUANT_BLOCK, WEIGHT_PARAMS, c_matmul
 
 GEMM_MIN_ROWS = 4  # MR: with fewer rows cpu_matvec is faster (measured: docs/BENCHMARKS.md)
 
@@ -74,18 +72,11 @@ void {name}(float *restrict out, const float *restrict h, {params}, int core_id)
 """
 
 
-def _program(kind: str, rows: int, cols: int, k: int):
-    cores = max(1, min(NUM_CPU_THREADS.value, cols))
-    name = f"gemm_{kind.lower()}_{rows}_{cols}_{k}_c{cores}"
-    source = VECTOR_TYPES + _SOURCE.format(name=name, rows=rows, cols=cols, k=k, cores=cores, per_core=-(-cols // cores),
-                            params=WEIGHT_PARAMS[kind], dequant=DEQUANT_BLOCK[kind])
-    weight_bytes = cols * k * BLOCK_BYTES[kind] // 32
-    return c_kernel(name, source, cores, Estimates(ops=2 * rows * cols * k, lds=weight_bytes + 4 * rows * k,
-                                                   mem=weight_bytes + 4 * rows * (k + cols)))
+def gemm_source(name: str, kind: str, rows: int, cols: int, k: int, cores: int) -> str:
+    return VECTOR_TYPES + _SOURCE.format(name=name, rows=rows, cols=cols, k=k, cores=cores, per_core=-(-cols // cores),
+                                         params=WEIGHT_PARAMS[kind], dequant=DEQUANT_BLOCK[kind])
 
 
 def cpu_gemm(h: Tensor, w) -> Tensor:
-    """h [T, K] @ w.T for a workers.quantized_weight.DeviceWeight w [N, K] (c_kernels_support): [T, N] float32."""
-    rows, k = h.shape
-    out = Tensor.empty(rows, w.shape[0], dtype=dtypes.float32, device=h.device)
-    return out.custom_kernel(h.float().contiguous(), *w.parts, fxn=_program(w.kind, rows, w.shape[0], k))[0]
+    """h [T, K] @ w.T (see workers/cpu_matvec.py's c_matmul), for GEMM_MIN_ROWS rows or more."""
+    return c_matmul(h, w, "gemm", gemm_source)

@@ -26,11 +26,11 @@ import numpy as np
 from tinygrad import Device
 from tinygrad.engine.jit import GraphException, GraphRunner
 from tinygrad.helpers import NUM_CPU_THREADS
-from tinygrad.uop.ops import Ops
 
 from workers.env_flags import env_flag
 
 CPU_GRAPH_ENV = "TINYVLLM_CPU_GRAPH"
+MAX_ARGS = 24  # a kernel's arguments in a command row: MAX_ARGS in cpu_graph_exec.c
 _SOURCE = Path(__file__).with_name("cpu_graph_exec.c")
 
 
@@ -61,11 +61,9 @@ def executor() -> ctypes.CDLL:
     lib.tv_start.argtypes, lib.tv_start.restype = [ctypes.c_int], ctypes.c_int
     lib.tv_run.argtypes, lib.tv_run.restype = [ctypes.c_void_p, ctypes.c_int], None
     lib.tv_max_args.restype = ctypes.c_int
+    assert lib.tv_max_args() == MAX_ARGS, "MAX_ARGS differs from cpu_graph_exec.c's"
     lib.threads = lib.tv_start(NUM_CPU_THREADS.value)
     return lib
-
-
-MAX_ARGS = 24  # tv_max_args() in cpu_graph_exec.c
 
 
 class CPUGraph(GraphRunner):
@@ -80,20 +78,13 @@ class CPUGraph(GraphRunner):
 
     def __init__(self, linear, input_uops=()):
         super().__init__(linear, input_uops)
-        lib = executor()
-        max_args = lib.tv_max_args()
-        if self.launch_dims_replace or max_args != MAX_ARGS:
-            raise GraphException("CPUGraph: a call it does not support")  # supports_uop keeps these out
-        self.table = np.zeros((len(self.calls), 2 + max_args), dtype=np.uint64)
+        if self.launch_dims_replace:
+            raise GraphException("CPUGraph: symbolic launch dimensions")  # supports_uop keeps these out
+        self.table = np.zeros((len(self.calls), 2 + MAX_ARGS), dtype=np.uint64)
         self.buffer_patches: list[tuple[int, int, int]] = []  # (row, column, input slot)
         self.var_columns: dict[tuple[int, int], int] = {}  # (row, index in the program's vars) -> column
         for j, ((_, ast, bufs, device_vars), runtime, replace) in enumerate(zip(self.calls, self.runtimes, self.uop_replace)):
-            if ast.op is not Ops.PROGRAM or runtime is None:
-                raise GraphException("CPUGraph: only compiled kernels")
-            info = ast.arg
-            n_bufs = len(info.globals)
-            if n_bufs + len(info.vars) > max_args:
-                raise GraphException(f"CPUGraph: {info.name} has more than {max_args} arguments")
+            info, n_bufs = ast.arg, len(ast.arg.globals)  # supports_uop: a compiled kernel of at most MAX_ARGS arguments
             row = self.table[j]
             row[0] = runtime.addr
             core_arg = info.runtimevars.get("core_id")
@@ -107,7 +98,7 @@ class CPUGraph(GraphRunner):
                 if v.expr in device_vars:
                     row[2 + n_bufs + i] = device_vars[v.expr]
                 self.var_columns[(j, i)] = 2 + n_bufs + i
-        self.lib, self.table_ptr = lib, self.table.ctypes.data
+        self.lib, self.table_ptr = executor(), self.table.ctypes.data
 
     def __call__(self, input_uops, var_vals, wait=False):
         for row, col, slot in self.buffer_patches:

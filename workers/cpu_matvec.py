@@ -1,7 +1,8 @@
-"""Decode-step matrix products on the CPU backend for Q4_1 and Q8_0 weights, as hand-written C kernels.
+"""Matrix products of a few rows (below workers/cpu_gemm.py's GEMM_MIN_ROWS) on the CPU backend, as hand-written
+C kernels for F32, Q4_1 and Q8_0 weights.
 
-tinygrad's generated kernels for these (workers/cpu_matmul.py) reduce each 32-element block into a scalar,
-so every block ends in a horizontal vector sum. These kernels keep one 16-lane accumulator per activation row
+tinygrad's generated kernels for these reduced each 32-element block into a scalar, so every block ended in a
+horizontal vector sum. These kernels keep one 16-lane accumulator per activation row
 across the whole reduction and sum its lanes once per output: per block, the weight's 32 values are dequantised
 into two vectors (q * d + m) once and multiplied into every activation row. The C uses clang's portable vector
 extensions (no intrinsics), so it compiles to AVX-512, AVX2 or NEON code with `-march=native`.
@@ -15,20 +16,8 @@ from tinygrad import Tensor, dtypes
 from tinygrad.helpers import NUM_CPU_THREADS
 from tinygrad.renderer import Estimates
 
-from workers.c_kernel import c_kernel
+from workers.c_kernel import VECTOR_TYPES, c_kernel
 
-
-# shared by the C kernels of workers/cpu_matvec.py and workers/cpu_gemm.py
-VECTOR_TYPES = """typedef float v16 __attribute__((vector_size(64), aligned(4)));
-typedef unsigned char u8x16 __attribute__((vector_size(16), aligned(1)));
-typedef signed char i8x16 __attribute__((vector_size(16), aligned(1)));
-static inline float lane_sum(v16 v) {
-#pragma clang fp reassociate(on)
-  float s = 0.0f;
-  for (int i = 0; i < 16; i++) s += v[i];
-  return s;
-}
-"""
 
 # weight row n's 32-element block b as two 16-lane vectors w0 (elements 0-15) and w1 (16-31); K, KB = K / 32
 DEQUANT_BLOCK = {
@@ -89,20 +78,21 @@ void {name}(float *restrict out, const float *restrict h, {WEIGHT_PARAMS[kind]},
 """
 
 
-def _program(kind: str, rows: int, cols: int, k: int):
+def c_matmul(h: Tensor, w, prefix: str, render) -> Tensor:
+    """h [T, K] @ w.T for a workers.quantized_weight.DeviceWeight w [N, K] (c_kernels_support): [T, N] float32,
+    by the kernel render(name, kind, rows, cols, k, cores) returns the C of (columns split across cores)."""
+    assert c_kernels_support(w), w
+    (rows, k), cols = h.shape, w.shape[0]
     cores = max(1, min(NUM_CPU_THREADS.value, cols))
-    name = f"matvec_{kind.lower()}_{rows}_{cols}_{k}_c{cores}"
-    source = matvec_source(name, kind, rows, cols, k, cores)
-    weight_bytes = cols * k * BLOCK_BYTES[kind] // 32
-    return c_kernel(name, source, cores, Estimates(ops=2 * rows * cols * k, lds=weight_bytes + 4 * rows * k,
-                                                   mem=weight_bytes + 4 * rows * (k + cols)))
+    name = f"{prefix}_{w.kind.lower()}_{rows}_{cols}_{k}_c{cores}"
+    weight_bytes = cols * k * BLOCK_BYTES[w.kind] // 32
+    fxn = c_kernel(name, render(name, w.kind, rows, cols, k, cores), cores, Estimates(
+        ops=2 * rows * cols * k, lds=weight_bytes + 4 * rows * k, mem=weight_bytes + 4 * rows * (k + cols)))
+    out = Tensor.empty(rows, cols, dtype=dtypes.float32, device=h.device)
+    return out.custom_kernel(h.float().contiguous(), *w.parts, fxn=fxn)[0]
 
 
 def cpu_matvec(h: Tensor, w) -> Tensor:
-    """h [T, K] @ w.T for a workers.quantized_weight.DeviceWeight w [N, K] (c_kernels_support): [T, N] float32.
-    Best for a few rows; workers/cpu_gemm.py's register tiles win from GEMM_MIN_ROWS rows."""
-    assert c_kernels_support(w), w
-    rows, k = h.shape
-    cols = w.shape[0]
-    out = Tensor.empty(rows, cols, dtype=dtypes.float32, device=h.device)
-    return out.custom_kernel(h.float().contiguous(), *w.parts, fxn=_program(w.kind, rows, cols, k))[0]
+    """h [T, K] @ w.T (see c_matmul). Best for a few rows; workers/cpu_gemm.py's register tiles win from
+    GEMM_MIN_ROWS rows."""
+    return c_matmul(h, w, "matvec", matvec_source)
