@@ -1,11 +1,15 @@
 """Where a worker step's time goes: model forward vs sampling, per decode batch size, on the real model.
 
     DEV=CPU python benchmarks/profile_step.py --batch 1 16 --steps 20 [--prefill-len 256]
+    DEV=CUDA python benchmarks/profile_step.py --batch 1 16 64 256 --copy-bandwidth
 
 Drives workers.model_runner.ModelRunner directly with StepPlans (no scheduler, no IPC), so the numbers are
 the worker's own cost per step: forward and sampling timed apart, then `execute ms`, the same number of
 further steps through ModelRunner.execute (what the worker runs per StepPlan). Prints a table of medians.
 --prefill-len N also times whole-prompt prefills of N tokens (one sequence, after two compiling runs).
+`GB/s` is the fewest bytes a decode step must read (every weight once, each sequence's keys and values once)
+over the step time; --copy-bandwidth first measures the device's own copy rate (bytes read + written), the
+ceiling to hold it against.
 Add DEBUG=2 to see tinygrad's per-kernel times (with TINYVLLM_CPU_GRAPH=0 on CPU, else a step's kernels
 run inside the graph and are not timed one by one).
 """
@@ -29,6 +33,28 @@ def build(model: str | None, max_num_seqs: int, block_size: int, max_model_len: 
     return cfg, runner
 
 
+def copy_bandwidth(gib: float = 1.0, runs: int = 10) -> float:
+    """GB/s of a device-to-device elementwise copy (bytes read + bytes written), median of `runs`."""
+    from tinygrad import Device, Tensor
+    n = int(gib * (1 << 30)) // 4
+    a = Tensor.ones(n).contiguous().realize()
+    times = []
+    for _ in range(runs + 2):  # the first two compile and warm up
+        Device[Device.DEFAULT].synchronize()
+        t0 = time.perf_counter()
+        (a + 1).realize()
+        Device[Device.DEFAULT].synchronize()
+        times.append(time.perf_counter() - t0)
+    return 2 * n * 4 / statistics.median(times[2:]) / 1e9
+
+
+def decode_bytes(runner, batch: int, context: float) -> float:
+    """The fewest bytes one decode step reads: every weight once and each sequence's cached keys and values."""
+    from workers.kv_cache import bytes_per_block
+    cfg = runner.model.cfg
+    return runner.model.weight_nbytes + batch * context * bytes_per_block(cfg, 1)
+
+
 def profile_batch(runner, batch: int, prompt_len: int, steps: int, step0: int) -> dict:
     bs, per_seq = runner.cache.block_size, runner.max_blocks_per_seq
     ids = [f"b{batch}-{i}" for i in range(batch)]
@@ -36,6 +62,7 @@ def profile_batch(runner, batch: int, prompt_len: int, steps: int, step0: int) -
                           list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)), 0, prompt_len) for i, r in enumerate(ids)]
     runner.execute(StepPlan(step0, new, [], []))
     forward, sample, total = [], [], []
+    t_capture = time.perf_counter()
     for s in range(steps + 3):  # the first steps compile and warm up
         plan = StepPlan(step0 + 1 + s, [], [CachedRequestData(r, [], prompt_len + s, 1) for r in ids], [])
         t0 = time.perf_counter()
@@ -48,6 +75,8 @@ def profile_batch(runner, batch: int, prompt_len: int, steps: int, step0: int) -
         for (chunk, _), token in zip(work.rows, tokens):
             chunk.state.append_token(token)
         t2 = time.perf_counter()
+        if s == 2:
+            t_capture = time.perf_counter() - t_capture
         if s >= 3:
             forward.append(t1 - t0), sample.append(t2 - t1), total.append(t2 - t0)
     executed = []  # the same steps the way the worker runs a StepPlan: ModelRunner.execute
@@ -58,7 +87,8 @@ def profile_batch(runner, batch: int, prompt_len: int, steps: int, step0: int) -
     runner.execute(StepPlan(step0 + 2 * steps + 10, [], [], ids))
     med = statistics.median
     return {"batch": batch, "forward_ms": med(forward) * 1e3, "sample_ms": med(sample) * 1e3,
-            "step_ms": med(total) * 1e3, "tok_s": batch / med(total), "execute_ms": med(executed) * 1e3}
+            "step_ms": med(total) * 1e3, "tok_s": batch / med(total), "execute_ms": med(executed) * 1e3, "capture_s": t_capture,
+            "gb_s": decode_bytes(runner, batch, prompt_len + 1.5 * steps + 3) / med(executed) / 1e9}
 
 
 def profile_prefill(runner, prompt_len: int, runs: int, step0: int) -> float:
@@ -83,15 +113,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--prefill-len", type=int, default=0)
+    ap.add_argument("--copy-bandwidth", action="store_true", help="measure the device's copy rate first")
     args = ap.parse_args()
+    if args.copy_bandwidth:
+        print(f"device copy (read + write): {copy_bandwidth():.0f} GB/s", flush=True)
     t0 = time.perf_counter()
     cfg, runner = build(args.model, max(args.batch), 16, max(512, args.prefill_len + 64))
     print(f"loaded in {time.perf_counter() - t0:.1f}s")
-    print("| batch | forward ms | sampling ms | step ms | tokens/s | execute ms |")
-    print("|---|---|---|---|---|---|")
+    print(f"weights on the device: {runner.model.weight_nbytes / 1e6:.1f} MB")
+    print("| batch | forward ms | sampling ms | step ms | tokens/s | execute ms | GB/s | capture s |")
+    print("|---|---|---|---|---|---|---|---|")
     for i, b in enumerate(args.batch):
         r = profile_batch(runner, b, args.prompt_len, args.steps, i * 1000)
-        print(f"| {r['batch']} | {r['forward_ms']:.1f} | {r['sample_ms']:.1f} | {r['step_ms']:.1f} | {r['tok_s']:.2f} | {r['execute_ms']:.1f} |", flush=True)
+        print(f"| {r['batch']} | {r['forward_ms']:.1f} | {r['sample_ms']:.1f} | {r['step_ms']:.1f} | {r['tok_s']:.2f} | {r['execute_ms']:.1f} | {r['gb_s']:.1f} | {r['capture_s']:.1f} |", flush=True)
     if args.prefill_len:
         ms = profile_prefill(runner, args.prefill_len, 3, 100_000)
         print(f"\n| prefill tokens | execute ms | tokens/s |\n|---|---|---|\n| {args.prefill_len} | {ms:.1f} | {args.prefill_len / ms * 1e3:.0f} |")

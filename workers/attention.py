@@ -1,14 +1,15 @@
 """Paged attention in tinygrad ops: write the step's keys/values into their slots, then attend over the
 sequence's blocks gathered through its block table, up to a symbolic number of blocks `nb`.
 
-Writes are slices at symbolic offsets (one small copy per row or per touched block), never a
-scatter over the whole cache, so their cost does not grow with the cache size.
+Writes touch only the step's slots (workers/kv_write.py: one kernel per layer), never the whole cache, so
+their cost does not grow with the cache size.
 """
 from tinygrad import Tensor, UOp, dtypes
 
 from workers.cpu_attention import cpu_decode_attention, cpu_prefill_attention
 from workers.cpu_attention import supports as supports_cpu_attention
 from workers.kv_cache import PagedKVCache
+from workers.kv_write import decode_slots, prefill_slots, write_kv
 
 
 def gqa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
@@ -30,22 +31,20 @@ def block_slots(block_table: Tensor, block_size: int) -> Tensor:
 
 
 class DecodeAttention:
-    """B sequences, one new token each. Row b writes at slot_vars[b] and sees context_lens[b] tokens, which lie in
-    the first nb blocks of its row of block_tables. cpu_kernels: attend with workers/cpu_attention.py's kernel."""
+    """B sequences, one new token each. Row b sees context_lens[b] tokens, which lie in the first nb blocks of its
+    row of block_tables; its new token is the last of them. cpu_kernels: attend with workers/cpu_attention.py's
+    kernel."""
 
-    def __init__(self, cache: PagedKVCache, block_tables: Tensor, nb: UOp, context_lens: Tensor, slot_vars: list[UOp],
-                 cpu_kernels: bool = False):
-        self.cache, self.slot_vars = cache, slot_vars
-        self.block_tables, self.context_lens = block_tables, context_lens
+    def __init__(self, cache: PagedKVCache, block_tables: Tensor, nb: UOp, context_lens: Tensor, cpu_kernels: bool = False):
+        self.cache, self.block_tables, self.context_lens = cache, block_tables, context_lens
+        self.write_slots = decode_slots(block_tables, context_lens, cache.block_size)
         self.slots = block_slots(block_tables[:, :nb], cache.block_size)  # [B, S]
         S = self.slots.shape[1]
         self.mask = (Tensor.arange(S, dtype=dtypes.int32).reshape(1, 1, S) < context_lens.reshape(-1, 1, 1))
         self.cpu_kernels = cpu_kernels
 
     def __call__(self, layer: int, q: Tensor, kv: Tensor) -> Tensor:
-        cache = self.cache.layers[layer]
-        for b, slot in enumerate(self.slot_vars):
-            cache[slot:slot + 1].assign(kv[b:b + 1])
+        cache = write_kv(self.cache.layers[layer], kv, self.write_slots)
         if self.cpu_kernels and supports_cpu_attention(q.shape[1], kv.shape[2], q.shape[2]):
             return cpu_decode_attention(q, cache, self.block_tables, self.context_lens, self.cache.block_size)
         ctx = cache[self.slots]  # [B, S, 2, KVH, D]
@@ -54,27 +53,16 @@ class DecodeAttention:
 
 class PrefillAttention:
     """One sequence, a chunk of T (padded) tokens at positions start .. start+T-1, of which n_valid are real.
+    The keys and values it attends over lie in the first nb blocks of block_table. cpu_kernels: as DecodeAttention."""
 
-    write_block_vars[j] is the physical id of the j-th block the chunk touches (the scratch block when
-    it touches fewer); each is rewritten whole, keeping the slots outside the chunk. The keys and values it
-    attends over lie in the first nb blocks of block_table. cpu_kernels: as DecodeAttention."""
-
-    def __init__(self, cache: PagedKVCache, block_table: Tensor, nb: UOp, start: Tensor, n_valid: Tensor,
-                 write_block_vars: list[UOp], cpu_kernels: bool = False):
-        self.cache, self.write_block_vars = cache, write_block_vars
-        self.block_table, self.cpu_kernels = block_table, cpu_kernels
+    def __init__(self, cache: PagedKVCache, block_table: Tensor, nb: UOp, start: Tensor, n_valid: Tensor, T: int,
+                 cpu_kernels: bool = False):
+        self.cache, self.block_table, self.start, self.cpu_kernels = cache, block_table, start, cpu_kernels
+        self.write_slots = prefill_slots(block_table, start, n_valid, T, cache.block_size, cache.scratch_slot)
         self.slots = block_slots(block_table[:nb], cache.block_size)  # [S]
-        self.start, self.n_valid = start, n_valid
-        bs = cache.block_size
-        self.first_block_pos = (start // bs) * bs
 
     def __call__(self, layer: int, q: Tensor, kv: Tensor) -> Tensor:
-        cache, bs, T = self.cache.layers[layer], self.cache.block_size, q.shape[0]
-        for j, blk in enumerate(self.write_block_vars):
-            rel = self.first_block_pos + j * bs + Tensor.arange(bs, dtype=dtypes.int32) - self.start  # chunk index per slot
-            keep_new = ((rel >= 0) & (rel < self.n_valid)).reshape(bs, 1, 1, 1)
-            view = cache[blk * bs:blk * bs + bs]
-            view.assign(keep_new.where(kv[rel.clip(0, T - 1)], view))
+        cache, bs, T = write_kv(self.cache.layers[layer], kv, self.write_slots), self.cache.block_size, q.shape[0]
         if self.cpu_kernels and supports_cpu_attention(q.shape[1], kv.shape[2], q.shape[2]):
             return cpu_prefill_attention(q, cache, self.block_table, self.start, bs)
         ctx = cache[self.slots]  # [S, 2, KVH, D]

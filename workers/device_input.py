@@ -11,6 +11,8 @@ from tinygrad.dtype import _from_np_dtype
 
 def device_tensor(arr: np.ndarray, device: str | None = None) -> Tensor:
     arr = np.ascontiguousarray(arr)
+    if not arr.flags.writeable:  # tinygrad's CUDA copy-in takes the address of a writable buffer
+        arr = arr.copy()
     if arr.size == 0 or arr.ndim == 0:  # nothing to allocate / tinygrad's empty() has no 0-d shape
         return Tensor(arr, device=device or Device.DEFAULT)
     t = Tensor.empty(arr.shape, dtype=_from_np_dtype(arr.dtype), device=device or Device.DEFAULT)

@@ -12,6 +12,7 @@ from tinygrad.function import function
 
 from workers.cpu_graph import use_cpu_graph
 from workers.cpu_matmul import cpu_linear, use_cpu_kernels
+from workers.cuda_graph import use_cuda_graph
 from workers.model_config import ModelConfig
 from workers.quantized_weight import DeviceWeight, dequant_at_load_default
 
@@ -91,6 +92,7 @@ class Transformer:
         self.cfg = cfg
         self.cpu_kernels = use_cpu_kernels(Device.DEFAULT)
         use_cpu_graph(Device.DEFAULT)
+        use_cuda_graph(Device.DEFAULT)
         if dequantize_at_load is None:
             dequantize_at_load = dequant_at_load_default()
         w = {name: DeviceWeight.from_host(arr, dequantize_at_load) for name, arr in weights.items()}

@@ -58,8 +58,6 @@ class ModelRunner:
         prefill_limit = -(-min(max_num_batched_tokens, max_model_len) // bs) * bs
         self.prefill_buckets = buckets_up_to(prefill_limit, bs)
         self.nb_var = UOp.variable("nb", 1, self.max_blocks_per_seq)
-        self.slot_vars = [UOp.variable(f"slot{i}", 0, cache.num_slots - 1) for i in range(max(self.decode_buckets))]
-        self.block_vars = [UOp.variable(f"wblk{j}", 0, cache.num_blocks) for j in range(max(self.prefill_buckets) // bs + 1)]
         self.decode_jits = {b: TinyJit(self._decode_step) for b in self.decode_buckets}
         self.prefill_jits = {t: TinyJit(self._prefill_step) for t in self.prefill_buckets}
         self.prefill_logprobs_jits: dict[tuple[int, int], TinyJit] = {}  # (T, top-k bucket)
@@ -70,37 +68,35 @@ class ModelRunner:
         self.batch = BatchState()
 
     # ---- jitted bodies -----------------------------------------------------------------------
-    def _decode_step(self, tokens: Tensor, positions: Tensor, block_tables: Tensor, context_lens: Tensor, nb: UOp, *slots: UOp):
-        attend = DecodeAttention(self.cache, block_tables, nb, context_lens, list(slots), self.model.cpu_kernels)
+    def _decode_step(self, tokens: Tensor, positions: Tensor, block_tables: Tensor, context_lens: Tensor, nb: UOp):
+        attend = DecodeAttention(self.cache, block_tables, nb, context_lens, self.model.cpu_kernels)
         logits = self.model.logits(self.model.forward(tokens, positions, attend))
         Tensor.realize(logits, *self.cache.layers)  # one schedule: realizing them apart runs the layers twice
         return logits
 
-    def _prefill_hidden(self, tokens: Tensor, start: Tensor, n_valid: Tensor, block_table: Tensor, nb: UOp,
-                        write_blocks: tuple[UOp, ...]) -> Tensor:
+    def _prefill_hidden(self, tokens: Tensor, start: Tensor, n_valid: Tensor, block_table: Tensor, nb: UOp) -> Tensor:
         T = tokens.shape[0]
         positions = (start + Tensor.arange(T, dtype=dtypes.int32)).clip(0, self.max_model_len - 1)
-        attend = PrefillAttention(self.cache, block_table, nb, start, n_valid, list(write_blocks), self.model.cpu_kernels)
+        attend = PrefillAttention(self.cache, block_table, nb, start, n_valid, T, self.model.cpu_kernels)
         hidden = self.model.forward(tokens, positions, attend)
         Tensor.realize(hidden, *self.cache.layers)  # together: realizing the cache alone would leave hidden to recompute
         return hidden
 
-    def _prefill_step(self, tokens: Tensor, start: Tensor, n_valid: Tensor, block_table: Tensor, nb: UOp, *write_blocks: UOp):
-        hidden = self._prefill_hidden(tokens, start, n_valid, block_table, nb, write_blocks)
+    def _prefill_step(self, tokens: Tensor, start: Tensor, n_valid: Tensor, block_table: Tensor, nb: UOp):
+        hidden = self._prefill_hidden(tokens, start, n_valid, block_table, nb)
         return self.model.logits(hidden[(n_valid - 1).clip(0, tokens.shape[0] - 1)]).realize()
 
     def _prefill_logprobs_step(self, k: int, tokens: Tensor, start: Tensor, n_valid: Tensor, block_table: Tensor,
-                               next_tokens: Tensor, nb: UOp, *write_blocks: UOp):
+                               next_tokens: Tensor, nb: UOp):
         """The last position's logits, and each position's logprob of next_tokens (the following prompt token)."""
-        logits = self.model.logits(self._prefill_hidden(tokens, start, n_valid, block_table, nb, write_blocks))
+        logits = self.model.logits(self._prefill_hidden(tokens, start, n_valid, block_table, nb))
         outs = (logits[(n_valid - 1).clip(0, tokens.shape[0] - 1)], *logprobs_of(logits, next_tokens, k))
         Tensor.realize(*outs)
         return outs
 
-    def _prefill_pool_step(self, tokens: Tensor, start: Tensor, n_valid: Tensor, block_table: Tensor, nb: UOp,
-                           *write_blocks: UOp):
+    def _prefill_pool_step(self, tokens: Tensor, start: Tensor, n_valid: Tensor, block_table: Tensor, nb: UOp):
         """The final hidden states (after the final norm) summed over the chunk's valid positions: [dim]."""
-        hidden = self._prefill_hidden(tokens, start, n_valid, block_table, nb, write_blocks)
+        hidden = self._prefill_hidden(tokens, start, n_valid, block_table, nb)
         valid = Tensor.arange(tokens.shape[0], dtype=dtypes.int32).reshape(-1, 1) < n_valid.reshape(1, 1)
         return valid.where(hidden, 0.0).sum(0).realize()
 
@@ -176,24 +172,20 @@ class ModelRunner:
         out[:len(block_ids)] = block_ids
 
     def _run_decode(self, group: list[ScheduledChunk]) -> Tensor:
-        B, bs = bucket_for(len(group), self.decode_buckets), self.cache.block_size
+        B = bucket_for(len(group), self.decode_buckets)
         tokens, positions, context_lens = np.zeros(B, np.int32), np.zeros(B, np.int32), np.ones(B, np.int32)
         tables = np.full((B, self.max_blocks_per_seq), self.cache.scratch_block, np.int32)
-        slots = [self.cache.scratch_slot] * B
         for j, c in enumerate(group):
             tokens[j], positions[j], context_lens[j] = c.state.token_ids[c.start], c.start, c.start + 1
             self._block_table_row(c.state.block_ids, tables[j])
-            slots[j] = c.state.block_ids[c.start // bs] * bs + c.start % bs
-        return self._call_decode(tokens, positions, tables, context_lens, slots)
+        return self._call_decode(tokens, positions, tables, context_lens)
 
-    def _call_decode(self, tokens: np.ndarray, positions: np.ndarray, tables: np.ndarray, context_lens: np.ndarray,
-                     slots: list[int]) -> Tensor:
+    def _call_decode(self, tokens: np.ndarray, positions: np.ndarray, tables: np.ndarray, context_lens: np.ndarray) -> Tensor:
+        """Padding rows (context length 1, a table row of scratch blocks) write to the scratch block."""
         bs = self.cache.block_size
         nb = max(int(context_lens.max()) + bs - 1, bs) // bs
-        binds = [v.bind(s) for v, s in zip(self.slot_vars, slots)]
         return self.decode_jits[len(tokens)](device_tensor(tokens), device_tensor(positions), device_tensor(tables),
-                                             device_tensor(context_lens),
-                                             self.nb_var.bind(nb), *binds)
+                                             device_tensor(context_lens), self.nb_var.bind(nb))
 
     # ---- start-up ------------------------------------------------------------------------------
     def warm_up(self, progress=None) -> int:
@@ -207,15 +199,14 @@ class ModelRunner:
                 capture_on_next_call(self.decode_jits[size])
                 logits = self._call_decode(np.zeros(size, np.int32), np.zeros(size, np.int32),
                                            np.full((size, self.max_blocks_per_seq), scratch, np.int32),
-                                           np.ones(size, np.int32), [self.cache.scratch_slot] * size)
+                                           np.ones(size, np.int32))
                 for greedy in (True, False):
                     self.sampler.warm_up(size, vocab, greedy, logits)
             else:
                 capture_on_next_call(self.prefill_jits[size])
                 table = np.full(self.max_blocks_per_seq, scratch, np.int32)
-                binds = [v.bind(scratch) for v in self.block_vars[:size // self.cache.block_size + 1]]  # as _run_prefill
-                self.prefill_jits[size](Tensor(np.zeros(size, np.int32)), Tensor(np.zeros(1, np.int32)),
-                                        Tensor(np.ones(1, np.int32)), Tensor(table), self.nb_var.bind(1), *binds).realize()
+                self.prefill_jits[size](device_tensor(np.zeros(size, np.int32)), device_tensor(np.zeros(1, np.int32)),
+                                        device_tensor(np.ones(1, np.int32)), device_tensor(table), self.nb_var.bind(1)).realize()
             if progress is not None:
                 progress(done, len(todo), f"{kind} {size}")
         return len(todo)
@@ -272,10 +263,6 @@ class ModelRunner:
         tokens[:length] = chunk.state.token_ids[start:start + length]
         table = np.empty(self.max_blocks_per_seq, np.int32)
         self._block_table_row(chunk.state.block_ids, table)
-        first, last = start // bs, (start + length - 1) // bs
-        write_blocks = [int(table[b]) for b in range(first, last + 1)]
-        write_blocks += [self.cache.scratch_block] * (T // bs + 1 - len(write_blocks))
-        binds = [v.bind(b) for v, b in zip(self.block_vars, write_blocks)]
         return jit_for(T)(device_tensor(tokens), device_tensor(np.array([start], np.int32)),
                           device_tensor(np.array([length], np.int32)), device_tensor(table), *extra,
-                          self.nb_var.bind(last + 1), *binds)
+                          self.nb_var.bind((start + length - 1) // bs + 1))

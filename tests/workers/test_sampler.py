@@ -22,7 +22,7 @@ SAMPLER = BatchSampler([2, 32])  # shared, so each (bucket, variant) compiles on
 
 def sample(states: list[RequestState], logits: np.ndarray):
     logits = np.broadcast_to(logits, (len(states), V)) if len(logits) == 1 else logits
-    return SAMPLER.sample(states, Tensor(np.ascontiguousarray(logits, dtype=np.float32)))
+    return SAMPLER.sample(states, Tensor(np.array(logits, dtype=np.float32)))  # a copy: CUDA copies in from writable memory
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
