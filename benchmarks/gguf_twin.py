@@ -56,6 +56,11 @@ def make_twin(src: str, out: str, seed: int = 0) -> None:
         w.write(b"\0" * (os.path.getsize(src) - pos))
 
 
+def unpack(src: str, out: str) -> None:
+    with lzma.open(src, "rb") as r, open(out, "wb") as w:
+        shutil.copyfileobj(r, w, 1 << 24)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--unpack", action="store_true", help="decompress a twin made here into a .gguf")
@@ -63,8 +68,7 @@ def main() -> None:
     ap.add_argument("out")
     args = ap.parse_args()
     if args.unpack:
-        with lzma.open(args.src, "rb") as r, open(args.out, "wb") as w:
-            shutil.copyfileobj(r, w, 1 << 24)
+        unpack(args.src, args.out)
     else:
         make_twin(args.src, args.out)
 
