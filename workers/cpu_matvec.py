@@ -37,6 +37,15 @@ WEIGHT_PARAMS = {  # DeviceWeight.parts as C parameters
     "Q8_0": "const signed char *restrict weight, const float *restrict d",
 }
 BLOCK_BYTES = {"F32": 128, "Q4_1": 20, "Q8_0": 34}  # bytes of one 32-element block as stored in GGUF
+# prefetch weight row `ahead` (its quantised values and scales): the hardware prefetcher alone left the
+# matvec at a third of the rate a plain read of the weights reaches here
+PREFETCH_ROW = {
+    "F32": "for (int i = 0; i < K; i += 16) __builtin_prefetch(weight + (long)ahead * K + i);",
+    "Q4_1": "for (int i = 0; i < KB * 16; i += 64) __builtin_prefetch(weight + (long)ahead * KB * 16 + i);\n"
+            "        for (int i = 0; i < KB; i += 16) { __builtin_prefetch(d + (long)ahead * KB + i); __builtin_prefetch(m + (long)ahead * KB + i); }",
+    "Q8_0": "for (int i = 0; i < KB * 32; i += 64) __builtin_prefetch(weight + (long)ahead * KB * 32 + i);\n"
+            "        for (int i = 0; i < KB; i += 16) __builtin_prefetch(d + (long)ahead * KB + i);",
+}
 
 
 def c_kernels_support(w) -> bool:
@@ -57,9 +66,14 @@ def matvec_source(name: str, kind: str, rows: int, cols: int, k: int, cores: int
 #define K {k}
 #define KB {k // 32}
 #define PER_CORE {-(-cols // cores)}
+#define PREFETCH_AHEAD 4
 void {name}(float *restrict out, const float *restrict h, {WEIGHT_PARAMS[kind]}, int core_id) {{
   const int n_end = (core_id + 1) * PER_CORE < COLS ? (core_id + 1) * PER_CORE : COLS;
   for (int n = core_id * PER_CORE; n < n_end; n++) {{
+    if (n + PREFETCH_AHEAD < n_end) {{
+      const int ahead = n + PREFETCH_AHEAD;
+      {PREFETCH_ROW[kind]}
+    }}
     for (int t0 = 0; t0 < ROWS; t0 += ROW_TILE) {{
       const int tiles = ROWS - t0 < ROW_TILE ? ROWS - t0 : ROW_TILE;
       v16 acc[ROW_TILE];
