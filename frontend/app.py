@@ -1,7 +1,6 @@
 """The HTTP app: OpenAI-compatible routes, /tokenize and /detokenize, and the operators' routes (/health, /metrics,
 /version, /openapi.json), behind the optional API-key check."""
 import asyncio
-import logging
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -20,15 +19,14 @@ from frontend.auth import APIKeyMiddleware
 from frontend.detokenizer import IncrementalDetokenizer
 from frontend.embeddings import embedding_routes
 from frontend.engine_client import EngineDeadError
-from frontend.http_json import DEFAULT_MAX_BODY_BYTES, error_response, read_json_body  # noqa: F401 (re-exported)
+from frontend.http_json import DEFAULT_MAX_BODY_BYTES, error_response, exception_response, read_json_body  # noqa: F401 (re-exported)
 from frontend.metered_engine import MeteredEngine
 from frontend.metrics import FrontendMetrics
 from frontend.ollama.routes import mount_ollama
 from frontend.ops_routes import ops_routes
-from frontend.serving import CompletionResult, EngineRequestError, RequestServing, collect
+from frontend.serving import CompletionResult, RequestServing, collect
 from frontend.tokenize_routes import tokenization_routes
 
-log = logging.getLogger(__name__)
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it, but logs do
 
@@ -98,15 +96,8 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
             if not finished:
                 return Response(status_code=CLIENT_CLOSED_REQUEST)
             return JSONResponse(response_body(result, is_chat, request_id, model_name, created))
-        except api.APIError as e:
-            return error_response(e)
-        except EngineDeadError as e:
-            return error_response(api.APIError(f"The engine is not available: {e}", 503, "ServiceUnavailableError"))
-        except EngineRequestError as e:
-            return error_response(api.APIError(f"Internal server error: {e}", 500, "InternalServerError"))
-        except Exception:
-            log.exception("unexpected error serving %s", request.url.path)
-            return error_response(api.APIError("Internal server error", 500, "InternalServerError"))
+        except Exception as e:
+            return exception_response(e, request.url.path)
 
     async def completions(request: Request) -> Response:
         return await generation(request, is_chat=False)

@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from frontend import openai_protocol as api
 from frontend.engine_client import EngineDeadError
-from frontend.http_json import error_response, read_json_object
+from frontend.http_json import exception_response, read_json_object
 from protocol.messages import FinishReason
 from protocol.sampling import SamplingParams
 
@@ -103,12 +103,8 @@ def embedding_routes(engine, tokenizer, model_name: str, max_model_len: int, max
                                        f"requested {len(ids)} tokens in the input for embedding generation. Please "
                                        f"reduce the length of the input.", param="input")
             vectors = await embed(engine, batch)
-        except api.APIError as e:
-            return error_response(e)
-        except EngineDeadError as e:
-            return error_response(api.APIError(f"The engine is not available: {e}", 503, "ServiceUnavailableError"))
-        except RuntimeError as e:
-            return error_response(api.APIError(f"Internal server error: {e}", 500, "InternalServerError"))
+        except Exception as e:
+            return exception_response(e, request.url.path)
         num_tokens = sum(len(ids) for ids in batch)
         return JSONResponse({
             "id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model_name,

@@ -1,17 +1,34 @@
 """JSON request bodies (size-bounded, strict) and OpenAI-shaped error responses, shared by every route module."""
 import json
+import logging
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from frontend import openai_protocol as api
+from frontend.engine_client import EngineDeadError
+from frontend.serving import EngineRequestError
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+log = logging.getLogger(__name__)
 
 
 def error_response(exc: api.APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def exception_response(exc: Exception, path: str) -> JSONResponse:
+    """What an OpenAI route answers for an exception it raised: its APIError as is, a dead engine 503, a request
+    the engine failed 500 with the reason, anything else 500 (logged with its traceback)."""
+    if isinstance(exc, api.APIError):
+        return error_response(exc)
+    if isinstance(exc, EngineDeadError):
+        return error_response(api.APIError(f"The engine is not available: {exc}", 503, "ServiceUnavailableError"))
+    if isinstance(exc, (EngineRequestError, RuntimeError)):
+        return error_response(api.APIError(f"Internal server error: {exc}", 500, "InternalServerError"))
+    log.error("unexpected error serving %s", path, exc_info=exc)
+    return error_response(api.APIError("Internal server error", 500, "InternalServerError"))
 
 
 def _reject_non_finite(constant: str) -> float:
