@@ -19,6 +19,7 @@ from starlette.routing import Route
 from frontend import openai_protocol as api
 from frontend.engine_client import EngineDeadError
 from frontend.http_json import exception_response, read_json_object
+from frontend.serving import EngineRequestError
 from protocol.messages import FinishReason
 from protocol.sampling import SamplingParams
 
@@ -26,15 +27,15 @@ ENCODING_FORMATS = ("float", "base64")
 
 
 async def embed(engine, token_id_lists: list[list[int]]) -> list[list[float]]:
-    """One vector per token id list, computed concurrently; raises RuntimeError if the engine refuses one."""
+    """One vector per token id list, computed concurrently; raises EngineRequestError if the engine refuses one."""
     async def one(ids: list[int]) -> list[float]:
         vector = None
         async for out in engine.generate(f"embd-{uuid.uuid4().hex}", ids, SamplingParams(embed=True, max_tokens=1), []):
             if out.finish_reason == FinishReason.ERROR:
-                raise RuntimeError(out.error or "the engine could not compute this embedding")
+                raise EngineRequestError(out.error or "the engine could not compute this embedding")
             vector = out.embedding if out.embedding is not None else vector
         if vector is None:
-            raise RuntimeError("the engine returned no embedding")
+            raise EngineRequestError("the engine returned no embedding")
         return vector
 
     try:

@@ -25,7 +25,7 @@ def exception_response(exc: Exception, path: str) -> JSONResponse:
         return error_response(exc)
     if isinstance(exc, EngineDeadError):
         return error_response(api.APIError(f"The engine is not available: {exc}", 503, "ServiceUnavailableError"))
-    if isinstance(exc, (EngineRequestError, RuntimeError)):
+    if isinstance(exc, EngineRequestError):
         return error_response(api.APIError(f"Internal server error: {exc}", 500, "InternalServerError"))
     log.error("unexpected error serving %s", path, exc_info=exc)
     return error_response(api.APIError("Internal server error", 500, "InternalServerError"))

@@ -18,6 +18,7 @@ from frontend.engine_client import EngineDeadError
 from frontend.ollama import prompting
 from frontend.ollama.http_io import OllamaError, field, handler, model_field, read_json
 from frontend.ollama.service import OllamaService
+from frontend.serving import EngineRequestError
 
 Embedder = Callable[[list[list[int]]], Awaitable[list[list[float]]]]
 
@@ -56,7 +57,7 @@ def make_routes(service: OllamaService):
             return await embed(batch)
         except EngineDeadError:
             raise
-        except RuntimeError as e:
+        except (EngineRequestError, RuntimeError) as e:  # RuntimeError: an engine's own embed() method
             raise OllamaError(f"the engine could not compute the embeddings: {e}", 500) from None
 
     async def token_ids(text: str, truncate: bool) -> list[int]:
