@@ -48,6 +48,17 @@ static inline float exp_nonpositive(float x) {{
   return p * scale;
 }}
 
+// the cache slot of position p of a sequence with block table `table`
+static inline long slot_at(const int *restrict table, int p) {{ return (long)table[p / BS] * BS + p % BS; }}
+
+// brings position p's keys (part 0) or values (part 1) for kv head kvh towards the cache, if p < n
+static inline void prefetch_position(const float *restrict cache, const int *restrict table, int p, int n, int part,
+                                     int kvh) {{
+  if (p >= n) return;
+  const float *row = cache + (slot_at(table, p) * 2 * KVH + part * KVH + kvh) * D;
+  for (int c = 0; c < D; c += 16) __builtin_prefetch(row + c);
+}}
+
 // decode: row b is sequence b, with block table row b and length lens[b];
 // prefill: row b is query b of one sequence's chunk, at position lens[0] + b, so it sees lens[0] + b + 1 keys
 void {name}(float *restrict out, const float *restrict q, const float *restrict cache, const int *restrict tables,
@@ -67,13 +78,8 @@ void {name}(float *restrict out, const float *restrict q, const float *restrict 
     float max_score[G];
     for (int g = 0; g < G; g++) max_score[g] = -__builtin_inff();
     for (int p = 0; p < n; p++) {{
-      const long slot = (long)table[p / BS] * BS + p % BS;
-      const float *key = cache + (slot * 2 * KVH + kvh) * D;
-      if (p + PF < n) {{
-        const long ahead = (long)table[(p + PF) / BS] * BS + (p + PF) % BS;
-        const float *next = cache + (ahead * 2 * KVH + kvh) * D;
-        for (int c = 0; c < D; c += 16) __builtin_prefetch(next + c);
-      }}
+      const float *key = cache + (slot_at(table, p) * 2 * KVH + kvh) * D;
+      prefetch_position(cache, table, p + PF, n, 0, kvh);
       for (int g = 0; g < G; g++) {{
         v16 dot = qv[g][0] * *(const v16 *)key;
         for (int c = 1; c < DV; c++) dot += qv[g][c] * *(const v16 *)(key + c * 16);
@@ -89,13 +95,8 @@ void {name}(float *restrict out, const float *restrict q, const float *restrict 
       denom[g] = sum > 0.0f ? sum : 1.0f;
     }}
     for (int p = 0; p < n; p++) {{
-      const long slot = (long)table[p / BS] * BS + p % BS;
-      const float *value = cache + (slot * 2 * KVH + KVH + kvh) * D;
-      if (p + PF < n) {{
-        const long ahead = (long)table[(p + PF) / BS] * BS + (p + PF) % BS;
-        const float *next = cache + (ahead * 2 * KVH + KVH + kvh) * D;
-        for (int c = 0; c < D; c += 16) __builtin_prefetch(next + c);
-      }}
+      const float *value = cache + (slot_at(table, p) * 2 * KVH + KVH + kvh) * D;
+      prefetch_position(cache, table, p + PF, n, 1, kvh);
       for (int g = 0; g < G; g++)
         for (int c = 0; c < DV; c++) acc[g][c] += scores[g][p] * *(const v16 *)(value + c * 16);
     }}
