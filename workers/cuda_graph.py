@@ -9,6 +9,7 @@ of ours could run on CUDA. Replays set every symbolic grid from the call's value
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 
 from tinygrad import Device
@@ -33,8 +34,9 @@ def _grids_of_at_least_one():
             ProgramInfo.launch_dims = original
 
 
+@functools.cache
 def _graph_class():
-    from tinygrad.runtime.graph.cuda import CUDAGraph
+    from tinygrad.runtime.graph.cuda import CUDAGraph  # here: importing it loads the CUDA driver library
 
     class SymbolicGridCUDAGraph(CUDAGraph):
         def __init__(self, linear, input_uops=()):
@@ -52,6 +54,5 @@ def use_cuda_graph(device: str) -> bool:
     dev = Device[device]
     if dev.graph is None:
         return False
-    if getattr(dev.graph, "__name__", "") != "SymbolicGridCUDAGraph":
-        dev.graph = _graph_class()
+    dev.graph = _graph_class()
     return True
