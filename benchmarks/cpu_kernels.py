@@ -12,11 +12,11 @@ import time
 import numpy as np
 from tinygrad import Device, Tensor, TinyJit
 
-from workers.cpu_gemm import cpu_gemm
-from workers.cpu_graph import use_cpu_graph
-from workers.cpu_matmul import use_cpu_kernels
-from workers.cpu_matvec import cpu_matvec
-from workers.quantized_weight import DeviceWeight, QuantizedArray
+from tinyvllm.workers.cpu_gemm import cpu_gemm
+from tinyvllm.workers.cpu_graph import use_cpu_graph
+from tinyvllm.workers.cpu_matmul import use_cpu_kernels
+from tinyvllm.workers.cpu_matvec import cpu_matvec
+from tinyvllm.workers.quantized_weight import DeviceWeight, QuantizedArray
 
 CHAIN = 32
 

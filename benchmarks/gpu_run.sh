@@ -43,7 +43,7 @@ print(f'torch device copy (read + write): {2 * a.nbytes / statistics.median(time
   timeout ${PROFILE_TIMEOUT:-540} python3 benchmarks/profile_step.py --batch ${BATCHES:-1 16 64 256} --steps ${STEPS:-20} --copy-bandwidth 2>&1 | tee "$out/profile_$dev.txt"
   ;;
 serve)
-  timeout 500 python3 -m frontend.cli serve --max-num-seqs 64 --num-kv-blocks 4096 --port 8321 > "$out/serve_$dev.txt" 2>&1 &
+  timeout 500 python3 -m tinyvllm.frontend.cli serve --max-num-seqs 64 --num-kv-blocks 4096 --port 8321 > "$out/serve_$dev.txt" 2>&1 &
   python3 -c "
 import time, urllib.request
 for _ in range(400):
@@ -51,7 +51,7 @@ for _ in range(400):
         urllib.request.urlopen('http://127.0.0.1:8321/health'); break
     except OSError: time.sleep(1)"
   for c in 1 16 64; do
-    timeout 120 python3 -m frontend.cli bench serve --base-url http://127.0.0.1:8321 --num-prompts $((c * 2)) \
+    timeout 120 python3 -m tinyvllm.frontend.cli bench serve --base-url http://127.0.0.1:8321 --num-prompts $((c * 2)) \
       --max-concurrency $c --random-input-len 256 --random-output-len 128 --ignore-eos --disable-tqdm 2>&1 | tail -14 | tee -a "$out/bench_$dev.txt"
   done
   kill %1

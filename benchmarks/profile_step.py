@@ -17,15 +17,15 @@ import argparse
 import statistics
 import time
 
-from protocol.messages import CachedRequestData, NewRequestData, StepPlan
-from protocol.sampling import SamplingParams
+from tinyvllm.protocol.messages import CachedRequestData, NewRequestData, StepPlan
+from tinyvllm.protocol.sampling import SamplingParams
 
 
 def build(model: str | None, max_num_seqs: int, block_size: int, max_model_len: int):
-    from workers.kv_cache import PagedKVCache
-    from workers.model import Transformer
-    from workers.model_config import load_weights
-    from workers.model_runner import ModelRunner
+    from tinyvllm.workers.kv_cache import PagedKVCache
+    from tinyvllm.workers.model import Transformer
+    from tinyvllm.workers.model_config import load_weights
+    from tinyvllm.workers.model_runner import ModelRunner
     cfg, weights = load_weights(model)
     blocks = max_num_seqs * (-(-max_model_len // block_size)) + 1
     runner = ModelRunner(Transformer(cfg, weights, max_model_len), PagedKVCache(cfg, blocks, block_size),
@@ -50,7 +50,7 @@ def copy_bandwidth(gib: float = 1.0, runs: int = 10) -> float:
 
 def decode_bytes(runner, batch: int, context: float) -> float:
     """The fewest bytes one decode step reads: every weight once and each sequence's cached keys and values."""
-    from workers.kv_cache import bytes_per_block
+    from tinyvllm.workers.kv_cache import bytes_per_block
     cfg = runner.model.cfg
     return runner.model.weight_nbytes + batch * context * bytes_per_block(cfg, 1)
 

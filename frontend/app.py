@@ -12,20 +12,20 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from frontend import openai_protocol as api
-from frontend import openai_schemas  # noqa: F401 (describes the OpenAI routes in /openapi.json)
-from frontend import streaming
-from frontend.auth import APIKeyMiddleware
-from frontend.detokenizer import IncrementalDetokenizer
-from frontend.embeddings import embedding_routes
-from frontend.engine_client import EngineDeadError
-from frontend.http_json import DEFAULT_MAX_BODY_BYTES, error_response, exception_response, read_json_body  # noqa: F401 (re-exported)
-from frontend.metered_engine import MeteredEngine
-from frontend.metrics import FrontendMetrics
-from frontend.ollama.routes import mount_ollama
-from frontend.ops_routes import ops_routes
-from frontend.serving import CompletionResult, RequestServing, collect
-from frontend.tokenize_routes import tokenization_routes
+from tinyvllm.frontend import openai_protocol as api
+from tinyvllm.frontend import openai_schemas  # noqa: F401 (describes the OpenAI routes in /openapi.json)
+from tinyvllm.frontend import streaming
+from tinyvllm.frontend.auth import APIKeyMiddleware
+from tinyvllm.frontend.detokenizer import IncrementalDetokenizer
+from tinyvllm.frontend.embeddings import embedding_routes
+from tinyvllm.frontend.engine_client import EngineDeadError
+from tinyvllm.frontend.http_json import DEFAULT_MAX_BODY_BYTES, error_response, exception_response, read_json_body  # noqa: F401 (re-exported)
+from tinyvllm.frontend.metered_engine import MeteredEngine
+from tinyvllm.frontend.metrics import FrontendMetrics
+from tinyvllm.frontend.ollama.routes import mount_ollama
+from tinyvllm.frontend.ops_routes import ops_routes
+from tinyvllm.frontend.serving import CompletionResult, RequestServing, collect
+from tinyvllm.frontend.tokenize_routes import tokenization_routes
 
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it, but logs do

@@ -10,7 +10,7 @@ import json
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from frontend.openai_protocol import error_body
+from tinyvllm.frontend.openai_protocol import error_body
 
 PROTECTED_PREFIXES = ("/v1", "/api")
 OPENAI, OLLAMA = "openai", "ollama"

@@ -2,8 +2,8 @@
 
 With n > 1 every choice (RequestOutput.index) has its own, so a stop string ends only the choice it hit.
 """
-from frontend.stop_strings import StopStringMatcher
-from protocol.messages import FinishReason, RequestOutput
+from tinyvllm.frontend.stop_strings import StopStringMatcher
+from tinyvllm.protocol.messages import FinishReason, RequestOutput
 
 
 class ChoiceText:

@@ -4,8 +4,8 @@ import os
 import re
 import sys
 
-from frontend.launcher import DEFAULT_KV_CACHE_BYTES, EngineArgs
-from frontend.ollama.model_store import default_models_dir
+from tinyvllm.frontend.launcher import DEFAULT_KV_CACHE_BYTES, EngineArgs
+from tinyvllm.frontend.ollama.model_store import default_models_dir
 
 API_KEY_ENV = "TINYVLLM_API_KEY"
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -65,7 +65,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from frontend.bench import serve as bench_serve, throughput as bench_throughput
+    from tinyvllm.frontend.bench import serve as bench_serve, throughput as bench_throughput
     parser = argparse.ArgumentParser(prog="tinyvllm", description="A small, fast LLM server on tinygrad.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
@@ -106,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "bench":
         if args.bench == "serve":
-            from frontend.bench.serve import run
+            from tinyvllm.frontend.bench.serve import run
             return run(args)
-        from frontend.bench.throughput import run
+        from tinyvllm.frontend.bench.throughput import run
         return run(args, engine_args_from(args))
     if args.command == "serve":
         try:
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"tinyvllm: error: {e}", file=sys.stderr)
             return 2
-        from frontend.server import ServerArgs, serve
+        from tinyvllm.frontend.server import ServerArgs, serve
         try:
             serve(engine_args_from(args), ServerArgs(args.host, args.port, args.served_model_name, api_key=api_key,
                                                      models_dir=args.models_dir))

@@ -16,12 +16,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from frontend import openai_protocol as api
-from frontend.engine_client import EngineDeadError
-from frontend.http_json import exception_response, read_json_object
-from frontend.serving import EngineRequestError
-from protocol.messages import FinishReason
-from protocol.sampling import SamplingParams
+from tinyvllm.frontend import openai_protocol as api
+from tinyvllm.frontend.engine_client import EngineDeadError
+from tinyvllm.frontend.http_json import exception_response, read_json_object
+from tinyvllm.frontend.serving import EngineRequestError
+from tinyvllm.protocol.messages import FinishReason
+from tinyvllm.protocol.sampling import SamplingParams
 
 ENCODING_FORMATS = ("float", "base64")
 

@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator
 import zmq
 import zmq.asyncio
 
-from frontend.request_completion import RequestCompletion
-from protocol.messages import (AbortRequests, AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats, Shutdown,
+from tinyvllm.frontend.request_completion import RequestCompletion
+from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats, Shutdown,
                                StepOutputs)
-from protocol.sampling import SamplingParams
-from protocol.codec import encode
-from protocol.transport import make_socket, recv_async, send_async
+from tinyvllm.protocol.sampling import SamplingParams
+from tinyvllm.protocol.codec import encode
+from tinyvllm.protocol.transport import make_socket, recv_async, send_async
 
 
 class EngineDeadError(RuntimeError):

@@ -6,9 +6,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from frontend import openai_protocol as api
-from frontend.engine_client import EngineDeadError
-from frontend.serving import EngineRequestError
+from tinyvllm.frontend import openai_protocol as api
+from tinyvllm.frontend.engine_client import EngineDeadError
+from tinyvllm.frontend.serving import EngineRequestError
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 log = logging.getLogger(__name__)

@@ -9,10 +9,10 @@ import pathlib
 import shutil
 from dataclasses import dataclass
 
-from protocol.transport import Endpoints
-from scheduler.main import SchedulerArgs, run_scheduler
-from workers.main import WorkerArgs, run_worker
-from workers.model_config import ModelConfig, is_gguf, resolve_model_path
+from tinyvllm.protocol.transport import Endpoints
+from tinyvllm.scheduler.main import SchedulerArgs, run_scheduler
+from tinyvllm.workers.main import WorkerArgs, run_worker
+from tinyvllm.workers.model_config import ModelConfig, is_gguf, resolve_model_path
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 
@@ -47,7 +47,7 @@ class EngineArgs:
 
 def read_model_config(path: pathlib.Path) -> ModelConfig:
     if is_gguf(path):
-        from workers.gguf_file import GGUFFile
+        from tinyvllm.workers.gguf_file import GGUFFile
         gguf = GGUFFile(path)
         return ModelConfig.from_gguf_metadata(gguf.metadata, gguf.tensor_names)
     return ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))

@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from frontend.detokenizer import IncrementalDetokenizer
-from frontend.launcher import EngineArgs, EngineProcesses
-from frontend.request_completion import RequestCompletion
-from frontend.tokenizer import Tokenizer
-from protocol.messages import (AbortRequests, AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats,
+from tinyvllm.frontend.detokenizer import IncrementalDetokenizer
+from tinyvllm.frontend.launcher import EngineArgs, EngineProcesses
+from tinyvllm.frontend.request_completion import RequestCompletion
+from tinyvllm.frontend.tokenizer import Tokenizer
+from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats,
                                Shutdown, StepOutputs)
-from protocol.sampling import SamplingParams
-from protocol.transport import make_socket, recv, send
+from tinyvllm.protocol.sampling import SamplingParams
+from tinyvllm.protocol.transport import make_socket, recv, send
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ a character split across byte-level tokens stays recoverable even though each pi
 import functools
 import re
 
-from protocol.messages import TokenLogprobs
+from tinyvllm.protocol.messages import TokenLogprobs
 
 MIN_LOGPROB = -9999.0  # -inf is not JSON: OpenAI and vLLM send this floor instead
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece byte fallback

@@ -3,7 +3,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
-from frontend.metrics import FrontendMetrics
+from tinyvllm.frontend.metrics import FrontendMetrics
 
 
 class MeteredEngine:

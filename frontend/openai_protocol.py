@@ -5,7 +5,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.sampling import MAX_N, SamplingParams
+from tinyvllm.protocol.sampling import MAX_N, SamplingParams
 
 
 class APIError(Exception):

@@ -8,9 +8,9 @@ What one field allows can depend on another (min_tokens <= max_tokens, best_of =
 vocabulary, prompt + max_tokens within the context): those limits are in the descriptions, and a request that
 breaks them gets a 400.
 """
-from frontend import openapi
-from frontend.embeddings import ENCODING_FORMATS
-from protocol.sampling import MAX_LOGPROBS, MAX_N
+from tinyvllm.frontend import openapi
+from tinyvllm.frontend.embeddings import ENCODING_FORMATS
+from tinyvllm.protocol.sampling import MAX_LOGPROBS, MAX_N
 
 _INT64 = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
 _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0},

@@ -2,7 +2,7 @@
 
 Every route the app has appears in the document, described or not; a route's module describes it once, at import:
 
-    from frontend import openapi
+    from tinyvllm.frontend import openapi
     openapi.describe("/api/chat", "POST", request_schema={...}, response_schema={...},
                      summary="Ollama chat", stream_media_type="application/x-ndjson",
                      error_statuses=(400, 404), error_schema=openapi.OLLAMA_ERROR_SCHEMA)
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from starlette.routing import BaseRoute, Mount, Route
 
-from frontend import auth
+from tinyvllm.frontend import auth
 
 OPENAPI_VERSION = "3.1.0"
 JSON = "application/json"

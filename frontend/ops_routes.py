@@ -5,7 +5,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from frontend import openapi
+from tinyvllm.frontend import openapi
 
 
 def package_version() -> str:

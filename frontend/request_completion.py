@@ -4,7 +4,7 @@ Every child (RequestOutput.index) ends with its own finish_reason; the request i
 An ERROR ends the whole request at once: it is the only output of a request refused at admission, and a
 child that fails mid-run leaves its siblings without a result worth waiting for.
 """
-from protocol.messages import FinishReason, RequestOutput
+from tinyvllm.protocol.messages import FinishReason, RequestOutput
 
 
 class RequestCompletion:

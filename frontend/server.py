@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import uvicorn
 import uvloop
 
-from frontend.app import build_app
-from frontend.engine_client import EngineClient, EngineDeadError
-from frontend.launcher import EngineArgs, EngineProcesses
-from frontend.tokenizer import Tokenizer
+from tinyvllm.frontend.app import build_app
+from tinyvllm.frontend.engine_client import EngineClient, EngineDeadError
+from tinyvllm.frontend.launcher import EngineArgs, EngineProcesses
+from tinyvllm.frontend.tokenizer import Tokenizer
 
 log = logging.getLogger("tinyvllm.server")
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"

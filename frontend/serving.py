@@ -6,10 +6,10 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from frontend import logprobs as lp
-from frontend.choice_text import ChoiceText
-from frontend.openai_protocol import APIError, GenerationRequest
-from protocol.messages import FinishReason
+from tinyvllm.frontend import logprobs as lp
+from tinyvllm.frontend.choice_text import ChoiceText
+from tinyvllm.frontend.openai_protocol import APIError, GenerationRequest
+from tinyvllm.protocol.messages import FinishReason
 
 # Tokenizing or templating more characters than this runs in a thread so the event loop keeps streaming.
 LONG_INPUT_CHARS = 4096

@@ -7,9 +7,9 @@ from contextlib import aclosing
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from frontend import openai_protocol as api
-from frontend.engine_client import EngineDeadError
-from frontend.serving import EngineRequestError, TextDelta
+from tinyvllm.frontend import openai_protocol as api
+from tinyvllm.frontend.engine_client import EngineDeadError
+from tinyvllm.frontend.serving import EngineRequestError, TextDelta
 
 log = logging.getLogger(__name__)
 

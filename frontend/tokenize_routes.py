@@ -15,11 +15,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from frontend import openai_protocol as api
-from frontend import openapi
-from frontend.http_json import error_response, read_json_object
-from frontend.openai_schemas import CHAT_MESSAGES
-from frontend.serving import LONG_INPUT_CHARS
+from tinyvllm.frontend import openai_protocol as api
+from tinyvllm.frontend import openapi
+from tinyvllm.frontend.http_json import error_response, read_json_object
+from tinyvllm.frontend.openai_schemas import CHAT_MESSAGES
+from tinyvllm.frontend.serving import LONG_INPUT_CHARS
 
 log = logging.getLogger(__name__)
 

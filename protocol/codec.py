@@ -9,8 +9,8 @@ import typing
 
 import msgpack
 
-from protocol import messages as m
-from protocol.sampling import SamplingParams
+from tinyvllm.protocol import messages as m
+from tinyvllm.protocol.sampling import SamplingParams
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 

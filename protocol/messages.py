@@ -7,7 +7,7 @@ Scheduler -> worker:    InitWorker, StepPlan, Shutdown
 """
 from dataclasses import dataclass, field
 
-from protocol.sampling import SamplingParams
+from tinyvllm.protocol.sampling import SamplingParams
 
 
 class FinishReason:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from protocol.codec import MAX_MESSAGE_BYTES, decode, encode
+from tinyvllm.protocol.codec import MAX_MESSAGE_BYTES, decode, encode
 
 
 @dataclass(slots=True)

@@ -1,6 +1,6 @@
 """Whether a request can ever be served: checked once, when it arrives. Messages are fit for an HTTP 400."""
-from scheduler.parallel_sampling import child_id
-from scheduler.request import Request
+from tinyvllm.scheduler.parallel_sampling import child_id
+from tinyvllm.scheduler.request import Request
 
 MAX_TOKEN_ID = 2**31 - 1  # workers hold token ids as int32
 

@@ -10,7 +10,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scheduler.block_hash import BlockHash
+from tinyvllm.scheduler.block_hash import BlockHash
 
 
 @dataclass(slots=True, eq=False)

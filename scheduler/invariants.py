@@ -2,10 +2,10 @@
 import itertools
 from typing import TYPE_CHECKING
 
-from scheduler.request import RequestStatus
+from tinyvllm.scheduler.request import RequestStatus
 
 if TYPE_CHECKING:
-    from scheduler.scheduler import Scheduler
+    from tinyvllm.scheduler.scheduler import Scheduler
 
 
 def check_scheduler_invariants(sched: "Scheduler") -> None:

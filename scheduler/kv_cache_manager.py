@@ -12,9 +12,9 @@ The scheduler owns this; workers only ever see block ids (and the block copies o
 """
 from collections.abc import Iterable
 
-from scheduler.block_hash import BlockHash, HashFn, hash_block, root_hash
-from scheduler.block_pool import BlockPool
-from scheduler.request import Request
+from tinyvllm.scheduler.block_hash import BlockHash, HashFn, hash_block, root_hash
+from tinyvllm.scheduler.block_pool import BlockPool
+from tinyvllm.scheduler.request import Request
 
 
 class KVCacheManager:

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 import zmq
 
-from protocol.codec import CodecError, decode
-from protocol.messages import (AbortRequests, AddRequest, EngineReady, InitWorker, Shutdown, StepOutputs, StepPlan,
+from tinyvllm.protocol.codec import CodecError, decode
+from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, InitWorker, Shutdown, StepOutputs, StepPlan,
                                StepResult, WorkerError, WorkerHello, WorkerReady)
-from protocol.transport import Endpoints, make_socket, recv, send
-from scheduler.request import Request
-from scheduler.scheduler import Scheduler, SchedulerConfig
-from protocol.process_guard import exit_with_parent
+from tinyvllm.protocol.transport import Endpoints, make_socket, recv, send
+from tinyvllm.scheduler.request import Request
+from tinyvllm.scheduler.scheduler import Scheduler, SchedulerConfig
+from tinyvllm.protocol.process_guard import exit_with_parent
 
 log = logging.getLogger("tinyvllm.scheduler")
 

@@ -6,7 +6,7 @@ samples its own first token. Outputs carry the parent's id and the child's index
 """
 import dataclasses
 
-from scheduler.request import Request, RequestStatus
+from tinyvllm.scheduler.request import Request, RequestStatus
 
 
 def child_id(parent_id: str, index: int) -> str:

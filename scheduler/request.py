@@ -2,8 +2,8 @@
 import enum
 from dataclasses import dataclass, field
 
-from protocol.messages import AddRequest, FinishReason
-from protocol.sampling import SamplingParams
+from tinyvllm.protocol.messages import AddRequest, FinishReason
+from tinyvllm.protocol.sampling import SamplingParams
 
 
 class RequestStatus(enum.Enum):

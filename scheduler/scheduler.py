@@ -13,13 +13,13 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from protocol.messages import FinishReason, RequestOutput, SchedulerStats, StepPlan, StepResult
-from scheduler.admission import admission_error
-from scheduler.invariants import check_scheduler_invariants
-from scheduler.kv_cache_manager import KVCacheManager
-from scheduler.parallel_sampling import make_children
-from scheduler.request import Request, RequestStatus
-from scheduler.worker_view import WorkerView
+from tinyvllm.protocol.messages import FinishReason, RequestOutput, SchedulerStats, StepPlan, StepResult
+from tinyvllm.scheduler.admission import admission_error
+from tinyvllm.scheduler.invariants import check_scheduler_invariants
+from tinyvllm.scheduler.kv_cache_manager import KVCacheManager
+from tinyvllm.scheduler.parallel_sampling import make_children
+from tinyvllm.scheduler.request import Request, RequestStatus
+from tinyvllm.scheduler.worker_view import WorkerView
 
 
 def well_formed(result: StepResult, step_id: int) -> bool:

@@ -7,8 +7,8 @@ A block table the workers hold only ever grows: copy-on-write replaces blocks on
 """
 import dataclasses
 
-from protocol.messages import CachedRequestData, NewRequestData, StepPlan
-from scheduler.request import Request
+from tinyvllm.protocol.messages import CachedRequestData, NewRequestData, StepPlan
+from tinyvllm.scheduler.request import Request
 
 
 class WorkerView:

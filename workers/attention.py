@@ -6,10 +6,10 @@ their cost does not grow with the cache size.
 """
 from tinygrad import Tensor, UOp, dtypes
 
-from workers.cpu_attention import cpu_decode_attention, cpu_prefill_attention
-from workers.cpu_attention import supports as supports_cpu_attention
-from workers.kv_cache import PagedKVCache
-from workers.kv_write import decode_slots, prefill_slots, write_kv
+from tinyvllm.workers.cpu_attention import cpu_decode_attention, cpu_prefill_attention
+from tinyvllm.workers.cpu_attention import supports as supports_cpu_attention
+from tinyvllm.workers.kv_cache import PagedKVCache
+from tinyvllm.workers.kv_write import decode_slots, prefill_slots, write_kv
 
 
 def gqa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:

@@ -4,9 +4,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from protocol.messages import StepPlan, TokenLogprobs
-from protocol.sampling import SamplingParams
-from workers.penalties import TokenStats
+from tinyvllm.protocol.messages import StepPlan, TokenLogprobs
+from tinyvllm.protocol.sampling import SamplingParams
+from tinyvllm.workers.penalties import TokenStats
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from tinygrad import Tensor, dtypes
 from tinygrad.helpers import NUM_CPU_THREADS
 from tinygrad.renderer import Estimates
 
-from workers.c_kernel import VECTOR_TYPES, c_kernel
+from tinyvllm.workers.c_kernel import VECTOR_TYPES, c_kernel
 
 _SOURCE = """#define B {batch}
 #define H {heads}

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from tinygrad import Tensor
 
-from workers.c_kernel import VECTOR_TYPES
-from workers.cpu_matvec import DEQUANT_BLOCK, WEIGHT_PARAMS, c_matmul
+from tinyvllm.workers.c_kernel import VECTOR_TYPES
+from tinyvllm.workers.cpu_matvec import DEQUANT_BLOCK, WEIGHT_PARAMS, c_matmul
 
 GEMM_MIN_ROWS = 4  # MR: with fewer rows cpu_matvec is faster (measured: docs/BENCHMARKS.md)
 

@@ -27,7 +27,7 @@ from tinygrad import Device
 from tinygrad.engine.jit import GraphException, GraphRunner
 from tinygrad.helpers import NUM_CPU_THREADS
 
-from workers.env_flags import env_flag
+from tinyvllm.workers.env_flags import env_flag
 
 CPU_GRAPH_ENV = "TINYVLLM_CPU_GRAPH"
 MAX_ARGS = 24  # a kernel's arguments in a command row: MAX_ARGS in cpu_graph_exec.c

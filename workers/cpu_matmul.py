@@ -26,9 +26,9 @@ from tinygrad.helpers import NUM_CPU_THREADS
 from tinygrad.renderer.cstyle import ClangRenderer
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 
-from workers.cpu_gemm import GEMM_MIN_ROWS, cpu_gemm
-from workers.cpu_matvec import c_kernels_support, cpu_matvec
-from workers.env_flags import env_flag
+from tinyvllm.workers.cpu_gemm import GEMM_MIN_ROWS, cpu_gemm
+from tinyvllm.workers.cpu_matvec import c_kernels_support, cpu_matvec
+from tinyvllm.workers.env_flags import env_flag
 
 REASSOCIATE_PRAGMA = "#pragma clang fp reassociate(on)\n"
 CPU_KERNELS_ENV = "TINYVLLM_CPU_KERNELS"  # "0": tinygrad's own kernels on CPU too (for comparisons)

@@ -16,7 +16,7 @@ from tinygrad import Tensor, dtypes
 from tinygrad.helpers import NUM_CPU_THREADS
 from tinygrad.renderer import Estimates
 
-from workers.c_kernel import VECTOR_TYPES, c_kernel
+from tinyvllm.workers.c_kernel import VECTOR_TYPES, c_kernel
 
 
 # weight row n's 32-element block b as two 16-lane vectors w0 (elements 0-15) and w1 (16-31); K, KB = K / 32

@@ -2,7 +2,7 @@
 logprobs_mode, raw_logprobs: log_softmax of the model's logits before any processing or temperature)."""
 from tinygrad import Tensor, dtypes
 
-from protocol.messages import TokenLogprobs
+from tinyvllm.protocol.messages import TokenLogprobs
 
 TOP_COUNT_BUCKETS = (5, 20)  # one compiled variant per bucket, not per requested k
 

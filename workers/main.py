@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import zmq
 
-from protocol.messages import InitWorker, Shutdown, StepPlan, WorkerError, WorkerHello, WorkerReady, WorkerRole
-from protocol.process_guard import exit_with_parent
-from protocol.transport import make_socket, recv, send
+from tinyvllm.protocol.messages import InitWorker, Shutdown, StepPlan, WorkerError, WorkerHello, WorkerReady, WorkerRole
+from tinyvllm.protocol.process_guard import exit_with_parent
+from tinyvllm.protocol.transport import make_socket, recv, send
 
 log = logging.getLogger("tinyvllm.worker")
 
@@ -42,10 +42,10 @@ class WorkerArgs:
 
 
 def build_runner(args: WorkerArgs, init: InitWorker):
-    from workers.kv_cache import PagedKVCache, blocks_for_budget
-    from workers.model import Transformer
-    from workers.model_config import load_weights
-    from workers.model_runner import ModelRunner
+    from tinyvllm.workers.kv_cache import PagedKVCache, blocks_for_budget
+    from tinyvllm.workers.model import Transformer
+    from tinyvllm.workers.model_config import load_weights
+    from tinyvllm.workers.model_runner import ModelRunner
     cfg, weights = load_weights(args.model)
     num_blocks = init.num_blocks or blocks_for_budget(cfg, init.block_size, init.kv_cache_bytes)
     model = Transformer(cfg, weights, init.max_model_len)

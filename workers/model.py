@@ -10,11 +10,11 @@ import numpy as np
 from tinygrad import Device, Tensor
 from tinygrad.function import function
 
-from workers.cpu_graph import use_cpu_graph
-from workers.cpu_matmul import cpu_linear, use_cpu_kernels
-from workers.cuda_graph import use_cuda_graph
-from workers.model_config import ModelConfig
-from workers.quantized_weight import DeviceWeight, dequant_at_load_default
+from tinyvllm.workers.cpu_graph import use_cpu_graph
+from tinyvllm.workers.cpu_matmul import cpu_linear, use_cpu_kernels
+from tinyvllm.workers.cuda_graph import use_cuda_graph
+from tinyvllm.workers.model_config import ModelConfig
+from tinyvllm.workers.quantized_weight import DeviceWeight, dequant_at_load_default
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

@@ -182,8 +182,8 @@ def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def _load_gguf(path: pathlib.Path, keep_quantized: bool) -> tuple[ModelConfig, dict]:
-    from workers.gguf_file import GGUFFile
-    from workers.quantized_weight import QuantizedArray
+    from tinyvllm.workers.gguf_file import GGUFFile
+    from tinyvllm.workers.quantized_weight import QuantizedArray
 
     gguf = GGUFFile(path)
     config = ModelConfig.from_gguf_metadata(gguf.metadata, gguf.tensor_names)
@@ -211,7 +211,7 @@ def _load_gguf(path: pathlib.Path, keep_quantized: bool) -> tuple[ModelConfig, d
 def _load_hf(folder: pathlib.Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     import json
 
-    from workers.safetensors_file import read_safetensors_folder
+    from tinyvllm.workers.safetensors_file import read_safetensors_folder
 
     config = ModelConfig.from_hf_config(json.loads((folder / "config.json").read_text()))
     weights = {}

@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 import numpy as np
 from tinygrad import Tensor, TinyJit, UOp, dtypes
 
-from protocol.messages import StepPlan, StepResult
-from workers.attention import DecodeAttention, PrefillAttention
-from workers.batch_state import BatchState, ScheduledChunk
-from workers.kv_cache import PagedKVCache
-from workers.logprobs import logprobs_of, to_token_logprobs, top_count_bucket
-from workers.model import Transformer
-from workers.device_input import device_tensor
-from workers.sampling_batch import BatchSampler
+from tinyvllm.protocol.messages import StepPlan, StepResult
+from tinyvllm.workers.attention import DecodeAttention, PrefillAttention
+from tinyvllm.workers.batch_state import BatchState, ScheduledChunk
+from tinyvllm.workers.kv_cache import PagedKVCache
+from tinyvllm.workers.logprobs import logprobs_of, to_token_logprobs, top_count_bucket
+from tinyvllm.workers.model import Transformer
+from tinyvllm.workers.device_input import device_tensor
+from tinyvllm.workers.sampling_batch import BatchSampler
 
 
 def buckets_up_to(limit: int, first: int) -> list[int]:

@@ -8,7 +8,7 @@ the device as dense [R, V] rows, so the jitted sampler keeps one fixed shape per
 import numpy as np
 from tinygrad import Tensor
 
-from protocol.sampling import SamplingParams
+from tinyvllm.protocol.sampling import SamplingParams
 
 
 def apply_logit_processing(logits: Tensor, bias: Tensor, output_counts: Tensor, seen: Tensor,

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 import numpy as np
 from tinygrad import Tensor, TinyJit, dtypes
 
-from protocol.messages import TokenLogprobs
-from workers.batch_state import RequestState
-from workers.device_input import device_tensor
-from workers.logprobs import logprobs_of, to_token_logprobs, top_count_bucket
-from workers.penalties import additive_bias, apply_logit_processing
-from workers.sampler import sample
+from tinyvllm.protocol.messages import TokenLogprobs
+from tinyvllm.workers.batch_state import RequestState
+from tinyvllm.workers.device_input import device_tensor
+from tinyvllm.workers.logprobs import logprobs_of, to_token_logprobs, top_count_bucket
+from tinyvllm.workers.penalties import additive_bias, apply_logit_processing
+from tinyvllm.workers.sampler import sample
 
 
 @dataclass(frozen=True, slots=True)

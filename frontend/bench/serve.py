@@ -23,10 +23,10 @@ import time
 
 import numpy as np
 
-from frontend.bench.progress import Progress
-from frontend.bench.random_prompts import RandomPrompt, random_prompts
-from frontend.bench.serve_client import RequestResult, Target, send_request
-from frontend.bench.serve_report import error_summary, markdown_table, summarize
+from tinyvllm.frontend.bench.progress import Progress
+from tinyvllm.frontend.bench.random_prompts import RandomPrompt, random_prompts
+from tinyvllm.frontend.bench.serve_client import RequestResult, Target, send_request
+from tinyvllm.frontend.bench.serve_report import error_summary, markdown_table, summarize
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,7 +63,7 @@ def auth_headers(environ) -> dict:
 
 
 def load_tokenizer(tokenizer: str | None, model: str | None):
-    from frontend.tokenizer import Tokenizer
+    from tinyvllm.frontend.tokenizer import Tokenizer
     source = tokenizer or (model if model and pathlib.Path(model).expanduser().exists() else None)
     return Tokenizer.from_model_path(None if source is None else pathlib.Path(source).expanduser())
 

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from frontend.bench.serve_client import RequestResult
+from tinyvllm.frontend.bench.serve_client import RequestResult
 
 METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E"))
 

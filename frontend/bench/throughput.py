@@ -17,8 +17,8 @@ import pathlib
 import sys
 import time
 
-from frontend.bench.random_prompts import random_prompts
-from frontend.launcher import EngineArgs
+from tinyvllm.frontend.bench.random_prompts import random_prompts
+from tinyvllm.frontend.launcher import EngineArgs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def measure(llm, num_prompts: int, input_len: int, output_len: int, seed: int = 0, warmup: int = 0) -> dict:
     """Runs the benchmark on a started `LLM` and returns vLLM's result keys (plus a few)."""
-    from protocol.sampling import SamplingParams
+    from tinyvllm.protocol.sampling import SamplingParams
     sampling = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=output_len, ignore_eos=True)
     if warmup:
         llm.generate([p.text for p in random_prompts(llm.tokenizer, warmup, input_len, [seed, 1])], sampling)
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace, engine_args: EngineArgs) -> int:
     if args.warmup < 0:
         print("tinyvllm: error: --warmup must be at least 0", file=sys.stderr)
         return 2
-    from frontend.llm import LLM
+    from tinyvllm.frontend.llm import LLM
     started = time.perf_counter()
     try:
         llm = LLM(**dataclasses.asdict(engine_args))

@@ -13,12 +13,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from frontend.ollama import go_template, model_info, modelfile, names
-from frontend.ollama.http_io import OllamaError, field, handler, model_field, read_json, status_reply, timestamp
-from frontend.ollama.model_store import ModelEntry, ModelStore
-from frontend.ollama.options import check_options
-from frontend.ollama.service import OllamaService
-from workers.model_config import resolve_model_path
+from tinyvllm.frontend.ollama import go_template, model_info, modelfile, names
+from tinyvllm.frontend.ollama.http_io import OllamaError, field, handler, model_field, read_json, status_reply, timestamp
+from tinyvllm.frontend.ollama.model_store import ModelEntry, ModelStore
+from tinyvllm.frontend.ollama.options import check_options
+from tinyvllm.frontend.ollama.service import OllamaService
+from tinyvllm.workers.model_config import resolve_model_path
 
 _DIGEST_RE = re.compile(r"sha256[:-]([0-9a-f]{64})")
 MAX_BLOB_BYTES = 64 << 30  # an upload is model weights: large, but bounded like every other body

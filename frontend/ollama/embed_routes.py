@@ -14,11 +14,11 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from frontend.engine_client import EngineDeadError
-from frontend.ollama import prompting
-from frontend.ollama.http_io import OllamaError, field, handler, model_field, read_json
-from frontend.ollama.service import OllamaService
-from frontend.serving import EngineRequestError
+from tinyvllm.frontend.engine_client import EngineDeadError
+from tinyvllm.frontend.ollama import prompting
+from tinyvllm.frontend.ollama.http_io import OllamaError, field, handler, model_field, read_json
+from tinyvllm.frontend.ollama.service import OllamaService
+from tinyvllm.frontend.serving import EngineRequestError
 
 Embedder = Callable[[list[list[int]]], Awaitable[list[list[float]]]]
 
@@ -28,7 +28,7 @@ def find_embedder(engine) -> Embedder | None:
     if callable(method := getattr(engine, "embed", None)):
         return method
     try:
-        from frontend import embeddings
+        from tinyvllm.frontend import embeddings
     except ImportError:
         return None
     fn = getattr(embeddings, "embed", None)

@@ -7,12 +7,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from frontend.ollama import prompting
-from frontend.ollama.generation import PreparedRequest, load_reply, respond
-from frontend.ollama.http_io import OllamaError, field, handler, model_field, read_json
-from frontend.ollama.model_store import ModelEntry
-from frontend.ollama.options import generation_settings
-from frontend.ollama.service import OllamaService
+from tinyvllm.frontend.ollama import prompting
+from tinyvllm.frontend.ollama.generation import PreparedRequest, load_reply, respond
+from tinyvllm.frontend.ollama.http_io import OllamaError, field, handler, model_field, read_json
+from tinyvllm.frontend.ollama.model_store import ModelEntry
+from tinyvllm.frontend.ollama.options import generation_settings
+from tinyvllm.frontend.ollama.service import OllamaService
 
 
 def parse_format(value: Any) -> Any:

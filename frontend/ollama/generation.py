@@ -22,10 +22,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from frontend.ollama.http_io import CLIENT_CLOSED_REQUEST, streamed, timestamp, unless_disconnected
-from frontend.ollama.options import GenerationSettings
-from frontend.ollama.service import OllamaService
-from frontend.openai_protocol import GenerationRequest
+from tinyvllm.frontend.ollama.http_io import CLIENT_CLOSED_REQUEST, streamed, timestamp, unless_disconnected
+from tinyvllm.frontend.ollama.options import GenerationSettings
+from tinyvllm.frontend.ollama.service import OllamaService
+from tinyvllm.frontend.openai_protocol import GenerationRequest
 
 log = logging.getLogger(__name__)
 

@@ -11,14 +11,14 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from frontend.http_json import read_bounded_body
-from frontend.engine_client import EngineDeadError
-from frontend.ollama.go_template import TemplateError
-from frontend.ollama.model_store import StoreError, now_rfc3339
-from frontend.ollama.modelfile import ModelfileError
-from frontend.ollama.options import OptionError
-from frontend.openai_protocol import APIError
-from frontend.serving import EngineRequestError
+from tinyvllm.frontend.http_json import read_bounded_body
+from tinyvllm.frontend.engine_client import EngineDeadError
+from tinyvllm.frontend.ollama.go_template import TemplateError
+from tinyvllm.frontend.ollama.model_store import StoreError, now_rfc3339
+from tinyvllm.frontend.ollama.modelfile import ModelfileError
+from tinyvllm.frontend.ollama.options import OptionError
+from tinyvllm.frontend.openai_protocol import APIError
+from tinyvllm.frontend.serving import EngineRequestError
 
 log = logging.getLogger(__name__)
 NDJSON = "application/x-ndjson"

@@ -9,10 +9,10 @@ import pathlib
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from frontend.ollama import model_info, modelfile, names
-from frontend.ollama.http_io import OllamaError, field, handler, model_field, model_not_found, read_json, timestamp
-from frontend.ollama.model_store import ModelEntry
-from frontend.ollama.service import OllamaService
+from tinyvllm.frontend.ollama import model_info, modelfile, names
+from tinyvllm.frontend.ollama.http_io import OllamaError, field, handler, model_field, model_not_found, read_json, timestamp
+from tinyvllm.frontend.ollama.model_store import ModelEntry
+from tinyvllm.frontend.ollama.service import OllamaService
 
 log = logging.getLogger(__name__)
 # The Ollama release whose API these routes follow; clients gate features on it.

@@ -22,7 +22,7 @@ import threading
 import urllib.parse
 from dataclasses import dataclass, field
 
-from frontend.ollama import model_info, names
+from tinyvllm.frontend.ollama import model_info, names
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from frontend.ollama.options import OptionError, coerce_parameter
+from tinyvllm.frontend.ollama.options import OptionError, coerce_parameter
 
 _COMMANDS = {"FROM", "PARAMETER", "TEMPLATE", "SYSTEM", "LICENSE", "ADAPTER", "MESSAGE", "REQUIRES"}
 _UNSUPPORTED = {"ADAPTER": "adapters (LoRA) are not supported", "MESSAGE": "MESSAGE is not supported"}

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.sampling import SamplingParams
+from tinyvllm.protocol.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 

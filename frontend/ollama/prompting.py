@@ -9,8 +9,8 @@ from typing import Any
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from frontend.ollama import go_template
-from frontend.ollama.http_io import OllamaError
+from tinyvllm.frontend.ollama import go_template
+from tinyvllm.frontend.ollama.http_io import OllamaError
 
 LONG_INPUT_CHARS = 4096  # tokenize longer texts in a thread so the event loop keeps streaming
 _RESPONSE_MARK = "\x00tinyvllm-response\x00"  # where the reply starts in a rendered Go template

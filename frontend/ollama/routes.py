@@ -4,10 +4,10 @@ from __future__ import annotations
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from frontend.ollama import create_routes, embed_routes, generate_routes, model_routes, pull_routes
-from frontend.ollama import schemas  # noqa: F401 (describes these routes in /openapi.json)
-from frontend.ollama.model_store import ModelStore
-from frontend.ollama.service import OllamaService
+from tinyvllm.frontend.ollama import create_routes, embed_routes, generate_routes, model_routes, pull_routes
+from tinyvllm.frontend.ollama import schemas  # noqa: F401 (describes these routes in /openapi.json)
+from tinyvllm.frontend.ollama.model_store import ModelStore
+from tinyvllm.frontend.ollama.service import OllamaService
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 

@@ -6,10 +6,10 @@ with the one value that is accepted (empty, or false). Limits that depend on ano
 model must exist and run on the served weights; prompt + num_predict is cut at the context; raw excludes template,
 system and context) are in the descriptions, and breaking them is a 400 or 404.
 """
-from frontend import openapi
-from frontend.ollama import names
-from frontend.ollama.http_io import NDJSON
-from frontend.ollama.options import IGNORED_OPTIONS
+from tinyvllm.frontend import openapi
+from tinyvllm.frontend.ollama import names
+from tinyvllm.frontend.ollama.http_io import NDJSON
+from tinyvllm.frontend.ollama.options import IGNORED_OPTIONS
 
 _ERR = openapi.OLLAMA_ERROR_SCHEMA
 _STR, _BOOL, _INT = {"type": "string"}, {"type": "boolean"}, {"type": "integer"}

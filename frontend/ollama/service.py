@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from frontend.ollama.http_io import OllamaError
-from frontend.ollama.model_store import ModelEntry, ModelStore
+from tinyvllm.frontend.ollama.http_io import OllamaError
+from tinyvllm.frontend.ollama.model_store import ModelEntry, ModelStore
 
 
 class TokenRecordingEngine:

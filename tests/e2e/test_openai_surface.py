@@ -8,8 +8,8 @@ import numpy as np
 import openai
 import pytest
 
-from frontend.llm import LLM
-from frontend.tokenizer import Tokenizer
+from tinyvllm.frontend.llm import LLM
+from tinyvllm.frontend.tokenizer import Tokenizer
 from tests.e2e.http_helpers import stream
 from tests.e2e.server_process import MODEL_NAME, REQUEST_TIMEOUT_S
 

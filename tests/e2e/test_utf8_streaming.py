@@ -14,8 +14,8 @@ import os
 import httpx
 import pytest
 
-from frontend.app import build_app
-from frontend.tokenizer import Tokenizer
+from tinyvllm.frontend.app import build_app
+from tinyvllm.frontend.tokenizer import Tokenizer
 from tests.e2e.http_helpers import completion_body
 from tests.e2e.server_process import REQUEST_TIMEOUT_S
 from tests.frontend.fake_engine import FakeEngine

@@ -3,8 +3,8 @@ prefix caching, parallel sampling with copy-on-write, and preemption under KV pr
 import numpy as np
 import pytest
 
-from frontend.llm import LLM
-from protocol.sampling import SamplingParams
+from tinyvllm.frontend.llm import LLM
+from tinyvllm.protocol.sampling import SamplingParams
 from tests.helpers.tiny_model import make_tiny_gguf
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

@@ -10,10 +10,10 @@ the cumulative prefix-cache counters in `stats`, and records what it saw so test
 import asyncio
 from collections.abc import AsyncIterator
 
-from frontend.engine_client import EngineDeadError
-from frontend.request_completion import RequestCompletion
-from protocol.messages import AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats
-from protocol.sampling import SamplingParams
+from tinyvllm.frontend.engine_client import EngineDeadError
+from tinyvllm.frontend.request_completion import RequestCompletion
+from tinyvllm.protocol.messages import AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats
+from tinyvllm.protocol.sampling import SamplingParams
 
 
 class FakeEngine:

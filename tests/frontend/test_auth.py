@@ -13,8 +13,8 @@ import uvicorn
 from app_harness import MODEL, client_for, parse_sse
 from fake_engine import FakeEngine
 from fake_tokenizer import CharDetokenizer, CharTokenizer
-from frontend.app import build_app
-from frontend.auth import APIKeyMiddleware
+from tinyvllm.frontend.app import build_app
+from tinyvllm.frontend.auth import APIKeyMiddleware
 
 pytestmark = pytest.mark.anyio
 

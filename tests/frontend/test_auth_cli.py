@@ -1,8 +1,8 @@
 """`tinyvllm serve --api-key` / $TINYVLLM_API_KEY reach the server; an empty --api-key is an error."""
 import pytest
 
-import frontend.server
-from frontend import cli
+import tinyvllm.frontend.server as server_module
+from tinyvllm.frontend import cli
 
 
 @pytest.mark.parametrize("flag,env,expected", [
@@ -23,7 +23,7 @@ def test_an_empty_flag_is_an_error():
 @pytest.fixture
 def served_args(monkeypatch):
     seen = []
-    monkeypatch.setattr(frontend.server, "serve", lambda engine_args, server_args: seen.append(server_args))
+    monkeypatch.setattr(server_module, "serve", lambda engine_args, server_args: seen.append(server_args))
     monkeypatch.delenv("TINYVLLM_API_KEY", raising=False)
     return seen
 

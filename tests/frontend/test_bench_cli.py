@@ -8,10 +8,10 @@ import time
 import pytest
 import uvicorn
 
-import frontend.bench.serve as bench_serve
+import tinyvllm.frontend.bench.serve as bench_serve
 from app_harness import MODEL, make_app
 from fake_tokenizer import OFFSET, CharTokenizer
-from frontend import cli
+from tinyvllm.frontend import cli
 
 
 class AsciiTokenizer(CharTokenizer):

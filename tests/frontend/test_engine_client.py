@@ -5,11 +5,11 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from frontend.engine_client import EngineClient
-from protocol.messages import (AbortRequests, AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats,
+from tinyvllm.frontend.engine_client import EngineClient
+from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats,
                                StepOutputs)
-from protocol.sampling import SamplingParams
-from protocol.transport import Endpoints, make_socket, recv_async, send_async
+from tinyvllm.protocol.sampling import SamplingParams
+from tinyvllm.protocol.transport import Endpoints, make_socket, recv_async, send_async
 
 pytestmark = pytest.mark.anyio
 

@@ -2,10 +2,10 @@
 import itertools
 
 from fake_tokenizer import CharTokenizer
-from frontend.llm import LLM
-from protocol.codec import decode
-from protocol.messages import AbortRequests, AddRequest, FinishReason, RequestOutput
-from protocol.sampling import SamplingParams
+from tinyvllm.frontend.llm import LLM
+from tinyvllm.protocol.codec import decode
+from tinyvllm.protocol.messages import AbortRequests, AddRequest, FinishReason, RequestOutput
+from tinyvllm.protocol.sampling import SamplingParams
 
 
 class RecordingSocket:

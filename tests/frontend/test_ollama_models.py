@@ -131,7 +131,7 @@ async def test_blob_upload_then_create_from_files(served, weights, tmp_path):
 
 
 async def test_blob_upload_is_bounded(served, monkeypatch):
-    from frontend.ollama import create_routes
+    from tinyvllm.frontend.ollama import create_routes
     client, _, _ = served
     monkeypatch.setattr(create_routes, "MAX_BLOB_BYTES", 1000)
     data = b"x" * 1001
@@ -186,7 +186,7 @@ async def test_without_a_models_folder_only_the_served_model_exists():
 
 
 async def test_embeddings(served, monkeypatch):
-    from frontend import embeddings
+    from tinyvllm.frontend import embeddings
     client, engine, _ = served
     seen = []
 

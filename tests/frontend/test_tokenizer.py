@@ -4,9 +4,9 @@ import json
 import pytest
 from tokenizers import pre_tokenizers
 
-from frontend.tokenizer import Tokenizer
-from workers.gguf_file import GGUFFile
-from workers.model_config import resolve_model_path
+from tinyvllm.frontend.tokenizer import Tokenizer
+from tinyvllm.workers.gguf_file import GGUFFile
+from tinyvllm.workers.model_config import resolve_model_path
 
 TEXTS = [
     "Hello world!", "Hello, world! How are you today?", "  leading spaces", "trailing spaces   ",

@@ -4,9 +4,9 @@ import re
 import msgpack
 import pytest
 
-from protocol import messages as m
-from protocol.codec import MESSAGE_TYPES, CodecError, decode, encode
-from protocol.sampling import SamplingParams
+from tinyvllm.protocol import messages as m
+from tinyvllm.protocol.codec import MESSAGE_TYPES, CodecError, decode, encode
+from tinyvllm.protocol.sampling import SamplingParams
 
 SP = SamplingParams(temperature=0.7, top_p=0.9, top_k=40, max_tokens=33, seed=-5, stop_token_ids=[7, 8], ignore_eos=True,
                     n=3, min_p=0.05, presence_penalty=0.5, frequency_penalty=-0.25, repetition_penalty=1.1,
@@ -97,7 +97,7 @@ def test_non_protocol_objects_are_not_encoded():
 
 
 def test_oversized_message_is_refused(monkeypatch):
-    import protocol.codec as codec
+    import tinyvllm.protocol.codec as codec
     monkeypatch.setattr(codec, "MAX_MESSAGE_BYTES", 10)
     with pytest.raises(CodecError):
         decode(encode(m.AbortRequests(["a" * 100])))

@@ -4,11 +4,11 @@ its own GGUF dequantisation) token for token: 6 prompts, 32 tokens each, plain a
 comparison stops there (and says so)."""
 import pytest
 
-from frontend.llm import LLM
-from frontend.tokenizer import Tokenizer
-from protocol.sampling import SamplingParams
+from tinyvllm.frontend.llm import LLM
+from tinyvllm.frontend.tokenizer import Tokenizer
+from tinyvllm.protocol.sampling import SamplingParams
 from tests.reference.hf_reference import reference_greedy
-from workers.model_config import resolve_model_path
+from tinyvllm.workers.model_config import resolve_model_path
 
 N_TOKENS = 32
 TIE_GAP = 1e-3

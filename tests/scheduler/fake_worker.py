@@ -16,10 +16,10 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from protocol.messages import StepPlan, StepResult
-from protocol.sampling import SamplingParams
-from scheduler.request import Request
-from scheduler.scheduler import Scheduler, SchedulerConfig
+from tinyvllm.protocol.messages import StepPlan, StepResult
+from tinyvllm.protocol.sampling import SamplingParams
+from tinyvllm.scheduler.request import Request
+from tinyvllm.scheduler.scheduler import Scheduler, SchedulerConfig
 
 EOS = 2
 VOCAB = 1000

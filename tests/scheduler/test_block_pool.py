@@ -1,7 +1,7 @@
 import pytest
 
-from scheduler.block_hash import hash_block, root_hash
-from scheduler.block_pool import BlockPool
+from tinyvllm.scheduler.block_hash import hash_block, root_hash
+from tinyvllm.scheduler.block_pool import BlockPool
 
 ROOT = root_hash(None)
 

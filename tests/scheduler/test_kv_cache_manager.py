@@ -1,8 +1,8 @@
 import pytest
 
 from fake_worker import make_request
-from scheduler.kv_cache_manager import KVCacheManager
-from scheduler.request import Request, RequestStatus
+from tinyvllm.scheduler.kv_cache_manager import KVCacheManager
+from tinyvllm.scheduler.request import Request, RequestStatus
 
 
 def computed(kv: KVCacheManager, req: Request, num_tokens: int) -> Request:

@@ -2,8 +2,8 @@
 import pytest
 
 from fake_worker import by_index, content_sample_fn, make_request, make_scheduler, run_to_completion, step, tokens_of
-from protocol.messages import FinishReason
-from scheduler.parallel_sampling import child_seed
+from tinyvllm.protocol.messages import FinishReason
+from tinyvllm.scheduler.parallel_sampling import child_seed
 
 
 def parallel_scheduler(**config):

@@ -5,7 +5,7 @@ import pytest
 
 from fake_worker import (content_sample_fn, make_prompt, make_request, make_scheduler, run_to_completion, step,
                          tokens_of)
-from scheduler.kv_cache_manager import KVCacheManager
+from tinyvllm.scheduler.kv_cache_manager import KVCacheManager
 
 PREFIX = make_prompt("shared system prompt", 1000)
 

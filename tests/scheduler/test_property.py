@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from fake_worker import (EOS, content_sample_fn, make_prompt, make_request, make_scheduler, prefix_hashes,
                          with_random_eos)
-from protocol.messages import FinishReason
-from scheduler.parallel_sampling import child_id, child_seed
+from tinyvllm.protocol.messages import FinishReason
+from tinyvllm.scheduler.parallel_sampling import child_id, child_seed
 
 SAMPLE = with_random_eos(content_sample_fn, one_in=12)
 PREFIXES = [make_prompt(f"prefix{i}", 16) for i in range(2)]

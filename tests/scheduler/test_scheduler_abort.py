@@ -1,6 +1,6 @@
 from fake_worker import make_request, make_scheduler, run_to_completion, step, tokens_of
-from protocol.messages import FinishReason
-from scheduler.request import RequestStatus
+from tinyvllm.protocol.messages import FinishReason
+from tinyvllm.scheduler.request import RequestStatus
 
 
 def abort_outputs(sched):

@@ -1,5 +1,5 @@
 from fake_worker import default_token_fn, make_request, make_scheduler, run_to_completion, step, tokens_of
-from protocol.messages import FinishReason
+from tinyvllm.protocol.messages import FinishReason
 
 
 def test_prefill_then_decode_sends_the_diff():

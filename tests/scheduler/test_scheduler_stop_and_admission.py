@@ -1,8 +1,8 @@
 import pytest
 
 from fake_worker import EOS, default_token_fn, eos_at, make_request, make_scheduler, run_to_completion, tokens_of
-from protocol.messages import FinishReason
-from scheduler.request import RequestStatus
+from tinyvllm.protocol.messages import FinishReason
+from tinyvllm.scheduler.request import RequestStatus
 
 
 def run_one(req, **config):

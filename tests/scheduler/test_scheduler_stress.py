@@ -5,7 +5,7 @@ import zlib
 import pytest
 
 from fake_worker import EOS, default_token_fn, make_request, make_scheduler
-from protocol.messages import FinishReason
+from tinyvllm.protocol.messages import FinishReason
 
 
 def random_token_fn(req_id: str, pos: int) -> int:

@@ -4,9 +4,9 @@ from tinygrad import Tensor
 
 from tests.workers.dense_reference import random_llama
 from tests.workers.test_paged_attention import CFG
-from workers.kv_cache import PagedKVCache
-from workers.model import Transformer
-from workers.model_runner import ModelRunner
+from tinyvllm.workers.kv_cache import PagedKVCache
+from tinyvllm.workers.model import Transformer
+from tinyvllm.workers.model_runner import ModelRunner
 
 
 def test_copy_blocks_copies_every_layer_and_only_the_targets():

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit
 
-from workers.cpu_attention import cpu_decode_attention, cpu_prefill_attention, supports
-from workers.cpu_graph import use_cpu_graph
+from tinyvllm.workers.cpu_attention import cpu_decode_attention, cpu_prefill_attention, supports
+from tinyvllm.workers.cpu_graph import use_cpu_graph
 
 BS, MAXB, KVH, H, D = 4, 5, 2, 6, 32
 

@@ -7,9 +7,9 @@ import pytest
 from tinygrad import Device, Tensor, TinyJit, UOp
 from tinygrad.uop.ops import Ops
 
-from workers.cpu_graph import CPU_GRAPH_ENV, MAX_ARGS, CPUGraph, executor, use_cpu_graph
-from workers.cpu_matmul import cpu_linear, use_cpu_kernels
-from workers.quantized_weight import DeviceWeight
+from tinyvllm.workers.cpu_graph import CPU_GRAPH_ENV, MAX_ARGS, CPUGraph, executor, use_cpu_graph
+from tinyvllm.workers.cpu_matmul import cpu_linear, use_cpu_kernels
+from tinyvllm.workers.quantized_weight import DeviceWeight
 
 
 @pytest.fixture(scope="module", autouse=True)

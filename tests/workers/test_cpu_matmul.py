@@ -9,10 +9,10 @@ from tinygrad.uop.ops import Ops
 
 from tests.helpers.gguf_writer import write_gguf
 from tests.workers.test_quantized_weight import awkward_matrix
-from workers.cpu_matmul import (CPU_KERNELS_ENV, REASSOCIATE_PRAGMA,
+from tinyvllm.workers.cpu_matmul import (CPU_KERNELS_ENV, REASSOCIATE_PRAGMA,
                                 ReassociatingClangRenderer, cpu_linear, upcast_rows, use_cpu_kernels)
-from workers.gguf_file import GGUFFile
-from workers.quantized_weight import DeviceWeight, QuantizedArray
+from tinyvllm.workers.gguf_file import GGUFFile
+from tinyvllm.workers.quantized_weight import DeviceWeight, QuantizedArray
 
 N, K = 48, 160
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from tinygrad import UOp
 from tinygrad.uop.ops import ProgramInfo
 
-from workers.cuda_graph import _grids_of_at_least_one, use_cuda_graph
+from tinyvllm.workers.cuda_graph import _grids_of_at_least_one, use_cuda_graph
 
 
 def _program(global_size, local_size=(32, 1, 1)):

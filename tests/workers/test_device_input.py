@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit, dtypes
 
-from workers.device_input import device_tensor
+from tinyvllm.workers.device_input import device_tensor
 
 
 @pytest.mark.parametrize("arr", [np.arange(12, dtype=np.int32).reshape(3, 4), np.array([7, 1 << 31], np.uint32),

@@ -8,8 +8,8 @@ import pytest
 os.environ.setdefault("DEV", "CPU")
 
 from tests.helpers.gguf_writer import GGML_TYPE_IDS, write_gguf  # noqa: E402
-from workers.gguf_file import GGML_TYPES, GGUFFile, dequantize  # noqa: E402
-from workers.model_config import resolve_model_path  # noqa: E402
+from tinyvllm.workers.gguf_file import GGML_TYPES, GGUFFile, dequantize  # noqa: E402
+from tinyvllm.workers.model_config import resolve_model_path  # noqa: E402
 
 
 def tinygrad_dequant(raw: np.ndarray, ggml_type: int, n: int) -> np.ndarray:

@@ -5,7 +5,7 @@ import pathlib
 import numpy as np
 
 from tests.helpers.tiny_model import make_tiny_gguf
-from workers.gguf_file import GGML_TYPE_IDS, GGUFFile, dequantize
+from tinyvllm.workers.gguf_file import GGML_TYPE_IDS, GGUFFile, dequantize
 
 _spec = importlib.util.spec_from_file_location("gguf_twin", pathlib.Path(__file__).parents[2] / "benchmarks" / "gguf_twin.py")
 gguf_twin = importlib.util.module_from_spec(_spec)

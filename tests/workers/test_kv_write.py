@@ -2,7 +2,7 @@
 import numpy as np
 from tinygrad import Tensor, TinyJit
 
-from workers.kv_write import decode_slots, prefill_slots, write_kv
+from tinyvllm.workers.kv_write import decode_slots, prefill_slots, write_kv
 
 BS, MAXB, SLOTS = 4, 6, 40
 

@@ -6,9 +6,9 @@ import pytest
 from safetensors.numpy import save_file
 
 from tests.helpers.gguf_writer import write_gguf
-from workers import model_config
-from workers.model_config import ModelConfig, load_weights, resolve_model_path
-from workers.safetensors_file import read_safetensors
+from tinyvllm.workers import model_config
+from tinyvllm.workers.model_config import ModelConfig, load_weights, resolve_model_path
+from tinyvllm.workers.safetensors_file import read_safetensors
 
 DIMS = dict(vocab=96, dim=64, layers=2, heads=4, kv_heads=2, ffn=96)
 HEAD_DIM = DIMS["dim"] // DIMS["heads"]
@@ -56,7 +56,7 @@ def write_hf_folder(folder, arch: str, tied: bool, weights: dict) -> None:
 
 def write_gguf_model(path, arch: str, hf: dict) -> None:
     """The same weights as a llama.cpp conversion would write them (q/k permuted for llama only)."""
-    from workers.model_config import hf_to_gguf_name
+    from tinyvllm.workers.model_config import hf_to_gguf_name
     md = {"general.architecture": arch, f"{arch}.vocab_size": DIMS["vocab"], f"{arch}.embedding_length": DIMS["dim"],
           f"{arch}.block_count": DIMS["layers"], f"{arch}.attention.head_count": DIMS["heads"],
           f"{arch}.attention.head_count_kv": DIMS["kv_heads"], f"{arch}.feed_forward_length": DIMS["ffn"],

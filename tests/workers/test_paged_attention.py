@@ -3,13 +3,13 @@ blocks are scattered through the pool, across unaligned prefill chunks and batch
 import numpy as np
 import pytest
 
-from protocol.messages import CachedRequestData, NewRequestData, StepPlan
-from protocol.sampling import SamplingParams
+from tinyvllm.protocol.messages import CachedRequestData, NewRequestData, StepPlan
+from tinyvllm.protocol.sampling import SamplingParams
 from tests.workers.dense_reference import dense_logits, random_llama
-from workers.kv_cache import PagedKVCache
-from workers.model import Transformer
-from workers.model_config import ModelConfig
-from workers.model_runner import ModelRunner
+from tinyvllm.workers.kv_cache import PagedKVCache
+from tinyvllm.workers.model import Transformer
+from tinyvllm.workers.model_config import ModelConfig
+from tinyvllm.workers.model_runner import ModelRunner
 
 CFG = ModelConfig(arch="llama", vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=48,
                   rope_theta=10000.0, rms_eps=1e-5, max_context=128, tie_embeddings=False)

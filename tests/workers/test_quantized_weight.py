@@ -9,10 +9,10 @@ from tinygrad import Tensor, dtypes
 from tests.helpers.gguf_writer import write_gguf
 from tests.workers.dense_reference import dense_logits
 from tests.workers.test_model_config import DIMS, llama_cpp_permute, random_hf_weights
-from workers.gguf_file import GGUFFile
-from workers.model import FUSED_DEQUANT_MAX_ROWS, Transformer
-from workers.model_config import hf_to_gguf_name, load_weights
-from workers.quantized_weight import DEQUANT_AT_LOAD_ENV, DeviceWeight, QuantizedArray, dequant_at_load_default
+from tinyvllm.workers.gguf_file import GGUFFile
+from tinyvllm.workers.model import FUSED_DEQUANT_MAX_ROWS, Transformer
+from tinyvllm.workers.model_config import hf_to_gguf_name, load_weights
+from tinyvllm.workers.quantized_weight import DEQUANT_AT_LOAD_ENV, DeviceWeight, QuantizedArray, dequant_at_load_default
 
 IN_KERNEL = ("Q4_1", "Q8_0")
 

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 from tinygrad import Tensor
 
-from protocol.sampling import SamplingParams
-from workers.batch_state import RequestState
-from workers.penalties import apply_logit_processing
-from workers.sampling_batch import BatchSampler, build_inputs
+from tinyvllm.protocol.sampling import SamplingParams
+from tinyvllm.workers.batch_state import RequestState
+from tinyvllm.workers.penalties import apply_logit_processing
+from tinyvllm.workers.sampling_batch import BatchSampler, build_inputs
 
 V = 64
 EOS = 3

@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 from tinygrad.uop.ops import Ops
 
-from protocol.messages import CachedRequestData, NewRequestData, StepPlan
-from protocol.sampling import SamplingParams
+from tinyvllm.protocol.messages import CachedRequestData, NewRequestData, StepPlan
+from tinyvllm.protocol.sampling import SamplingParams
 from tests.workers.dense_reference import dense_logits, random_llama
 from tests.workers.test_paged_attention import CFG
-from workers.kv_cache import PagedKVCache
-from workers.model import Transformer
-from workers.model_runner import ModelRunner
-from workers.sampling_batch import SamplerVariant
+from tinyvllm.workers.kv_cache import PagedKVCache
+from tinyvllm.workers.model import Transformer
+from tinyvllm.workers.model_runner import ModelRunner
+from tinyvllm.workers.sampling_batch import SamplerVariant
 
 BLOCK_SIZE, NUM_BLOCKS = 4, 16
 
