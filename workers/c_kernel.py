@@ -1,15 +1,24 @@
 """Hand-written C kernels for tinygrad's CPU backend, as tinygrad PROGRAMs.
 
-`c_kernel(name, source, cores, estimates)` is a `custom_kernel` fxn: tinygrad compiles `source` with its own
-clang flags (-O2 -march=native, freestanding) and disk cache, and the JIT and workers/cpu_graph.py run it like
-a generated kernel. The C function `name` takes the custom_kernel's buffers in order (output first), then
-`int core_id`: the program runs once per core id in [0, cores), each call doing its share of the work.
+The kernels are the .c files in workers/c/, each specialised by `#define`s: `c_source(file, defines)` is the
+text tinygrad compiles. `c_kernel(name, source, cores, estimates)` is a `custom_kernel` fxn: tinygrad compiles
+`source` with its own clang flags (-O2 -march=native, freestanding) and disk cache, and the JIT and
+workers/cpu_graph.py run it like a generated kernel. tinygrad enters a compiled program at its first function,
+so a file's entry point is its only non-inline function; it takes the custom_kernel's buffers in order (output
+first), then `int core_id`: the program runs once per core id in [0, cores), each call doing its share.
 """
 from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
 
 from tinygrad import dtypes
 from tinygrad.renderer import Estimates
 from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
+
+KERNEL_DIR = Path(__file__).with_name("c")
+_LOCAL_INCLUDE = re.compile(r'^#include "([^"]+)"$', re.MULTILINE)
 
 # the types and helper every C kernel here starts with (not a format string: prepend it after .format)
 VECTOR_TYPES = """typedef float v16 __attribute__((vector_size(64), aligned(4)));
@@ -22,6 +31,17 @@ static inline float lane_sum(v16 v) {
   return s;
 }
 """
+
+
+@functools.cache
+def _text(file: str) -> str:
+    """workers/c/<file> with its local #includes pasted in: tinygrad compiles from stdin, with no include path."""
+    return _LOCAL_INCLUDE.sub(lambda m: _text(m.group(1)), (KERNEL_DIR / file).read_text())
+
+
+def c_source(file: str, defines: dict[str, int | str]) -> str:
+    """The source of workers/c/<file> specialised by `#define NAME value` lines in front of it."""
+    return "".join(f"#define {name} {value}\n" for name, value in defines.items()) + _text(file)
 
 
 def c_kernel(name: str, source: str, cores: int, estimates: Estimates):

@@ -1,0 +1,86 @@
+// Paged attention over the KV cache in place (workers/cpu_attention.py), run as a tinygrad PROGRAM.
+// Specialised by defines: B rows, H query heads, KVH kv heads, D head dim, BS block size, MAXB blocks per
+// table row, CORES, PREFILL (0: decode, 1: one sequence's prefill chunk), SCALE (a float literal, 1/sqrt(D)).
+#include "kernel.h"
+
+#define G (H / KVH)
+#define DV (D / 16)
+#define ITEMS (B * KVH)
+#define PF 16  // keys ahead to prefetch
+
+// e^x for x <= 0: 2^(x log2 e) as 2^n * 2^f, |f| <= 1/2, 2^f by its Taylor series to degree 7 (~6e-9 error)
+static inline float exp_nonpositive(float x) {
+  float t = x * 1.4426950408889634f;
+  t = t < -126.0f ? -126.0f : t;
+  const float n = __builtin_floorf(t + 0.5f), f = t - n;
+  float p = 1.5252733804059841e-5f;
+  p = p * f + 1.5403530393381608e-4f;
+  p = p * f + 1.3333558146428443e-3f;
+  p = p * f + 9.6181291076284772e-3f;
+  p = p * f + 5.5504108664821580e-2f;
+  p = p * f + 2.4022650695910071e-1f;
+  p = p * f + 6.9314718055994531e-1f;
+  p = p * f + 1.0f;
+  const int bits = ((int)n + 127) << 23;
+  float scale;
+  __builtin_memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+
+// the cache slot of position p of a sequence with block table `table`
+static inline long slot_at(const int *restrict table, int p) { return (long)table[p / BS] * BS + p % BS; }
+
+// brings position p's keys (part 0) or values (part 1) for kv head kvh towards the cache, if p < n
+static inline void prefetch_position(const float *restrict cache, const int *restrict table, int p, int n, int part,
+                                     int kvh) {
+  if (p >= n) return;
+  const float *row = cache + (slot_at(table, p) * 2 * KVH + part * KVH + kvh) * D;
+  for (int c = 0; c < D; c += 16) __builtin_prefetch(row + c);
+}
+
+// decode: row b is sequence b, with block table row b and length lens[b];
+// prefill: row b is query b of one sequence's chunk, at position lens[0] + b, so it sees lens[0] + b + 1 keys
+void paged_attention(float *restrict out, const float *restrict q, const float *restrict cache, const int *restrict tables,
+            const int *restrict lens, int core_id) {
+  float scores[G][MAXB * BS];
+  for (int item = core_id; item < ITEMS; item += CORES) {  // interleaved: causal prefill rows grow in cost
+    const int b = item / KVH, kvh = item % KVH;
+    const int *table = tables + (PREFILL ? 0 : b * MAXB);
+    int n = PREFILL ? lens[0] + b + 1 : lens[b];
+    n = n < 0 ? 0 : (n > MAXB * BS ? MAXB * BS : n);
+    v16 qv[G][DV], acc[G][DV];
+    for (int g = 0; g < G; g++)
+      for (int c = 0; c < DV; c++) {
+        qv[g][c] = *(const v16 *)(q + ((long)b * H + kvh * G + g) * D + c * 16) * SCALE;
+        acc[g][c] = (v16){0};
+      }
+    float max_score[G];
+    for (int g = 0; g < G; g++) max_score[g] = -__builtin_inff();
+    for (int p = 0; p < n; p++) {
+      const float *key = cache + (slot_at(table, p) * 2 * KVH + kvh) * D;
+      prefetch_position(cache, table, p + PF, n, 0, kvh);
+      for (int g = 0; g < G; g++) {
+        v16 dot = qv[g][0] * *(const v16 *)key;
+        for (int c = 1; c < DV; c++) dot += qv[g][c] * *(const v16 *)(key + c * 16);
+        const float s = lane_sum(dot);
+        scores[g][p] = s;
+        max_score[g] = s > max_score[g] ? s : max_score[g];
+      }
+    }
+    float denom[G];
+    for (int g = 0; g < G; g++) {
+      float sum = 0.0f;
+      for (int p = 0; p < n; p++) sum += (scores[g][p] = exp_nonpositive(scores[g][p] - max_score[g]));
+      denom[g] = sum > 0.0f ? sum : 1.0f;
+    }
+    for (int p = 0; p < n; p++) {
+      const float *value = cache + (slot_at(table, p) * 2 * KVH + KVH + kvh) * D;
+      prefetch_position(cache, table, p + PF, n, 1, kvh);
+      for (int g = 0; g < G; g++)
+        for (int c = 0; c < DV; c++) acc[g][c] += scores[g][p] * *(const v16 *)(value + c * 16);
+    }
+    for (int g = 0; g < G; g++)
+      for (int c = 0; c < DV; c++)
+        *(v16 *)(out + ((long)b * H + kvh * G + g) * D + c * 16) = acc[g][c] / denom[g];
+  }
+}
