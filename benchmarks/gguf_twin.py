@@ -15,7 +15,7 @@ import shutil
 
 import numpy as np
 
-from tinyvllm.workers.gguf_file import GGUFFile
+from tinyvllm.protocol.gguf_file import GGUFFile
 
 PATTERN_BLOCKS = 4096  # distinct blocks per tensor type; well inside xz's dictionary, so repeats cost nothing
 

@@ -24,7 +24,7 @@ from tinyvllm.protocol.sampling import SamplingParams
 def build(model: str | None, max_num_seqs: int, block_size: int, max_model_len: int):
     from tinyvllm.workers.kv_cache import PagedKVCache
     from tinyvllm.workers.model import Transformer
-    from tinyvllm.workers.model_config import load_weights
+    from tinyvllm.workers.weights import load_weights
     from tinyvllm.workers.model_runner import ModelRunner
     cfg, weights = load_weights(model)
     blocks = max_num_seqs * (-(-max_model_len // block_size)) + 1

@@ -3,7 +3,6 @@
 Used by both `tinyvllm serve` and the offline `LLM` API. Children are spawned (never forked, so no
 tinygrad or ZMQ state is inherited) and die with this process even if it is killed.
 """
-import json
 import multiprocessing
 import pathlib
 import shutil
@@ -12,7 +11,8 @@ from dataclasses import dataclass
 from tinyvllm.protocol.transport import Endpoints
 from tinyvllm.scheduler.main import SchedulerArgs, run_scheduler
 from tinyvllm.workers.main import WorkerArgs, run_worker
-from tinyvllm.workers.model_config import ModelConfig, is_gguf, resolve_model_path
+from tinyvllm.protocol.model_config import read_model_config
+from tinyvllm.protocol.model_path import resolve_model_path
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 
@@ -43,14 +43,6 @@ class EngineArgs:
             raise ValueError("the KV cache size must be positive")
         if self.world_size != 1:
             raise ValueError("tensor/pipeline-parallel shards are not supported yet: use --world-size 1")
-
-
-def read_model_config(path: pathlib.Path) -> ModelConfig:
-    if is_gguf(path):
-        from tinyvllm.workers.gguf_file import GGUFFile
-        gguf = GGUFFile(path)
-        return ModelConfig.from_gguf_metadata(gguf.metadata, gguf.tensor_names)
-    return ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
 
 
 class EngineProcesses:

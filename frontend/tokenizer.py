@@ -96,11 +96,11 @@ class Tokenizer:
     def from_model_path(cls, path: str | pathlib.Path | None) -> "Tokenizer":
         """A .gguf file, a HF folder with tokenizer.json, or a model name understood by resolve_model_path."""
         if path is None or not pathlib.Path(path).exists():
-            from tinyvllm.workers.model_config import resolve_model_path
+            from tinyvllm.protocol.model_path import resolve_model_path
             path = resolve_model_path(None if path is None else str(path))
         path = pathlib.Path(path)
         if path.suffix == ".gguf":
-            from tinyvllm.workers.gguf_file import GGUFFile
+            from tinyvllm.protocol.gguf_file import GGUFFile
             return cls.from_gguf_metadata(GGUFFile(path).metadata)
         return cls.from_hf_folder(path)
 

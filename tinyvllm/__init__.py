@@ -3,7 +3,8 @@
     from tinyvllm import LLM, SamplingParams
 
 The repository's folders are this package's subpackages (pyproject.toml's package-dir): tinyvllm.frontend (HTTP
-server, CLI, offline LLM), tinyvllm.scheduler, tinyvllm.workers, tinyvllm.protocol (the messages between them).
+server, CLI, offline LLM), tinyvllm.scheduler, tinyvllm.workers, tinyvllm.protocol (the messages between them, and
+the model files they all read).
 """
 from tinyvllm.protocol.sampling import SamplingParams
 

@@ -5,7 +5,7 @@ fixed-size batch write into, so a jitted step never needs a branch for "no slot"
 """
 from tinygrad import Tensor, dtypes
 
-from tinyvllm.workers.model_config import ModelConfig
+from tinyvllm.protocol.model_config import ModelConfig
 
 BYTES_PER_ELEMENT = dtypes.float32.itemsize
 

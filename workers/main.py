@@ -44,7 +44,7 @@ class WorkerArgs:
 def build_runner(args: WorkerArgs, init: InitWorker):
     from tinyvllm.workers.kv_cache import PagedKVCache, blocks_for_budget
     from tinyvllm.workers.model import Transformer
-    from tinyvllm.workers.model_config import load_weights
+    from tinyvllm.workers.weights import load_weights
     from tinyvllm.workers.model_runner import ModelRunner
     cfg, weights = load_weights(args.model)
     num_blocks = init.num_blocks or blocks_for_budget(cfg, init.block_size, init.kv_cache_bytes)

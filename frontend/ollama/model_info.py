@@ -14,7 +14,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from tinyvllm.workers.model_config import ModelConfig, is_gguf
+from tinyvllm.protocol.gguf_file import GGUFFile
+from tinyvllm.protocol.model_config import ModelConfig
+from tinyvllm.protocol.model_path import is_gguf
 
 # llama.cpp's general.file_type values (LLAMA_FTYPE_*)
 _FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
@@ -85,7 +87,6 @@ def _cached_info(path: str, size: int, mtime_ns: int) -> WeightsInfo:
 
 
 def _gguf_info(path: pathlib.Path) -> WeightsInfo:
-    from tinyvllm.workers.gguf_file import GGUFFile
     gguf = GGUFFile(path)
     md = gguf.metadata
     config = ModelConfig.from_gguf_metadata(md, gguf.tensor_names)

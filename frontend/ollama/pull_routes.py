@@ -15,7 +15,7 @@ from tinyvllm.frontend.ollama import names
 from tinyvllm.frontend.ollama.create_routes import weights_entry
 from tinyvllm.frontend.ollama.http_io import OllamaError, field, handler, model_field, read_json, status_reply
 from tinyvllm.frontend.ollama.service import OllamaService
-from tinyvllm.workers.model_config import DEFAULT_MODEL_NAMES, resolve_model_path
+from tinyvllm.protocol.model_path import DEFAULT_MODEL_NAMES, resolve_model_path
 
 
 def hf_cache_snapshot(repo_id: str) -> pathlib.Path | None:

@@ -7,7 +7,7 @@ import pytest
 
 from tests.e2e.http_helpers import chat_body, complete
 from tests.e2e.server_process import MODEL_NAME, REQUEST_TIMEOUT_S, start_server
-from tinyvllm.workers.model_config import resolve_model_path
+from tinyvllm.protocol.model_path import resolve_model_path
 
 SERVED = MODEL_NAME + ":latest"
 GREEDY = {"temperature": 0, "num_predict": 8}

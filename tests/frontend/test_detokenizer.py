@@ -5,7 +5,7 @@ import pytest
 
 from tinyvllm.frontend.detokenizer import IncrementalDetokenizer
 from tinyvllm.frontend.tokenizer import Tokenizer
-from tinyvllm.workers.model_config import resolve_model_path
+from tinyvllm.protocol.model_path import resolve_model_path
 
 TEXTS = [
     "Hello 😀🎉 world! 👨‍👩‍👧 and 🇫🇷🇯🇵",

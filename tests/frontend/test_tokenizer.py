@@ -5,8 +5,8 @@ import pytest
 from tokenizers import pre_tokenizers
 
 from tinyvllm.frontend.tokenizer import Tokenizer
-from tinyvllm.workers.gguf_file import GGUFFile
-from tinyvllm.workers.model_config import resolve_model_path
+from tinyvllm.protocol.gguf_file import GGUFFile
+from tinyvllm.protocol.model_path import resolve_model_path
 
 TEXTS = [
     "Hello world!", "Hello, world! How are you today?", "  leading spaces", "trailing spaces   ",

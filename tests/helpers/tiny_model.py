@@ -23,8 +23,8 @@ VOCAB_SIZE = 49152
 
 def tokenizer_metadata() -> dict:
     """All tokenizer.* keys of the default model's GGUF (SmolLM2-135M-Instruct)."""
-    from tinyvllm.workers.gguf_file import GGUFFile
-    from tinyvllm.workers.model_config import resolve_model_path
+    from tinyvllm.protocol.gguf_file import GGUFFile
+    from tinyvllm.protocol.model_path import resolve_model_path
     md = GGUFFile(resolve_model_path(None)).metadata
     return {k: v for k, v in md.items() if k.startswith("tokenizer.")}
 

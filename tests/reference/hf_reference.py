@@ -31,7 +31,7 @@ def cache_dir() -> pathlib.Path:
 
 
 def _gguf_path() -> pathlib.Path:
-    from tinyvllm.workers.model_config import resolve_model_path
+    from tinyvllm.protocol.model_path import resolve_model_path
     return resolve_model_path(None)
 
 

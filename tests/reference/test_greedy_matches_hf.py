@@ -8,7 +8,7 @@ from tinyvllm.frontend.llm import LLM
 from tinyvllm.frontend.tokenizer import Tokenizer
 from tinyvllm.protocol.sampling import SamplingParams
 from tests.reference.hf_reference import reference_greedy
-from tinyvllm.workers.model_config import resolve_model_path
+from tinyvllm.protocol.model_path import resolve_model_path
 
 N_TOKENS = 32
 TIE_GAP = 1e-3

@@ -1,7 +1,7 @@
 """Smoke test of the transformers reference used by the end-to-end model tests."""
 from tinyvllm.frontend.tokenizer import Tokenizer
 from tests.reference.hf_reference import reference_greedy
-from tinyvllm.workers.model_config import resolve_model_path
+from tinyvllm.protocol.model_path import resolve_model_path
 
 
 def test_reference_greedy_answers_a_simple_question():

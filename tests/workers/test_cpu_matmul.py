@@ -11,7 +11,7 @@ from tests.helpers.gguf_writer import write_gguf
 from tests.workers.test_quantized_weight import awkward_matrix
 from tinyvllm.workers.cpu_matmul import (CPU_KERNELS_ENV, REASSOCIATE_PRAGMA,
                                 ReassociatingClangRenderer, cpu_linear, upcast_rows, use_cpu_kernels)
-from tinyvllm.workers.gguf_file import GGUFFile
+from tinyvllm.protocol.gguf_file import GGUFFile
 from tinyvllm.workers.quantized_weight import DeviceWeight, QuantizedArray
 
 N, K = 48, 160

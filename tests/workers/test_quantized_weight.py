@@ -1,4 +1,4 @@
-"""Weights kept quantised on the device: the in-kernel dequantisation gives exactly gguf_file.py's float32
+"""Weights kept quantised on the device: the in-kernel dequantisation gives exactly gguf_dequantize.py's float32
 values, load_weights keeps Q4_1/Q8_0 matrices as blocks (rope rows un-permuted too), and a Transformer on
 quantised weights computes what the float32 one does, on both the fused (few rows) and the scratch-buffer
 (many rows) matmul paths."""
@@ -9,10 +9,11 @@ from tinygrad import Tensor, dtypes
 from tests.helpers.gguf_writer import write_gguf
 from tests.workers.dense_reference import dense_logits
 from tests.workers.test_model_config import DIMS, llama_cpp_permute, random_hf_weights
-from tinyvllm.workers.gguf_file import GGUFFile
+from tinyvllm.protocol.gguf_file import GGUFFile
+from tinyvllm.workers.gguf_dequantize import dequantize_tensor
 from tinyvllm.workers.model import FUSED_DEQUANT_MAX_ROWS, Transformer
-from tinyvllm.workers.model_config import hf_to_gguf_name, load_weights
 from tinyvllm.workers.quantized_weight import DEQUANT_AT_LOAD_ENV, DeviceWeight, QuantizedArray, dequant_at_load_default
+from tinyvllm.workers.weights import hf_to_gguf_name, load_weights
 
 IN_KERNEL = ("Q4_1", "Q8_0")
 
@@ -38,7 +39,7 @@ def gguf(tmp_path_factory):
 
 @pytest.mark.parametrize("type_name", IN_KERNEL)
 def test_device_dequantisation_equals_numpy_exactly(gguf, type_name):
-    reference = gguf.load(type_name)  # gguf_file.py's numpy dequantisation
+    reference = dequantize_tensor(gguf, type_name)  # the numpy dequantisation
     host = QuantizedArray.from_raw(gguf.tensor_type(type_name), gguf.raw(type_name), gguf.tensor_shape(type_name))
     assert host.shape == reference.shape == (48, 160) and host.dtype == np.float32
     np.testing.assert_array_equal(np.asarray(host), reference)

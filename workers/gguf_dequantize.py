@@ -1,0 +1,94 @@
+"""GGUF tensors to float32 numpy arrays: ggml's block formats dequantised in pure numpy."""
+from __future__ import annotations
+
+import numpy as np
+
+from tinyvllm.protocol.gguf_file import GGML_TYPES, GGUFFile
+
+
+def dequantize_tensor(gguf: GGUFFile, name: str) -> np.ndarray:
+    """One tensor as a fresh float32 array of shape `gguf.tensor_shape(name)`."""
+    info = gguf.tensor_info(name)
+    n = int(np.prod(info.shape, dtype=np.int64))
+    return dequantize(np.asarray(gguf.raw(name)), info.ggml_type, n).reshape(info.shape)
+
+
+# ---- dequantisation: each takes a (n_blocks, block_bytes) uint8 array and returns (n_blocks, block_elems) float32
+
+def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
+    """The little-endian float16 at byte `start` of each block, as a float32 column."""
+    return blocks[:, start:start + 2].view("<f2").astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """Low nibbles first, then high nibbles, along the last axis (ggml's 4-bit order)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _q4_0(b):
+    return (_nibbles(b[:, 2:]).astype(np.int8) - np.int8(8)) * _f16(b, 0)
+
+
+def _q4_1(b):
+    return _nibbles(b[:, 4:]) * _f16(b, 0) + _f16(b, 2)
+
+
+def _q5(b, has_min: bool):
+    off = 4 if has_min else 2
+    high = np.unpackbits(b[:, off:off + 4], axis=-1, bitorder="little")  # bit j of qh -> element j
+    q = _nibbles(b[:, off + 4:]) | (high << 4)
+    if has_min:
+        return q * _f16(b, 0) + _f16(b, 2)
+    return (q.astype(np.int8) - np.int8(16)) * _f16(b, 0)
+
+
+def _q8_0(b):
+    return b[:, 2:].view(np.int8) * _f16(b, 0)
+
+
+def _k_scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unpack the 12-byte field of Q4_K/Q5_K into 8 six-bit scales and 8 six-bit mins."""
+    lo_sc, lo_mn, hi = s[:, 0:4], s[:, 4:8], s[:, 8:12]
+    sc = np.concatenate([lo_sc & 63, (hi & 0x0F) | ((lo_sc >> 6) << 4)], axis=-1)
+    mn = np.concatenate([lo_mn & 63, (hi >> 4) | ((lo_mn >> 6) << 4)], axis=-1)
+    return sc.astype(np.float32), mn.astype(np.float32)
+
+
+def _qk(b, five_bit: bool):
+    d, dmin = _f16(b, 0), _f16(b, 2)
+    sc, mn = _k_scales_mins(b[:, 4:16])
+    qs = b[:, 48:176] if five_bit else b[:, 16:144]
+    # 4 chunks of 32 bytes; each chunk's low nibbles form sub-block 2i and high nibbles sub-block 2i+1
+    chunks = qs.reshape(-1, 4, 32)
+    q = np.stack([chunks & 0x0F, chunks >> 4], axis=2).reshape(-1, 8, 32)
+    if five_bit:  # bit i of qh[l] is the fifth bit of element l of sub-block i
+        q = q | (np.unpackbits(b[:, 16:48, None], axis=-1, bitorder="little").transpose(0, 2, 1) << 4)
+    return ((d * sc)[:, :, None] * q - (dmin * mn)[:, :, None]).reshape(-1, 256)
+
+
+def _q6_k(b):
+    ql, qh = b[:, 0:128].reshape(-1, 2, 64), b[:, 128:192].reshape(-1, 2, 32)
+    high = np.concatenate([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=-1)
+    q = (_nibbles(ql) | (high << 4)).astype(np.int8) - np.int8(32)
+    scales = np.repeat(b[:, 192:208].view(np.int8).astype(np.float32), 16, axis=-1)
+    return _f16(b, 208) * scales * q.reshape(-1, 256)
+
+
+_PLAIN = {0: "<f4", 1: "<f2", 24: "i1", 25: "<i2", 26: "<i4", 27: "<i8", 28: "<f8"}
+_QUANT = {2: _q4_0, 3: _q4_1, 6: lambda b: _q5(b, False), 7: lambda b: _q5(b, True), 8: _q8_0,
+          12: lambda b: _qk(b, False), 13: lambda b: _qk(b, True), 14: _q6_k}
+
+
+def dequantize(data: np.ndarray, ggml_type: int, n_elements: int) -> np.ndarray:
+    """Raw ggml bytes -> flat float32 array of `n_elements`."""
+    if ggml_type in _PLAIN:
+        return data.view(_PLAIN[ggml_type])[:n_elements].astype(np.float32)
+    if ggml_type == 30:  # bfloat16 is the top half of a float32
+        return (data.view("<u2")[:n_elements].astype(np.uint32) << 16).view(np.float32)
+    if ggml_type not in _QUANT:
+        name = GGML_TYPES.get(ggml_type, (f"id {ggml_type}",))[0]
+        supported = ", ".join(GGML_TYPES[t][0] for t in sorted([*_PLAIN, 30, *_QUANT]))
+        raise ValueError(f"GGUF tensor type {name} is not supported (supported: {supported})")
+    _, block_elems, block_bytes = GGML_TYPES[ggml_type]
+    blocks = data[:n_elements // block_elems * block_bytes].reshape(-1, block_bytes)
+    return _QUANT[ggml_type](blocks).astype(np.float32, copy=False).reshape(-1)
