@@ -20,18 +20,6 @@ from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
 KERNEL_DIR = Path(__file__).with_name("c")
 _LOCAL_INCLUDE = re.compile(r'^#include "([^"]+)"$', re.MULTILINE)
 
-# the types and helper every C kernel here starts with (not a format string: prepend it after .format)
-VECTOR_TYPES = """typedef float v16 __attribute__((vector_size(64), aligned(4)));
-typedef unsigned char u8x16 __attribute__((vector_size(16), aligned(1)));
-typedef signed char i8x16 __attribute__((vector_size(16), aligned(1)));
-static inline float lane_sum(v16 v) {
-#pragma clang fp reassociate(on)
-  float s = 0.0f;
-  for (int i = 0; i < 16; i++) s += v[i];
-  return s;
-}
-"""
-
 
 @functools.cache
 def _text(file: str) -> str:

@@ -1,0 +1,52 @@
+// A weight matrix [N, K] as workers/quantized_weight.py's DeviceWeight.parts, in one of the kinds selected by
+// a define: WEIGHT_F32 (float32), WEIGHT_Q4_1 (16 bytes of nibbles, scale d, minimum m per 32-element block) or
+// WEIGHT_Q8_0 (32 signed bytes, scale d per block). WEIGHT_PARAMS are its C parameters, WEIGHT_ARGS the same
+// names to pass on. Needs K (a multiple of 32) and kernel.h.
+#define KB (K / 32)
+#define ALWAYS_INLINE static inline __attribute__((always_inline))  // an entry point must be a program's only function
+
+#if defined(WEIGHT_F32)
+#define WEIGHT_PARAMS const float *restrict weight
+#define WEIGHT_ARGS weight
+#elif defined(WEIGHT_Q4_1)
+#define WEIGHT_PARAMS const unsigned char *restrict weight, const float *restrict d, const float *restrict m
+#define WEIGHT_ARGS weight, d, m
+#elif defined(WEIGHT_Q8_0)
+#define WEIGHT_PARAMS const signed char *restrict weight, const float *restrict d
+#define WEIGHT_ARGS weight, d
+#else
+#error "define one of WEIGHT_F32, WEIGHT_Q4_1, WEIGHT_Q8_0"
+#endif
+
+// weight row n's 32-element block b as two 16-lane vectors: elements 0-15 in *w0, 16-31 in *w1
+ALWAYS_INLINE void dequant_block(WEIGHT_PARAMS, int n, int b, v16 *w0, v16 *w1) {
+#if defined(WEIGHT_F32)
+  *w0 = *(const v16 *)(weight + (long)n * K + b * 32);
+  *w1 = *(const v16 *)(weight + (long)n * K + b * 32 + 16);
+#elif defined(WEIGHT_Q4_1)
+  const u8x16 q = *(const u8x16 *)(weight + ((long)n * KB + b) * 16);
+  const float scale = d[(long)n * KB + b], low = m[(long)n * KB + b];
+  *w0 = __builtin_convertvector(q & (unsigned char)15, v16) * scale + low;
+  *w1 = __builtin_convertvector(q >> 4, v16) * scale + low;
+#else
+  const i8x16 q0 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32);
+  const i8x16 q1 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32 + 16);
+  const float scale = d[(long)n * KB + b];
+  *w0 = __builtin_convertvector(q0, v16) * scale;
+  *w1 = __builtin_convertvector(q1, v16) * scale;
+#endif
+}
+
+// brings weight row n (its values and scales) towards the cache: the hardware prefetcher alone left the matvec
+// at a third of the rate a plain read of the weights reaches here
+ALWAYS_INLINE void prefetch_row(WEIGHT_PARAMS, int n) {
+#if defined(WEIGHT_F32)
+  for (int i = 0; i < K; i += 16) __builtin_prefetch(weight + (long)n * K + i);
+#elif defined(WEIGHT_Q4_1)
+  for (int i = 0; i < KB * 16; i += 64) __builtin_prefetch(weight + (long)n * KB * 16 + i);
+  for (int i = 0; i < KB; i += 16) { __builtin_prefetch(d + (long)n * KB + i); __builtin_prefetch(m + (long)n * KB + i); }
+#else
+  for (int i = 0; i < KB * 32; i += 64) __builtin_prefetch(weight + (long)n * KB * 32 + i);
+  for (int i = 0; i < KB; i += 16) __builtin_prefetch(d + (long)n * KB + i);
+#endif
+}
