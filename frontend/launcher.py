@@ -8,11 +8,10 @@ import pathlib
 import shutil
 from dataclasses import dataclass
 
-from tinyvllm.protocol.transport import Endpoints
-from tinyvllm.scheduler.main import SchedulerArgs, run_scheduler
-from tinyvllm.workers.main import WorkerArgs, run_worker
 from tinyvllm.protocol.model_config import read_model_config
 from tinyvllm.protocol.model_path import resolve_model_path
+from tinyvllm.protocol.transport import Endpoints
+from tinyvllm.scheduler.main import SchedulerArgs, run_scheduler
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 
@@ -47,6 +46,8 @@ class EngineArgs:
 
 class EngineProcesses:
     def __init__(self, args: EngineArgs):
+        from tinyvllm.workers.main import WorkerArgs, run_worker  # not at import: the HTTP process stays free of it
+
         args.validate()
         self.model_path = resolve_model_path(args.model)
         self.model_config = read_model_config(self.model_path)
