@@ -1,11 +1,15 @@
 """The frontend's handle on the scheduler: send AddRequest/AbortRequests, fan StepOutputs out per request.
 
 One asyncio task reads the scheduler's output socket and puts each request's deltas on its own queue,
-so detokenization (done by whoever consumes generate()) overlaps the next engine step.
+so detokenization (done by whoever consumes generate()) overlaps the next engine step. Another watches the
+engine's processes: when one exits, every open request ends with an error. The HTTP server and the offline
+`LLM` (through a background event loop) both speak to the engine only through this class.
 """
 import asyncio
+import contextlib
+import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import zmq
 import zmq.asyncio
@@ -16,6 +20,9 @@ from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, 
 from tinyvllm.protocol.sampling import SamplingParams
 from tinyvllm.protocol.codec import encode
 from tinyvllm.protocol.transport import make_socket, recv_async, send_async
+
+log = logging.getLogger("tinyvllm.engine_client")
+PROCESS_POLL_S = 0.5  # how often the engine's processes are checked for one that exited
 
 
 class EngineDeadError(RuntimeError):
@@ -33,13 +40,34 @@ class EngineClient:
         self.dead_reason: str | None = None
         self._ready_event = asyncio.Event()
         self._reader: asyncio.Task | None = None
+        self._watcher: asyncio.Task | None = None
 
-    async def start(self, timeout_s: float = 600.0) -> EngineReady:
+    async def start(self, timeout_s: float = 600.0,
+                    dead_process: Callable[[], str | None] | None = None) -> EngineReady:
+        """Waits for the scheduler's EngineReady. `dead_process` (EngineProcesses.dead_process) names a child
+        that exited, or None while all run: one that exits before ready fails the start at once, and one that
+        exits later fails every open request (mark_dead)."""
         self._reader = asyncio.create_task(self._read_outputs())
-        await asyncio.wait_for(self._ready_event.wait(), timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while not self._ready_event.is_set():
+            if dead_process is not None and (dead := dead_process()) is not None:
+                self.mark_dead(f"engine failed to start: {dead}")
+                break
+            if (left := deadline - time.monotonic()) <= 0:
+                raise TimeoutError("engine did not start in time")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready_event.wait(), min(left, PROCESS_POLL_S) if dead_process else left)
         if self.ready is None:
             raise EngineDeadError(self.dead_reason or "engine did not start")
+        if dead_process is not None:
+            self._watcher = asyncio.create_task(self._watch(dead_process))
         return self.ready
+
+    async def _watch(self, dead_process: Callable[[], str | None]) -> None:
+        while (dead := dead_process()) is None:
+            await asyncio.sleep(PROCESS_POLL_S)
+        log.error("engine process died: %s; failing open requests", dead)
+        self.mark_dead(f"engine process died ({dead})")
 
     async def _read_outputs(self) -> None:
         while True:
@@ -89,8 +117,9 @@ class EngineClient:
 
     async def close(self) -> None:
         """Asks the scheduler (and through it the workers) to stop, then closes the sockets."""
-        if self._reader is not None:
-            self._reader.cancel()
+        for task in (self._reader, self._watcher):
+            if task is not None:
+                task.cancel()
         try:
             await asyncio.wait_for(send_async(self.to_scheduler, Shutdown("frontend stopping")), 1.0)
         except (asyncio.TimeoutError, zmq.ZMQError):

@@ -8,11 +8,10 @@ import uvicorn
 import uvloop
 
 from tinyvllm.frontend.app import build_app
-from tinyvllm.frontend.engine_client import EngineClient, EngineDeadError
+from tinyvllm.frontend.engine_client import EngineClient
 from tinyvllm.frontend.launcher import EngineArgs, EngineProcesses
 from tinyvllm.frontend.tokenizer import Tokenizer
 
-log = logging.getLogger("tinyvllm.server")
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 
 
@@ -26,38 +25,19 @@ class ServerArgs:
     models_dir: str | None = None  # Ollama's model store (manifests for /api/tags, /api/create, ...)
 
 
-async def wait_until_ready(engine: EngineClient, procs: EngineProcesses, timeout_s: float):
-    start = asyncio.create_task(engine.start(timeout_s))
-    while not start.done():
-        await asyncio.wait([start], timeout=0.5)
-        if not start.done() and (dead := procs.dead_process()):
-            start.cancel()
-            raise EngineDeadError(f"engine failed to start: {dead}")
-    return start.result()
-
-
-async def watch_processes(engine: EngineClient, procs: EngineProcesses) -> None:
-    while (dead := procs.dead_process()) is None:
-        await asyncio.sleep(0.5)
-    log.error("engine process died: %s; failing open requests", dead)
-    engine.mark_dead(f"engine process died ({dead})")
-
-
 async def serve_async(procs: EngineProcesses, engine_args: EngineArgs, server_args: ServerArgs) -> None:
     name = server_args.served_model_name or (DEFAULT_SERVED_NAME if engine_args.model is None else
                                              procs.model_path.stem if procs.model_path.is_file() else procs.model_path.name)
     tokenizer = Tokenizer.from_model_path(procs.model_path)
     engine = EngineClient(procs.endpoints.scheduler_input, procs.endpoints.frontend_output)
     procs.start()
-    watcher = None
     try:
-        ready = await wait_until_ready(engine, procs, server_args.startup_timeout_s)
+        ready = await engine.start(server_args.startup_timeout_s, procs.dead_process)
         app = build_app(engine, tokenizer, name, ready.max_model_len, model_root=str(procs.model_path),
                         api_key=server_args.api_key, models_dir=server_args.models_dir)
         config = uvicorn.Config(app, host=server_args.host, port=server_args.port, loop="none", log_level="warning",
                                 timeout_graceful_shutdown=5, lifespan="off")
         server = uvicorn.Server(config)
-        watcher = asyncio.create_task(watch_processes(engine, procs))
         serving = asyncio.create_task(server.serve())
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
@@ -68,8 +48,6 @@ async def serve_async(procs: EngineProcesses, engine_args: EngineArgs, server_ar
                   flush=True)
         await serving
     finally:
-        if watcher is not None:
-            watcher.cancel()
         await engine.close()
 
 

@@ -1,11 +1,12 @@
-"""EngineClient.generate with parallel sampling, against a scripted scheduler on real ZMQ sockets."""
+"""EngineClient against a scripted scheduler on real ZMQ sockets: generate with parallel sampling, and the
+processes it watches dying."""
 import asyncio
 
 import pytest
 import zmq
 import zmq.asyncio
 
-from tinyvllm.frontend.engine_client import EngineClient
+from tinyvllm.frontend.engine_client import EngineClient, EngineDeadError
 from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats,
                                StepOutputs)
 from tinyvllm.protocol.sampling import SamplingParams
@@ -46,10 +47,13 @@ def out(index: int, tokens: list[int], finish: str | None = None, error: str | N
     return RequestOutput("r", tokens, finish, 2, 0, error, index)
 
 
-async def _consume(client: EngineClient, n: int, received: list, stop_after: int | None = None) -> None:
+async def _consume(client: EngineClient, n: int, received: list, stop_after: int | None = None,
+                   arrived: asyncio.Queue | None = None) -> None:
     gen = client.generate("r", [5, 6], SamplingParams(n=n), [2])
     async for o in gen:
         received.append(o)
+        if arrived is not None:
+            arrived.put_nowait(o)
         if stop_after is not None and len(received) == stop_after:
             await gen.aclose()
             return
@@ -57,20 +61,21 @@ async def _consume(client: EngineClient, n: int, received: list, stop_after: int
 
 async def test_generate_ends_only_when_every_child_finished(engine_and_scheduler):
     client, scheduler = engine_and_scheduler
-    received = []
-    consumer = asyncio.create_task(_consume(client, 3, received))
+    received, arrived = [], asyncio.Queue()
+    consumer = asyncio.create_task(_consume(client, 3, received, arrived=arrived))
     add = await scheduler.receive()
     assert isinstance(add, AddRequest) and add.sampling.n == 3
     await scheduler.step(out(0, [7]), out(1, [8]), out(2, [9], FinishReason.STOP))
     await scheduler.step(out(0, [7], FinishReason.LENGTH), out(1, [8]))
-    await asyncio.sleep(0.05)
-    assert not consumer.done()  # child 1 still runs
+    for _ in range(5):
+        await asyncio.wait_for(arrived.get(), 2)
+    assert not consumer.done()  # child 1 still runs (a consumer that ended would have done so by now)
     await scheduler.step(out(1, [8], FinishReason.STOP))
     await asyncio.wait_for(consumer, 2)
     assert [(o.index, o.finish_reason) for o in received] == [
         (0, None), (1, None), (2, "stop"), (0, "length"), (1, None), (1, "stop")]
-    with pytest.raises(asyncio.TimeoutError):
-        await scheduler.receive(0.1)  # finished normally: no abort
+    client.abort(["marker"])
+    assert await scheduler.receive() == AbortRequests(["marker"])  # finished normally: no abort came before it
     assert client.queues == {}
 
 
@@ -94,3 +99,41 @@ async def test_leaving_early_aborts_the_parent(engine_and_scheduler):
     await scheduler.step(out(0, [7], FinishReason.STOP), out(1, [8]))
     await asyncio.wait_for(consumer, 2)
     assert await scheduler.receive() == AbortRequests(["r"])
+
+
+class ExitingProcesses:
+    def __init__(self):
+        self.exited = False
+
+    def dead_process(self) -> str | None:
+        return "tinyvllm-scheduler exited with code 1" if self.exited else None
+
+
+async def test_a_process_exiting_before_ready_fails_the_start(tmp_path):
+    endpoints = Endpoints.ipc(str(tmp_path))
+    client, procs = EngineClient(endpoints.scheduler_input, endpoints.frontend_output), ExitingProcesses()
+    procs.exited = True
+    with pytest.raises(EngineDeadError, match="failed to start: tinyvllm-scheduler exited"):
+        await client.start(5, procs.dead_process)
+    await client.close()
+
+
+async def test_a_process_exiting_later_fails_open_and_new_requests(tmp_path):
+    endpoints = Endpoints.ipc(str(tmp_path))
+    scheduler, procs = ScriptedScheduler(endpoints), ExitingProcesses()
+    client = EngineClient(endpoints.scheduler_input, endpoints.frontend_output)
+    await send_async(scheduler.outbox, EngineReady(16, 16, 256, 8, 1))
+    try:
+        await client.start(5, procs.dead_process)
+        received = []
+        consumer = asyncio.create_task(_consume(client, 1, received))
+        await scheduler.receive()
+        procs.exited = True
+        await asyncio.wait_for(consumer, 5)
+        assert [(o.finish_reason, o.error) for o in received] == [
+            ("error", "engine process died (tinyvllm-scheduler exited with code 1)")]
+        with pytest.raises(EngineDeadError):
+            await anext(client.generate("s", [5], SamplingParams(), [2]))
+    finally:
+        await client.close()
+        scheduler.close()
