@@ -13,9 +13,8 @@ import numpy as np
 from tinygrad import Device, Tensor, TinyJit
 
 from tinyvllm.workers.cpu_gemm import cpu_gemm
-from tinyvllm.workers.cpu_graph import use_cpu_graph
-from tinyvllm.workers.cpu_matmul import use_cpu_kernels
 from tinyvllm.workers.cpu_matvec import cpu_matvec
+from tinyvllm.workers.kernel_set import configure_device
 from tinyvllm.workers.quantized_weight import DeviceWeight, QuantizedArray
 
 CHAIN = 32
@@ -52,7 +51,7 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["576x576", "1536x1536"], help="square NxN weights (a chain)")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     args = ap.parse_args()
-    assert use_cpu_kernels(Device.DEFAULT) and use_cpu_graph(Device.DEFAULT), "run with DEV=CPU"
+    configure_device(Device.DEFAULT, "c")  # raises unless DEV=CPU
     print("| weight | rows | cpu_matvec us | cpu_gemm us | matvec GFLOP/s | gemm GFLOP/s |")
     print("|---|---|---|---|---|---|")
     rng = np.random.default_rng(0)

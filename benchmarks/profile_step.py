@@ -10,25 +10,33 @@ further steps through ModelRunner.execute (what the worker runs per StepPlan). P
 `GB/s` is the fewest bytes a decode step must read (every weight once, each sequence's keys and values once)
 over the step time; --copy-bandwidth first measures the device's own copy rate (bytes read + written), the
 ceiling to hold it against.
-Add DEBUG=2 to see tinygrad's per-kernel times (with TINYVLLM_CPU_GRAPH=0 on CPU, else a step's kernels
-run inside the graph and are not timed one by one).
+--cpu-kernels picks the kernel set (workers/kernel_set.py; default: the device's); --dequantize-at-load turns
+every weight into float32 at load (the old path). Add DEBUG=2 to see tinygrad's per-kernel times (with JIT=2,
+tinygrad's jit without graphs, else a step's kernels run inside the graph and are not timed one by one).
 """
 import argparse
 import statistics
 import time
 
+from tinyvllm.frontend.launcher import CPU_KERNEL_SETS
 from tinyvllm.protocol.messages import CachedRequestData, NewRequestData, StepPlan
 from tinyvllm.protocol.sampling import SamplingParams
 
 
-def build(model: str | None, max_num_seqs: int, block_size: int, max_model_len: int):
+def build(model: str | None, max_num_seqs: int, block_size: int, max_model_len: int, kernels: str | None,
+          dequantize_at_load: bool):
+    from tinygrad import Device
+    from tinyvllm.workers.kernel_set import configure_device, default_kernel_set
     from tinyvllm.workers.kv_cache import PagedKVCache
     from tinyvllm.workers.model import Transformer
     from tinyvllm.workers.weights import load_weights
     from tinyvllm.workers.model_runner import ModelRunner
     cfg, weights = load_weights(model)
     blocks = max_num_seqs * (-(-max_model_len // block_size)) + 1
-    runner = ModelRunner(Transformer(cfg, weights, max_model_len), PagedKVCache(cfg, blocks, block_size),
+    kernels = kernels or default_kernel_set(Device.DEFAULT)
+    configure_device(Device.DEFAULT, kernels)
+    model = Transformer(cfg, weights, max_model_len, kernels=kernels, dequantize_at_load=dequantize_at_load)
+    runner = ModelRunner(model, PagedKVCache(cfg, blocks, block_size),
                          max_num_seqs, max_model_len, 512)
     return cfg, runner
 
@@ -114,11 +122,14 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--prefill-len", type=int, default=0)
     ap.add_argument("--copy-bandwidth", action="store_true", help="measure the device's copy rate first")
+    ap.add_argument("--cpu-kernels", choices=CPU_KERNEL_SETS, default=None, help="the kernel set")
+    ap.add_argument("--dequantize-at-load", action="store_true", help="every weight float32 on the device")
     args = ap.parse_args()
     if args.copy_bandwidth:
         print(f"device copy (read + write): {copy_bandwidth():.0f} GB/s", flush=True)
     t0 = time.perf_counter()
-    cfg, runner = build(args.model, max(args.batch), 16, max(512, args.prefill_len + 64))
+    cfg, runner = build(args.model, max(args.batch), 16, max(512, args.prefill_len + 64), args.cpu_kernels,
+                        args.dequantize_at_load)
     print(f"loaded in {time.perf_counter() - t0:.1f}s")
     print(f"weights on the device: {runner.model.weight_nbytes / 1e6:.1f} MB")
     print("| batch | forward ms | sampling ms | step ms | tokens/s | execute ms | GB/s | capture s |")

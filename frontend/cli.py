@@ -4,7 +4,7 @@ import os
 import re
 import sys
 
-from tinyvllm.frontend.launcher import DEFAULT_KV_CACHE_BYTES, EngineArgs
+from tinyvllm.frontend.launcher import CPU_KERNEL_SETS, DEFAULT_KV_CACHE_BYTES, EngineArgs
 from tinyvllm.frontend.ollama.model_store import default_models_dir
 
 API_KEY_ENV = "TINYVLLM_API_KEY"
@@ -53,6 +53,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--beam", type=int, default=0,
                         help="tinygrad BEAM search width for the model's kernels (e.g. 2; 0: off). Searching takes "
                              "minutes on the first start; results are cached on disk")
+    parser.add_argument("--cpu-kernels", choices=CPU_KERNEL_SETS, default=None,
+                        help="the kernels the model runs: c, hand-written C kernels and a C graph executor (tinygrad's "
+                             "CPU backend only), or tinygrad, tinygrad's own kernels (what GPUs run); default: c on "
+                             "DEV=CPU, tinygrad elsewhere")
 
 
 def engine_args_from(args: argparse.Namespace) -> EngineArgs:
@@ -61,7 +65,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
                       max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
                       kv_cache_memory=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
                       max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
-                      jit_warmup=args.jit_warmup, beam=args.beam)
+                      jit_warmup=args.jit_warmup, beam=args.beam, cpu_kernels=args.cpu_kernels)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ from tinyvllm.protocol.transport import Endpoints
 from tinyvllm.scheduler.main import SchedulerArgs, run_scheduler
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30
+CPU_KERNEL_SETS = ("c", "tinygrad")  # workers/kernel_set.py's KERNEL_SETS, named here without importing tinygrad
 
 
 @dataclass(slots=True)
@@ -28,6 +29,7 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     jit_warmup: bool = False  # capture every batch bucket's jitted step before serving (the CLI turns it on)
     beam: int = 0  # tinygrad BEAM search width for the workers' kernels (0: hand-coded heuristics)
+    cpu_kernels: str | None = None  # the workers' kernel set, one of CPU_KERNEL_SETS (None: the device's default)
     world_size: int = 1
     transport: str = "ipc"
     tcp_base_port: int = 5555
@@ -38,6 +40,8 @@ class EngineArgs:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
         if self.beam < 0:
             raise ValueError("--beam must be 0 (off) or a positive search width")
+        if self.cpu_kernels not in (None, *CPU_KERNEL_SETS):
+            raise ValueError(f"--cpu-kernels must be one of {', '.join(CPU_KERNEL_SETS)}")
         if self.num_kv_blocks < 0 or self.kv_cache_memory < 1:
             raise ValueError("the KV cache size must be positive")
         if self.world_size != 1:
@@ -59,7 +63,8 @@ class EngineProcesses:
         sched_args = SchedulerArgs(args.world_size, args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
                                    self.max_model_len, args.num_kv_blocks, args.kv_cache_memory, args.enable_prefix_caching)
         self.processes = [spawn.Process(target=run_scheduler, args=(self.endpoints, sched_args), name="tinyvllm-scheduler")]
-        worker_args = [WorkerArgs(str(self.model_path), rank, args.world_size, jit_warmup=args.jit_warmup, beam=args.beam)
+        worker_args = [WorkerArgs(str(self.model_path), rank, args.world_size, jit_warmup=args.jit_warmup, beam=args.beam,
+                                  kernels=args.cpu_kernels)
                        for rank in range(args.world_size)]
         self.processes += [spawn.Process(target=run_worker, name=f"tinyvllm-worker{a.rank}", args=(self.endpoints.workers, a))
                            for a in worker_args]

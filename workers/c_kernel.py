@@ -6,11 +6,18 @@ text tinygrad compiles. `c_kernel(name, source, cores, estimates)` is a `custom_
 workers/cpu_graph.py run it like a generated kernel. tinygrad enters a compiled program at its first function,
 so a file's entry point is its only non-inline function; it takes the custom_kernel's buffers in order (output
 first), then `int core_id`: the program runs once per core id in [0, cores), each call doing its share.
+`shared_library(file, flags)` builds a file with the host's clang instead: the graph executor, and the tests
+that compile the kernels for other vector widths.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import re
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 from tinygrad import dtypes
@@ -40,3 +47,31 @@ def c_kernel(name: str, source: str, cores: int, estimates: Estimates):
                            globals=tuple(range(len(params))), outs=(0,), ins=tuple(range(1, len(params))))
         return UOp(Ops.PROGRAM, src=(sink, UOp(Ops.LINEAR, src=(*sink.src, sink)), UOp(Ops.SOURCE, arg=source)), arg=info)
     return fxn
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tinyvllm"
+
+
+def shared_library(file: str, flags: tuple[str, ...] = ()) -> Path:
+    """workers/c/<file> compiled by clang with `flags` into a shared library in ~/.cache/tinyvllm, built once
+    (keyed by the source, its includes and the flags)."""
+    source = _text(file)
+    key = hashlib.sha256("\0".join((source, *flags)).encode()).hexdigest()[:16]
+    lib_path = _cache_dir() / f"{Path(file).stem}-{key}.so"
+    if not lib_path.exists():
+        clang = shutil.which("clang")
+        if clang is None:
+            raise RuntimeError(f"clang is needed to build {file} (tinygrad's CPU backend needs it too)")
+        lib_path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib_path.parent)
+        os.close(fd)
+        try:
+            subprocess.run([clang, "-O2", "-shared", "-fPIC", *flags, "-o", tmp, "-x", "c", "-"], input=source.encode(),
+                           check=True)
+            os.replace(tmp, lib_path)  # atomic: worker processes may build it at the same time
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return lib_path

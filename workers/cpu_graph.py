@@ -5,63 +5,34 @@ decode step has ~730 kernels), and a kernel that tinygrad split across cores (it
 its parts one after another on the calling thread. `CPUGraph` is a tinygrad `GraphRunner`: the JIT hands it
 batches of compiled kernels, it writes them once into a command table (function address, core count, the
 arguments), and each replay patches only what changes (input buffer addresses, symbolic variables such as
-positions) and calls `tv_run` in workers/cpu_graph_exec.c, which runs the table on a pool of threads.
+positions) and calls `tv_run` in workers/c/graph_exec.c, which runs the table on a pool of threads.
 
 Command table row (uint64): [function address, core count | (core_id argument index + 1) << 16, args...].
-`use_cpu_graph(device)` installs it; `TINYVLLM_CPU_GRAPH=0` turns it off.
+The "c" kernel set installs it (workers/kernel_set.py).
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
-from tinygrad import Device
 from tinygrad.engine.jit import GraphException, GraphRunner
 from tinygrad.helpers import NUM_CPU_THREADS
 
-from tinyvllm.workers.env_flags import env_flag
+from tinyvllm.workers.c_kernel import shared_library
 
-CPU_GRAPH_ENV = "TINYVLLM_CPU_GRAPH"
-MAX_ARGS = 24  # a kernel's arguments in a command row: MAX_ARGS in cpu_graph_exec.c
-_SOURCE = Path(__file__).with_name("cpu_graph_exec.c")
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tinyvllm"
+MAX_ARGS = 24  # a kernel's arguments in a command row: MAX_ARGS in workers/c/graph_exec.c
 
 
 @functools.cache
 def executor() -> ctypes.CDLL:
-    """The compiled executor, built with clang into ~/.cache/tinyvllm on first use (keyed by its source)."""
-    source = _SOURCE.read_bytes()
-    lib_path = _cache_dir() / f"cpu_graph_exec-{hashlib.sha256(source).hexdigest()[:16]}.so"
-    if not lib_path.exists():
-        clang = shutil.which("clang")
-        if clang is None:
-            raise RuntimeError("clang is needed to build the CPU graph executor (tinygrad's CPU backend needs it too)")
-        lib_path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib_path.parent)
-        os.close(fd)
-        try:
-            subprocess.run([clang, "-O2", "-shared", "-fPIC", "-pthread", "-o", tmp, str(_SOURCE)], check=True)
-            os.replace(tmp, lib_path)  # atomic: worker processes may build it at the same time
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    lib = ctypes.CDLL(str(lib_path))
+    """The executor (workers/c/graph_exec.c), built on first use, its thread pool started."""
+    lib = ctypes.CDLL(str(shared_library("graph_exec.c", ("-pthread",))))
     lib.tv_start.argtypes, lib.tv_start.restype = [ctypes.c_int], ctypes.c_int
     lib.tv_run.argtypes, lib.tv_run.restype = [ctypes.c_void_p, ctypes.c_int], None
     lib.tv_max_args.restype = ctypes.c_int
-    assert lib.tv_max_args() == MAX_ARGS, "MAX_ARGS differs from cpu_graph_exec.c's"
+    assert lib.tv_max_args() == MAX_ARGS, "MAX_ARGS differs from graph_exec.c's"
     lib.threads = lib.tv_start(NUM_CPU_THREADS.value)
     return lib
 
@@ -110,17 +81,3 @@ class CPUGraph(GraphRunner):
         self.lib.tv_run(self.table_ptr, len(self.table))
         return time.perf_counter() - start if wait else None
 
-
-def use_cpu_graph(device: str) -> bool:
-    """Makes TinyJit batch `device`'s kernels into CPUGraph if it is tinygrad's CPU backend (and the device has
-    no graph of its own); returns whether it does. TINYVLLM_CPU_GRAPH=0 takes it out again."""
-    if not isinstance(device, str) or device.split(":")[0] != "CPU":
-        return False
-    dev = Device[device]
-    if not env_flag(CPU_GRAPH_ENV, True):
-        if dev.graph is CPUGraph:
-            dev.graph = None
-        return False
-    if dev.graph is None:
-        dev.graph = CPUGraph
-    return dev.graph is CPUGraph

@@ -5,9 +5,9 @@ it may reorder the additions. Two things stop it with tinygrad's own kernels: th
 permission to reassociate, and the hand-coded optimisations unroll the reduction into one long dependent
 chain of scalar adds. So on CPU:
 
-- `use_cpu_kernels()` puts `#pragma clang fp reassociate(on)` in front of every clang kernel. It allows
-  reordering of additions and multiplications only (no finite-math or no-NaN assumptions, so -inf masks
-  still work); the on-disk kernel cache is keyed by the source text, so it never serves a kernel compiled
+- ReassociatingClangRenderer puts `#pragma clang fp reassociate(on)` in front of every clang kernel (the "c"
+  kernel set installs it: workers/kernel_set.py). It allows reordering of additions and multiplications only
+  (no finite-math or no-NaN assumptions, so -inf masks still work); the on-disk kernel cache is keyed by the source text, so it never serves a kernel compiled
   without the pragma for one with it.
 - `cpu_linear(h, w)` computes h @ w.T: with the hand-written C kernels (workers/cpu_matvec.py,
   workers/cpu_gemm.py) for weights of whole 32-element blocks per row, which is every GGUF weight; otherwise
@@ -20,7 +20,7 @@ matvec from ~1.1 ms to ~0.25 ms; the C kernels since then to ~0.1 ms. Other back
 """
 from __future__ import annotations
 
-from tinygrad import Device, Tensor, dtypes
+from tinygrad import Tensor, dtypes
 from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.helpers import NUM_CPU_THREADS
 from tinygrad.renderer.cstyle import ClangRenderer
@@ -28,10 +28,8 @@ from tinygrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 
 from tinyvllm.workers.cpu_gemm import GEMM_MIN_ROWS, cpu_gemm
 from tinyvllm.workers.cpu_matvec import c_kernels_support, cpu_matvec
-from tinyvllm.workers.env_flags import env_flag
 
 REASSOCIATE_PRAGMA = "#pragma clang fp reassociate(on)\n"
-CPU_KERNELS_ENV = "TINYVLLM_CPU_KERNELS"  # "0": tinygrad's own kernels on CPU too (for comparisons)
 MAX_UPCAST_ROWS = 16  # accumulators per weight row; 16 fits the 32 AVX-512 registers with room for loads
 
 
@@ -42,22 +40,6 @@ class ReassociatingClangRenderer(ClangRenderer):
 
     def render_kernel(self, *args, **kwargs) -> str:
         return REASSOCIATE_PRAGMA + super().render_kernel(*args, **kwargs)
-
-
-def use_cpu_kernels(device: str) -> bool:
-    """Makes `device` render with ReassociatingClangRenderer if it is tinygrad's CPU backend with its default
-    (clang) renderer; returns whether it does, i.e. whether cpu_linear should be used there. Off when
-    TINYVLLM_CPU_KERNELS=0 or when another CPU renderer was chosen (DEV=CPU:LLVM, DEV=CPU:CLANG)."""
-    if not env_flag(CPU_KERNELS_ENV, True):
-        return False
-    if not isinstance(device, str) or device.split(":")[0] != "CPU":
-        return False
-    dev = Device[device]
-    if not isinstance(dev.renderer, ClangRenderer):
-        return False
-    if ReassociatingClangRenderer not in dev.renderers and type(dev.renderer) is dev.renderers[0]:
-        dev.renderers = [ReassociatingClangRenderer, *dev.renderers]
-    return isinstance(dev.renderer, ReassociatingClangRenderer)
 
 
 def upcast_rows(rows: int) -> int:

@@ -39,16 +39,21 @@ class WorkerArgs:
     role: str = WorkerRole.MIXED
     jit_warmup: bool = False
     beam: int = 0
+    kernels: str | None = None  # the kernel set (workers/kernel_set.py); None: the device's default
 
 
 def build_runner(args: WorkerArgs, init: InitWorker):
+    from tinygrad import Device
+    from tinyvllm.workers.kernel_set import configure_device, default_kernel_set
     from tinyvllm.workers.kv_cache import PagedKVCache, blocks_for_budget
     from tinyvllm.workers.model import Transformer
     from tinyvllm.workers.weights import load_weights
     from tinyvllm.workers.model_runner import ModelRunner
     cfg, weights = load_weights(args.model)
     num_blocks = init.num_blocks or blocks_for_budget(cfg, init.block_size, init.kv_cache_bytes)
-    model = Transformer(cfg, weights, init.max_model_len)
+    kernels = args.kernels or default_kernel_set(Device.DEFAULT)
+    configure_device(Device.DEFAULT, kernels)
+    model = Transformer(cfg, weights, init.max_model_len, kernels=kernels)
     cache = PagedKVCache(cfg, num_blocks, init.block_size)
     runner = ModelRunner(model, cache, init.max_num_seqs, init.max_model_len, init.max_num_batched_tokens)
     if args.jit_warmup:

@@ -10,11 +10,10 @@ import numpy as np
 from tinygrad import Device, Tensor
 from tinygrad.function import function
 
-from tinyvllm.workers.cpu_graph import use_cpu_graph
-from tinyvllm.workers.cpu_matmul import cpu_linear, use_cpu_kernels
-from tinyvllm.workers.cuda_graph import use_cuda_graph
+from tinyvllm.workers.cpu_matmul import cpu_linear
+from tinyvllm.workers.kernel_set import check_kernel_set, default_kernel_set
 from tinyvllm.protocol.model_config import ModelConfig
-from tinyvllm.workers.quantized_weight import DeviceWeight, dequant_at_load_default
+from tinyvllm.workers.quantized_weight import DeviceWeight
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -86,15 +85,15 @@ def make_layer_functions(cfg: ModelConfig, max_fused_rows: int = FUSED_DEQUANT_M
 
 
 class Transformer:
-    def __init__(self, cfg: ModelConfig, weights: dict, max_positions: int, dequantize_at_load: bool | None = None):
-        """weights: load_weights' dict (float32 arrays or QuantizedArrays). dequantize_at_load=True turns every
-        weight into float32 on the device (the old path, ~4x the bytes); None reads TINYVLLM_DEQUANT_AT_LOAD."""
+    def __init__(self, cfg: ModelConfig, weights: dict, max_positions: int, kernels: str | None = None,
+                 dequantize_at_load: bool = False):
+        """weights: load_weights' dict (float32 arrays or QuantizedArrays). kernels: the kernel set the model traces
+        (workers/kernel_set.py; default: the device's default). dequantize_at_load turns every weight into float32
+        on the device (the old path, ~4x the bytes)."""
         self.cfg = cfg
-        self.cpu_kernels = use_cpu_kernels(Device.DEFAULT)
-        use_cpu_graph(Device.DEFAULT)
-        use_cuda_graph(Device.DEFAULT)
-        if dequantize_at_load is None:
-            dequantize_at_load = dequant_at_load_default()
+        self.kernels = kernels or default_kernel_set(Device.DEFAULT)
+        check_kernel_set(Device.DEFAULT, self.kernels)
+        self.cpu_kernels = self.kernels == "c"
         w = {name: DeviceWeight.from_host(arr, dequantize_at_load) for name, arr in weights.items()}
         self.tok_embeddings = w["token_embd.weight"]
         self.output = w.get("output.weight", self.tok_embeddings)

@@ -16,21 +16,13 @@ The dequantisation computes what gguf_file.py's numpy does, in the same order, i
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 from tinygrad import Tensor, dtypes
 
-from tinyvllm.workers.env_flags import env_flag
 from tinyvllm.protocol.gguf_file import GGML_TYPE_IDS, GGML_TYPES
 from tinyvllm.workers.gguf_dequantize import dequantize
 
 IN_KERNEL_TYPES = ("Q4_1", "Q8_0")
-DEQUANT_AT_LOAD_ENV = "TINYVLLM_DEQUANT_AT_LOAD"  # "1": every weight becomes float32 at load (the old path)
-
-
-def dequant_at_load_default() -> bool:
-    return env_flag(DEQUANT_AT_LOAD_ENV, False)
 
 
 class QuantizedArray:

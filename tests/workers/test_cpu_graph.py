@@ -1,21 +1,17 @@
 """The CPU backend's JIT graph (workers/cpu_graph.py): a jitted function's kernels are batched into CPUGraph,
 whose C executor runs them with the same results as tinygrad's one-by-one path: every core's share of a kernel
-split across cores, inputs that change between calls, symbolic variables that change between calls. And the
-switch turns it off."""
+split across cores, inputs that change between calls, symbolic variables that change between calls."""
 import numpy as np
 import pytest
-from tinygrad import Device, Tensor, TinyJit, UOp
+from tinygrad import Tensor, TinyJit, UOp
 from tinygrad.uop.ops import Ops
 
-from tinyvllm.workers.cpu_graph import CPU_GRAPH_ENV, MAX_ARGS, CPUGraph, executor, use_cpu_graph
-from tinyvllm.workers.cpu_matmul import cpu_linear, use_cpu_kernels
+from tinyvllm.workers.cpu_graph import MAX_ARGS, executor
+from tinyvllm.workers.cpu_matmul import cpu_linear
 from tinyvllm.workers.quantized_weight import DeviceWeight
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cpu_graph():
-    assert use_cpu_graph(Device.DEFAULT), "the test suite runs on tinygrad's CPU backend"
-    assert use_cpu_kernels(Device.DEFAULT)
+pytestmark = pytest.mark.usefixtures("c_kernel_set")  # the kernel set that installs the graph (tests/workers/conftest.py)
 
 
 def graph_calls(jit) -> list:
@@ -75,11 +71,3 @@ def test_kernels_with_too_many_arguments_run_outside_the_graph():
     for s in (1.0, 2.0, 3.0):
         want = sum(t.numpy() for t in inputs[1:]) + inputs[0].numpy() * s
         np.testing.assert_allclose(wide(Tensor([s] * 8)).numpy(), want * 2 + 1, rtol=1e-5)
-
-
-def test_the_switch_turns_it_off(monkeypatch):
-    monkeypatch.setenv(CPU_GRAPH_ENV, "0")
-    assert not use_cpu_graph(Device.DEFAULT) and Device[Device.DEFAULT].graph is None
-    monkeypatch.delenv(CPU_GRAPH_ENV)
-    assert use_cpu_graph(Device.DEFAULT) and Device[Device.DEFAULT].graph is CPUGraph
-    assert not use_cpu_graph("PYTHON")

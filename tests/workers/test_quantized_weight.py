@@ -1,7 +1,7 @@
 """Weights kept quantised on the device: the in-kernel dequantisation gives exactly gguf_dequantize.py's float32
 values, load_weights keeps Q4_1/Q8_0 matrices as blocks (rope rows un-permuted too), and a Transformer on
-quantised weights computes what the float32 one does, on both the fused (few rows) and the scratch-buffer
-(many rows) matmul paths."""
+quantised weights computes what the float32 one does, with either kernel set (tests/workers/conftest.py): the C
+kernels, or tinygrad's on both the fused (few rows) and the scratch-buffer (many rows) matmul paths."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
@@ -12,7 +12,7 @@ from tests.workers.test_model_config import DIMS, llama_cpp_permute, random_hf_w
 from tinyvllm.protocol.gguf_file import GGUFFile
 from tinyvllm.workers.gguf_dequantize import dequantize_tensor
 from tinyvllm.workers.model import FUSED_DEQUANT_MAX_ROWS, Transformer
-from tinyvllm.workers.quantized_weight import DEQUANT_AT_LOAD_ENV, DeviceWeight, QuantizedArray, dequant_at_load_default
+from tinyvllm.workers.quantized_weight import DeviceWeight, QuantizedArray
 from tinyvllm.workers.weights import hf_to_gguf_name, load_weights
 
 IN_KERNEL = ("Q4_1", "Q8_0")
@@ -70,13 +70,6 @@ def test_only_whole_block_matrices_of_in_kernel_types_stay_quantised():
         QuantizedArray("Q4_0", np.zeros((1, 1, 18), np.uint8))
 
 
-def test_dequant_at_load_env(monkeypatch):
-    monkeypatch.delenv(DEQUANT_AT_LOAD_ENV, raising=False)
-    assert not dequant_at_load_default()
-    monkeypatch.setenv(DEQUANT_AT_LOAD_ENV, "1")
-    assert dequant_at_load_default()
-
-
 def write_quantised_llama(path, rng) -> None:
     """A tied llama GGUF: attention Q4_1, feed-forward and embedding Q8_0, norms F32 (q/k rows llama.cpp-permuted)."""
     hf = random_hf_weights(rng, "llama", tied=True)
@@ -124,9 +117,10 @@ def dense_attention(cfg):
 
 
 @pytest.mark.parametrize("n_tokens", [1, FUSED_DEQUANT_MAX_ROWS + 3])  # fused dequant / scratch float32 weight
-def test_quantised_transformer_equals_float32_one(quantised_llama, n_tokens):
+def test_quantised_transformer_equals_float32_one(quantised_llama, n_tokens, kernel_set):
     (cfg, kept), (_, f32) = quantised_llama
-    quantised, plain = Transformer(cfg, kept, 64), Transformer(cfg, kept, 64, dequantize_at_load=True)
+    quantised = Transformer(cfg, kept, 64, kernels=kernel_set)
+    plain = Transformer(cfg, kept, 64, kernels=kernel_set, dequantize_at_load=True)
     assert quantised.tok_embeddings.kind == "Q8_0" and quantised.layers[1].wq.kind == "Q4_1"
     assert quantised.output is quantised.tok_embeddings and plain.tok_embeddings.kind == "F32"
     assert quantised.weight_nbytes * 3 < plain.weight_nbytes

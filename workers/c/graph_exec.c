@@ -1,5 +1,5 @@
 // Runs a list of compiled tinygrad CPU kernels in one call, on a pool of threads.
-// Used by workers/cpu_graph.py; compiled with clang on first use (see there for the command table layout).
+// Used by workers/cpu_graph.py; built into a shared library on first use (see there for the command table layout).
 //
 // The calling thread is thread 0. A kernel split across cores (tinygrad's core_id argument, nthreads > 1)
 // runs its core ids round-robin on all threads; every other kernel runs on thread 0 alone. Between split

@@ -1,0 +1,36 @@
+"""Kernel-set fixtures (workers/kernel_set.py): the device configured for a set, and put back afterwards, so one
+pytest process covers both the C kernels and tinygrad's own (what GPUs run).
+
+`kernel_set` runs a test once per set; the test builds its model with `Transformer(..., kernels=kernel_set)`.
+`c_kernel_set` configures the "c" set for tests of its parts (the CPU graph)."""
+import contextlib
+
+import pytest
+from tinygrad import Device
+
+from tinyvllm.workers.kernel_set import KERNEL_SETS, c_kernels_run_on, configure_device
+
+
+@contextlib.contextmanager
+def _configured(kernels: str):
+    dev = Device[Device.DEFAULT]
+    renderers, graph = dev.renderers, dev.graph
+    configure_device(Device.DEFAULT, kernels)
+    try:
+        yield kernels
+    finally:
+        dev.renderers, dev.graph = renderers, graph
+
+
+@pytest.fixture(params=KERNEL_SETS)
+def kernel_set(request):
+    if request.param == "c" and not c_kernels_run_on(Device.DEFAULT):
+        pytest.skip(f"the c kernel set runs on tinygrad's CPU backend only, not {Device.DEFAULT}")
+    with _configured(request.param) as kernels:
+        yield kernels
+
+
+@pytest.fixture
+def c_kernel_set():
+    with _configured("c") as kernels:
+        yield kernels
