@@ -6,7 +6,7 @@ import pytest
 from tinygrad import Tensor, TinyJit
 
 from tinyvllm.workers.cpu_attention import cpu_decode_attention, cpu_prefill_attention, supports
-from tinyvllm.workers.cpu_graph import use_cpu_graph
+from tinyvllm.workers.kernel_set import configure_device
 
 BS, MAXB, KVH, H, D = 4, 5, 2, 6, 32
 
@@ -47,7 +47,7 @@ def test_matches_numpy(B):
 
 
 def test_in_a_jit_with_new_inputs_each_call():
-    use_cpu_graph("CPU")
+    configure_device("CPU", "c")
     rng = np.random.default_rng(7)
 
     @TinyJit
