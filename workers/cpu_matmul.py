@@ -7,8 +7,8 @@ chain of scalar adds. So on CPU:
 
 - ReassociatingClangRenderer puts `#pragma clang fp reassociate(on)` in front of every clang kernel (the "c"
   kernel set installs it: workers/kernel_set.py). It allows reordering of additions and multiplications only
-  (no finite-math or no-NaN assumptions, so -inf masks still work); the on-disk kernel cache is keyed by the source text, so it never serves a kernel compiled
-  without the pragma for one with it.
+  (no finite-math or no-NaN assumptions, so -inf masks still work); the on-disk kernel cache is keyed by the
+  source text, so it never serves a kernel compiled without the pragma for one with it.
 - `cpu_linear(h, w)` computes h @ w.T: with the hand-written C kernels (workers/cpu_matvec.py,
   workers/cpu_gemm.py) for weights of whole 32-element blocks per row, which is every GGUF weight; otherwise
   (a float32 weight with an odd K) with a custom kernel: rows of the output outer, the reduction as a plain

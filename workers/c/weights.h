@@ -44,7 +44,10 @@ ALWAYS_INLINE void prefetch_row(WEIGHT_PARAMS, int n) {
   for (int i = 0; i < K; i += 16) __builtin_prefetch(weight + (long)n * K + i);
 #elif defined(WEIGHT_Q4_1)
   for (int i = 0; i < KB * 16; i += 64) __builtin_prefetch(weight + (long)n * KB * 16 + i);
-  for (int i = 0; i < KB; i += 16) { __builtin_prefetch(d + (long)n * KB + i); __builtin_prefetch(m + (long)n * KB + i); }
+  for (int i = 0; i < KB; i += 16) {
+    __builtin_prefetch(d + (long)n * KB + i);
+    __builtin_prefetch(m + (long)n * KB + i);
+  }
 #else
   for (int i = 0; i < KB * 32; i += 64) __builtin_prefetch(weight + (long)n * KB * 32 + i);
   for (int i = 0; i < KB; i += 16) __builtin_prefetch(d + (long)n * KB + i);
