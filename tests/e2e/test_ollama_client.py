@@ -7,7 +7,6 @@ import pytest
 
 from tests.e2e.http_helpers import chat_body, complete
 from tests.e2e.server_process import MODEL_NAME, REQUEST_TIMEOUT_S, start_server
-from tinyvllm.protocol.model_path import resolve_model_path
 
 SERVED = MODEL_NAME + ":latest"
 GREEDY = {"temperature": 0, "num_predict": 8}
@@ -50,7 +49,7 @@ def test_chat_streamed_and_not_match_the_chat_route(server):
     assert whole.message.role == "assistant" and whole.message.content == text
 
 
-def test_model_routes_and_the_store(store_server):
+def test_model_routes_and_the_store(store_server, default_model_path):
     client = ollama.Client(host=store_server.url, timeout=REQUEST_TIMEOUT_S)
     assert [m.model for m in client.list().models] == [SERVED]
     shown = client.show(MODEL_NAME)
@@ -63,7 +62,7 @@ def test_model_routes_and_the_store(store_server):
                          parameters={"temperature": 0, "num_predict": 4}).status == "success"
     assert "SYSTEM \"\"\"You are a pirate.\"\"\"" in client.show("pirate").modelfile
     assert client.generate(model="pirate", prompt="Hi", raw=True).eval_count <= 4  # a short prompt: few kernels
-    other = str(resolve_model_path(None))  # weights this server does not run
+    other = str(default_model_path)  # weights this server does not run
     assert client.create(model="smollm", from_=other).status == "success"
     with pytest.raises(ollama.ResponseError) as refused:
         client.generate(model="smollm", prompt="Hi")

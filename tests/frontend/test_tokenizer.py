@@ -6,7 +6,6 @@ from tokenizers import pre_tokenizers
 
 from tinyvllm.frontend.tokenizer import Tokenizer
 from tinyvllm.protocol.gguf_file import GGUFFile
-from tinyvllm.protocol.model_path import resolve_model_path
 
 TEXTS = [
     "Hello world!", "Hello, world! How are you today?", "  leading spaces", "trailing spaces   ",
@@ -21,19 +20,14 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def gguf_path():
-    return resolve_model_path(None)
+def tok(default_model_path):
+    return Tokenizer.from_model_path(default_model_path)
 
 
 @pytest.fixture(scope="module")
-def tok(gguf_path):
-    return Tokenizer.from_model_path(gguf_path)
-
-
-@pytest.fixture(scope="module")
-def hf_tok(gguf_path):
+def hf_tok(default_model_path):
     from transformers import AutoTokenizer
-    ref = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    ref = AutoTokenizer.from_pretrained(str(default_model_path.parent), gguf_file=default_model_path.name)
     # transformers ignores tokenizer.ggml.pre == "smollm"; put back SmolLM2's own pre-tokenizer (from its
     # tokenizer.json on the Hub: digits isolated, then byte-level), which llama.cpp's "smollm" mirrors.
     ref.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
@@ -59,8 +53,8 @@ def test_special_tokens_and_ids(tok):
     assert all(len(tok.decode([i], skip_special_tokens=False)) == 1 for i in tok.encode("987654"))
 
 
-def test_bos_added_when_metadata_says_so(gguf_path):
-    md = dict(GGUFFile(gguf_path).metadata, **{"tokenizer.ggml.add_bos_token": True,
+def test_bos_added_when_metadata_says_so(default_model_path):
+    md = dict(GGUFFile(default_model_path).metadata, **{"tokenizer.ggml.add_bos_token": True,
                                                "tokenizer.ggml.eot_token_id": 0})
     tok = Tokenizer.from_gguf_metadata(md)
     assert tok.encode("Hi") == [1] + tok.encode("Hi", add_special_tokens=False)

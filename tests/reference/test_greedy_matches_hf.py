@@ -8,7 +8,6 @@ from tinyvllm.frontend.llm import LLM
 from tinyvllm.frontend.tokenizer import Tokenizer
 from tinyvllm.protocol.sampling import SamplingParams
 from tests.reference.hf_reference import reference_greedy
-from tinyvllm.protocol.model_path import resolve_model_path
 
 N_TOKENS = 32
 TIE_GAP = 1e-3
@@ -29,8 +28,8 @@ def prompts(tok: Tokenizer) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def ours_and_reference():
-    tok = Tokenizer.from_model_path(resolve_model_path(None))
+def ours_and_reference(default_tokenizer):
+    tok = default_tokenizer
     ids = prompts(tok)
     assert any(len(p) < 16 for p in ids) and sum(250 <= len(p) <= 400 for p in ids) == 2
     reference = reference_greedy(ids, n_tokens=N_TOKENS)

@@ -1,11 +1,9 @@
 """Smoke test of the transformers reference used by the end-to-end model tests."""
-from tinyvllm.frontend.tokenizer import Tokenizer
 from tests.reference.hf_reference import reference_greedy
-from tinyvllm.protocol.model_path import resolve_model_path
 
 
-def test_reference_greedy_answers_a_simple_question():
-    tok = Tokenizer.from_model_path(resolve_model_path(None))
+def test_reference_greedy_answers_a_simple_question(default_tokenizer):
+    tok = default_tokenizer
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])),
                tok.encode("The numbers go 1, 2, 3,")]
     results = reference_greedy(prompts, n_tokens=8)

@@ -10,7 +10,6 @@ os.environ.setdefault("DEV", "CPU")
 from tests.helpers.gguf_writer import GGML_TYPE_IDS, write_gguf  # noqa: E402
 from tinyvllm.protocol.gguf_file import GGML_TYPES, GGUFFile  # noqa: E402
 from tinyvllm.workers.gguf_dequantize import dequantize, dequantize_tensor  # noqa: E402
-from tinyvllm.protocol.model_path import resolve_model_path  # noqa: E402
 
 
 def tinygrad_dequant(raw: np.ndarray, ggml_type: int, n: int) -> np.ndarray:
@@ -20,8 +19,8 @@ def tinygrad_dequant(raw: np.ndarray, ggml_type: int, n: int) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def smollm():
-    return GGUFFile(resolve_model_path(None))
+def smollm(default_model_path):
+    return GGUFFile(default_model_path)
 
 
 def test_header_metadata_and_shapes(smollm):
