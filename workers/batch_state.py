@@ -58,11 +58,6 @@ class ScheduledChunk:
         """Some position in the chunk predicts a prompt token whose logprobs were asked for."""
         return self.state.sampling.prompt_logprobs is not None and self.start < self.state.num_prompt_tokens - 1
 
-    @property
-    def needs_full_prefill(self) -> bool:
-        """Must go through a prefill step (which sees every position) even when it is one token long."""
-        return self.pools or self.needs_prompt_logprobs
-
 
 @dataclass
 class BatchState:

@@ -1,10 +1,10 @@
 """Writing a step's new keys and values into the paged cache: one kernel per layer, every token at once.
 
 A token's slot is its block's id (looked up in its sequence's block table row) * block_size + its offset in the
-block. The slots are computed once per step (`decode_slots`, `prefill_slots`), then each layer's `write_kv`
+block. The slots are computed once per step (`token_slots`), then each layer's `write_kv`
 stores every token's [2, kv_heads, head_dim] row at its slot in place: a custom kernel with a gathered store,
 which tinygrad's assign cannot express without one kernel per token (a decode step of 256 rows was 7,680
-kernels). Padding rows of a decode batch and padding tokens of a prefill chunk write to the scratch block.
+kernels). The padding tokens of a step's bucket write to the scratch block.
 """
 from __future__ import annotations
 
@@ -23,19 +23,13 @@ def write_kv(cache: Tensor, kv: Tensor, slots: Tensor) -> Tensor:
     return cache.custom_kernel(kv.float().contiguous(), slots, fxn=_store_rows)[0]
 
 
-def decode_slots(block_tables: Tensor, context_lens: Tensor, block_size: int) -> Tensor:
-    """Row b's new token sits at position context_lens[b] - 1 of block table row b: [B] slots."""
-    pos = context_lens.cast(dtypes.int32) - 1
-    block = block_tables.gather(1, (pos // block_size).reshape(-1, 1)).reshape(-1)
-    return (block * block_size + pos % block_size).contiguous()
-
-
-def prefill_slots(block_table: Tensor, start: Tensor, n_valid: Tensor, T: int, block_size: int,
-                  scratch_slot: int) -> Tensor:
-    """A chunk of T tokens at positions start.. of which the first n_valid are real: [T] slots (the padding's:
-    the scratch slot)."""
-    t = Tensor.arange(T, dtype=dtypes.int32)
-    pos = start.reshape(1) + t
-    block_idx = (pos // block_size).clip(0, block_table.shape[0] - 1)  # padding may run past the table
-    slots = block_table[block_idx] * block_size + pos % block_size
-    return (t < n_valid.reshape(1)).where(slots, scratch_slot).cast(dtypes.int32).contiguous()
+def token_slots(tables: Tensor, token_rows: Tensor, positions: Tensor, n_valid: Tensor, block_size: int,
+                scratch_slot: int) -> Tensor:
+    """Token t of a flat batch sits at position positions[t] of the sequence whose block table is row token_rows[t]
+    of tables; the first n_valid tokens are real: [T] slots (the padding's: the scratch slot)."""
+    T = positions.shape[0]
+    pos = positions.cast(dtypes.int32)
+    block_idx = (pos // block_size).clip(0, tables.shape[1] - 1)
+    blocks = tables.flatten()[token_rows.cast(dtypes.int32) * tables.shape[1] + block_idx]
+    valid = Tensor.arange(T, dtype=dtypes.int32) < n_valid.reshape(1)
+    return valid.where(blocks * block_size + pos % block_size, scratch_slot).cast(dtypes.int32).contiguous()

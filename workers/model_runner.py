@@ -1,27 +1,30 @@
-"""Runs one StepPlan on the model: decode rows batched into a jitted step per batch-size bucket,
-prefill chunks through a jitted step per chunk-size bucket, then sampling on the device.
+"""Runs one StepPlan on the model: prepare -> one forward -> sample.
 
-Two prefill variants serve the requests that need every position, compiled only when first asked for:
-prompt logprobs (the [T, V] logits reduced on the device to each position's logprob of the next prompt token
-and its top-k) and embeddings (the final hidden states summed over the chunk's valid positions)."""
-import functools
+Every scheduled token of the step — decodes and prompt chunks of many requests — goes through one jitted forward
+over a flat token batch (workers/flat_batch.py), one TinyJit per token-count bucket; the forward also computes the
+logits of each row that samples (a chunk that reaches the end of its request's known tokens), and one jitted
+sampler call picks their tokens. Two features read more than those rows, from the forward's final hidden states:
+embeddings (summed per request on the host) and prompt logprobs (a jitted head over every position, compiled
+only when first asked for).
+"""
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from tinygrad import Tensor, TinyJit, UOp, dtypes
+from tinygrad import Tensor, TinyJit, UOp
 
 from tinyvllm.protocol.messages import StepPlan, StepResult
-from tinyvllm.workers.attention import DecodeAttention, PrefillAttention
+from tinyvllm.workers.attention import PagedAttention
 from tinyvllm.workers.batch_state import BatchState, ScheduledChunk
+from tinyvllm.workers.device_input import device_tensor
+from tinyvllm.workers.flat_batch import FlatBatch, flatten, split_into_forwards
 from tinyvllm.workers.kv_cache import PagedKVCache
 from tinyvllm.workers.logprobs import logprobs_of, to_token_logprobs, top_count_bucket
 from tinyvllm.workers.model import Transformer
-from tinyvllm.workers.device_input import device_tensor
 from tinyvllm.workers.sampling_batch import BatchSampler
 
 
-def buckets_up_to(limit: int, first: int) -> list[int]:
+def buckets_up_to(limit: int, first: int = 1) -> list[int]:
     sizes, size = [], first
     while size < limit:
         sizes.append(size)
@@ -42,63 +45,47 @@ def bucket_for(n: int, buckets: list[int]) -> int:
 
 @dataclass(slots=True)
 class StepWork:
-    rows: list[tuple[ScheduledChunk, Tensor]] = field(default_factory=list)  # chunks that sample, [1, V] logits
+    rows: list[ScheduledChunk] = field(default_factory=list)  # the chunks that sample, in plan order
+    logits: Tensor | None = None  # [>= len(rows), V]: row i is rows[i]'s
     pooled: list[tuple[ScheduledChunk, list[float]]] = field(default_factory=list)  # finished embedding requests
-    batch_logits: Tensor | None = None  # all of `rows` at once ([>= len(rows), V]) when they are one decode batch
 
 
 class ModelRunner:
     def __init__(self, model: Transformer, cache: PagedKVCache, max_num_seqs: int, max_model_len: int,
                  max_num_batched_tokens: int):
         self.model, self.cache = model, cache
-        bs = cache.block_size
-        self.max_blocks_per_seq = -(-max_model_len // bs)
+        self.max_blocks_per_seq = -(-max_model_len // cache.block_size)
         self.max_model_len = max_model_len
-        self.decode_buckets = buckets_up_to(max_num_seqs, 1)
-        prefill_limit = -(-min(max_num_batched_tokens, max_model_len) // bs) * bs
-        self.prefill_buckets = buckets_up_to(prefill_limit, bs)
+        self.max_rows = min(max_num_seqs, max_num_batched_tokens)
+        self.row_buckets = buckets_up_to(self.max_rows)
+        self.token_buckets = sorted(set(buckets_up_to(max_num_batched_tokens)) | set(self.row_buckets))
         self.nb_var = UOp.variable("nb", 1, self.max_blocks_per_seq)
-        self.decode_jits = {b: TinyJit(self._decode_step) for b in self.decode_buckets}
-        self.prefill_jits = {t: TinyJit(self._prefill_step) for t in self.prefill_buckets}
-        self.prefill_logprobs_jits: dict[tuple[int, int], TinyJit] = {}  # (T, top-k bucket)
-        self.prefill_pool_jits: dict[int, TinyJit] = {}
-        self.sampler = BatchSampler(self.decode_buckets)
+        self.forward_jits = {t: TinyJit(self._forward) for t in self.token_buckets}
+        self.prompt_logprobs_jits: dict[tuple[int, int], TinyJit] = {}  # (tokens, top-k bucket)
+        self.sampler = BatchSampler(self.row_buckets)
         self.copy_vars = (UOp.variable("copy_src", 0, cache.num_blocks), UOp.variable("copy_dst", 0, cache.num_blocks))
         self.copy_jit = TinyJit(self._copy_block)
         self.batch = BatchState()
 
+    def rows_for(self, tokens: int) -> int:
+        """Table rows (and logits rows) of a forward over a bucket of `tokens`: each row has a token at least."""
+        return min(tokens, self.max_rows)
+
     # ---- jitted bodies -----------------------------------------------------------------------
-    def _decode_step(self, tokens: Tensor, positions: Tensor, block_tables: Tensor, context_lens: Tensor, nb: UOp):
-        attend = DecodeAttention(self.cache, block_tables, nb, context_lens, self.model.cpu_kernels)
-        logits = self.model.logits(self.model.forward(tokens, positions, attend))
-        Tensor.realize(logits, *self.cache.layers)  # one schedule: realizing them apart runs the layers twice
-        return logits
+    def _forward(self, tokens: Tensor, positions: Tensor, token_rows: Tensor, tables: Tensor, n_valid: Tensor,
+                 sample_index: Tensor, nb: UOp) -> tuple[Tensor, Tensor]:
+        """-> (the logits of the sampling rows [R, V], the final hidden states [T, dim])."""
+        attend = PagedAttention(self.cache, tables, token_rows, positions, n_valid, nb, self.model.cpu_kernels)
+        hidden = self.model.forward(tokens, positions.clip(0, self.max_model_len - 1), attend)
+        logits = self.model.logits(hidden[sample_index])
+        Tensor.realize(logits, hidden, *self.cache.layers)  # one schedule: realizing them apart runs the layers twice
+        return logits, hidden
 
-    def _prefill_hidden(self, tokens: Tensor, start: Tensor, n_valid: Tensor, block_table: Tensor, nb: UOp) -> Tensor:
-        T = tokens.shape[0]
-        positions = (start + Tensor.arange(T, dtype=dtypes.int32)).clip(0, self.max_model_len - 1)
-        attend = PrefillAttention(self.cache, block_table, nb, start, n_valid, T, self.model.cpu_kernels)
-        hidden = self.model.forward(tokens, positions, attend)
-        Tensor.realize(hidden, *self.cache.layers)  # together: realizing the cache alone would leave hidden to recompute
-        return hidden
-
-    def _prefill_step(self, tokens: Tensor, start: Tensor, n_valid: Tensor, block_table: Tensor, nb: UOp):
-        hidden = self._prefill_hidden(tokens, start, n_valid, block_table, nb)
-        return self.model.logits(hidden[(n_valid - 1).clip(0, tokens.shape[0] - 1)]).realize()
-
-    def _prefill_logprobs_step(self, k: int, tokens: Tensor, start: Tensor, n_valid: Tensor, block_table: Tensor,
-                               next_tokens: Tensor, nb: UOp):
-        """The last position's logits, and each position's logprob of next_tokens (the following prompt token)."""
-        logits = self.model.logits(self._prefill_hidden(tokens, start, n_valid, block_table, nb))
-        outs = (logits[(n_valid - 1).clip(0, tokens.shape[0] - 1)], *logprobs_of(logits, next_tokens, k))
+    def _prompt_logprobs(self, k: int, hidden: Tensor, next_tokens: Tensor) -> tuple[Tensor, ...]:
+        """Each position's logprob of next_tokens (the following prompt token) and the top k."""
+        outs = logprobs_of(self.model.logits(hidden), next_tokens, k)
         Tensor.realize(*outs)
         return outs
-
-    def _prefill_pool_step(self, tokens: Tensor, start: Tensor, n_valid: Tensor, block_table: Tensor, nb: UOp):
-        """The final hidden states (after the final norm) summed over the chunk's valid positions: [dim]."""
-        hidden = self._prefill_hidden(tokens, start, n_valid, block_table, nb)
-        valid = Tensor.arange(tokens.shape[0], dtype=dtypes.int32).reshape(-1, 1) < n_valid.reshape(1, 1)
-        return valid.where(hidden, 0.0).sum(0).realize()
 
     def _copy_block(self, src: UOp, dst: UOp):
         bs = self.cache.block_size
@@ -112,45 +99,54 @@ class ModelRunner:
             self.copy_jit(self.copy_vars[0].bind(src), self.copy_vars[1].bind(dst))
 
     # ---- one step ------------------------------------------------------------------------------
-    def compute(self, plan: StepPlan, keep_logits: bool = True) -> StepWork:
-        """Runs the plan's tokens through the model. Returns the [1, V] logits of each chunk that ends at the end
-        of its request's known tokens (the ones to sample from), in plan order, and the finished embeddings.
-        keep_logits=False (execute, which samples at once): a single decode batch's logits stay in the jit's
-        output buffer (valid until its next call) and come back whole as batch_logits too, saving two copies."""
+    def prepare(self, pieces: list[ScheduledChunk]) -> FlatBatch:
+        bucket = bucket_for(sum(p.length for p in pieces), self.token_buckets)
+        return flatten(pieces, bucket, self.rows_for(bucket), self.max_blocks_per_seq, self.cache.block_size,
+                       self.cache.scratch_block)
+
+    def run_forward(self, batch: FlatBatch) -> tuple[Tensor, Tensor]:
+        """The forward's outputs live in its jit's buffers: valid until the same bucket runs again."""
+        return self.forward_jits[batch.bucket](
+            device_tensor(batch.tokens), device_tensor(batch.positions), device_tensor(batch.token_rows),
+            device_tensor(batch.tables), device_tensor(np.array([batch.num_tokens], np.int32)),
+            device_tensor(batch.sample_index), self.nb_var.bind(batch.num_blocks))
+
+    def compute(self, plan: StepPlan) -> StepWork:
+        """Runs the plan's tokens through the model: the logits of the chunks that sample, the finished embeddings.
+        With one forward (the usual case) work.logits is the jit's own output buffer, valid until the next step."""
         chunks = self.batch.apply(plan)
         self.copy_blocks(plan.block_copies)
-        decodes = [c for c in chunks if c.length == 1 and not c.needs_full_prefill]
-        max_batch = max(self.decode_buckets)
-        work = StepWork()
-        alias = not keep_logits and len(decodes) <= max_batch  # a jit reuses its output buffer on the next call
-        for i in range(0, len(decodes), max_batch):
-            group = decodes[i:i + max_batch]
-            decode_logits = self._run_decode(group) if alias else self._run_decode(group).clone().realize()
-            work.rows += [(c, decode_logits[j:j + 1]) for j, c in enumerate(group) if c.samples]
-        one_batch = alias and decodes and len(work.rows) == len(decodes)  # every decode row samples, in order
-        for chunk in (c for c in chunks if c.length > 1 or c.needs_full_prefill):
-            logits = self._run_chunk(chunk)
-            if chunk.samples and chunk.pools:
-                work.pooled.append((chunk, self._finish_embedding(chunk)))
-            elif chunk.samples:
-                work.rows.append((chunk, logits.clone().realize()))
-        if one_batch and len(work.rows) == len(decodes):  # and no prefill chunk samples
-            work.batch_logits = decode_logits
+        forwards = split_into_forwards(chunks, self.token_buckets[-1], self.max_rows)
+        work, parts = StepWork(), []
+        for pieces in forwards:
+            batch = self.prepare(pieces)
+            logits, hidden = self.run_forward(batch)
+            if any(p.pools for p in pieces):
+                work.pooled += self._pool(batch, hidden.numpy())
+            if any(p.needs_prompt_logprobs for p in pieces):
+                self._record_prompt_logprobs(batch, hidden)
+            work.rows += batch.sampled
+            if len(forwards) == 1:
+                work.logits = logits
+            elif batch.sampled:  # a copy: the next forward may run in the same jit and reuse its buffers
+                parts.append(logits[:len(batch.sampled)].clone().realize())
+        if parts:
+            work.logits = Tensor.cat(*parts).realize()
         return work
 
     def compute_logits(self, plan: StepPlan) -> list[tuple[ScheduledChunk, Tensor]]:
-        return self.compute(plan).rows
+        """(chunk, its [1, V] logits) for each chunk that samples (copies: they outlive the next step)."""
+        work = self.compute(plan)
+        logits = work.logits.clone().realize() if work.rows else None
+        return [(chunk, logits[i:i + 1]) for i, chunk in enumerate(work.rows)]
 
     def execute(self, plan: StepPlan, rank: int = 0) -> StepResult:
-        t0 = time.perf_counter()
-        work = self.compute(plan, keep_logits=False)
+        work = self.compute(plan)
         result = StepResult(plan.step_id, rank, [], [])
         if work.rows:
-            states = [c.state for c, _ in work.rows]
-            logits = work.batch_logits if work.batch_logits is not None else Tensor.cat(*[lg for _, lg in work.rows])
-            tokens, logprobs = self.sampler.sample(states, logits)
+            tokens, logprobs = self.sampler.sample([c.state for c in work.rows], work.logits)
             prompt_logprobs = []
-            for (chunk, _), token in zip(work.rows, tokens):
+            for chunk, token in zip(work.rows, tokens):
                 chunk.state.append_token(token)
                 result.req_ids.append(chunk.req_id)
                 result.sampled_token_ids.append(token)
@@ -164,105 +160,58 @@ class ModelRunner:
         for chunk, embedding in work.pooled:
             result.pooled_req_ids.append(chunk.req_id)
             result.embeddings.append(embedding)
-        result.elapsed_s = time.perf_counter() - t0
         return result
 
-    def _block_table_row(self, block_ids: list[int], out: np.ndarray) -> None:
-        out[:] = self.cache.scratch_block
-        out[:len(block_ids)] = block_ids
+    # ---- embeddings and prompt logprobs ----------------------------------------------------------
+    def _pool(self, batch: FlatBatch, hidden: np.ndarray) -> list[tuple[ScheduledChunk, list[float]]]:
+        """Adds each embedding piece's final hidden states to its request's sum; a request's last piece finishes
+        it: the mean over the prompt's positions, L2-normalised."""
+        finished = []
+        for piece, offset in zip(batch.pieces, batch.offsets):
+            if not piece.pools:
+                continue
+            state = piece.state
+            part = hidden[offset:offset + piece.length].sum(0)
+            state.pooled_sum = part if state.pooled_sum is None else state.pooled_sum + part
+            if piece.samples:
+                mean = state.pooled_sum.astype(np.float64) / len(state.token_ids)
+                finished.append((piece, (mean / max(np.linalg.norm(mean), 1e-12)).tolist()))
+        return finished
 
-    def _run_decode(self, group: list[ScheduledChunk]) -> Tensor:
-        B = bucket_for(len(group), self.decode_buckets)
-        tokens, positions, context_lens = np.zeros(B, np.int32), np.zeros(B, np.int32), np.ones(B, np.int32)
-        tables = np.full((B, self.max_blocks_per_seq), self.cache.scratch_block, np.int32)
-        for j, c in enumerate(group):
-            tokens[j], positions[j], context_lens[j] = c.state.token_ids[c.start], c.start, c.start + 1
-            self._block_table_row(c.state.block_ids, tables[j])
-        return self._call_decode(tokens, positions, tables, context_lens)
-
-    def _call_decode(self, tokens: np.ndarray, positions: np.ndarray, tables: np.ndarray, context_lens: np.ndarray) -> Tensor:
-        """Padding rows (context length 1, a table row of scratch blocks) write to the scratch block."""
-        bs = self.cache.block_size
-        nb = max(int(context_lens.max()) + bs - 1, bs) // bs
-        return self.decode_jits[len(tokens)](device_tensor(tokens), device_tensor(positions), device_tensor(tables),
-                                             device_tensor(context_lens), self.nb_var.bind(nb))
+    def _record_prompt_logprobs(self, batch: FlatBatch, hidden: Tensor) -> None:
+        """The logprobs of the prompt tokens that the batch's positions predict, for the pieces that asked."""
+        asking = [(p, o) for p, o in zip(batch.pieces, batch.offsets) if p.needs_prompt_logprobs]
+        bucket = top_count_bucket(max(p.state.sampling.prompt_logprobs for p, _ in asking))
+        if (jit := self.prompt_logprobs_jits.get((batch.bucket, bucket))) is None:
+            jit = self.prompt_logprobs_jits[(batch.bucket, bucket)] = TinyJit(
+                lambda h, n: self._prompt_logprobs(bucket, h, n))
+        next_tokens = np.zeros(batch.bucket, np.int32)
+        for piece, offset in asking:
+            following = piece.state.token_ids[piece.start + 1:piece.start + piece.length + 1]
+            next_tokens[offset:offset + len(following)] = following
+        outs = [o.numpy() for o in jit(hidden, device_tensor(next_tokens))]
+        for piece, offset in asking:
+            state, k = piece.state, piece.state.sampling.prompt_logprobs
+            n = min(piece.length, state.num_prompt_tokens - 1 - piece.start)  # positions whose next token is a prompt token
+            rows = slice(offset, offset + n)
+            state.prompt_logprobs += to_token_logprobs(
+                state.token_ids[piece.start + 1:piece.start + 1 + n], outs[0][rows].tolist(),
+                outs[1][rows].tolist() if bucket else None, outs[2][rows].tolist() if bucket else None, k)
 
     # ---- start-up ------------------------------------------------------------------------------
     def warm_up(self, progress=None) -> int:
-        """Captures every decode and prefill bucket's TinyJit (and the plain greedy and sampling variants of the
-        sampler) before the first request, so no request waits for a compile. Every write goes to the scratch
-        block. progress(done, total, what) is called after each bucket. Returns the number of buckets captured."""
-        todo = [("decode", b) for b in self.decode_buckets] + [("prefill", t) for t in self.prefill_buckets]
-        scratch, vocab = self.cache.scratch_block, self.model.cfg.vocab_size
-        for done, (kind, size) in enumerate(todo, 1):
-            if kind == "decode":
-                capture_on_next_call(self.decode_jits[size])
-                logits = self._call_decode(np.zeros(size, np.int32), np.zeros(size, np.int32),
-                                           np.full((size, self.max_blocks_per_seq), scratch, np.int32),
-                                           np.ones(size, np.int32))
+        """Captures every token bucket's forward (and the plain greedy and sampling variants of the sampler for
+        each row bucket) before the first request, so no request waits for a compile. Every write goes to the
+        scratch block. progress(done, total, what) is called after each bucket. Returns the number of buckets."""
+        vocab = self.model.cfg.vocab_size
+        for done, size in enumerate(self.token_buckets, 1):
+            capture_on_next_call(self.forward_jits[size])
+            padding = flatten([], size, self.rows_for(size), self.max_blocks_per_seq, self.cache.block_size,
+                              self.cache.scratch_block)
+            logits, _ = self.run_forward(padding)
+            if size in self.row_buckets:
                 for greedy in (True, False):
                     self.sampler.warm_up(size, vocab, greedy, logits)
-            else:
-                capture_on_next_call(self.prefill_jits[size])
-                table = np.full(self.max_blocks_per_seq, scratch, np.int32)
-                self.prefill_jits[size](device_tensor(np.zeros(size, np.int32)), device_tensor(np.zeros(1, np.int32)),
-                                        device_tensor(np.ones(1, np.int32)), device_tensor(table), self.nb_var.bind(1)).realize()
             if progress is not None:
-                progress(done, len(todo), f"{kind} {size}")
-        return len(todo)
-
-    def _run_chunk(self, chunk: ScheduledChunk) -> Tensor | None:
-        """Runs a chunk through prefill steps of at most the largest bucket; returns the last piece's logits."""
-        max_chunk, logits = max(self.prefill_buckets), None
-        for piece_start in range(chunk.start, chunk.start + chunk.length, max_chunk):
-            length = min(max_chunk, chunk.start + chunk.length - piece_start)
-            if chunk.pools:
-                pooled = self._run_prefill(self._prefill_pool_jit, chunk, piece_start, length).numpy()
-                state = chunk.state
-                state.pooled_sum = pooled if state.pooled_sum is None else state.pooled_sum + pooled
-            elif chunk.needs_prompt_logprobs:
-                logits = self._run_prompt_logprobs(chunk, piece_start, length)
-            else:
-                logits = self._run_prefill(lambda T: self.prefill_jits[T], chunk, piece_start, length)
-        return logits
-
-    def _finish_embedding(self, chunk: ScheduledChunk) -> list[float]:
-        """Mean over the prompt's positions, then L2-normalised."""
-        mean = chunk.state.pooled_sum.astype(np.float64) / len(chunk.state.token_ids)
-        return (mean / max(np.linalg.norm(mean), 1e-12)).tolist()
-
-    def _prefill_pool_jit(self, T: int) -> TinyJit:
-        if T not in self.prefill_pool_jits:
-            self.prefill_pool_jits[T] = TinyJit(self._prefill_pool_step)
-        return self.prefill_pool_jits[T]
-
-    def _run_prompt_logprobs(self, chunk: ScheduledChunk, start: int, length: int) -> Tensor:
-        """A prefill piece that also records the logprobs of the prompt tokens its positions predict."""
-        state, k = chunk.state, chunk.state.sampling.prompt_logprobs
-        bucket = top_count_bucket(k)
-        T = bucket_for(length, self.prefill_buckets)
-        if (T, bucket) not in self.prefill_logprobs_jits:
-            self.prefill_logprobs_jits[(T, bucket)] = TinyJit(functools.partial(self._prefill_logprobs_step, bucket))
-        next_tokens = np.zeros(T, np.int32)
-        following = state.token_ids[start + 1:start + length + 1]
-        next_tokens[:len(following)] = following
-        outs = self._run_prefill(lambda _: self.prefill_logprobs_jits[(T, bucket)], chunk, start, length,
-                                 extra=(device_tensor(next_tokens),))
-        last_logits, chosen = outs[0].clone().realize(), outs[1].numpy()
-        top_ids, top_lp = (outs[2].numpy().tolist(), outs[3].numpy().tolist()) if bucket else (None, None)
-        n = min(length, state.num_prompt_tokens - 1 - start)  # positions whose next token is a prompt token
-        if n > 0:
-            state.prompt_logprobs += to_token_logprobs(following[:n], chosen[:n].tolist(), top_ids, top_lp, k)
-        return last_logits
-
-    def _run_prefill(self, jit_for, chunk: ScheduledChunk, start: int, length: int, extra: tuple = ()):
-        """Calls jit_for(T) (a jitted prefill step for bucket T) on positions [start, start + length); `extra`
-        tensors go after the block table."""
-        T, bs = bucket_for(length, self.prefill_buckets), self.cache.block_size
-        tokens = np.zeros(T, np.int32)
-        tokens[:length] = chunk.state.token_ids[start:start + length]
-        table = np.empty(self.max_blocks_per_seq, np.int32)
-        self._block_table_row(chunk.state.block_ids, table)
-        return jit_for(T)(device_tensor(tokens), device_tensor(np.array([start], np.int32)),
-                          device_tensor(np.array([length], np.int32)), device_tensor(table), *extra,
-                          self.nb_var.bind((start + length - 1) // bs + 1))
+                progress(done, len(self.token_buckets), f"tokens {size}")
+        return len(self.token_buckets)

@@ -98,7 +98,8 @@ class BatchSampler:
         R, V = len(states), logits.shape[1]
         R_pad = next((b for b in self.buckets if b >= R), R)
         rows = logits.shape[0]
-        logits = logits.pad(((0, R_pad - rows), None)) if R_pad > rows else logits[:R_pad] if rows > R_pad else logits
+        # a copy, not a view of the first rows: a jit's inputs must be whole buffers
+        logits = logits.pad(((0, R_pad - rows), None)) if R_pad > rows else logits[:R_pad].clone() if rows > R_pad else logits
         variant, inputs = build_inputs(states, R_pad, V)
         if (fn := self.jits.get((R_pad, variant))) is None:
             fn = self.jits[(R_pad, variant)] = TinyJit(sampler_body(variant))

@@ -1,11 +1,12 @@
-"""The CPU attention kernels (workers/cpu_attention.py) against a numpy softmax(q k^T / sqrt(d)) v over each
-sequence's own blocks: scattered and shared block ids, grouped query heads, lengths that end mid-block, a
-length of zero, scores spread over tens of units; and inside a TinyJit whose inputs change between calls (the CPU graph patches them)."""
+"""The CPU attention kernel (workers/cpu_attention.py) against a numpy softmax(q k^T / sqrt(d)) v over each
+token's own sequence's blocks: scattered and shared block ids, grouped query heads, lengths that end mid-block, a
+length of zero, scores spread over tens of units, decodes and causal prompt chunks of several sequences in one flat
+batch; and inside a TinyJit whose inputs change between calls (the CPU graph patches them)."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit
 
-from tinyvllm.workers.cpu_attention import cpu_decode_attention, cpu_prefill_attention, supports
+from tinyvllm.workers.cpu_attention import cpu_paged_attention, supports
 from tinyvllm.workers.kernel_set import configure_device
 
 BS, MAXB, KVH, H, D = 4, 5, 2, 6, 32
@@ -37,12 +38,18 @@ def inputs(rng, B):
     return rng.standard_normal((B, H, D)).astype(np.float32) * 3, cache, tables, lens
 
 
+def decode(q: Tensor, cache: Tensor, tables: Tensor, lens: Tensor) -> Tensor:
+    """One token per sequence: row b's token is the last of its lens[b] positions."""
+    rows = Tensor(np.arange(q.shape[0], dtype=np.int32))
+    return cpu_paged_attention(q, cache, tables, rows, (lens - 1).cast("int32"), BS)
+
+
 @pytest.mark.parametrize("B", [1, 3, 8])
 def test_matches_numpy(B):
     q, cache, tables, lens = inputs(np.random.default_rng(B), B)
     if B == 3:
         lens[1] = 0  # nothing to attend to: zeros, not NaN
-    got = cpu_decode_attention(Tensor(q), Tensor(cache), Tensor(tables), Tensor(lens), BS).numpy()
+    got = decode(Tensor(q), Tensor(cache), Tensor(tables), Tensor(lens)).numpy()
     np.testing.assert_allclose(got, reference(q, cache, tables, lens), rtol=5e-6, atol=1e-5)
 
 
@@ -52,7 +59,7 @@ def test_in_a_jit_with_new_inputs_each_call():
 
     @TinyJit
     def step(q, cache, tables, lens):
-        return (cpu_decode_attention(q * 1.0, cache, tables, lens, BS) + 0).realize()
+        return (decode(q * 1.0, cache, tables, lens) + 0).realize()
 
     for _ in range(4):
         q, cache, tables, lens = inputs(rng, 4)
@@ -64,9 +71,23 @@ def test_in_a_jit_with_new_inputs_each_call():
 def test_prefill_is_causal_from_the_chunk_start(start, T):
     q, cache, tables, _ = inputs(np.random.default_rng(start), 1)
     q = np.random.default_rng(T).standard_normal((T, H, D)).astype(np.float32) * 3
-    got = cpu_prefill_attention(Tensor(q), Tensor(cache), Tensor(tables[0]), Tensor(np.array([start], np.int32)), BS).numpy()
+    positions = np.arange(start, start + T, dtype=np.int32)
+    got = cpu_paged_attention(Tensor(q), Tensor(cache), Tensor(tables), Tensor(np.zeros(T, np.int32)),
+                              Tensor(positions), BS).numpy()
     rows = [reference(q[t:t + 1], cache, tables, np.array([min(start + t + 1, MAXB * BS)])) for t in range(T)]
     np.testing.assert_allclose(got, np.concatenate(rows), rtol=5e-6, atol=1e-5)
+
+
+def test_a_flat_batch_of_chunks_and_decodes_of_several_sequences():
+    """Tokens in any order: a prompt chunk of sequence 2, decodes of 0 and 1, a second chunk of sequence 0's table."""
+    q_all, cache, tables, _ = inputs(np.random.default_rng(21), 3)
+    rows = np.array([2, 2, 2, 0, 1, 0, 0], np.int32)
+    positions = np.array([4, 5, 6, 19, 9, 0, 1], np.int32)
+    q = np.random.default_rng(22).standard_normal((len(rows), H, D)).astype(np.float32) * 3
+    got = cpu_paged_attention(Tensor(q), Tensor(cache), Tensor(tables), Tensor(rows), Tensor(positions), BS).numpy()
+    expected = [reference(q[t:t + 1], cache, tables[rows[t]:rows[t] + 1], np.array([positions[t] + 1]))
+                for t in range(len(rows))]
+    np.testing.assert_allclose(got, np.concatenate(expected), rtol=5e-6, atol=1e-5)
 
 
 def test_supported_shapes():

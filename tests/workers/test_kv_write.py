@@ -2,7 +2,7 @@
 import numpy as np
 from tinygrad import Tensor, TinyJit
 
-from tinyvllm.workers.kv_write import decode_slots, prefill_slots, write_kv
+from tinyvllm.workers.kv_write import token_slots, write_kv
 
 BS, MAXB, SLOTS = 4, 6, 40
 
@@ -31,18 +31,18 @@ def test_write_kv_in_a_jit_takes_new_slots_each_call():
     np.testing.assert_array_equal(cache.numpy(), expected)
 
 
-def test_decode_slots_follow_each_rows_table_to_its_last_position():
+def test_token_slots_follow_each_tokens_table_row_to_its_position():
+    """Decodes of rows 0 and 2 and a prompt chunk of row 1, in one flat batch."""
     tables = np.arange(3 * MAXB, dtype=np.int32).reshape(3, MAXB)[:, ::-1].copy()  # distinct, scattered block ids
-    lens = np.array([1, 6, 24], np.int32)  # last positions 0, 5 (block 1), 23 (block 5)
-    got = decode_slots(Tensor(tables), Tensor(lens), BS).numpy()
-    want = [tables[b, (n - 1) // BS] * BS + (n - 1) % BS for b, n in enumerate(lens)]
-    assert got.tolist() == want
+    rows = np.array([0, 1, 1, 1, 2], np.int32)
+    positions = np.array([0, 4, 5, 6, 23], np.int32)  # row 1: block 1; row 2: block 5
+    got = token_slots(Tensor(tables), Tensor(rows), Tensor(positions), Tensor(np.array([5], np.int32)), BS, 99).numpy()
+    assert got.tolist() == [tables[r, p // BS] * BS + p % BS for r, p in zip(rows, positions)]
 
 
-def test_prefill_slots_send_padding_to_the_scratch_slot():
-    table = np.array([7, 3, 9, 1, 0, 0], np.int32)
-    scratch = 99
-    got = prefill_slots(Tensor(table), Tensor(np.array([3], np.int32)), Tensor(np.array([6], np.int32)), 16, BS,
-                        scratch).numpy().tolist()
-    real = [table[p // BS] * BS + p % BS for p in range(3, 9)]
-    assert got == real + [scratch] * 10  # positions 9.. are padding, some past the table's end
+def test_token_slots_send_padding_to_the_scratch_slot():
+    tables = np.array([[7, 3, 9, 1, 0, 0]], np.int32)
+    scratch, positions = 99, np.array([3, 4, 5, 6, 7, 8, 0, 0, 40, 0], np.int32)  # one padding token's position runs past the table
+    got = token_slots(Tensor(tables), Tensor(np.zeros(10, np.int32)), Tensor(positions), Tensor(np.array([6], np.int32)),
+                      BS, scratch).numpy().tolist()
+    assert got == [tables[0, p // BS] * BS + p % BS for p in range(3, 9)] + [scratch] * 4

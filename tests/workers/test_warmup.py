@@ -1,5 +1,5 @@
-"""Start-up capture: warm_up captures every decode and prefill bucket (and the plain greedy and sampling variants of
-the sampler) without touching a live KV block, and the captured steps then compute what the dense reference does."""
+"""Start-up capture: warm_up captures every token bucket's forward (and the plain greedy and sampling variants of
+the sampler for every row bucket) without touching a live KV block, and the captured steps then compute what the dense reference does."""
 import numpy as np
 import pytest
 from tinygrad.uop.ops import Ops
@@ -29,11 +29,10 @@ def warmed():
 
 def test_every_bucket_is_captured_before_the_first_request(warmed):
     _, runner, count, seen = warmed
-    assert runner.decode_buckets == [1, 2] and runner.prefill_buckets == [4, 8]
-    assert count == 4 and seen == [(1, 4, "decode 1"), (2, 4, "decode 2"), (3, 4, "prefill 4"), (4, 4, "prefill 8")]
-    assert all(jit.captured is not None for jit in runner.decode_jits.values())
-    assert all(jit.captured is not None for jit in runner.prefill_jits.values())
-    for bucket in runner.decode_buckets:
+    assert runner.token_buckets == [1, 2, 4, 8] and runner.row_buckets == [1, 2]
+    assert count == 4 and seen == [(1, 4, "tokens 1"), (2, 4, "tokens 2"), (3, 4, "tokens 4"), (4, 4, "tokens 8")]
+    assert all(jit.captured is not None for jit in runner.forward_jits.values())
+    for bucket in runner.row_buckets:
         for greedy in (True, False):
             assert runner.sampler.jits[(bucket, SamplerVariant(greedy, False, None))].captured is not None
 
@@ -80,7 +79,5 @@ def test_each_captured_step_runs_every_layer_once(warmed):
     """The logits and the KV-cache writes are realized in one schedule: realized apart, the layers ran twice."""
     _, runner, _, _ = warmed
     per_layer = 7  # q, k, v, output, gate, up, down
-    for bucket, jit in runner.decode_jits.items():
+    for bucket, jit in runner.forward_jits.items():
         assert matmul_calls(jit) == CFG.n_layers * per_layer + 1, bucket  # + the logits
-    for bucket, jit in runner.prefill_jits.items():
-        assert matmul_calls(jit) == CFG.n_layers * per_layer + 1, bucket

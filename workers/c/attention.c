@@ -1,15 +1,15 @@
 // Paged attention over the KV cache in place (workers/cpu_attention.py), run as a tinygrad PROGRAM.
-// Specialised by defines: B rows, H query heads, KVH kv heads, D head dim, BS block size, MAXB blocks per
-// table row, CORES, PREFILL (0: decode, 1: one sequence's prefill chunk), SCALE (a float literal, 1/sqrt(D)).
+// Specialised by defines: T tokens, H query heads, KVH kv heads, D head dim, BS block size, MAXB blocks per
+// table row, CORES, SCALE (a float literal, 1/sqrt(D)).
 #include "kernel.h"
 
 #define G (H / KVH)
 #define DV (D / 16)
-#define ITEMS (B * KVH)
+#define ITEMS (T * KVH)
 #define PF 16  // keys ahead to prefetch
 
 // e^x for x <= 0: 2^(x log2 e) as 2^n * 2^f, |f| <= 1/2, 2^f by its Taylor series to degree 7 (~6e-9 error)
-static inline float exp_nonpositive(float x) {
+ALWAYS_INLINE float exp_nonpositive(float x) {
   float t = x * 1.4426950408889634f;
   t = t < -126.0f ? -126.0f : t;
   const float n = __builtin_floorf(t + 0.5f), f = t - n;
@@ -28,25 +28,25 @@ static inline float exp_nonpositive(float x) {
 }
 
 // the cache slot of position p of a sequence with block table `table`
-static inline long slot_at(const int *restrict table, int p) { return (long)table[p / BS] * BS + p % BS; }
+ALWAYS_INLINE long slot_at(const int *restrict table, int p) { return (long)table[p / BS] * BS + p % BS; }
 
 // brings position p's keys (part 0) or values (part 1) for kv head kvh towards the cache, if p < n
-static inline void prefetch_position(const float *restrict cache, const int *restrict table, int p, int n, int part,
+ALWAYS_INLINE void prefetch_position(const float *restrict cache, const int *restrict table, int p, int n, int part,
                                      int kvh) {
   if (p >= n) return;
   const float *row = cache + (slot_at(table, p) * 2 * KVH + part * KVH + kvh) * D;
   for (int c = 0; c < D; c += 16) __builtin_prefetch(row + c);
 }
 
-// decode: row b is sequence b, with block table row b and length lens[b];
-// prefill: row b is query b of one sequence's chunk, at position lens[0] + b, so it sees lens[0] + b + 1 keys
+// token b of a flat batch: a query of the sequence whose block table is row rows[b] of `tables`, at position
+// positions[b], so it sees that sequence's positions 0 .. positions[b] (a decode and a prompt chunk alike)
 void paged_attention(float *restrict out, const float *restrict q, const float *restrict cache, const int *restrict tables,
-            const int *restrict lens, int core_id) {
+                     const int *restrict rows, const int *restrict positions, int core_id) {
   float scores[G][MAXB * BS];
-  for (int item = core_id; item < ITEMS; item += CORES) {  // interleaved: causal prefill rows grow in cost
+  for (int item = core_id; item < ITEMS; item += CORES) {  // interleaved: later tokens of a chunk see more keys
     const int b = item / KVH, kvh = item % KVH;
-    const int *table = tables + (PREFILL ? 0 : b * MAXB);
-    int n = PREFILL ? lens[0] + b + 1 : lens[b];
+    const int *table = tables + (long)rows[b] * MAXB;
+    int n = positions[b] + 1;
     n = n < 0 ? 0 : (n > MAXB * BS ? MAXB * BS : n);
     v16 qv[G][DV], acc[G][DV];
     for (int g = 0; g < G; g++)

@@ -3,7 +3,6 @@
 // WEIGHT_Q8_0 (32 signed bytes, scale d per block). WEIGHT_PARAMS are its C parameters, WEIGHT_ARGS the same
 // names to pass on. Needs K (a multiple of 32) and kernel.h.
 #define KB (K / 32)
-#define ALWAYS_INLINE static inline __attribute__((always_inline))  // an entry point must be a program's only function
 
 #if defined(WEIGHT_F32)
 #define WEIGHT_PARAMS const float *restrict weight
