@@ -13,8 +13,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tinyvllm.frontend import openai_protocol as api
-from tinyvllm.frontend import openai_schemas  # noqa: F401 (describes the OpenAI routes in /openapi.json)
-from tinyvllm.frontend import streaming
+from tinyvllm.frontend import openapi, streaming
 from tinyvllm.frontend.auth import APIKeyMiddleware
 from tinyvllm.frontend.detokenizer import IncrementalDetokenizer
 from tinyvllm.frontend.embeddings import embedding_routes
@@ -23,12 +22,20 @@ from tinyvllm.frontend.http_json import DEFAULT_MAX_BODY_BYTES, error_response, 
 from tinyvllm.frontend.metered_engine import MeteredEngine
 from tinyvllm.frontend.metrics import FrontendMetrics
 from tinyvllm.frontend.ollama.routes import mount_ollama
+from tinyvllm.frontend.openai_requests import ChatRequest, CompletionRequest
+from tinyvllm.frontend.openai_responses import ChatResponse, CompletionResponse, ModelList
 from tinyvllm.frontend.ops_routes import ops_routes
 from tinyvllm.frontend.serving import CompletionResult, RequestServing, collect
 from tinyvllm.frontend.tokenize_routes import tokenization_routes
 
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it, but logs do
+_GENERATION_ERRORS = (400, 404, 413, 500, 503)
+openapi.describe("/v1/completions", "POST", CompletionRequest, CompletionResponse, summary="Text completion",
+                 stream_media_type=openapi.SSE, error_statuses=_GENERATION_ERRORS)
+openapi.describe("/v1/chat/completions", "POST", ChatRequest, ChatResponse, summary="Chat completion",
+                 stream_media_type=openapi.SSE, error_statuses=_GENERATION_ERRORS)
+openapi.describe("/v1/models", "GET", response_schema=ModelList, summary="The served model", error_statuses=())
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -17,14 +17,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tinyvllm.frontend import openai_protocol as api
+from tinyvllm.frontend import openapi
 from tinyvllm.frontend.engine_client import EngineDeadError
 from tinyvllm.frontend.http_json import exception_response, read_json_object
+from tinyvllm.frontend.openai_requests import EmbeddingRequest
+from tinyvllm.frontend.openai_responses import EmbeddingResponse
 from tinyvllm.frontend.serving import EngineRequestError
 from tinyvllm.protocol.messages import FinishReason
 from tinyvllm.protocol.sampling import SamplingParams
-
-ENCODING_FORMATS = ("float", "base64")
-
 
 async def embed(engine, token_id_lists: list[list[int]]) -> list[list[float]]:
     """One vector per token id list, computed concurrently; raises EngineRequestError if the engine refuses one."""
@@ -46,21 +46,10 @@ async def embed(engine, token_id_lists: list[list[int]]) -> list[list[float]]:
     return [t.result() for t in tasks]
 
 
-def _inputs(value) -> list[str | list[int]]:
-    """OpenAI's input: a string, a list of strings, a list of token ids, or a list of such lists."""
-    def token_ids(x) -> bool:
-        return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
-
-    if isinstance(value, str):
-        value = [value]
-    elif token_ids(value):
-        value = [value]
-    if not isinstance(value, list) or not value or not all(isinstance(x, str) or token_ids(x) for x in value):
-        raise api.APIError("'input' must be a non-empty string, array of strings, array of token ids, or array of "
-                           "arrays of token ids", param="input")
-    if any(x == "" for x in value):
-        raise api.APIError("'input' must not contain empty strings", param="input")
-    return value
+def _inputs(req: EmbeddingRequest) -> list[str | list[int]]:
+    """OpenAI's input (a string, a list of strings, a list of token ids, or a list of such lists) as a list."""
+    single = isinstance(req.input, str) or isinstance(req.input[0], int)
+    return [req.input] if single else req.input
 
 
 def encode_vector(vector: list[float], encoding_format: str) -> list[float] | str:
@@ -81,16 +70,11 @@ def embedding_routes(engine, tokenizer, model_name: str, max_model_len: int, max
 
     async def embeddings(request: Request) -> Response:
         try:
-            body = await read_json_object(request, max_body_bytes)
-            model = api._get(body, "model", (str,))
-            if model is not None and model != model_name:
-                raise api.model_not_found(model)
-            inputs = _inputs(body.get("input"))
-            encoding_format = api._get(body, "encoding_format", (str,), "float")
-            if encoding_format not in ENCODING_FORMATS:
-                raise api.APIError(f"'encoding_format' must be one of {list(ENCODING_FORMATS)}, got "
-                                   f"{encoding_format!r:.50}", param="encoding_format")
-            if api._get(body, "dimensions", (int,)) is not None:
+            req = api.validated(EmbeddingRequest, await read_json_object(request, max_body_bytes))
+            if req.model is not None and req.model != model_name:
+                raise api.model_not_found(req.model)
+            inputs, encoding_format = _inputs(req), req.encoding_format
+            if req.dimensions is not None:
                 raise api.APIError(f'Model "{model_name}" does not support matryoshka representation, changing '
                                    f"output dimensions will lead to poor results.", param="dimensions")
             if engine.dead_reason is not None:
@@ -115,3 +99,8 @@ def embedding_routes(engine, tokenizer, model_name: str, max_model_len: int, max
         })
 
     return [Route("/v1/embeddings", embeddings, methods=["POST"])]
+
+
+openapi.describe("/v1/embeddings", "POST", EmbeddingRequest, EmbeddingResponse,
+                 summary="Embeddings: the model's mean-pooled, normalised final hidden states",
+                 error_statuses=(400, 404, 413, 500, 503))

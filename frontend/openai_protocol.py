@@ -1,11 +1,12 @@
 """OpenAI request parsing/validation and response/error bodies, shaped as vLLM serves them."""
-import math
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from tinyvllm.protocol.sampling import MAX_N, SamplingParams
+from tinyvllm.frontend.openai_requests import ChatMessage, ChatRequest, CompletionRequest
+from tinyvllm.frontend.request_models import RequestInvalid, RequestModel, validate
+from tinyvllm.protocol.sampling import SamplingParams
 
 
 class APIError(Exception):
@@ -50,180 +51,97 @@ class GenerationRequest:
     echo: bool = False
 
 
-_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "a boolean", list: "an array",
-               dict: "an object"}
-
-
-def _get(body: dict, name: str, types: tuple, default: Any = None) -> Any:
-    value = body.get(name)
-    if value is None:
-        return default
-    # bool is an int subclass, but a JSON true is never a valid number.
-    value_ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
-    if not value_ok:
-        names = " or ".join(_TYPE_NAMES[t] for t in types if not (t is int and float in types))
-        raise APIError(f"'{name}' must be {names}, got {value!r:.100}", param=name)
-    if float in types and not _is_finite_number(value):
-        raise APIError(f"'{name}' must be a finite number", param=name)
-    return value
-
-
-def _is_finite_number(value: Any) -> bool:
-    """A JSON number that is finite as a float: a huge integer literal (10**400) is not (float() overflows)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
+def validated(model: type[RequestModel], body: Any) -> Any:
+    """`body` as the request model, or an APIError (400) in this server's words."""
     try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
+        return validate(model, body)
+    except RequestInvalid as e:
+        raise APIError(e.message, param=e.param) from None
 
 
-def _int_list(value: Any, name: str) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
-        raise APIError(f"'{name}' must be a list of integers", param=name)
-    return value
-
-
-def _parse_common(body: Any, is_chat: bool) -> GenerationRequest:
-    if not isinstance(body, dict):
-        raise APIError("The request body must be a JSON object")
-    n = _get(body, "n", (int,), 1)
-    if not 1 <= n <= MAX_N:
-        raise APIError(f"n must be between 1 and {MAX_N}, got {n}", param="n")
-    best_of = _get(body, "best_of", (int,), n)
+def _generation(req: CompletionRequest | ChatRequest, is_chat: bool) -> GenerationRequest:
+    """The checks that span fields (vLLM's wording), then the request as SamplingParams and the rest."""
+    n, best_of = req.n, req.best_of if req.best_of is not None else req.n
     if best_of < n:
         raise APIError(f"best_of must be greater than or equal to n, got n={n} and best_of={best_of}",
                        param="best_of")
     if best_of > n:
         raise APIError("best_of > n is not supported yet", param="best_of")
-    logprobs = _parse_logprobs(body, is_chat)
-    echo = _get(body, "echo", (bool,), False)
-    min_tokens = _get(body, "min_tokens", (int,), 0)
-
-    max_tokens = _get(body, "max_tokens", (int,))
+    logprobs = _chat_logprobs(req) if is_chat else req.logprobs
+    max_tokens = req.max_tokens
     if is_chat:
-        max_tokens = _get(body, "max_completion_tokens", (int,), max_tokens)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else max_tokens
     elif max_tokens is None:
         max_tokens = 16
-    if max_tokens is not None and max_tokens < 1:
-        raise APIError(f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
-
-    stop = _get(body, "stop", (str, list), [])
-    stop = [stop] if isinstance(stop, str) else stop
-    if not all(isinstance(s, str) for s in stop):
-        raise APIError("'stop' must be a string or a list of strings", param="stop")
-    stop_token_ids = body.get("stop_token_ids")
-    stop_token_ids = [] if stop_token_ids is None else _int_list(stop_token_ids, "stop_token_ids")
-
-    stream = _get(body, "stream", (bool,), False)
-    stream_options = _get(body, "stream_options", (dict,))
-    if stream_options is not None and not stream:
+    if req.stream_options is not None and not req.stream:
         raise APIError("Stream options can only be defined when `stream=True`.", param="stream_options")
-    include_usage = bool(_get(stream_options or {}, "include_usage", (bool,), False))
-
+    echo = req.echo
     sampling = SamplingParams(
-        temperature=float(_get(body, "temperature", (int, float), 1.0)),
-        top_p=float(_get(body, "top_p", (int, float), 1.0)),
-        top_k=_get(body, "top_k", (int,), 0),
+        temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
         # chat's "rest of the context" is filled in (and checked against min_tokens) once the prompt length is known
-        max_tokens=max_tokens or max(1, min_tokens),
-        seed=_get(body, "seed", (int,)),
-        stop_token_ids=list(stop_token_ids),
-        ignore_eos=_get(body, "ignore_eos", (bool,), False),
-        n=n,
-        min_p=float(_get(body, "min_p", (int, float), 0.0)),
-        presence_penalty=float(_get(body, "presence_penalty", (int, float), 0.0)),
-        frequency_penalty=float(_get(body, "frequency_penalty", (int, float), 0.0)),
-        repetition_penalty=float(_get(body, "repetition_penalty", (int, float), 1.0)),
-        min_tokens=min_tokens,
-        logprobs=logprobs,
-        prompt_logprobs=logprobs if echo and not is_chat else None,
-    )
-    sampling.set_logit_bias(_parse_logit_bias(body))
+        max_tokens=max_tokens or max(1, req.min_tokens), seed=req.seed, stop_token_ids=list(req.stop_token_ids),
+        ignore_eos=req.ignore_eos, n=n, min_p=req.min_p, presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
+        min_tokens=req.min_tokens, logprobs=logprobs, prompt_logprobs=logprobs if echo and not is_chat else None)
+    sampling.set_logit_bias(_logit_bias(req.logit_bias))
     try:
         sampling.validate()
     except ValueError as e:
         raise APIError(str(e)) from None
+    stop = [req.stop] if isinstance(req.stop, str) else req.stop
+    add_special_tokens = req.add_special_tokens if req.add_special_tokens is not None else not is_chat
     return GenerationRequest(
-        model=_get(body, "model", (str,)), sampling=sampling, max_tokens=max_tokens,
-        stop=[s for s in stop if s], stream=stream, include_usage=include_usage,
-        skip_special_tokens=_get(body, "skip_special_tokens", (bool,), True),
-        add_special_tokens=_get(body, "add_special_tokens", (bool,), not is_chat), is_chat=is_chat,
-        include_stop_str_in_output=_get(body, "include_stop_str_in_output", (bool,), False), echo=echo)
+        model=req.model, sampling=sampling, max_tokens=max_tokens, stop=[s for s in stop if s], stream=req.stream,
+        include_usage=req.stream_options is not None and req.stream_options.include_usage,
+        skip_special_tokens=req.skip_special_tokens, add_special_tokens=add_special_tokens, is_chat=is_chat,
+        include_stop_str_in_output=req.include_stop_str_in_output, echo=echo)
 
 
-def _parse_logprobs(body: dict, is_chat: bool) -> int | None:
-    """How many top logprobs per output token, or None for no logprobs (vLLM's checks and wording)."""
-    if not is_chat:
-        logprobs = _get(body, "logprobs", (int,))
-        if logprobs is not None and logprobs < 0:
-            raise APIError("`logprobs` must be a positive value.", param="logprobs")
-        return logprobs
-    wanted = _get(body, "logprobs", (bool,), False)
-    top = _get(body, "top_logprobs", (int,))
-    if top is not None and top < 0:
-        raise APIError("`top_logprobs` must be a positive value.", param="top_logprobs")
-    if top and not wanted:
+def _chat_logprobs(req: ChatRequest) -> int | None:
+    """How many top logprobs per output token, or None for no logprobs."""
+    if req.top_logprobs and not req.logprobs:
         raise APIError("when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
-    return (top or 0) if wanted else None
+    return (req.top_logprobs or 0) if req.logprobs else None
 
 
-def _parse_logit_bias(body: dict) -> dict[int, float]:
+def _logit_bias(raw: dict[str, float]) -> dict[int, float]:
     """{"token id": bias} -> {token id: bias}; values are clamped to [-100, 100] by SamplingParams."""
-    raw = _get(body, "logit_bias", (dict,), {})
     bias = {}
     for key, value in raw.items():
         try:
-            token_id = int(key)
+            bias[int(key)] = value
         except ValueError:
             raise APIError(f"Found token_id `{key}` in logit_bias but token_id must be an integer or string "
                            f"representation of an integer.", param="logit_bias") from None
-        if not _is_finite_number(value):
-            raise APIError(f"logit_bias[{key!r}] must be a finite number, got {value!r:.50}", param="logit_bias")
-        bias[token_id] = float(value)
     return bias
 
 
 def parse_completion_request(body: Any) -> GenerationRequest:
-    req = _parse_common(body, is_chat=False)
-    prompt = body.get("prompt")
-    if prompt is None:
-        raise APIError("'prompt' is required", param="prompt")
+    parsed = validated(CompletionRequest, body)
+    req, prompt = _generation(parsed, is_chat=False), parsed.prompt
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         raise APIError("Multiple prompts in one request are not supported yet", param="prompt")
-    if not isinstance(prompt, str):
-        prompt = _int_list(prompt, "prompt")
-        if not prompt:
-            raise APIError("'prompt' must not be empty", param="prompt")
+    if isinstance(prompt, list) and not prompt:
+        raise APIError("'prompt' must not be empty", param="prompt")
     req.prompt = prompt
     return req
 
 
-def _message_text(content: Any, index: int) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise APIError(f"messages[{index}].content: only parts of the form "
-                               '{"type": "text", "text": "..."} are supported', param="messages")
-            texts.append(part["text"])
-        return "\n".join(texts)
-    raise APIError(f"messages[{index}].content must be a string or a list of content parts", param="messages")
+def message_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """[{"role", "content"}] with each message's text parts joined by newlines."""
+    return [{"role": m.role, "content": _text(m.content)} for m in messages]
+
+
+def _text(content: str | list | None) -> str:
+    return "\n".join(part.text for part in content) if isinstance(content, list) else content or ""
 
 
 def parse_chat_request(body: Any) -> GenerationRequest:
-    req = _parse_common(body, is_chat=True)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise APIError("'messages' must be a non-empty list", param="messages")
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
-            raise APIError(f"messages[{i}] must be an object with a string 'role'", param="messages")
-        req.messages.append({"role": msg["role"], "content": _message_text(msg.get("content"), i)})
+    parsed = validated(ChatRequest, body)
+    req = _generation(parsed, is_chat=True)
+    req.messages = message_dicts(parsed.messages)
     return req
 
 

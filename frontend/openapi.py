@@ -1,44 +1,57 @@
 """The OpenAPI document served at /openapi.json, built from the app's own route list.
 
-Every route the app has appears in the document, described or not; a route's module describes it once, at import:
+Every route the app has appears in the document, described or not; a route's module describes it once, at import,
+with the pydantic models of its bodies (the request models are the ones that validate the route's requests):
 
     from tinyvllm.frontend import openapi
-    openapi.describe("/api/chat", "POST", request_schema={...}, response_schema={...},
-                     summary="Ollama chat", stream_media_type="application/x-ndjson",
-                     error_statuses=(400, 404), error_schema=openapi.OLLAMA_ERROR_SCHEMA)
+    openapi.describe("/api/chat", "POST", ChatRequest, ChatReply, summary="Ollama chat",
+                     stream_media_type="application/x-ndjson", error_statuses=(400, 404),
+                     error_schema=openapi.OllamaErrorBody)
 
-Schemas are JSON Schema (OpenAPI 3.1). A route without a description is listed with a `default` response: any
-status and body may come back, so a fuzzer can only check it for 5xx.
+Schemas are JSON Schema (OpenAPI 3.1): a request body's model inline, the models it refers to under
+components/schemas. A route without a description is listed with a `default` response: any status and body may come
+back, so a fuzzer can only check it for 5xx.
 """
 import re
 from dataclasses import dataclass
 
+from pydantic import BaseModel
 from starlette.routing import BaseRoute, Mount, Route
 
 from tinyvllm.frontend import auth
+from tinyvllm.frontend.request_models import json_schema
 
 OPENAPI_VERSION = "3.1.0"
 JSON = "application/json"
 BINARY = "application/octet-stream"
 SSE = "text/event-stream"
-SSE_EVENT_SCHEMA = {"type": "object", "required": ["data"], "properties": {
-    "data": {"type": "string", "description": "a JSON chunk, an error object, or [DONE] last"}}}
 
-# {"error": {message, type, param, code}}: every OpenAI-style error body (frontend/openai_protocol.error_body).
-ERROR_SCHEMA = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {"error": {
-        "type": "object",
-        "required": ["message", "type", "param", "code"],
-        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                       "param": {"type": ["string", "null"]}, "code": {"type": "integer"}},
-    }},
-}
-# Ollama's errors are flat: {"error": "..."}.
-OLLAMA_ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
-_UNAUTHORIZED_SCHEMAS = {auth.OPENAI: ERROR_SCHEMA, auth.OLLAMA: OLLAMA_ERROR_SCHEMA}
 
+class SSEEvent(BaseModel):
+    """One server-sent event (before OpenAPI 3.2, an event stream's schema is per event)."""
+    data: str  # a JSON chunk, an error object, or [DONE] last
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: int
+
+
+class ErrorBody(BaseModel):
+    """{"error": {message, type, param, code}}: every OpenAI-style error body (openai_protocol.error_body)."""
+    error: ErrorInfo
+
+
+class OllamaErrorBody(BaseModel):
+    """Ollama's errors are flat: {"error": "..."}."""
+    error: str
+
+
+# a body: a pydantic model, a tuple of them (one of), or a raw JSON schema (e.g. a binary upload's)
+Body = type[BaseModel] | tuple[type[BaseModel], ...] | dict
+_UNAUTHORIZED_SCHEMAS = {auth.OPENAI: ErrorBody, auth.OLLAMA: OllamaErrorBody}
 _STATUS_TEXT = {200: "OK", 201: "Created", 400: "Bad request", 401: "Missing or wrong API key",
                 404: "Not found (e.g. an unknown model)", 405: "Method not allowed", 413: "Request body too large",
                 500: "Internal server error", 501: "Not implemented on this server", 503: "Engine not available"}
@@ -47,11 +60,11 @@ _STATUS_TEXT = {200: "OK", 201: "Created", 400: "Bad request", 401: "Missing or 
 @dataclass(frozen=True, slots=True)
 class Operation:
     summary: str = ""
-    request_schema: dict | None = None
-    response_schema: dict | None = None
+    request_schema: Body | None = None
+    response_schema: Body | None = None
     stream_media_type: str | None = None  # a second 200 media type, e.g. text/event-stream when stream=true
     error_statuses: tuple[int, ...] = ()
-    error_schema: dict | None = None
+    error_schema: Body | None = None
     response_media_type: str | None = JSON  # e.g. text/plain for /metrics; None: no body
     request_media_type: str = JSON  # e.g. application/octet-stream for an upload
     success_statuses: tuple[int, ...] = (200,)  # each with the 200's content
@@ -61,9 +74,9 @@ class Operation:
 _operations: dict[tuple[str, str], Operation] = {}
 
 
-def describe(path: str, method: str, request_schema: dict | None = None, response_schema: dict | None = None, *,
+def describe(path: str, method: str, request_schema: Body | None = None, response_schema: Body | None = None, *,
              summary: str = "", stream_media_type: str | None = None, error_statuses: tuple[int, ...] = (400,),
-             error_schema: dict | None = None, response_media_type: str | None = JSON, request_media_type: str = JSON,
+             error_schema: Body | None = None, response_media_type: str | None = JSON, request_media_type: str = JSON,
              success_statuses: tuple[int, ...] = (200,), path_schemas: dict[str, dict] | None = None) -> None:
     """Registers the schemas of one route (the full path, as clients call it). Calling it again replaces them.
 
@@ -100,16 +113,36 @@ def app_operations(routes: list[BaseRoute], prefix: str = "") -> list[tuple[str,
     return found
 
 
-def _with_content(response: dict, media_type: str | None, schema: dict | None) -> dict:
+class _Schemas:
+    """Turns bodies into JSON schemas, gathering the models they refer to for components/schemas."""
+
+    def __init__(self):
+        self.components: dict[str, dict] = {}
+
+    def of(self, body: Body | None, mode: str) -> dict:
+        if body is None:
+            return {}
+        if isinstance(body, dict):
+            return body
+        if isinstance(body, tuple):
+            return {"oneOf": [self.of(model, mode) for model in body]}
+        schema, refs = json_schema(body, mode)
+        for name, ref_schema in refs.items():
+            if self.components.setdefault(name, ref_schema) != ref_schema:
+                raise ValueError(f"two different schemas are both named {name!r}: rename one of the models")
+        return schema
+
+
+def _with_content(response: dict, media_type: str | None, schema: dict) -> dict:
     if media_type is not None:
-        response.setdefault("content", {})[media_type] = {"schema": schema if schema is not None else {}}
+        response.setdefault("content", {})[media_type] = {"schema": schema}
     return response
 
 
-def _responses(op: Operation, path: str, protected: bool) -> dict:
-    ok = _with_content({"description": "OK"}, op.response_media_type, op.response_schema)
+def _responses(op: Operation, path: str, protected: bool, schemas: _Schemas) -> dict:
+    ok = _with_content({"description": "OK"}, op.response_media_type, schemas.of(op.response_schema, "serialization"))
     if op.stream_media_type == SSE:
-        _with_content(ok, SSE, SSE_EVENT_SCHEMA)  # before OpenAPI 3.2, an event stream's schema is per event
+        _with_content(ok, SSE, schemas.of(SSEEvent, "serialization"))
     elif op.stream_media_type:
         ok.setdefault("content", {})[op.stream_media_type] = {}  # e.g. NDJSON: no schema, the stream is opaque
     responses = {str(status): {**ok, "description": _STATUS_TEXT.get(status, "Success")}
@@ -117,22 +150,23 @@ def _responses(op: Operation, path: str, protected: bool) -> dict:
     error_media_type = JSON if op.response_media_type is not None or op.error_schema is not None else None
     for status in sorted(set(op.error_statuses)):
         responses[str(status)] = _with_content({"description": _STATUS_TEXT.get(status, "Error")}, error_media_type,
-                                               op.error_schema or ERROR_SCHEMA)
+                                               schemas.of(op.error_schema or ErrorBody, "serialization"))
     if protected:
         responses["401"] = _with_content({"description": _STATUS_TEXT[401]}, JSON,
-                                         _UNAUTHORIZED_SCHEMAS[auth.error_style(path)])
+                                         schemas.of(_UNAUTHORIZED_SCHEMAS[auth.error_style(path)], "serialization"))
     return responses
 
 
-def _operation_object(path: str, method: str, protected: bool) -> dict:
+def _operation_object(path: str, method: str, protected: bool, schemas: _Schemas) -> dict:
     op = described(path, method)
+    # undescribed: any status and body may come back, so only "no 5xx" can be checked against it
+    responses = _responses(op, path, protected, schemas) if op else {"default": {"description": "Not described"}}
     obj: dict = {"summary": op.summary if op and op.summary else f"{method} {path}",
-                 "operationId": _operation_id(path, method),
-                 # undescribed: any status and body may come back, so only "no 5xx" can be checked against it
-                 "responses": _responses(op, path, protected) if op else {"default": {"description": "Not described"}}}
+                 "operationId": _operation_id(path, method), "responses": responses}
     obj.update(_path_parameters(path, dict(op.path_schemas) if op else {}))
     if op and op.request_schema is not None:
-        obj["requestBody"] = _with_content({"required": True}, op.request_media_type, op.request_schema)
+        obj["requestBody"] = _with_content({"required": True}, op.request_media_type,
+                                           schemas.of(op.request_schema, "validation"))
     if protected:
         obj["security"] = [{"bearer": []}]
     return obj
@@ -150,10 +184,12 @@ def _operation_id(path: str, method: str) -> str:
 
 def build_document(routes: list[BaseRoute], *, title: str, version: str, api_key_required: bool) -> dict:
     paths: dict[str, dict] = {}
+    schemas = _Schemas()
     for path, method in app_operations(routes):
         protected = api_key_required and auth.is_protected(path)
-        paths.setdefault(path, {})[method.lower()] = _operation_object(path, method, protected)
-    doc = {"openapi": OPENAPI_VERSION, "info": {"title": title, "version": version}, "paths": paths}
+        paths.setdefault(path, {})[method.lower()] = _operation_object(path, method, protected, schemas)
+    doc = {"openapi": OPENAPI_VERSION, "info": {"title": title, "version": version}, "paths": paths,
+           "components": {"schemas": schemas.components}}
     if api_key_required:
-        doc["components"] = {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}}
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     return doc

@@ -6,6 +6,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tinyvllm.frontend import openapi
+from tinyvllm.frontend.openai_responses import OpenAPIDocument, VersionResponse
 
 
 def package_version() -> str:
@@ -44,8 +45,5 @@ openapi.describe("/health", "GET", summary="200 while the engine runs, 503 once 
                  response_media_type=None)
 openapi.describe("/metrics", "GET", summary="Prometheus metrics under vLLM's names", error_statuses=(),
                  response_media_type="text/plain")
-openapi.describe("/version", "GET", summary="The server's version", error_statuses=(),
-                 response_schema={"type": "object", "required": ["version"],
-                                  "properties": {"version": {"type": "string"}}})
-openapi.describe("/openapi.json", "GET", summary="This document", error_statuses=(),
-                 response_schema={"type": "object", "required": ["openapi", "info", "paths"]})
+openapi.describe("/version", "GET", response_schema=VersionResponse, summary="The server's version", error_statuses=())
+openapi.describe("/openapi.json", "GET", response_schema=OpenAPIDocument, summary="This document", error_statuses=())

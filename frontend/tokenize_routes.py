@@ -18,28 +18,11 @@ from starlette.routing import Route
 from tinyvllm.frontend import openai_protocol as api
 from tinyvllm.frontend import openapi
 from tinyvllm.frontend.http_json import error_response, read_json_object
-from tinyvllm.frontend.openai_schemas import CHAT_MESSAGES
+from tinyvllm.frontend.openai_requests import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
+from tinyvllm.frontend.openai_responses import DetokenizeResponse, TokenizeResponse
 from tinyvllm.frontend.serving import LONG_INPUT_CHARS
 
 log = logging.getLogger(__name__)
-
-
-def _flag(body: dict, name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise api.APIError(f"'{name}' must be a boolean, got {value!r:.100}", param=name)
-    return value
-
-
-def _token_ids(body: dict, name: str, vocab_size: int) -> list[int]:
-    ids = body.get(name)
-    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-        raise api.APIError(f"'{name}' must be a list of integers", param=name)
-    if (bad := next((t for t in ids if not 0 <= t < vocab_size), None)) is not None:
-        raise api.APIError(f"Token id {bad} in '{name}' is out of vocabulary (size {vocab_size})", param=name)
-    return ids
 
 
 async def _run(size: int, fn, *args) -> Any:
@@ -53,14 +36,10 @@ class Tokenization:
         self.max_model_len = max_model_len
         self.max_body_bytes = max_body_bytes
 
-    async def _read(self, request: Request) -> dict:
-        body = await read_json_object(request, self.max_body_bytes)
-        model = body.get("model")
-        if model is not None and not isinstance(model, str):
-            raise api.APIError(f"'model' must be a string, got {model!r:.100}", param="model")
-        if model is not None and model != self.model_name:
-            raise api.model_not_found(model)
-        return body
+    def _checked(self, req: Any) -> Any:
+        if req.model is not None and req.model != self.model_name:
+            raise api.model_not_found(req.model)
+        return req
 
     def _render_chat(self, messages: list[dict], add_generation_prompt: bool) -> str:
         try:
@@ -68,22 +47,14 @@ class Tokenization:
         except Exception as e:  # the template only sees user input, so whatever it rejects is a bad request
             raise api.APIError(f"Could not apply the chat template: {e}", param="messages") from None
 
-    async def _prompt_text(self, body: dict) -> tuple[str, bool]:
-        """The text to tokenize and whether to add special tokens, from either form of the request."""
-        if body.get("messages") is not None:
-            if body.get("prompt") is not None:
-                raise api.APIError("Give either 'prompt' or 'messages', not both", param="prompt")
-            if _flag(body, "continue_final_message", False):
-                raise api.APIError("continue_final_message is not supported", param="continue_final_message")
-            # the chat route's own message checks and flattening, and nothing else of it
-            messages = api.parse_chat_request({"messages": body["messages"]}).messages
-            size = sum(len(m["content"]) for m in messages)
-            text = await _run(size, self._render_chat, messages, _flag(body, "add_generation_prompt", True))
-            return text, _flag(body, "add_special_tokens", False)
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str):
-            raise api.APIError("'prompt' (a string) or 'messages' is required", param="prompt")
-        return prompt, _flag(body, "add_special_tokens", True)
+    async def _prompt_text(self, req: TokenizeCompletionRequest | TokenizeChatRequest) -> str:
+        if isinstance(req, TokenizeCompletionRequest):
+            return req.prompt
+        if req.continue_final_message:
+            raise api.APIError("continue_final_message is not supported", param="continue_final_message")
+        messages = api.message_dicts(req.messages)
+        size = sum(len(m["content"]) for m in messages)
+        return await _run(size, self._render_chat, messages, req.add_generation_prompt)
 
     def _token_strs(self, ids: list[int]) -> list[str]:
         id_to_token = getattr(self.tokenizer, "id_to_token", None)
@@ -93,10 +64,14 @@ class Tokenization:
 
     async def tokenize(self, request: Request) -> Response:
         try:
-            body = await self._read(request)
-            text, add_special_tokens = await self._prompt_text(body)
-            ids = await _run(len(text), self.tokenizer.encode, text, add_special_tokens)
-            token_strs = self._token_strs(ids) if _flag(body, "return_token_strs", False) else None
+            body = await read_json_object(request, self.max_body_bytes)
+            if body.get("messages") is not None and body.get("prompt") is not None:
+                raise api.APIError("Give either 'prompt' or 'messages', not both", param="prompt")
+            form = TokenizeChatRequest if body.get("messages") is not None else TokenizeCompletionRequest
+            req = self._checked(api.validated(form, body))
+            text = await self._prompt_text(req)
+            ids = await _run(len(text), self.tokenizer.encode, text, req.add_special_tokens)
+            token_strs = self._token_strs(ids) if req.return_token_strs else None
             return JSONResponse({"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids,
                                  "token_strs": token_strs})
         except api.APIError as e:
@@ -107,8 +82,11 @@ class Tokenization:
 
     async def detokenize(self, request: Request) -> Response:
         try:
-            body = await self._read(request)
-            ids = _token_ids(body, "tokens", self.tokenizer.vocab_size)
+            req = self._checked(api.validated(DetokenizeRequest, await read_json_object(request, self.max_body_bytes)))
+            ids, vocab_size = req.tokens, self.tokenizer.vocab_size
+            if (bad := next((t for t in ids if not 0 <= t < vocab_size), None)) is not None:
+                raise api.APIError(f"Token id {bad} in 'tokens' is out of vocabulary (size {vocab_size})",
+                                   param="tokens")
             text = await _run(len(ids), self.tokenizer.decode, ids, False)
             return JSONResponse({"prompt": text})
         except api.APIError as e:
@@ -124,28 +102,7 @@ def tokenization_routes(tokenizer, model_name: str, max_model_len: int, max_body
             Route("/detokenize", handlers.detokenize, methods=["POST"])]
 
 
-_MODEL = {"type": "string", "description": "The served model name; optional."}
-_FLAG = {"type": "boolean"}
-TOKENIZE_REQUEST = {"oneOf": [
-    {"type": "object", "required": ["prompt"], "title": "TokenizeCompletionRequest",
-     "properties": {"model": _MODEL, "prompt": {"type": "string"}, "add_special_tokens": _FLAG,
-                    "return_token_strs": _FLAG}},
-    {"type": "object", "required": ["messages"], "title": "TokenizeChatRequest",
-     "properties": {"model": _MODEL, "messages": CHAT_MESSAGES, "add_generation_prompt": _FLAG,
-                    "add_special_tokens": _FLAG, "return_token_strs": _FLAG}},
-]}
-TOKENIZE_RESPONSE = {
-    "type": "object", "required": ["count", "max_model_len", "tokens", "token_strs"],
-    "properties": {"count": {"type": "integer"}, "max_model_len": {"type": "integer"},
-                   "tokens": {"type": "array", "items": {"type": "integer"}},
-                   "token_strs": {"type": ["array", "null"], "items": {"type": "string"}}},
-}
-DETOKENIZE_REQUEST = {"type": "object", "required": ["tokens"],
-                      "properties": {"model": _MODEL, "tokens": {"type": "array", "items": {"type": "integer",
-                                                                                             "minimum": 0}}}}
-DETOKENIZE_RESPONSE = {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}}
-
-openapi.describe("/tokenize", "POST", TOKENIZE_REQUEST, TOKENIZE_RESPONSE, summary="Text or chat -> token ids",
-                 error_statuses=(400, 404, 413, 500))
-openapi.describe("/detokenize", "POST", DETOKENIZE_REQUEST, DETOKENIZE_RESPONSE, summary="Token ids -> text",
+openapi.describe("/tokenize", "POST", (TokenizeCompletionRequest, TokenizeChatRequest), TokenizeResponse,
+                 summary="Text or chat -> token ids", error_statuses=(400, 404, 413, 500))
+openapi.describe("/detokenize", "POST", DetokenizeRequest, DetokenizeResponse, summary="Token ids -> text",
                  error_statuses=(400, 404, 413, 500))

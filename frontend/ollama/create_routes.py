@@ -8,15 +8,15 @@ import os
 import pathlib
 import re
 import uuid
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from tinyvllm.frontend.ollama import go_template, model_info, modelfile, names
-from tinyvllm.frontend.ollama.http_io import OllamaError, field, handler, model_field, read_json, status_reply, timestamp
+from tinyvllm.frontend.ollama.http_io import OllamaError, handler, read_request, status_reply, timestamp
 from tinyvllm.frontend.ollama.model_store import ModelEntry, ModelStore
 from tinyvllm.frontend.ollama.options import check_options
+from tinyvllm.frontend.ollama.requests import CreateRequest
 from tinyvllm.frontend.ollama.service import OllamaService
 from tinyvllm.protocol.model_path import resolve_model_path
 
@@ -48,9 +48,7 @@ def local_source(path_text: str) -> pathlib.Path:
         raise OllamaError(str(e)) from None
 
 
-def base_from_files(store: ModelStore, name: str, files: Any) -> ModelEntry:
-    if not isinstance(files, dict) or not files or not all(isinstance(v, str) for v in files.values()):
-        raise OllamaError("'files' must map file names to sha256 digests")
+def base_from_files(store: ModelStore, name: str, files: dict[str, str]) -> ModelEntry:
     digests = {file_name: parse_digest(d) for file_name, d in files.items()}
     for file_name, hex_digest in digests.items():
         if pathlib.Path(file_name).name != file_name:
@@ -73,12 +71,8 @@ def base_from(store: ModelStore, name: str, from_: str) -> ModelEntry:
     return weights_entry(name, local_source(from_))
 
 
-def license_text(value: Any) -> str | None:
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return "\n".join(value)
-    if value is None or isinstance(value, str):
-        return value
-    raise OllamaError("'license' must be a string or a list of strings")
+def license_text(value: str | list[str] | None) -> str | None:
+    return "\n".join(value) if isinstance(value, list) else value
 
 
 def make_routes(service: OllamaService):
@@ -86,15 +80,12 @@ def make_routes(service: OllamaService):
 
     @handler
     async def create(request: Request) -> Response:
-        body = await read_json(request, service.max_body_bytes)
-        name = model_field(body)
+        req = await read_request(request, CreateRequest, service.max_body_bytes)
+        name = req.model_name
         if not names.is_valid(name):
             raise OllamaError(f'invalid model name "{name}"')
-        for unsupported in ("quantize", "adapters", "messages"):
-            if body.get(unsupported):
-                raise OllamaError(f"'{unsupported}' is not supported by this server")
-        mf = modelfile.parse(field(body, "modelfile", str, ""))
-        from_, files = field(body, "from", str) or mf.from_, body.get("files")
+        mf = modelfile.parse(req.modelfile)
+        from_, files = req.from_ or mf.from_, req.files
         if not from_ and not files:
             raise OllamaError("neither 'from' nor 'files' was specified")
         store.check_writable(name)  # no models folder, or the served name: 400 before any work
@@ -102,10 +93,10 @@ def make_routes(service: OllamaService):
             entry = await asyncio.to_thread(base_from_files, store, name, files)
         else:
             entry = await asyncio.to_thread(base_from, store, name, from_)
-        entry.parameters = {**entry.parameters, **mf.parameters, **check_options(body.get("parameters"), "parameters")}
-        entry.template = field(body, "template", str) or mf.template or entry.template
-        entry.system = field(body, "system", str) or mf.system or entry.system
-        entry.license = license_text(body.get("license")) or mf.license or entry.license
+        entry.parameters = {**entry.parameters, **mf.parameters, **check_options(req.parameters)}
+        entry.template = req.template or mf.template or entry.template
+        entry.system = req.system or mf.system or entry.system
+        entry.license = license_text(req.license) or mf.license or entry.license
         if entry.template and "{%" not in entry.template:
             go_template.validate(entry.template)
         store.put(entry)
@@ -114,7 +105,7 @@ def make_routes(service: OllamaService):
             if part:
                 statuses.append({"status": "creating new layer sha256:" + hashlib.sha256(part.encode()).hexdigest()})
         statuses += [{"status": "writing manifest"}, {"status": "success"}]
-        return status_reply(statuses, field(body, "stream", bool, True))
+        return status_reply(statuses, req.stream)
 
     @handler
     async def blob_exists(request: Request) -> Response:

@@ -16,7 +16,8 @@ from starlette.responses import JSONResponse, Response
 
 from tinyvllm.frontend.engine_client import EngineDeadError
 from tinyvllm.frontend.ollama import prompting
-from tinyvllm.frontend.ollama.http_io import OllamaError, field, handler, model_field, read_json
+from tinyvllm.frontend.ollama.http_io import OllamaError, handler, read_request
+from tinyvllm.frontend.ollama.requests import EmbeddingsRequest, EmbedRequest
 from tinyvllm.frontend.ollama.service import OllamaService
 from tinyvllm.frontend.serving import EngineRequestError
 
@@ -72,16 +73,10 @@ def make_routes(service: OllamaService):
     @handler
     async def embed(request: Request) -> Response:
         received = time.perf_counter_ns()
-        body = await read_json(request, service.max_body_bytes)
-        name = model_field(body)
+        req = await read_request(request, EmbedRequest, service.max_body_bytes)
+        name, dimensions, truncate = req.model_name, req.dimensions, req.truncate
         await service.servable(name)
-        inputs = body.get("input", [])
-        inputs = [inputs] if isinstance(inputs, str) else inputs
-        if not isinstance(inputs, list) or not all(isinstance(s, str) for s in inputs):
-            raise OllamaError("'input' must be a string or a list of strings")
-        dimensions, truncate = field(body, "dimensions", int), field(body, "truncate", bool, True)
-        if dimensions is not None and dimensions < 1:
-            raise OllamaError("'dimensions' must be a positive integer")
+        inputs = [req.input] if isinstance(req.input, str) else req.input
         inputs = [s for s in inputs if s]
         if not inputs:
             return JSONResponse({"model": name, "embeddings": []})
@@ -99,9 +94,9 @@ def make_routes(service: OllamaService):
 
     @handler
     async def embeddings(request: Request) -> Response:
-        body = await read_json(request, service.max_body_bytes)
-        await service.servable(model_field(body))
-        prompt = field(body, "prompt", str, "")
+        req = await read_request(request, EmbeddingsRequest, service.max_body_bytes)
+        await service.servable(req.model_name)
+        prompt = req.prompt
         if not prompt:
             return JSONResponse({"embedding": []})
         (vector,) = await vectors_of([await token_ids(prompt, True)])

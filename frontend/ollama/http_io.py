@@ -18,6 +18,7 @@ from tinyvllm.frontend.ollama.model_store import StoreError, now_rfc3339
 from tinyvllm.frontend.ollama.modelfile import ModelfileError
 from tinyvllm.frontend.ollama.options import OptionError
 from tinyvllm.frontend.openai_protocol import APIError
+from tinyvllm.frontend.request_models import RequestInvalid, RequestModel, validate
 from tinyvllm.frontend.serving import EngineRequestError
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,6 @@ NDJSON = "application/x-ndjson"
 CLIENT_CLOSED_REQUEST = 499
 
 timestamp = now_rfc3339
-_KIND_WORDS = {str: "a string", bool: "a boolean", int: "an integer", list: "a list", dict: "an object"}
 
 
 class OllamaError(Exception):
@@ -48,7 +48,7 @@ def as_ollama_error(exc: Exception) -> OllamaError:
         return exc
     if isinstance(exc, StoreError):
         return OllamaError(str(exc), exc.status)
-    if isinstance(exc, (OptionError, ModelfileError, TemplateError)):
+    if isinstance(exc, (RequestInvalid, OptionError, ModelfileError, TemplateError)):
         return OllamaError(str(exc), 400)
     if isinstance(exc, APIError):
         return OllamaError(exc.message, exc.status)
@@ -72,7 +72,8 @@ def handler(fn: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[R
     return wrapped
 
 
-async def read_json(request: Request, max_bytes: int) -> dict:
+async def read_request(request: Request, model: type[RequestModel], max_bytes: int) -> Any:
+    """The JSON body, validated as `model` (RequestInvalid, a 400, if it is not)."""
     raw = await read_bounded_body(request, max_bytes, OllamaError(f"request body is larger than {max_bytes} bytes", 413))
     if not raw.strip():
         raise OllamaError("missing request body")
@@ -82,25 +83,7 @@ async def read_json(request: Request, max_bytes: int) -> dict:
         raise OllamaError(f"invalid JSON in request body: {e}"[:300]) from None
     if not isinstance(body, dict):
         raise OllamaError("the request body must be a JSON object")
-    return body
-
-
-def field(body: dict, name: str, kind: type, default: Any = None) -> Any:
-    """body[name] if it is a `kind` (a JSON true is not an int), `default` if absent or null; else 400."""
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise OllamaError(f"'{name}' must be {_KIND_WORDS.get(kind, kind.__name__)}, got {value!r:.60}")
-    return value
-
-
-def model_field(body: dict) -> str:
-    """`model` (or the older `name`); 400 when missing."""
-    name = field(body, "model", str) or field(body, "name", str)
-    if not name:
-        raise OllamaError("model is required")
-    return name
+    return validate(model, body)
 
 
 def ndjson_line(obj: dict) -> bytes:

@@ -10,8 +10,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from tinyvllm.frontend.ollama import model_info, modelfile, names
-from tinyvllm.frontend.ollama.http_io import OllamaError, field, handler, model_field, model_not_found, read_json, timestamp
+from tinyvllm.frontend.ollama.http_io import OllamaError, handler, model_not_found, read_request, timestamp
 from tinyvllm.frontend.ollama.model_store import ModelEntry
+from tinyvllm.frontend.ollama.requests import CopyRequest, NamedRequest, ShowRequest
 from tinyvllm.frontend.ollama.service import OllamaService
 
 log = logging.getLogger(__name__)
@@ -65,8 +66,8 @@ def make_routes(service: OllamaService):
 
     @handler
     async def show(request: Request) -> Response:
-        body = await read_json(request, service.max_body_bytes)
-        name, verbose = model_field(body), field(body, "verbose", bool, False)
+        req = await read_request(request, ShowRequest, service.max_body_bytes)
+        name, verbose = req.model_name, req.verbose
         entry = store.get(name)
         if entry is None:
             raise model_not_found(name)
@@ -88,10 +89,8 @@ def make_routes(service: OllamaService):
 
     @handler
     async def copy(request: Request) -> Response:
-        body = await read_json(request, service.max_body_bytes)
-        source, destination = field(body, "source", str, ""), field(body, "destination", str, "")
-        if not source or not destination:
-            raise OllamaError("'source' and 'destination' are required")
+        req = await read_request(request, CopyRequest, service.max_body_bytes)
+        source, destination = req.source, req.destination
         if not names.is_valid(destination):
             raise OllamaError(f'destination "{destination}" is invalid')
         entry = store.get(source)
@@ -103,8 +102,7 @@ def make_routes(service: OllamaService):
 
     @handler
     async def delete(request: Request) -> Response:
-        body = await read_json(request, service.max_body_bytes)
-        name = model_field(body)
+        name = (await read_request(request, NamedRequest, service.max_body_bytes)).model_name
         if store.get(name) is None:
             raise model_not_found(name)
         store.remove(name)

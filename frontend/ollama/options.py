@@ -8,34 +8,80 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
-import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import BeforeValidator, ConfigDict, Field
+
+from tinyvllm.frontend.request_models import RequestInvalid, RequestModel, Reworded, validate
 from tinyvllm.protocol.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
-# Ollama option -> (its type, our SamplingParams field, the value that changes nothing)
+# Ollama sampler option -> (our SamplingParams field, the value that changes nothing)
 SAMPLER_OPTIONS = {
-    "temperature": (float, "temperature", None), "top_p": (float, "top_p", None), "top_k": (int, "top_k", None),
-    "min_p": (float, "min_p", 0.0), "repeat_penalty": (float, "repetition_penalty", 1.0),
-    "presence_penalty": (float, "presence_penalty", 0.0), "frequency_penalty": (float, "frequency_penalty", 0.0),
+    "temperature": ("temperature", None), "top_p": ("top_p", None), "top_k": ("top_k", None),
+    "min_p": ("min_p", 0.0), "repeat_penalty": ("repetition_penalty", 1.0),
+    "presence_penalty": ("presence_penalty", 0.0), "frequency_penalty": ("frequency_penalty", 0.0),
 }
-OTHER_OPTIONS = {"seed": int, "num_predict": int, "stop": list}
-IGNORED_OPTIONS = {
-    "num_ctx": int, "num_keep": int, "repeat_last_n": int, "typical_p": float, "tfs_z": float, "mirostat": int,
-    "mirostat_tau": float, "mirostat_eta": float, "penalize_newline": bool, "numa": bool, "num_batch": int,
-    "num_gpu": int, "main_gpu": int, "low_vram": bool, "f16_kv": bool, "logits_all": bool, "vocab_only": bool,
-    "use_mmap": bool, "use_mlock": bool, "embedding_only": bool, "num_thread": int,
-}
-_TYPE_WORDS = {int: "an integer", float: "a number", bool: "a boolean", list: "a list of strings"}
+
+
+def _integral(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# Ollama's options are Go numbers: 8.0 is an integer option's 8
+Int = Annotated[int, BeforeValidator(_integral, json_schema_input_type=int)]
+Ignored = Field(None, description="ignored")
+Penalty = Annotated[float, Field(ge=-2, le=2)]
 
 
 class OptionError(ValueError):
     pass
+
+
+class OllamaOptions(RequestModel):
+    """Ollama's options; load-time, hardware and unknown ones are accepted and ignored."""
+    model_config = ConfigDict(extra="allow")  # unknown options are logged, then ignored
+
+    temperature: Annotated[float, Field(ge=0)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[Int, Field(ge=-1, le=2**31 - 1, description="0 or -1: off")] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    repeat_penalty: Annotated[float, Field(gt=0)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    seed: Annotated[Int, Field(le=2**63 - 1, description="negative: a random seed")] | None = None
+    num_predict: Annotated[Int | None, Field(description="at most this many tokens; 0 or less: until the context "
+                                                         "ends")] = None
+    stop: Annotated[list[str], BeforeValidator(lambda v: [v] if isinstance(v, str) else v,
+                                               json_schema_input_type=str | list[str]),
+                    Reworded("'stop' must be a string or a list of strings")] | None = None
+    num_ctx: Int | None = Ignored
+    num_keep: Int | None = Ignored
+    repeat_last_n: Int | None = Ignored
+    typical_p: float | None = Ignored
+    tfs_z: float | None = Ignored
+    mirostat: Int | None = Ignored
+    mirostat_tau: float | None = Ignored
+    mirostat_eta: float | None = Ignored
+    penalize_newline: bool | None = Ignored
+    numa: bool | None = Ignored
+    num_batch: Int | None = Ignored
+    num_gpu: Int | None = Ignored
+    main_gpu: Int | None = Ignored
+    low_vram: bool | None = Ignored
+    f16_kv: bool | None = Ignored
+    logits_all: bool | None = Ignored
+    vocab_only: bool | None = Ignored
+    use_mmap: bool | None = Ignored
+    use_mlock: bool | None = Ignored
+    embedding_only: bool | None = Ignored
+    num_thread: Int | None = Ignored
+
+
+OPTION_NAMES = frozenset(OllamaOptions.model_fields)
 
 
 @dataclass
@@ -45,64 +91,36 @@ class GenerationSettings:
     stop: list[str]
 
 
-def option_type(name: str) -> type | None:
-    if name in SAMPLER_OPTIONS:
-        return SAMPLER_OPTIONS[name][0]
-    return OTHER_OPTIONS.get(name) or IGNORED_OPTIONS.get(name)
-
-
-def _checked(name: str, value: Any, kind: type) -> Any:
-    if kind is list:
-        value = [value] if isinstance(value, str) else value
-        if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-            raise OptionError(f"option '{name}' must be {_TYPE_WORDS[list]}")
-        return value
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise OptionError(f"option '{name}' must be {_TYPE_WORDS[bool]}")
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise OptionError(f"option '{name}' must be {_TYPE_WORDS[kind]}, got {value!r:.50}")
-    if isinstance(value, float) and math.isinf(value) or kind is float and abs(value) > sys.float_info.max:
-        raise OptionError(f"option '{name}' must be a finite number, got {value!r:.50}")
-    if kind is int:
-        if value != int(value):
-            raise OptionError(f"option '{name}' must be {_TYPE_WORDS[int]}, got {value!r}")
-        return int(value)
-    return float(value)
-
-
-def check_options(options: Any, where: str = "options") -> dict:
-    """Type-checks known options (unknown ones are dropped with a log line); returns the known ones."""
+def check_options(options: Any) -> dict:
+    """The options that are set, type-checked (unknown ones are dropped with a log line)."""
     if options is None:
         return {}
-    if not isinstance(options, dict):
-        raise OptionError(f"'{where}' must be an object")
-    checked = {}
-    for name, value in options.items():
-        kind = option_type(name)
-        if kind is None:
-            log.warning("ignoring unknown option %r", name)
-        elif value is not None:
-            checked[name] = _checked(name, value, kind)
-    return checked
+    try:
+        checked = validate(OllamaOptions, options)
+    except RequestInvalid as e:
+        raise OptionError(e.message) from None
+    for name in checked.model_extra or {}:
+        log.warning("ignoring unknown option %r", name)
+    return {name: getattr(checked, name) for name in checked.model_fields_set if name in OPTION_NAMES}
 
 
 def coerce_parameter(name: str, text: str) -> Any:
     """A Modelfile `PARAMETER name value` value, typed; `stop` gives one string (PARAMETER stop may repeat)."""
-    kind = option_type(name)
-    if kind is None:
+    if name not in OPTION_NAMES:
         raise OptionError(f"unknown parameter '{name}'")
-    if kind is list:
-        return text
-    if kind is bool:
-        if text.lower() not in ("true", "false"):
-            raise OptionError(f"parameter '{name}' must be true or false, got {text!r}")
-        return text.lower() == "true"
-    try:
-        return _checked(name, float(text) if kind is float else int(text), kind)
-    except ValueError:
-        raise OptionError(f"parameter '{name}' must be {_TYPE_WORDS[kind]}, got {text!r}") from None
+    return text if name == "stop" else check_options({name: _scalar(text)})[name]
+
+
+def _scalar(text: str) -> Any:
+    """true/false, an integer or a number; the text itself (for the option's type check to refuse) otherwise."""
+    if text.strip().lower() in ("true", "false"):
+        return text.strip().lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def generation_settings(model_parameters: dict, options: Any) -> GenerationSettings:
@@ -110,7 +128,7 @@ def generation_settings(model_parameters: dict, options: Any) -> GenerationSetti
     merged = {**DEFAULTS, **model_parameters, **check_options(options)}
     fields = {f.name for f in dataclasses.fields(SamplingParams)}
     kwargs: dict[str, Any] = {}
-    for name, (_, target, neutral) in SAMPLER_OPTIONS.items():
+    for name, (target, neutral) in SAMPLER_OPTIONS.items():
         if name not in merged:
             continue
         if target in fields:

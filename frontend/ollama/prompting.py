@@ -14,28 +14,6 @@ from tinyvllm.frontend.ollama.http_io import OllamaError
 
 LONG_INPUT_CHARS = 4096  # tokenize longer texts in a thread so the event loop keeps streaming
 _RESPONSE_MARK = "\x00tinyvllm-response\x00"  # where the reply starts in a rendered Go template
-ROLES = ("system", "user", "assistant", "tool")
-
-
-def check_messages(messages: Any) -> list[dict]:
-    """Ollama chat messages -> [{"role", "content"}]; images are refused (text-only models)."""
-    if not isinstance(messages, list):
-        raise OllamaError("'messages' must be a list")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise OllamaError(f"messages[{i}]: 'role' must be one of {', '.join(ROLES)}")
-        content = m.get("content")
-        if content is not None and not isinstance(content, str):
-            raise OllamaError(f"messages[{i}]: 'content' must be a string")
-        if m.get("images"):
-            raise OllamaError(images_refused())
-        out.append({"role": m["role"], "content": content or ""})
-    return out
-
-
-def images_refused() -> str:
-    return "images are not supported: this server runs text-only models"
 
 
 def format_instruction(fmt: Any) -> str:
@@ -114,11 +92,7 @@ async def encode(tokenizer, text: str, add_special_tokens: bool) -> list[int]:
     return tokenizer.encode(text, add_special_tokens)
 
 
-def check_context(context: Any, vocab_size: int) -> list[int]:
-    if context is None:
-        return []
-    if not isinstance(context, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in context):
-        raise OllamaError("'context' must be a list of token ids")
+def check_context(context: list[int], vocab_size: int) -> list[int]:
     if (bad := next((t for t in context if not 0 <= t < vocab_size), None)) is not None:
         raise OllamaError(f"'context' holds token id {bad}, outside the vocabulary (size {vocab_size})")
     return context

@@ -13,7 +13,8 @@ from starlette.responses import Response
 
 from tinyvllm.frontend.ollama import names
 from tinyvllm.frontend.ollama.create_routes import weights_entry
-from tinyvllm.frontend.ollama.http_io import OllamaError, field, handler, model_field, read_json, status_reply
+from tinyvllm.frontend.ollama.http_io import OllamaError, handler, read_request, status_reply
+from tinyvllm.frontend.ollama.requests import PullRequest
 from tinyvllm.frontend.ollama.service import OllamaService
 from tinyvllm.protocol.model_path import DEFAULT_MODEL_NAMES, resolve_model_path
 
@@ -51,8 +52,8 @@ def make_routes(service: OllamaService):
 
     @handler
     async def pull(request: Request) -> Response:
-        body = await read_json(request, service.max_body_bytes)
-        name, stream = model_field(body), field(body, "stream", bool, True)
+        req = await read_request(request, PullRequest, service.max_body_bytes)
+        name, stream = req.model_name, req.stream
         entry = store.get(name)
         if entry is None:
             found = await asyncio.to_thread(find_local, name)

@@ -4,8 +4,11 @@ from __future__ import annotations
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from tinyvllm.frontend import openapi
 from tinyvllm.frontend.ollama import create_routes, embed_routes, generate_routes, model_routes, pull_routes
-from tinyvllm.frontend.ollama import schemas  # noqa: F401 (describes these routes in /openapi.json)
+from tinyvllm.frontend.ollama import replies
+from tinyvllm.frontend.ollama import requests as req
+from tinyvllm.frontend.ollama.http_io import NDJSON
 from tinyvllm.frontend.ollama.model_store import ModelStore
 from tinyvllm.frontend.ollama.service import OllamaService
 
@@ -42,3 +45,41 @@ def mount_ollama(app: Starlette, engine, serving, model_name: str, model_root: s
         Route("/api/blobs/{digest}", blob_upload, methods=["POST"]),
     ])
     return store
+
+
+_GENERATION_ERRORS = (400, 404, 413, 500, 503)
+_STORE_ERRORS = (400, 404, 413)
+_DIGEST = {"digest": {"type": "string", "pattern": "^sha256[:-][0-9a-f]{64}$",
+                      "description": "sha256:<64 hex digits>; anything else is a 400"}}
+
+
+def _describe(path: str, method: str, request=None, response=None, **kwargs) -> None:
+    kwargs.setdefault("error_statuses", _STORE_ERRORS)
+    openapi.describe(path, method, request, response, error_schema=openapi.OllamaErrorBody, **kwargs)
+
+
+_describe("/", "GET", summary="Ollama's liveness text", error_statuses=(), response_media_type="text/plain")
+_describe("/api/version", "GET", response=replies.OllamaVersion, summary="The Ollama API version followed",
+          error_statuses=())
+_describe("/api/tags", "GET", response=replies.TagsReply, summary="Local models", error_statuses=())
+_describe("/api/ps", "GET", response=replies.PsReply, summary="Running models: the served one", error_statuses=())
+_describe("/api/show", "POST", req.ShowRequest, replies.ShowReply, summary="A model's details")
+_describe("/api/copy", "POST", req.CopyRequest, summary="Copy a model", response_media_type=None)
+_describe("/api/delete", "DELETE", req.NamedRequest, summary="Delete a stored model", response_media_type=None)
+_describe("/api/generate", "POST", req.GenerateRequest, replies.GenerateReply, summary="Generate (stream: NDJSON)",
+          stream_media_type=NDJSON, error_statuses=_GENERATION_ERRORS)
+_describe("/api/chat", "POST", req.ChatRequest, replies.ChatReply, summary="Chat (stream: NDJSON)",
+          stream_media_type=NDJSON, error_statuses=_GENERATION_ERRORS)
+_describe("/api/embed", "POST", req.EmbedRequest, replies.EmbedReply, summary="Normalised embeddings",
+          error_statuses=(*_GENERATION_ERRORS, 501))
+_describe("/api/embeddings", "POST", req.EmbeddingsRequest, replies.EmbeddingsReply,
+          summary="An embedding (older API)", error_statuses=(*_GENERATION_ERRORS, 501))
+_describe("/api/create", "POST", req.CreateRequest, replies.StatusReply, summary="Create a model (stream: NDJSON)",
+          stream_media_type=NDJSON)
+_describe("/api/pull", "POST", req.PullRequest, replies.StatusReply, summary="Pull a model from this machine",
+          stream_media_type=NDJSON)
+openapi.describe("/api/blobs/{digest}", "HEAD", summary="Whether a blob was uploaded (200) or not (404)",
+                 error_statuses=(400, 404), response_media_type=None, path_schemas=_DIGEST)
+_describe("/api/blobs/{digest}", "POST", {"type": "string", "format": "binary"}, summary="Upload a blob: 201, "
+          "or 200 if it was there", request_media_type=openapi.BINARY, response_media_type=None,
+          success_statuses=(200, 201), error_statuses=(400,), path_schemas=_DIGEST)

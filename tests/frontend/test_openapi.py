@@ -1,17 +1,21 @@
 """/openapi.json: built from the app's own route list, so every route appears; routes describe themselves with
-openapi.describe(); the OpenAI routes document their request and response schemas and the error shape."""
+openapi.describe() and the pydantic models of their bodies, so a request schema is the model that validates the
+route's requests (the tests below check that every documented field is accepted and every documented bound is the
+one enforced); the responses and the error shape are documented too."""
 import pytest
 import schemathesis
+from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
 from app_harness import MODEL, client_for, make_app
 from tinyvllm.frontend import openai_protocol as api
-from tinyvllm.frontend import openai_schemas, openapi
-from tinyvllm.frontend.ollama import schemas as ollama_schemas
-from tinyvllm.frontend.ollama.options import (IGNORED_OPTIONS, OTHER_OPTIONS, SAMPLER_OPTIONS, OptionError, generation_settings,
-                                     option_type)
+from tinyvllm.frontend import openapi
+from tinyvllm.frontend.ollama.options import OllamaOptions, OptionError, check_options, generation_settings
+from tinyvllm.frontend.openai_requests import ChatRequest, CompletionRequest, EmbeddingRequest
+from tinyvllm.frontend.openai_responses import ChatResponse, CompletionResponse, EmbeddingResponse
+from tinyvllm.frontend.request_models import json_schema
 from tinyvllm.protocol.sampling import MAX_LOGPROBS, MAX_N
 
 pytestmark = pytest.mark.anyio
@@ -21,6 +25,16 @@ async def document(app) -> dict:
     r = await client_for(app).get("/openapi.json")
     assert r.status_code == 200
     return r.json()
+
+
+def request_schema(doc: dict, path: str, method: str = "post") -> dict:
+    return doc["paths"][path][method]["requestBody"]["content"]["application/json"]["schema"]
+
+
+def resolved(doc: dict, schema: dict) -> dict:
+    """A schema, or the components/schemas entry it refers to."""
+    ref = schema.get("$ref")
+    return doc["components"]["schemas"][ref.rsplit("/", 1)[1]] if ref else schema
 
 
 async def test_every_route_of_the_app_is_documented():
@@ -51,39 +65,53 @@ async def test_routes_added_later_and_mounted_routes_appear():
     assert "get" in doc["paths"]["/extra/deeper/leaf"]
 
 
-async def test_describe_registers_a_routes_schemas():
+class EchoItem(BaseModel):
+    text: str
+
+
+class EchoRequest(BaseModel):
+    name: str
+    items: list[EchoItem] = []
+
+
+async def test_describe_registers_a_routes_models():
     async def echo(request):
         return PlainTextResponse("{}")
 
-    request_schema = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}
-    openapi.describe("/test-only/echo", "post", request_schema, {"type": "object"}, summary="Echo",
+    openapi.describe("/test-only/echo", "post", EchoRequest, {"type": "object"}, summary="Echo",
                      stream_media_type="application/x-ndjson", error_statuses=(400, 404),
-                     error_schema=openapi.OLLAMA_ERROR_SCHEMA)
+                     error_schema=openapi.OllamaErrorBody)
     app = Starlette(routes=[Route("/test-only/echo", echo, methods=["POST"])])
-    op = openapi.build_document(app.routes, title="t", version="0", api_key_required=False)["paths"][
-        "/test-only/echo"]["post"]
+    doc = openapi.build_document(app.routes, title="t", version="0", api_key_required=False)
+    op = doc["paths"]["/test-only/echo"]["post"]
     assert op["summary"] == "Echo"
-    assert op["requestBody"] == {"required": True, "content": {"application/json": {"schema": request_schema}}}
+    schema = request_schema(doc, "/test-only/echo")
+    assert schema["required"] == ["name"] and schema["properties"]["name"] == {"type": "string"}
+    assert schema["properties"]["items"]["items"] == {"$ref": "#/components/schemas/EchoItem"}
+    assert doc["components"]["schemas"]["EchoItem"]["required"] == ["text"]  # nested models: by reference
     assert op["responses"]["200"]["content"] == {"application/json": {"schema": {"type": "object"}},
                                                  "application/x-ndjson": {}}
-    assert op["responses"]["404"]["content"]["application/json"]["schema"] == openapi.OLLAMA_ERROR_SCHEMA
+    error = op["responses"]["404"]["content"]["application/json"]["schema"]
+    assert error == json_schema(openapi.OllamaErrorBody, "serialization")[0] and error["required"] == ["error"]
     assert set(op["responses"]) == {"200", "400", "404"}
 
 
 async def test_openai_routes_document_bodies_streams_and_errors():
     app, _, _ = make_app()
     paths = (await document(app))["paths"]
-    for path, request_schema, response_schema in [
-        ("/v1/completions", openai_schemas.COMPLETION_REQUEST, openai_schemas.COMPLETION_RESPONSE),
-        ("/v1/chat/completions", openai_schemas.CHAT_REQUEST, openai_schemas.CHAT_RESPONSE),
+    error_schema = json_schema(openapi.ErrorBody, "serialization")[0]
+    for path, request_model, response_model, required in [
+        ("/v1/completions", CompletionRequest, CompletionResponse, ["prompt"]),
+        ("/v1/chat/completions", ChatRequest, ChatResponse, ["messages"]),
     ]:
         op = paths[path]["post"]
-        assert op["requestBody"]["content"]["application/json"]["schema"] == request_schema
+        request = op["requestBody"]["content"]["application/json"]["schema"]
+        assert request == json_schema(request_model)[0] and request["required"] == required
         ok = op["responses"]["200"]["content"]
-        assert ok["application/json"]["schema"] == response_schema
-        assert ok["text/event-stream"]["schema"] == openapi.SSE_EVENT_SCHEMA
+        assert ok["application/json"]["schema"] == json_schema(response_model, "serialization")[0]
+        assert ok["text/event-stream"]["schema"]["required"] == ["data"]
         for status in ("400", "404", "413", "500", "503"):
-            assert op["responses"][status]["content"]["application/json"]["schema"] == openapi.ERROR_SCHEMA
+            assert op["responses"][status]["content"]["application/json"]["schema"] == error_schema
         assert "security" not in op  # no API key configured
 
 
@@ -95,15 +123,17 @@ def test_the_document_loads_in_schemathesis():
 
 
 def example(field: dict):
-    if "oneOf" in field:
-        return example(field["oneOf"][0])
+    if "anyOf" in field:
+        return example(field["anyOf"][0])
+    if "$ref" in field:
+        return {}
     return {"integer": field.get("minimum", 1) if field.get("minimum", 1) >= 0 else 1, "number": 0.5,
             "boolean": True, "string": "x", "array": [], "object": {}}[field["type"]]
 
 
 @pytest.mark.parametrize("is_chat", [False, True])
-def test_every_documented_request_field_is_accepted_by_the_parser(is_chat):
-    schema = openai_schemas.CHAT_REQUEST if is_chat else openai_schemas.COMPLETION_REQUEST
+async def test_every_documented_request_field_is_accepted_by_the_parser(is_chat):
+    schema = request_schema(await document(make_app()[0]), "/v1/chat/completions" if is_chat else "/v1/completions")
     base = {"messages": [{"role": "user", "content": "hi"}]} if is_chat else {"prompt": "hi"}
     parse = api.parse_chat_request if is_chat else api.parse_completion_request
     for name, field in schema["properties"].items():
@@ -125,17 +155,18 @@ async def test_every_route_is_described():
         for method, op in methods.items():
             for status, response in op["responses"].items():
                 if path.startswith("/api/") and status.startswith(("4", "5")) and "content" in response:
-                    assert response["content"]["application/json"]["schema"] == openapi.OLLAMA_ERROR_SCHEMA, path
+                    assert response["content"]["application/json"]["schema"]["title"] == "OllamaErrorBody", path
 
 
 async def test_the_embeddings_route_documents_its_body():
     app, _, _ = make_app()
     op = (await document(app))["paths"]["/v1/embeddings"]["post"]
     request = op["requestBody"]["content"]["application/json"]["schema"]
-    assert request == openai_schemas.EMBEDDING_REQUEST and request["required"] == ["input"]
+    assert request == json_schema(EmbeddingRequest)[0] and request["required"] == ["input"]
     assert set(request["properties"]) == {"model", "input", "encoding_format", "dimensions", "user"}
     assert request["properties"]["encoding_format"]["enum"] == ["float", "base64"]
-    assert op["responses"]["200"]["content"]["application/json"]["schema"] == openai_schemas.EMBEDDING_RESPONSE
+    assert op["responses"]["200"]["content"]["application/json"]["schema"] == \
+        json_schema(EmbeddingResponse, "serialization")[0]
     client = client_for(app)
     for body in [{"input": "hi"}, {"input": ["a", "b"]}, {"input": [1, 2]}, {"input": [[1], "b"]},
                  {"input": "hi", "encoding_format": "base64", "dimensions": None, "user": "u", "model": MODEL}]:
@@ -145,7 +176,7 @@ async def test_the_embeddings_route_documents_its_body():
         assert (await client.post("/v1/embeddings", json=body)).status_code == 400, body
 
 
-SAMPLING_BOUNDS = {  # field: (minimum, maximum, exclusive minimum), as the parser enforces them
+SAMPLING_BOUNDS = {  # field: (minimum, maximum, exclusive minimum): vLLM's limits
     "top_k": (-1, 2**31 - 1, None), "n": (1, MAX_N, None), "best_of": (1, MAX_N, None),
     "seed": (-(2**63), 2**63 - 1, None), "min_p": (0, 1, None), "presence_penalty": (-2, 2, None),
     "frequency_penalty": (-2, 2, None), "repetition_penalty": (None, None, 0), "min_tokens": (0, None, None),
@@ -154,8 +185,8 @@ SAMPLING_BOUNDS = {  # field: (minimum, maximum, exclusive minimum), as the pars
 
 
 @pytest.mark.parametrize("is_chat", [False, True])
-def test_sampling_fields_are_documented_with_the_parsers_bounds(is_chat):
-    schema = openai_schemas.CHAT_REQUEST if is_chat else openai_schemas.COMPLETION_REQUEST
+async def test_sampling_fields_are_documented_with_vllms_bounds(is_chat):
+    schema = request_schema(await document(make_app()[0]), "/v1/chat/completions" if is_chat else "/v1/completions")
     properties = schema["properties"]
     bounds = {**SAMPLING_BOUNDS, **({"max_completion_tokens": (1, None, None), "top_logprobs": (0, MAX_LOGPROBS, None)}
                                     if is_chat else {"logprobs": (0, MAX_LOGPROBS, None)})}
@@ -172,9 +203,9 @@ def test_sampling_fields_are_documented_with_the_parsers_bounds(is_chat):
 
 
 @pytest.mark.parametrize("is_chat", [False, True])
-def test_the_documented_bounds_are_exactly_the_parsers(is_chat):
+async def test_the_documented_bounds_are_exactly_the_parsers(is_chat):
     """At each documented bound the parser accepts; one step past it, it refuses (a 400, never a 500)."""
-    schema = openai_schemas.CHAT_REQUEST if is_chat else openai_schemas.COMPLETION_REQUEST
+    schema = request_schema(await document(make_app()[0]), "/v1/chat/completions" if is_chat else "/v1/completions")
     base = {"messages": [{"role": "user", "content": "hi"}]} if is_chat else {"prompt": "hi"}
     parse = api.parse_chat_request if is_chat else api.parse_completion_request
     needs = {"top_logprobs": {"logprobs": True}, "min_tokens": {"max_tokens": 2**40}, "best_of": {"n": None}}
@@ -204,12 +235,25 @@ def test_a_number_too_large_for_a_float_is_a_400(name):
         generation_settings({}, {name.replace("repetition", "repeat"): 10**400})
 
 
-def test_ollama_options_are_documented_with_their_types():
-    documented = ollama_schemas.OPTIONS["properties"]
-    json_types = {int: "integer", float: "number", bool: "boolean"}
-    for name, field in documented.items():
-        kind = option_type(name)
-        assert kind is not None, name
-        if kind is not list:
-            assert field["type"] == json_types[kind], name
-    assert set(documented) == {*SAMPLER_OPTIONS, *OTHER_OPTIONS, *IGNORED_OPTIONS}
+async def test_ollama_options_are_documented_and_accepted():
+    doc = await document(make_app()[0])
+    options = resolved(doc, request_schema(doc, "/api/generate")["properties"]["options"])
+    documented = options["properties"]
+    assert set(documented) == set(OllamaOptions.model_fields)
+    assert (documented["temperature"]["type"], documented["top_k"]["type"], documented["use_mmap"]["type"]) == \
+        ("number", "integer", "boolean")
+    assert documented["top_p"]["exclusiveMinimum"] == 0 and documented["top_p"]["maximum"] == 1
+    assert check_options({name: example(field) for name, field in documented.items()})
+
+
+async def test_every_request_body_documents_its_required_fields():
+    doc = await document(make_app()[0])
+    required = {path: request_schema(doc, path, method).get("required")
+                for path, methods in doc["paths"].items() for method, op in methods.items()
+                if "application/json" in op.get("requestBody", {}).get("content", {})}
+    assert required == {
+        "/v1/completions": ["prompt"], "/v1/chat/completions": ["messages"], "/v1/embeddings": ["input"],
+        "/tokenize": None, "/detokenize": ["tokens"], "/api/copy": ["source", "destination"],
+        **{path: ["model"] for path in ("/api/show", "/api/delete", "/api/generate", "/api/chat", "/api/embed",
+                                        "/api/embeddings", "/api/create", "/api/pull")}}
+    assert [form["required"] for form in request_schema(doc, "/tokenize")["oneOf"]] == [["prompt"], ["messages"]]

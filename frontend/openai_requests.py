@@ -1,0 +1,140 @@
+"""The OpenAI-style request bodies (/v1/completions, /v1/chat/completions, /v1/embeddings, /tokenize, /detokenize),
+declared once: they validate requests and are the request schemas in /openapi.json.
+
+Limits that depend on another field or on the server (min_tokens <= max_tokens, best_of == n, token ids within the
+vocabulary, prompt + max_tokens within the context) are in the descriptions and checked where the request is
+turned into a generation (frontend/openai_protocol.py) or served; breaking them is a 400 too.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field
+
+from tinyvllm.frontend.request_models import OutOfRange, RequestModel, Reworded
+from tinyvllm.protocol.sampling import MAX_LOGPROBS, MAX_N
+
+_BEYOND_MAX_LOGPROBS = f"Requested sample logprobs of {{input}}, which is greater than max allowed: {MAX_LOGPROBS}"
+Model = Annotated[str | None, Field(description="The served model name; optional.")]
+MaxTokens = Annotated[int | None, Field(ge=1, description="prompt + max_tokens must fit the context"),
+                      OutOfRange("max_tokens must be at least 1, got {input}")]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+TokenIds = Annotated[list[int], Field(description="token ids, each below the vocabulary size")]
+Flag = Annotated[bool, Field(description="default: true")]
+# documented cross-field rules (checked in openai_protocol): anything else is a 400
+_STREAM_OPTIONS_NEED_STREAM = {"stream_options": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
+
+
+class StreamOptions(RequestModel):
+    include_usage: bool = False
+
+
+class SamplingFields(RequestModel):
+    """What completions and chat share."""
+    model_config = ConfigDict(json_schema_extra={"dependentSchemas": _STREAM_OPTIONS_NEED_STREAM})
+
+    model: Model = None
+    max_tokens: MaxTokens = None
+    temperature: Annotated[float, Field(ge=0)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    top_k: Annotated[int, Field(ge=-1, le=2**31 - 1, description="0 or -1: off"),
+                     OutOfRange("top_k must be -1 (disable), 0 (disable) or at least 1, got {input}",
+                                above="top_k must be at most 2147483647, got {input}")] = 0
+    n: Annotated[int, Field(ge=1, le=MAX_N), OutOfRange(f"n must be between 1 and {MAX_N}, got {{input}}")] = 1
+    best_of: Annotated[int | None, Field(ge=1, le=MAX_N, description="must equal n (its default): best_of > n is "
+                                                                     "not supported yet")] = None
+    seed: Annotated[int | None, Field(ge=-(2**63), le=2**63 - 1)] = None
+    stop: Annotated[str | list[str], Reworded("'stop' must be a string or a list of strings")] = Field(default_factory=list)
+    stop_token_ids: Annotated[TokenIds, Reworded("'stop_token_ids' must be a list of integers")] = Field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: Flag = True
+    add_special_tokens: bool | None = Field(None, description="default: true for completions, false for chat")
+    stream: bool = False
+    stream_options: StreamOptions | None = Field(None, description="Only with stream=true.")
+    min_p: Annotated[float, Field(ge=0, le=1)] = 0.0
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0),
+                                  OutOfRange("repetition_penalty must be greater than zero, got {input}.")] = 1.0
+    min_tokens: Annotated[int, Field(ge=0, description="At most max_tokens (16 for completions).")] = 0
+    logit_bias: Annotated[dict[str, Annotated[float, Reworded("{where} must be a finite number")]],
+                          Field(json_schema_extra={"propertyNames": {"pattern": "^[0-9]+$"}},
+                                description="token id (as a string) -> bias added to its logit, clamped to "
+                                            "[-100, 100]")] = Field(default_factory=dict)
+    include_stop_str_in_output: bool = False
+    echo: bool = Field(False, description="completions: the prompt before the output; chat: the last message's "
+                                          "content, when it is the assistant's")
+    user: str | None = Field(None, description="accepted and ignored")
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Annotated[str | list[int] | list[str] | list[list[int]],
+                      Reworded("'prompt' must be a list of integers"),
+                      Field(description="a string or token ids; a list of one of those is a batch of one")]
+    logprobs: Annotated[int | None, Field(ge=0, le=MAX_LOGPROBS, description="top logprobs per token (also the "
+                                                                              "prompt's, with echo)"),
+                        OutOfRange("`logprobs` must be a positive value.", above=_BEYOND_MAX_LOGPROBS)] = None
+
+
+class TextPart(RequestModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(RequestModel):
+    role: str = Field(json_schema_extra={"enum": ["system", "user", "assistant"]},
+                      description="any role the chat template takes")
+    content: Annotated[str | list[TextPart] | None, Reworded(
+        '{where} must be a string or a list of parts of the form {"type": "text", "text": "..."}')] = None
+
+Messages = Annotated[list[Annotated[ChatMessage, Reworded("{where} must be an object with a string 'role'")]],
+                     Field(min_length=1), Reworded("'messages' must be a non-empty list", when_missing=True)]
+
+
+class ChatRequest(SamplingFields):
+    model_config = ConfigDict(json_schema_extra={"dependentSchemas": {
+        **_STREAM_OPTIONS_NEED_STREAM,
+        "top_logprobs": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}})
+
+    messages: Messages
+    max_completion_tokens: Annotated[MaxTokens, Field(description="wins over max_tokens")] = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int | None, Field(ge=0, le=MAX_LOGPROBS, description="needs logprobs: true"),
+                            OutOfRange("`top_logprobs` must be a positive value.", above=_BEYOND_MAX_LOGPROBS)] = None
+
+
+NonEmptyText = Annotated[str, Field(min_length=1)]
+InputIds = Annotated[TokenIds, Field(min_length=1)]
+
+
+class EmbeddingRequest(RequestModel):
+    model: Model = None
+    input: Annotated[NonEmptyText | InputIds | Annotated[list[NonEmptyText | InputIds], Field(min_length=1)],
+                     Reworded("'input' must be a non-empty string, array of strings, array of token ids, or array "
+                              "of arrays of token ids", when_missing=True),
+                     Field(description="each text or token id list is embedded on its own and must fit the context")]
+    encoding_format: Literal["float", "base64"] = Field("float", description="base64: little-endian float32")
+    dimensions: int | None = Field(None, description="not supported: the vectors have the model's hidden size, and "
+                                                     "any number is a 400")
+    user: str | None = Field(None, description="accepted and ignored")
+
+
+class TokenizeCompletionRequest(RequestModel):
+    model: Model = None
+    prompt: Annotated[str, Reworded("'prompt' (a string) or 'messages' is required", when_missing=True)]
+    add_special_tokens: Flag = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(RequestModel):
+    model: Model = None
+    messages: Messages
+    add_generation_prompt: Flag = True
+    add_special_tokens: bool = False
+    continue_final_message: bool = Field(False, description="not supported: true is a 400")
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(RequestModel):
+    model: Model = None
+    tokens: Annotated[TokenIds, Reworded("'tokens' must be a list of integers", when_missing=True)]
