@@ -1,7 +1,8 @@
 """A Llama-family transformer (Llama, SmolLM2, Qwen2) in tinygrad, reading and writing a paged KV cache.
 
-The layer stack is shared by both kinds of step; what differs is how a layer's attention reaches the
-cache, which workers/attention.py supplies (decode: many sequences, one token each; prefill: one chunk).
+A step is one flat batch of tokens (decodes and prompt chunks of many sequences alike); how a layer's attention
+reaches the cache, workers/attention.py supplies. Each layer has two reduction points, the outputs of the attention
+output projection and of the MLP's down projection: where tensor-parallel ranks will all-reduce their partial sums.
 
 Weights are workers.quantized_weight.DeviceWeight: GGUF Q4_1/Q8_0 matrices stay quantised on the device
 and every matmul reads `w.dequantized()`, which tinygrad fuses into the matmul kernel (see `linear`).
@@ -76,12 +77,15 @@ def make_layer_functions(cfg: ModelConfig, max_fused_rows: int = FUSED_DEQUANT_M
         return q.contiguous(), Tensor.stack(k, v.reshape(T, cfg.n_kv_heads, cfg.head_dim), dim=1).contiguous()
 
     @function(precompile=True, allow_implicit=cpu_kernels)
-    def out_and_mlp(x, attn, wo, norm, w_gate, w_up, w_down):
-        x = (x + lin(attn, wo)).contiguous()
-        h = rms_norm(x, norm, cfg.rms_eps).contiguous()
-        return x + lin(lin(h, w_gate).silu() * lin(h, w_up), w_down)
+    def attn_out(attn, wo):
+        return lin(attn, wo)
 
-    return qkv, out_and_mlp
+    @function(precompile=True, allow_implicit=cpu_kernels)
+    def mlp(x, norm, w_gate, w_up, w_down):
+        h = rms_norm(x, norm, cfg.rms_eps).contiguous()
+        return lin(lin(h, w_gate).silu() * lin(h, w_up), w_down)
+
+    return qkv, attn_out, mlp
 
 
 class Transformer:
@@ -101,7 +105,7 @@ class Transformer:
         self.weight_nbytes = sum(x.nbytes for x in w.values())  # bytes of weights on the device
         self.layers = [Layer(w, i) for i in range(cfg.n_layers)]
         self.cos, self.sin = rope_tables(cfg, max_positions)
-        self._qkv, self._out_and_mlp = make_layer_functions(cfg, cpu_kernels=self.cpu_kernels)
+        self._qkv, self._attn_out, self._mlp = make_layer_functions(cfg, cpu_kernels=self.cpu_kernels)
 
     def forward(self, tokens: Tensor, positions: Tensor, attend) -> Tensor:
         """Hidden states [T, dim] after the final norm.
@@ -112,7 +116,9 @@ class Transformer:
         cos, sin = self.cos[positions], self.sin[positions]
         for i, layer in enumerate(self.layers):
             q, kv = self._qkv(x, cos, sin, layer.attn_norm, layer.wq, layer.wk, layer.wv, *layer.biases)
-            x = self._out_and_mlp(x, attend(i, q, kv), layer.wo, layer.ffn_norm, layer.w_gate, layer.w_up, layer.w_down)
+            # o and down are where a tensor-parallel layer all-reduces: each rank holds a partial sum of these two
+            x = (x + self._attn_out(attend(i, q, kv), layer.wo)).contiguous()
+            x = x + self._mlp(x, layer.ffn_norm, layer.w_gate, layer.w_up, layer.w_down)
         return rms_norm(x, self.norm, self.cfg.rms_eps)
 
     def logits(self, hidden: Tensor) -> Tensor:

@@ -1,6 +1,6 @@
 """Greedy output of the default model, served by our processes, equals Hugging Face transformers (float32,
 its own GGUF dequantisation) token for token: 6 prompts, 32 tokens each, plain and chat-templated, short and
-~300 tokens. Where the reference's top two logits are within 1e-3 the argmax is rounding noise, so the
+~300 tokens; under both kernel sets (the C kernels, and tinygrad's own that GPUs run). Where the reference's top two logits are within 1e-3 the argmax is rounding noise, so the
 comparison stops there (and says so)."""
 import pytest
 
@@ -28,12 +28,16 @@ def prompts(tok: Tokenizer) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def ours_and_reference(default_tokenizer):
-    tok = default_tokenizer
-    ids = prompts(tok)
+def prompts_and_reference(default_tokenizer):
+    ids = prompts(default_tokenizer)
     assert any(len(p) < 16 for p in ids) and sum(250 <= len(p) <= 400 for p in ids) == 2
-    reference = reference_greedy(ids, n_tokens=N_TOKENS)
-    with LLM(max_num_seqs=8, max_model_len=1024, num_kv_blocks=256) as llm:
+    return ids, reference_greedy(ids, n_tokens=N_TOKENS)
+
+
+@pytest.fixture(scope="module", params=["c", "tinygrad"])
+def ours_and_reference(prompts_and_reference, request):
+    ids, reference = prompts_and_reference
+    with LLM(max_num_seqs=8, max_model_len=1024, num_kv_blocks=256, cpu_kernels=request.param) as llm:
         ours = llm.generate(ids, SamplingParams(temperature=0, max_tokens=N_TOKENS, ignore_eos=True))
     return ids, ours, reference
 

@@ -2,6 +2,7 @@
 pytest process covers both the C kernels and tinygrad's own (what GPUs run).
 
 `kernel_set` runs a test once per set; the test builds its model with `Transformer(..., kernels=kernel_set)`.
+`module_kernel_set` does the same for a module-scoped fixture (a model built once per set for a module's tests).
 `c_kernel_set` configures the "c" set for tests of its parts (the CPU graph)."""
 import contextlib
 
@@ -22,12 +23,15 @@ def _configured(kernels: str):
         dev.renderers, dev.graph = renderers, graph
 
 
-@pytest.fixture(params=KERNEL_SETS)
-def kernel_set(request):
+def _each_set(request):
     if request.param == "c" and not c_kernels_run_on(Device.DEFAULT):
         pytest.skip(f"the c kernel set runs on tinygrad's CPU backend only, not {Device.DEFAULT}")
     with _configured(request.param) as kernels:
         yield kernels
+
+
+kernel_set = pytest.fixture(params=KERNEL_SETS)(_each_set)
+module_kernel_set = pytest.fixture(scope="module", params=KERNEL_SETS)(_each_set)
 
 
 @pytest.fixture

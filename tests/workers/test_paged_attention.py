@@ -17,10 +17,10 @@ BLOCK_SIZE, NUM_BLOCKS = 4, 40
 
 
 @pytest.fixture(scope="module")
-def setup():
+def setup(module_kernel_set):
     weights = random_llama(CFG, seed=1)
     weights["output.weight"] = np.random.default_rng(2).standard_normal((CFG.vocab_size, CFG.dim)).astype(np.float32) * 0.2
-    model = Transformer(CFG, weights, CFG.max_context)
+    model = Transformer(CFG, weights, CFG.max_context, kernels=module_kernel_set)
     runner = ModelRunner(model, PagedKVCache(CFG, NUM_BLOCKS, BLOCK_SIZE), max_num_seqs=4, max_model_len=64,
                          max_num_batched_tokens=16)
     return weights, runner

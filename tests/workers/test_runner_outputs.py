@@ -21,11 +21,12 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def setup():
+def setup(module_kernel_set):
     weights = random_llama(CFG, seed=4)
     weights["output.weight"] = np.random.default_rng(5).standard_normal((CFG.vocab_size, CFG.dim)).astype(np.float32) * 0.3
-    runner = ModelRunner(Transformer(CFG, weights, CFG.max_context), PagedKVCache(CFG, 32, BLOCK_SIZE), max_num_seqs=2,
-                         max_model_len=64, max_num_batched_tokens=8)
+    model = Transformer(CFG, weights, CFG.max_context, kernels=module_kernel_set)
+    runner = ModelRunner(model, PagedKVCache(CFG, 32, BLOCK_SIZE), max_num_seqs=2, max_model_len=64,
+                         max_num_batched_tokens=8)
     return weights, runner
 
 
