@@ -37,7 +37,8 @@ def parse_ollama_generate(body: dict):
     return req.model_name, check_context(req.context, 50_000), generation_settings({}, req.options)
 
 
-CASES = [("chat (typical)", parse_chat_request, CHAT), ("completion (many fields)", parse_completion_request, COMPLETION),
+CASES = [("chat (typical)", parse_chat_request, CHAT),
+         ("completion (many fields)", parse_completion_request, COMPLETION),
          ("ollama generate", parse_ollama_generate, OLLAMA_GENERATE)]
 
 

@@ -44,8 +44,10 @@ class SamplingFields(RequestModel):
     best_of: Annotated[int | None, Field(ge=1, le=MAX_N, description="must equal n (its default): best_of > n is "
                                                                      "not supported yet")] = None
     seed: Annotated[int | None, Field(ge=-(2**63), le=2**63 - 1)] = None
-    stop: Annotated[str | list[str], Reworded("'stop' must be a string or a list of strings")] = Field(default_factory=list)
-    stop_token_ids: Annotated[TokenIds, Reworded("'stop_token_ids' must be a list of integers")] = Field(default_factory=list)
+    stop: Annotated[str | list[str], Reworded("'stop' must be a string or a list of strings"),
+                    Field(default_factory=list)]
+    stop_token_ids: Annotated[TokenIds, Reworded("'stop_token_ids' must be a list of integers"),
+                              Field(default_factory=list)]
     ignore_eos: bool = False
     skip_special_tokens: Flag = True
     add_special_tokens: bool | None = Field(None, description="default: true for completions, false for chat")
@@ -58,9 +60,9 @@ class SamplingFields(RequestModel):
                                   OutOfRange("repetition_penalty must be greater than zero, got {input}.")] = 1.0
     min_tokens: Annotated[int, Field(ge=0, description="At most max_tokens (16 for completions).")] = 0
     logit_bias: Annotated[dict[str, Annotated[float, Reworded("{where} must be a finite number")]],
-                          Field(json_schema_extra={"propertyNames": {"pattern": "^[0-9]+$"}},
+                          Field(default_factory=dict, json_schema_extra={"propertyNames": {"pattern": "^[0-9]+$"}},
                                 description="token id (as a string) -> bias added to its logit, clamped to "
-                                            "[-100, 100]")] = Field(default_factory=dict)
+                                            "[-100, 100]")]
     include_stop_str_in_output: bool = False
     echo: bool = Field(False, description="completions: the prompt before the output; chat: the last message's "
                                           "content, when it is the assistant's")
@@ -131,7 +133,7 @@ class TokenizeChatRequest(RequestModel):
     messages: Messages
     add_generation_prompt: Flag = True
     add_special_tokens: bool = False
-    continue_final_message: bool = Field(False, description="not supported: true is a 400")
+    continue_final_message: Annotated[Literal[False], Reworded("continue_final_message is not supported")] = False
     return_token_strs: bool = False
 
 

@@ -18,12 +18,15 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
-class CompletionChoice(BaseModel):
+class Choice(BaseModel):
     index: int
-    text: str
     logprobs: Any = None
     finish_reason: str | None
     stop_reason: str | int | None = None
+
+
+class CompletionChoice(Choice):
+    text: str
 
 
 class AssistantMessage(BaseModel):
@@ -31,30 +34,25 @@ class AssistantMessage(BaseModel):
     content: str | None
 
 
-class ChatChoice(BaseModel):
-    index: int
+class ChatChoice(Choice):
     message: AssistantMessage
-    logprobs: Any = None
-    finish_reason: str | None
-    stop_reason: str | int | None = None
 
 
-class CompletionResponse(BaseModel):
+class Envelope(BaseModel):
     id: str
+    created: int
+    model: str
+    usage: Usage
+
+
+class CompletionResponse(Envelope):
     object: Literal["text_completion"]
-    created: int
-    model: str
     choices: list[CompletionChoice]
-    usage: Usage
 
 
-class ChatResponse(BaseModel):
-    id: str
+class ChatResponse(Envelope):
     object: Literal["chat.completion"]
-    created: int
-    model: str
     choices: list[ChatChoice]
-    usage: Usage
 
 
 class ModelCard(BaseModel):

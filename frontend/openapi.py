@@ -113,24 +113,17 @@ def app_operations(routes: list[BaseRoute], prefix: str = "") -> list[tuple[str,
     return found
 
 
-class _Schemas:
-    """Turns bodies into JSON schemas, gathering the models they refer to for components/schemas."""
-
-    def __init__(self):
-        self.components: dict[str, dict] = {}
-
-    def of(self, body: Body | None, mode: str) -> dict:
-        if body is None:
-            return {}
-        if isinstance(body, dict):
-            return body
-        if isinstance(body, tuple):
-            return {"oneOf": [self.of(model, mode) for model in body]}
-        schema, refs = json_schema(body, mode)
-        for name, ref_schema in refs.items():
-            if self.components.setdefault(name, ref_schema) != ref_schema:
-                raise ValueError(f"two different schemas are both named {name!r}: rename one of the models")
-        return schema
+def _schema(body: Body | None, mode: str, components: dict[str, dict]) -> dict:
+    """A body's JSON schema; the models it refers to go into `components` (components/schemas)."""
+    if body is None or isinstance(body, dict):
+        return body or {}
+    if isinstance(body, tuple):
+        return {"oneOf": [_schema(model, mode, components) for model in body]}
+    schema, refs = json_schema(body, mode)
+    for name, ref_schema in refs.items():
+        if components.setdefault(name, ref_schema) != ref_schema:
+            raise ValueError(f"two different schemas are both named {name!r}: rename one of the models")
+    return schema
 
 
 def _with_content(response: dict, media_type: str | None, schema: dict) -> dict:
@@ -139,10 +132,13 @@ def _with_content(response: dict, media_type: str | None, schema: dict) -> dict:
     return response
 
 
-def _responses(op: Operation, path: str, protected: bool, schemas: _Schemas) -> dict:
-    ok = _with_content({"description": "OK"}, op.response_media_type, schemas.of(op.response_schema, "serialization"))
+def _responses(op: Operation, path: str, protected: bool, components: dict) -> dict:
+    def schema(body: Body | None) -> dict:
+        return _schema(body, "serialization", components)
+
+    ok = _with_content({"description": "OK"}, op.response_media_type, schema(op.response_schema))
     if op.stream_media_type == SSE:
-        _with_content(ok, SSE, schemas.of(SSEEvent, "serialization"))
+        _with_content(ok, SSE, schema(SSEEvent))
     elif op.stream_media_type:
         ok.setdefault("content", {})[op.stream_media_type] = {}  # e.g. NDJSON: no schema, the stream is opaque
     responses = {str(status): {**ok, "description": _STATUS_TEXT.get(status, "Success")}
@@ -150,23 +146,23 @@ def _responses(op: Operation, path: str, protected: bool, schemas: _Schemas) -> 
     error_media_type = JSON if op.response_media_type is not None or op.error_schema is not None else None
     for status in sorted(set(op.error_statuses)):
         responses[str(status)] = _with_content({"description": _STATUS_TEXT.get(status, "Error")}, error_media_type,
-                                               schemas.of(op.error_schema or ErrorBody, "serialization"))
+                                               schema(op.error_schema or ErrorBody))
     if protected:
         responses["401"] = _with_content({"description": _STATUS_TEXT[401]}, JSON,
-                                         schemas.of(_UNAUTHORIZED_SCHEMAS[auth.error_style(path)], "serialization"))
+                                         schema(_UNAUTHORIZED_SCHEMAS[auth.error_style(path)]))
     return responses
 
 
-def _operation_object(path: str, method: str, protected: bool, schemas: _Schemas) -> dict:
+def _operation_object(path: str, method: str, protected: bool, components: dict) -> dict:
     op = described(path, method)
     # undescribed: any status and body may come back, so only "no 5xx" can be checked against it
-    responses = _responses(op, path, protected, schemas) if op else {"default": {"description": "Not described"}}
+    responses = _responses(op, path, protected, components) if op else {"default": {"description": "Not described"}}
     obj: dict = {"summary": op.summary if op and op.summary else f"{method} {path}",
                  "operationId": _operation_id(path, method), "responses": responses}
     obj.update(_path_parameters(path, dict(op.path_schemas) if op else {}))
     if op and op.request_schema is not None:
         obj["requestBody"] = _with_content({"required": True}, op.request_media_type,
-                                           schemas.of(op.request_schema, "validation"))
+                                           _schema(op.request_schema, "validation", components))
     if protected:
         obj["security"] = [{"bearer": []}]
     return obj
@@ -184,12 +180,12 @@ def _operation_id(path: str, method: str) -> str:
 
 def build_document(routes: list[BaseRoute], *, title: str, version: str, api_key_required: bool) -> dict:
     paths: dict[str, dict] = {}
-    schemas = _Schemas()
+    components: dict[str, dict] = {}
     for path, method in app_operations(routes):
         protected = api_key_required and auth.is_protected(path)
-        paths.setdefault(path, {})[method.lower()] = _operation_object(path, method, protected, schemas)
+        paths.setdefault(path, {})[method.lower()] = _operation_object(path, method, protected, components)
     doc = {"openapi": OPENAPI_VERSION, "info": {"title": title, "version": version}, "paths": paths,
-           "components": {"schemas": schemas.components}}
+           "components": {"schemas": components}}
     if api_key_required:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     return doc

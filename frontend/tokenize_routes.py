@@ -8,7 +8,6 @@ template exactly as /v1/chat/completions does, so `count` is the prompt_tokens a
 Neither checks max_model_len: they only describe text.
 """
 import asyncio
-import logging
 from typing import Any
 
 from starlette.requests import Request
@@ -17,12 +16,11 @@ from starlette.routing import Route
 
 from tinyvllm.frontend import openai_protocol as api
 from tinyvllm.frontend import openapi
-from tinyvllm.frontend.http_json import error_response, read_json_object
+from tinyvllm.frontend.http_json import exception_response, read_json_object
 from tinyvllm.frontend.openai_requests import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
 from tinyvllm.frontend.openai_responses import DetokenizeResponse, TokenizeResponse
 from tinyvllm.frontend.serving import LONG_INPUT_CHARS
 
-log = logging.getLogger(__name__)
 
 
 async def _run(size: int, fn, *args) -> Any:
@@ -50,8 +48,6 @@ class Tokenization:
     async def _prompt_text(self, req: TokenizeCompletionRequest | TokenizeChatRequest) -> str:
         if isinstance(req, TokenizeCompletionRequest):
             return req.prompt
-        if req.continue_final_message:
-            raise api.APIError("continue_final_message is not supported", param="continue_final_message")
         messages = api.message_dicts(req.messages)
         size = sum(len(m["content"]) for m in messages)
         return await _run(size, self._render_chat, messages, req.add_generation_prompt)
@@ -74,11 +70,8 @@ class Tokenization:
             token_strs = self._token_strs(ids) if req.return_token_strs else None
             return JSONResponse({"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids,
                                  "token_strs": token_strs})
-        except api.APIError as e:
-            return error_response(e)
-        except Exception:
-            log.exception("unexpected error in /tokenize")
-            return error_response(api.APIError("Internal server error", 500, "InternalServerError"))
+        except Exception as e:
+            return exception_response(e, request.url.path)
 
     async def detokenize(self, request: Request) -> Response:
         try:
@@ -89,11 +82,8 @@ class Tokenization:
                                    param="tokens")
             text = await _run(len(ids), self.tokenizer.decode, ids, False)
             return JSONResponse({"prompt": text})
-        except api.APIError as e:
-            return error_response(e)
-        except Exception:
-            log.exception("unexpected error in /detokenize")
-            return error_response(api.APIError("Internal server error", 500, "InternalServerError"))
+        except Exception as e:
+            return exception_response(e, request.url.path)
 
 
 def tokenization_routes(tokenizer, model_name: str, max_model_len: int, max_body_bytes: int) -> list[Route]:

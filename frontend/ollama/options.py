@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, ConfigDict, Field
+from pydantic import BeforeValidator, ConfigDict, Field, create_model
 
 from tinyvllm.frontend.request_models import RequestInvalid, RequestModel, Reworded, validate
 from tinyvllm.protocol.sampling import SamplingParams
@@ -33,16 +33,20 @@ def _integral(value: Any) -> Any:
 
 # Ollama's options are Go numbers: 8.0 is an integer option's 8
 Int = Annotated[int, BeforeValidator(_integral, json_schema_input_type=int)]
-Ignored = Field(None, description="ignored")
 Penalty = Annotated[float, Field(ge=-2, le=2)]
+IGNORED_OPTIONS = {  # load-time and hardware options, and samplers we do not have
+    "num_ctx": Int, "num_keep": Int, "repeat_last_n": Int, "typical_p": float, "tfs_z": float, "mirostat": Int,
+    "mirostat_tau": float, "mirostat_eta": float, "penalize_newline": bool, "numa": bool, "num_batch": Int,
+    "num_gpu": Int, "main_gpu": Int, "low_vram": bool, "f16_kv": bool, "logits_all": bool, "vocab_only": bool,
+    "use_mmap": bool, "use_mlock": bool, "embedding_only": bool, "num_thread": Int,
+}
 
 
 class OptionError(ValueError):
     pass
 
 
-class OllamaOptions(RequestModel):
-    """Ollama's options; load-time, hardware and unknown ones are accepted and ignored."""
+class SamplerOptions(RequestModel):
     model_config = ConfigDict(extra="allow")  # unknown options are logged, then ignored
 
     temperature: Annotated[float, Field(ge=0)] | None = None
@@ -58,29 +62,12 @@ class OllamaOptions(RequestModel):
     stop: Annotated[list[str], BeforeValidator(lambda v: [v] if isinstance(v, str) else v,
                                                json_schema_input_type=str | list[str]),
                     Reworded("'stop' must be a string or a list of strings")] | None = None
-    num_ctx: Int | None = Ignored
-    num_keep: Int | None = Ignored
-    repeat_last_n: Int | None = Ignored
-    typical_p: float | None = Ignored
-    tfs_z: float | None = Ignored
-    mirostat: Int | None = Ignored
-    mirostat_tau: float | None = Ignored
-    mirostat_eta: float | None = Ignored
-    penalize_newline: bool | None = Ignored
-    numa: bool | None = Ignored
-    num_batch: Int | None = Ignored
-    num_gpu: Int | None = Ignored
-    main_gpu: Int | None = Ignored
-    low_vram: bool | None = Ignored
-    f16_kv: bool | None = Ignored
-    logits_all: bool | None = Ignored
-    vocab_only: bool | None = Ignored
-    use_mmap: bool | None = Ignored
-    use_mlock: bool | None = Ignored
-    embedding_only: bool | None = Ignored
-    num_thread: Int | None = Ignored
 
 
+OllamaOptions = create_model("OllamaOptions", __base__=SamplerOptions, __doc__="Ollama's options; load-time, hardware "
+                             "and unknown ones are accepted and ignored.",
+                             **{name: (kind | None, Field(None, description="ignored"))
+                                for name, kind in IGNORED_OPTIONS.items()})
 OPTION_NAMES = frozenset(OllamaOptions.model_fields)
 
 

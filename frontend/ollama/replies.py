@@ -37,12 +37,9 @@ class ChatReply(GenerationReply):
     message: ReplyMessage
 
 
-class EmbedReply(BaseModel):
+class EmbedReply(Durations):
     model: str
     embeddings: list[list[float]]
-    total_duration: int | None = None
-    load_duration: int | None = None
-    prompt_eval_count: int | None = None
 
 
 class EmbeddingsReply(BaseModel):

@@ -70,7 +70,8 @@ class GenerateRequest(GenerationFields):
     template: str | None = Field(None, description="Go template or jinja")
     raw: bool = Field(False, description="the prompt as is; excludes template, system and context")
     context: Annotated[list[int], Reworded("'context' must be a list of token ids"),
-                       Field(description="a previous reply's context: token ids below the vocabulary size")] = Field(default_factory=list)
+                       Field(default_factory=list,
+                             description="a previous reply's context: token ids below the vocabulary size")]
     suffix: NoSuffix = ""
     images: Images = Field(default_factory=list)
 
@@ -94,7 +95,7 @@ class EmbeddingFields(NamedRequest):
 
 class EmbedRequest(EmbeddingFields):
     input: Annotated[str | list[str], Reworded("'input' must be a string or a list of strings"),
-                     Field(description="empty strings are skipped")] = Field(default_factory=list)
+                     Field(default_factory=list, description="empty strings are skipped")]
     truncate: bool = Field(True, description="cut inputs to the context (default) or 400")
     dimensions: int | None = Field(None, ge=1, description="keep the first this many; at most the model's hidden size")
 
@@ -117,7 +118,8 @@ class CreateRequest(NamedRequest):
     from_: str | None = Field(None, alias="from", description="a model /api/tags lists, or a GGUF file or model "
                               "folder on the server; this or files (or a Modelfile FROM) is required")
     files: Annotated[dict[str, str], Reworded("'files' must map file names to sha256 digests"),
-                     Field(description="file name -> the sha256 of a blob uploaded to /api/blobs")] = Field(default_factory=dict)
+                     Field(default_factory=dict,
+                           description="file name -> the sha256 of a blob uploaded to /api/blobs")]
     modelfile: str = Field("", description="FROM, PARAMETER, TEMPLATE, SYSTEM, LICENSE")
     template: str | None = None
     system: str | None = None
