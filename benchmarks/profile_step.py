@@ -75,12 +75,10 @@ def profile_batch(runner, batch: int, prompt_len: int, steps: int, step0: int) -
         plan = StepPlan(step0 + 1 + s, [], [CachedRequestData(r, [], prompt_len + s, 1) for r in ids], [])
         t0 = time.perf_counter()
         work = runner.compute(plan)
-        from tinygrad import Tensor
-        Tensor.realize(*[logits for _, logits in work.rows])
+        work.logits.realize()
         t1 = time.perf_counter()
-        states = [c.state for c, _ in work.rows]
-        tokens, _ = runner.sampler.sample(states, Tensor.cat(*[logits for _, logits in work.rows]))
-        for (chunk, _), token in zip(work.rows, tokens):
+        tokens, _ = runner.sampler.sample([c.state for c in work.rows], work.logits)
+        for chunk, token in zip(work.rows, tokens):
             chunk.state.append_token(token)
         t2 = time.perf_counter()
         if s == 2:

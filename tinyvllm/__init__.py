@@ -6,7 +6,14 @@ The repository's folders are this package's subpackages (pyproject.toml's packag
 server, CLI, offline LLM), tinyvllm.scheduler, tinyvllm.workers, tinyvllm.protocol (the messages between them, and
 the model files they all read).
 """
-from tinyvllm.protocol.sampling import SamplingParams
+import os as _os
+
+if not _os.path.isdir(_os.path.join(__path__[0], "protocol")):
+    # a source checkout (not a wheel): the subpackages are the repository's folders beside this one, so that
+    # PYTHONPATH=<checkout> works too (an editable install maps them the same way)
+    __path__.append(_os.path.dirname(__path__[0]))
+
+from tinyvllm.protocol.sampling import SamplingParams  # noqa: E402
 
 __version__ = "0.1.0"
 
