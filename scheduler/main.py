@@ -14,7 +14,8 @@ from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, 
                                StepResult, WorkerError, WorkerHello, WorkerReady)
 from tinyvllm.protocol.transport import Endpoints, make_socket, recv, send
 from tinyvllm.scheduler.request import Request
-from tinyvllm.scheduler.scheduler import Scheduler, SchedulerConfig
+from tinyvllm.scheduler.config import SchedulerConfig
+from tinyvllm.scheduler.scheduler import Scheduler
 from tinyvllm.protocol.process_guard import exit_with_parent
 
 log = logging.getLogger("tinyvllm.scheduler")

@@ -11,11 +11,10 @@ import bisect
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass
 
 from tinyvllm.protocol.messages import FinishReason, RequestOutput, SchedulerStats, StepPlan, StepResult
 from tinyvllm.scheduler.admission import admission_error
-from tinyvllm.scheduler.invariants import check_scheduler_invariants
+from tinyvllm.scheduler.config import SchedulerConfig
 from tinyvllm.scheduler.kv_cache_manager import KVCacheManager
 from tinyvllm.scheduler.parallel_sampling import make_children
 from tinyvllm.scheduler.request import Request, RequestStatus
@@ -27,21 +26,6 @@ def well_formed(result: StepResult, step_id: int) -> bool:
     return (result.step_id == step_id and len(result.sampled_token_ids) == n
             and len(result.logprobs) in (0, n) and len(result.prompt_logprobs) in (0, n)
             and len(result.pooled_req_ids) == len(result.embeddings))
-
-
-@dataclass(slots=True)
-class SchedulerConfig:
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-    block_size: int
-    num_blocks: int
-    enable_prefix_caching: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_blocks"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 
 
 class Scheduler:
@@ -233,10 +217,6 @@ class Scheduler:
     def seats(self, req: Request) -> int:
         """max_num_seqs slots a request takes: a leader reserves seats for the siblings that will fork from it."""
         return min(1 + len(req.pending_forks), self.config.max_num_seqs)
-
-    def check_invariants(self) -> None:
-        """For tests: raises AssertionError if the queues, the worker view or the block pool disagree."""
-        check_scheduler_invariants(self)
 
     # ---- internals -----------------------------------------------------------------------------------
 

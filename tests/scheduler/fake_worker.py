@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from tinyvllm.protocol.messages import StepPlan, StepResult
 from tinyvllm.protocol.sampling import SamplingParams
 from tinyvllm.scheduler.request import Request
-from tinyvllm.scheduler.scheduler import Scheduler, SchedulerConfig
+from tinyvllm.scheduler.config import SchedulerConfig
+from tinyvllm.scheduler.invariants import check_scheduler_invariants
+from tinyvllm.scheduler.scheduler import Scheduler
 
 EOS = 2
 VOCAB = 1000
@@ -203,7 +205,7 @@ def run_to_completion(scheduler, worker: FakeWorker, max_steps: int = 100_000,
             return outputs
         for out in scheduler.update_from_output(plan, worker.execute(plan)):
             outputs.setdefault(out.req_id, []).append(out)
-        scheduler.check_invariants()
+        check_scheduler_invariants(scheduler)
         if on_step is not None:
             on_step(step)
         for out in scheduler.take_pending_outputs():
@@ -246,5 +248,5 @@ def step(scheduler: Scheduler, worker: FakeWorker):
     plan = scheduler.schedule()
     assert plan is not None
     outputs = scheduler.update_from_output(plan, worker.execute(plan))
-    scheduler.check_invariants()
+    check_scheduler_invariants(scheduler)
     return plan, {out.req_id: out for out in outputs}

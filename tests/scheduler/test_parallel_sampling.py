@@ -2,6 +2,7 @@
 import pytest
 
 from fake_worker import by_index, content_sample_fn, make_request, make_scheduler, run_to_completion, step, tokens_of
+from tinyvllm.scheduler.invariants import check_scheduler_invariants
 from tinyvllm.protocol.messages import FinishReason
 from tinyvllm.scheduler.parallel_sampling import child_seed
 
@@ -127,7 +128,7 @@ def test_aborting_the_parent_aborts_every_child(when):
     aborts = sched.take_pending_outputs()
     assert [(o.req_id, o.index, o.finish_reason) for o in aborts] == [("p", i, FinishReason.ABORT) for i in range(3)]
     assert not sched.has_unfinished() and not sched.groups and sched.kv_cache_manager.num_free_blocks == 64
-    sched.check_invariants()
+    check_scheduler_invariants(sched)
     run_to_completion(sched, worker)
 
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from fake_worker import (EOS, content_sample_fn, make_prompt, make_request, make_scheduler, prefix_hashes,
                          with_random_eos)
+from tinyvllm.scheduler.invariants import check_scheduler_invariants
 from tinyvllm.protocol.messages import FinishReason
 from tinyvllm.scheduler.parallel_sampling import child_id, child_seed
 
@@ -101,7 +102,7 @@ def run_script(config: dict, script: list, caching: bool) -> None:
                 abort(abort_mid_step)
             collect(sched.update_from_output(plan, result))
         collect(sched.take_pending_outputs())
-        sched.check_invariants()
+        check_scheduler_invariants(sched)
         return plan
 
     for kind, arg in script:
@@ -113,7 +114,7 @@ def run_script(config: dict, script: list, caching: bool) -> None:
         elif kind == "abort":
             abort(arg)
             collect(sched.take_pending_outputs())
-            sched.check_invariants()
+            check_scheduler_invariants(sched)
         elif kind == "abort_in_flight":
             run_step(abort_mid_step=arg)
         else:

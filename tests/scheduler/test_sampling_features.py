@@ -3,6 +3,7 @@ prefill-only requests that end with their vector, prompt logprobs bypass the pre
 not recomputed after preemption), and the worker's logprobs reach the outputs."""
 from fake_worker import (EOS, default_token_fn, eos_at, fake_embedding, make_request, make_scheduler,
                          run_to_completion, step, tokens_of)
+from tinyvllm.scheduler.invariants import check_scheduler_invariants
 from tinyvllm.protocol.messages import FinishReason, StepResult, TokenLogprobs
 
 
@@ -69,7 +70,7 @@ def test_resumed_request_does_not_ask_for_prompt_logprobs_again():
             break
         sent += [(r.req_id, len(r.prompt_token_ids), r.sampling.prompt_logprobs) for r in plan.new_reqs]
         sched.update_from_output(plan, worker.execute(plan))
-        sched.check_invariants()
+        check_scheduler_invariants(sched)
     resumed = [s for s in sent if s[0] == "new"][1:]
     assert sched.num_preemptions > 0 and resumed, sent
     assert all(plp is None for _, n, plp in resumed if n > 6)

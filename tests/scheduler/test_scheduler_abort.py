@@ -1,4 +1,5 @@
 from fake_worker import make_request, make_scheduler, run_to_completion, step, tokens_of
+from tinyvllm.scheduler.invariants import check_scheduler_invariants
 from tinyvllm.protocol.messages import FinishReason
 from tinyvllm.scheduler.request import RequestStatus
 
@@ -29,7 +30,7 @@ def test_abort_running_request_frees_blocks_at_once():
     step(sched, worker)
     sched.abort(["a"])
     assert a.block_ids == [] and sched.kv_cache_manager.num_free_blocks == 16 - 2 and sched.num_running == 1
-    sched.check_invariants()
+    check_scheduler_invariants(sched)
     plan, _ = step(sched, worker)
     assert plan.finished_req_ids == ["a"] and "a" not in worker.reqs
     assert abort_outputs(sched) == [("a", FinishReason.ABORT, [])]
@@ -51,10 +52,10 @@ def test_abort_while_the_step_is_in_flight():
     plan = sched.schedule()
     result = worker.execute(plan)
     sched.abort(["a"])
-    sched.check_invariants()
+    check_scheduler_invariants(sched)
     outs = sched.update_from_output(plan, result)  # a's token arrives after its abort: dropped
     assert [o.req_id for o in outs] == ["b"]
-    sched.check_invariants()
+    check_scheduler_invariants(sched)
     assert abort_outputs(sched) == [("a", FinishReason.ABORT, [])]
     outputs = run_to_completion(sched, worker)
     assert "a" not in outputs and len(tokens_of(outs) + tokens_of(outputs["b"])) == 9
@@ -68,7 +69,7 @@ def test_abort_during_the_step_that_finishes_the_request():
     sched.abort(["a"])
     assert sched.update_from_output(plan, worker.execute(plan)) == []
     assert abort_outputs(sched) == [("a", FinishReason.ABORT, [])]
-    sched.check_invariants()
+    check_scheduler_invariants(sched)
 
 
 def test_unknown_finished_and_repeated_aborts_are_ignored():
@@ -79,4 +80,4 @@ def test_unknown_finished_and_repeated_aborts_are_ignored():
     sched.abort(["nope", "a", "b", "b"])
     sched.abort(["b"])
     assert abort_outputs(sched) == [("b", FinishReason.ABORT, [])]
-    sched.check_invariants()
+    check_scheduler_invariants(sched)
