@@ -3,13 +3,13 @@
 # each server in turn is started alone on a free 127.0.0.1 port, loaded by `tinyvllm bench serve` with the same
 # random prompts (same tokenizer, same seed), and stopped; then one markdown table is printed.
 #
-#   benchmarks/compare.sh                         # all three servers, concurrency 1 4 16
+#   benchmarks/compare.sh                         # all three servers, concurrency 1 4 16 64
 #   benchmarks/compare.sh --servers llama-server --concurrency 1 --num-prompts 2 --output-len 8   # a quick check
 #
 # Options (each also as an environment variable, in capitals: SERVERS, INPUT_LEN, ...):
 #   --servers "tinyvllm vllm llama-server"   which to run; the others' JSON from an earlier run in --out is reused
 #   --input-len 256 --output-len 128         prompt tokens and generated tokens per request (ignore_eos is on)
-#   --concurrency "1 4 16"                   levels, each run as its own `bench serve` call
+#   --concurrency "1 4 16 64"                levels, each run as its own `bench serve` call
 #   --num-prompts N                          measured requests per level (default: max(4, concurrency): one full wave)
 #   --warmup N                               unmeasured requests before each level (default: 1; tinyvllm captures its jitted steps at start-up)
 #   --threads 2                              CPU threads for llama-server (-t) and vLLM (VLLM_CPU_OMP_THREADS_BIND)
@@ -25,7 +25,7 @@ cd "$(dirname "$0")/.."
 source benchmarks/peers/common.sh
 
 SERVERS=${SERVERS:-tinyvllm vllm llama-server}
-INPUT_LEN=${INPUT_LEN:-256}; OUTPUT_LEN=${OUTPUT_LEN:-128}; CONCURRENCY=${CONCURRENCY:-1 4 16}
+INPUT_LEN=${INPUT_LEN:-256}; OUTPUT_LEN=${OUTPUT_LEN:-128}; CONCURRENCY=${CONCURRENCY:-1 4 16 64}
 NUM_PROMPTS=${NUM_PROMPTS:-}; WARMUP=${WARMUP:-}; THREADS=${THREADS:-2}
 OUT=${OUT:-benchmarks/results/compare}; VLLM_BENCH=${VLLM_BENCH:-0}
 TINYVLLM_ARGS=${TINYVLLM_ARGS:-}; VLLM_ARGS=${VLLM_ARGS:-}; LLAMA_ARGS=${LLAMA_ARGS:-}
