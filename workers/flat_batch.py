@@ -61,6 +61,8 @@ def flatten(pieces: list[ScheduledChunk], bucket: int, rows: int, max_blocks: in
         positions[offset:end] = np.arange(piece.start, piece.start + piece.length)
         token_rows[offset:end] = row
         block_ids = piece.state.block_ids
+        if len(block_ids) > max_blocks:
+            raise ValueError(f"{piece.req_id}: {len(block_ids)} blocks, more than a sequence can hold ({max_blocks})")
         tables[row, :len(block_ids)] = block_ids
         if piece.samples and not piece.pools:
             sample_index[len(sampled)] = end - 1

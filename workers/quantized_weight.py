@@ -1,7 +1,7 @@
 """GGUF weights kept in their quantised block form, dequantised inside the kernels that read them.
 
 Host side, `QuantizedArray` is a 2-D GGUF tensor's raw blocks (read from the mapped file, not dequantised);
-it behaves as a float32 array where one is asked for (`np.asarray` dequantises it with workers/gguf_file.py).
+it behaves as a float32 array where one is asked for (`np.asarray` dequantises it with workers/gguf_dequantize.py).
 
 Device side, `DeviceWeight` holds a weight's Tensors (`parts`) and returns `dequantized()`: the float32
 [N, K] weight as a *lazy* expression, so `h @ w.dequantized().T` reads the quantised bytes and tinygrad fuses
@@ -12,7 +12,7 @@ In-kernel types and their device layout (d, m: the block's float16 scale and min
           (in each 32-block, byte j holds element j in its low nibble and element j+16 in its high one)
     Q8_0: int8 [N, K/32, 32], d float32 [N, K/32, 1]; value = q * d
 Any other type (F32, F16, BF16, Q4_0, Q5_*, K-quants) is dequantised at load to a float32 "F32" weight.
-The dequantisation computes what gguf_file.py's numpy does, in the same order, in float32.
+The dequantisation computes what workers/gguf_dequantize.py's numpy does, in the same order, in float32.
 """
 from __future__ import annotations
 
