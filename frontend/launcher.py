@@ -4,7 +4,6 @@ Used by both `tinyvllm serve` and the offline `LLM` API. Children are spawned (n
 tinygrad or ZMQ state is inherited) and die with this process even if it is killed.
 """
 import multiprocessing
-import os
 import pathlib
 import shutil
 from dataclasses import dataclass
@@ -15,14 +14,6 @@ from tinyvllm.protocol.transport import Endpoints
 from tinyvllm.scheduler.main import SchedulerArgs, run_scheduler
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30
-
-
-def default_token_budget(device: str | None = None) -> int:
-    """Tokens per step: 512 on a CPU (a 512-token step of the default model is ~1 s on two cores, so decodes in
-    mixed steps still move), 2048 on an accelerator, where bigger batches are nearly free. The device is tinygrad's
-    DEV (the HTTP process does not import tinygrad); unset, CPU."""
-    device = device if device is not None else os.environ.get("DEV", "CPU")
-    return 512 if device.split(":")[0] in ("", "CPU") else 2048
 CPU_KERNEL_SETS = ("c", "tinygrad")  # workers/kernel_set.py's KERNEL_SETS, named here without importing tinygrad
 
 
@@ -30,7 +21,7 @@ CPU_KERNEL_SETS = ("c", "tinygrad")  # workers/kernel_set.py's KERNEL_SETS, name
 class EngineArgs:
     model: str | None = None
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 0  # 0: default_token_budget()
+    max_num_batched_tokens: int = 512
     block_size: int = 16
     kv_cache_memory: int = DEFAULT_KV_CACHE_BYTES
     num_kv_blocks: int = 0  # overrides kv_cache_memory when set
@@ -44,7 +35,6 @@ class EngineArgs:
     tcp_base_port: int = 5555
 
     def validate(self) -> None:
-        self.max_num_batched_tokens = self.max_num_batched_tokens or default_token_budget()
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "world_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
