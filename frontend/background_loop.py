@@ -1,7 +1,7 @@
 """An asyncio event loop on its own thread, so synchronous code (the offline `LLM`) can drive async code.
 
 A caller blocks on a future until the loop has its result: no polling. The thread is a daemon so that an `LLM`
-left open cannot keep the interpreter from exiting (LLM closes itself at exit, before multiprocessing's joins).
+left open cannot keep the interpreter from exiting (LLM closes itself at exit).
 """
 import asyncio
 import threading

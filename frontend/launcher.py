@@ -1,17 +1,18 @@
 """Starts the engine's processes (one scheduler, `world_size` workers), watches them, and stops them.
 
-Used by both `tinyvllm serve` and the offline `LLM` API. Children are spawned (never forked, so no
-tinygrad or ZMQ state is inherited) and die with this process even if it is killed.
+Used by both `tinyvllm serve` and the offline `LLM` API. Children are programs of their own
+(protocol/child_process.py: never forked, so no tinygrad or ZMQ state is inherited, and never multiprocessing's
+spawn, which re-runs the caller's script) and die with this process even if it is killed.
 """
-import multiprocessing
 import pathlib
 import shutil
 from dataclasses import dataclass
 
+from tinyvllm.protocol.child_process import ChildProcess
 from tinyvllm.protocol.model_config import read_model_config
 from tinyvllm.protocol.model_path import resolve_model_path
 from tinyvllm.protocol.transport import Endpoints
-from tinyvllm.scheduler.main import SchedulerArgs, run_scheduler
+from tinyvllm.scheduler.main import SchedulerArgs
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 CPU_KERNEL_SETS = ("c", "tinygrad")  # workers/kernel_set.py's KERNEL_SETS, named here without importing tinygrad
@@ -50,7 +51,7 @@ class EngineArgs:
 
 class EngineProcesses:
     def __init__(self, args: EngineArgs):
-        from tinyvllm.workers.main import WorkerArgs, run_worker  # not at import: the HTTP process stays free of it
+        from tinyvllm.workers.main import WorkerArgs  # not at import: the HTTP process stays free of worker code
 
         args.validate()
         self.model_path = resolve_model_path(args.model)
@@ -59,14 +60,13 @@ class EngineProcesses:
         if self.max_model_len < 2:
             raise ValueError("--max-model-len must be at least 2")
         self.endpoints = Endpoints.ipc() if args.transport == "ipc" else Endpoints.tcp(base_port=args.tcp_base_port)
-        spawn = multiprocessing.get_context("spawn")
         sched_args = SchedulerArgs(args.world_size, args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
                                    self.max_model_len, args.num_kv_blocks, args.kv_cache_memory, args.enable_prefix_caching)
-        self.processes = [spawn.Process(target=run_scheduler, args=(self.endpoints, sched_args), name="tinyvllm-scheduler")]
+        self.processes = [ChildProcess("tinyvllm-scheduler", "tinyvllm.scheduler.main", self.endpoints, sched_args)]
         worker_args = [WorkerArgs(str(self.model_path), rank, args.world_size, jit_warmup=args.jit_warmup, beam=args.beam,
                                   kernels=args.cpu_kernels)
                        for rank in range(args.world_size)]
-        self.processes += [spawn.Process(target=run_worker, name=f"tinyvllm-worker{a.rank}", args=(self.endpoints.workers, a))
+        self.processes += [ChildProcess(f"tinyvllm-worker{a.rank}", "tinyvllm.workers.main", self.endpoints.workers, a)
                            for a in worker_args]
 
     def start(self) -> None:

@@ -39,8 +39,7 @@ class LLM:
         self.procs, self.tokenizer, self._engine = procs, tokenizer, engine
         self._ids = itertools.count()
         self._loop = BackgroundLoop("tinyvllm-llm")
-        # Closed by shutdown(), by garbage collection, or at exit: registered with atexit only after procs.start()
-        # so that it runs before multiprocessing's exit hook, which would wait forever for the engine's processes.
+        # Closed by shutdown(), by garbage collection, or at exit (registered with atexit once procs have started).
         self._closer = weakref.finalize(self, _close, self._loop, engine, procs)
         self._closer.atexit = False
         try:

@@ -4,6 +4,7 @@ Sockets: PULL from the frontend (AddRequest, AbortRequests, Shutdown), PUSH to t
 StepOutputs), ROUTER to the workers (hello/init/ready handshake, StepPlan out, StepResult back).
 """
 import logging
+import sys
 import time
 from dataclasses import dataclass
 
@@ -169,3 +170,8 @@ def run_scheduler(endpoints: Endpoints, args: SchedulerArgs) -> None:
         pass
     finally:
         loop.close()
+
+if __name__ == "__main__":  # started by frontend/launcher.py as a program of its own
+    from tinyvllm.protocol.child_process import child_args
+    endpoints, scheduler_args = child_args(sys.argv)
+    run_scheduler(Endpoints(**endpoints), SchedulerArgs(**scheduler_args))

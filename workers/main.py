@@ -93,3 +93,8 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs) -> None:
         send(sock, WorkerError(args.rank, traceback.format_exc(limit=5)))
     finally:
         ctx.destroy(linger=200)
+
+if __name__ == "__main__":  # started by frontend/launcher.py as a program of its own
+    from tinyvllm.protocol.child_process import child_args
+    endpoint, worker_args = child_args(sys.argv)
+    run_worker(endpoint, WorkerArgs(**worker_args))

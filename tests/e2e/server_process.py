@@ -179,13 +179,13 @@ class ServerProcess:
 
     def engine_pids(self) -> tuple[int, int]:
         """(scheduler pid, worker pid). The scheduler logs the worker's pid when it says hello; the scheduler is
-        then the server's other spawned child (the third child is multiprocessing's resource tracker)."""
+        the server's child running `python -m tinyvllm.scheduler.main`."""
         m = re.search(r"worker rank 0 \(\S+, pid (\d+)\) said hello", self.log())
         assert m, "the worker's pid is not in the log" + self.log_tail()
         worker = int(m.group(1))
         children = children_of(self.pid)
         assert worker in children, (worker, describe(children))
-        others = [pid for pid in children if pid != worker and "spawn_main" in cmdline(pid)]
+        others = [pid for pid in children if pid != worker and "tinyvllm.scheduler.main" in cmdline(pid)]
         assert len(others) == 1, describe(children)
         return others[0], worker
 

@@ -1,5 +1,7 @@
 """`tinyvllm serve --cpu-kernels c|tinygrad` reaches the engine args and, through the launcher, every worker's
 WorkerArgs (which configures the device and builds the model with it: tests/workers/test_kernel_set.py)."""
+import json
+
 import pytest
 
 import tinyvllm.frontend.server as server_module
@@ -37,4 +39,4 @@ def test_help_names_the_option(capsys):
 def test_the_launcher_hands_it_to_the_workers(default_model_path):
     processes = EngineProcesses(EngineArgs(model=str(default_model_path), cpu_kernels="tinygrad")).processes
     workers = [p for p in processes if p.name.startswith("tinyvllm-worker")]
-    assert workers and all(p._args[1].kernels == "tinygrad" for p in workers)
+    assert workers and all(json.loads(p.command[-1])[1]["kernels"] == "tinygrad" for p in workers)  # WorkerArgs
