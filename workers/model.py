@@ -97,7 +97,6 @@ class Transformer:
         self.cfg = cfg
         self.kernels = kernels or default_kernel_set(Device.DEFAULT)
         check_kernel_set(Device.DEFAULT, self.kernels)
-        self.cpu_kernels = self.kernels == "c"
         w = {name: DeviceWeight.from_host(arr, dequantize_at_load) for name, arr in weights.items()}
         self.tok_embeddings = w["token_embd.weight"]
         self.output = w.get("output.weight", self.tok_embeddings)
@@ -106,6 +105,11 @@ class Transformer:
         self.layers = [Layer(w, i) for i in range(cfg.n_layers)]
         self.cos, self.sin = rope_tables(cfg, max_positions)
         self._qkv, self._attn_out, self._mlp = make_layer_functions(cfg, cpu_kernels=self.cpu_kernels)
+
+    @property
+    def cpu_kernels(self) -> bool:
+        """Whether the model runs the hand-written C kernels (the "c" set)."""
+        return self.kernels == "c"
 
     def forward(self, tokens: Tensor, positions: Tensor, attend) -> Tensor:
         """Hidden states [T, dim] after the final norm.

@@ -24,8 +24,9 @@ from tinyvllm.workers.model import Transformer
 from tinyvllm.workers.sampling_batch import BatchSampler
 
 
-def buckets_up_to(limit: int, first: int = 1) -> list[int]:
-    sizes, size = [], first
+def buckets_up_to(limit: int) -> list[int]:
+    """1, 2, 4, ... below limit, then limit."""
+    sizes, size = [], 1
     while size < limit:
         sizes.append(size)
         size *= 2
