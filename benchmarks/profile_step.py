@@ -68,18 +68,18 @@ def profile_batch(runner, batch: int, prompt_len: int, steps: int, step0: int) -
     ids = [f"b{batch}-{i}" for i in range(batch)]
     new = [NewRequestData(r, [1 + (i * 7 + j) % 1000 for j in range(prompt_len)], SamplingParams(max_tokens=2 * steps + 8, temperature=0.0),
                           list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)), 0, prompt_len) for i, r in enumerate(ids)]
-    runner.execute(StepPlan(step0, new, [], []))
+    first = runner.execute(StepPlan(step0, new, [], []))
+    last = dict(zip(first.req_ids, first.sampled_token_ids))  # each request's newest token, which the next plan brings
     forward, sample, total = [], [], []
     t_capture = time.perf_counter()
     for s in range(steps + 3):  # the first steps compile and warm up
-        plan = StepPlan(step0 + 1 + s, [], [CachedRequestData(r, [], prompt_len + s, 1) for r in ids], [])
+        plan = StepPlan(step0 + 1 + s, [], [CachedRequestData(r, [], prompt_len + s, 1, [last[r]]) for r in ids], [])
         t0 = time.perf_counter()
         work = runner.compute(plan)
         work.logits.realize()
         t1 = time.perf_counter()
         tokens, _ = runner.sampler.sample([c.state for c in work.rows], work.logits)
-        for chunk, token in zip(work.rows, tokens):
-            chunk.state.append_token(token)
+        last.update((chunk.req_id, token) for chunk, token in zip(work.rows, tokens))
         t2 = time.perf_counter()
         if s == 2:
             t_capture = time.perf_counter() - t_capture
@@ -88,7 +88,9 @@ def profile_batch(runner, batch: int, prompt_len: int, steps: int, step0: int) -
     executed = []  # the same steps the way the worker runs a StepPlan: ModelRunner.execute
     for s in range(steps + 3, 2 * steps + 3):
         t0 = time.perf_counter()
-        runner.execute(StepPlan(step0 + 1 + s, [], [CachedRequestData(r, [], prompt_len + s, 1) for r in ids], []))
+        result = runner.execute(StepPlan(step0 + 1 + s, [], [CachedRequestData(r, [], prompt_len + s, 1, [last[r]])
+                                                             for r in ids], []))
+        last.update(zip(result.req_ids, result.sampled_token_ids))
         executed.append(time.perf_counter() - t0)
     runner.execute(StepPlan(step0 + 2 * steps + 10, [], [], ids))
     med = statistics.median

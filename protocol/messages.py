@@ -157,6 +157,9 @@ class CachedRequestData:
     new_block_ids: list[int]
     num_computed_tokens: int
     num_scheduled_tokens: int
+    # The tokens it gained since the workers last saw it (sampled by the worker that samples), appended before
+    # this step's positions: every worker (each tensor- and pipeline-parallel shard) learns them from the plan.
+    new_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -1,8 +1,8 @@
 """What the workers already know, so each StepPlan carries only the difference.
 
-Workers keep per-request state (token ids, block table) between steps and append the tokens they
-sample themselves. A request they do not hold is sent in full; one they hold gets only its new block
-ids. Workers apply finished_req_ids before new_reqs, so an id may leave and come back in one plan.
+Workers keep per-request state (token ids, block table) between steps. A request they do not hold is sent in
+full; one they hold gets only its new block ids and the tokens it gained since (its sampled tokens: the
+workers never append a token on their own, so every shard, sampling or not, holds the same tokens). Workers apply finished_req_ids before new_reqs, so an id may leave and come back in one plan.
 A block table the workers hold only ever grows: copy-on-write replaces blocks only in tables not sent yet.
 """
 import dataclasses
@@ -14,6 +14,7 @@ from tinyvllm.scheduler.request import Request
 class WorkerView:
     def __init__(self) -> None:
         self._sent_block_ids: dict[str, list[int]] = {}  # req_id -> the block table the workers hold
+        self._sent_num_tokens: dict[str, int] = {}  # req_id -> how many of its tokens the workers hold
         self._dropped_req_ids: list[str] = []  # known to the workers, dropped since the last plan
 
     def known_req_ids(self) -> set[str]:
@@ -24,6 +25,7 @@ class WorkerView:
 
     def forget(self, req_id: str) -> None:
         """req_id finished or was preempted: the next plan tells the workers to drop it."""
+        self._sent_num_tokens.pop(req_id, None)
         if self._sent_block_ids.pop(req_id, None) is not None:
             self._dropped_req_ids.append(req_id)
 
@@ -43,8 +45,11 @@ class WorkerView:
                 self._sent_block_ids[req.req_id] = list(req.block_ids)
             else:
                 new_block_ids = req.block_ids[len(sent):]
-                cached_reqs.append(CachedRequestData(req.req_id, new_block_ids, req.num_computed_tokens, num_new))
+                new_token_ids = req.token_ids_between(self._sent_num_tokens[req.req_id], req.num_tokens)
+                cached_reqs.append(CachedRequestData(req.req_id, new_block_ids, req.num_computed_tokens, num_new,
+                                                     new_token_ids))
                 sent += new_block_ids
+            self._sent_num_tokens[req.req_id] = req.num_tokens
         plan = StepPlan(step_id, new_reqs, cached_reqs, self._dropped_req_ids, block_copies)
         self._dropped_req_ids = []
         return plan

@@ -77,6 +77,8 @@ class BatchState:
         for cached in plan.cached_reqs:
             state = self.requests[cached.req_id]
             state.block_ids.extend(cached.new_block_ids)
+            for token_id in cached.new_token_ids:
+                state.append_token(token_id)
             chunks.append(ScheduledChunk(cached.req_id, state, cached.num_computed_tokens, cached.num_scheduled_tokens))
         for chunk in chunks:
             if chunk.start + chunk.length > len(chunk.state.token_ids):

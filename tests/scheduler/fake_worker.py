@@ -81,6 +81,7 @@ class WorkerRequest:
     sampling: SamplingParams
     num_computed_tokens: int = 0
     prefix_hashes: list[int] = field(default_factory=list)
+    sampled: list[int] = field(default_factory=list)  # sampled, not yet brought back by a plan
 
 
 @dataclass
@@ -106,7 +107,8 @@ class FakeWorker:
         self.step_id = plan.step_id
         for req_id in plan.finished_req_ids:
             assert req_id in self.reqs, f"finished {req_id} was never sent"
-            self.dropped_tokens[req_id] = self.reqs.pop(req_id).token_ids
+            dropped = self.reqs.pop(req_id)
+            self.dropped_tokens[req_id] = dropped.token_ids + dropped.sampled
 
         scheduled: list[tuple[str, int]] = []
         for new in plan.new_reqs:
@@ -123,6 +125,10 @@ class FakeWorker:
             assert cached.num_computed_tokens == req.num_computed_tokens, (
                 f"{cached.req_id}: scheduler says {cached.num_computed_tokens} computed, worker has {req.num_computed_tokens}")
             req.block_ids.extend(cached.new_block_ids)
+            assert cached.new_token_ids == req.sampled, (
+                f"{cached.req_id}: the plan brings tokens {cached.new_token_ids}, the worker sampled {req.sampled}")
+            req.token_ids += req.sampled
+            req.sampled = []
             scheduled.append((cached.req_id, cached.num_scheduled_tokens))
         assert len({req_id for req_id, _ in scheduled}) == len(scheduled), "a request scheduled twice"
         self._copy_blocks(plan.block_copies)
@@ -176,6 +182,7 @@ class FakeWorker:
             assert slot is not None and slot[:2] == (pos, hashes[pos]), (
                 f"{req_id}: KV at position {pos} is not its own history (written by {slot and slot[2]})")
         req.num_computed_tokens = end
+        assert not req.sampled, f"{req_id} scheduled before its sampled token came back"
         if end < len(req.token_ids):
             return None  # a prefill chunk short of the end samples nothing
         if req.sampling.embed:
@@ -184,7 +191,7 @@ class FakeWorker:
             token = self.sample_fn(req_id, end, hashes[end - 1], req.sampling)
         else:
             token = self.token_fn(req_id, end)
-        req.token_ids.append(token)
+        req.sampled.append(token)  # like a real worker: it learns its own token from the next plan
         return token
 
     def _slot(self, req: WorkerRequest, pos: int) -> int:

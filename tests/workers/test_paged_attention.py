@@ -52,8 +52,7 @@ def test_paged_equals_dense(setup):
     for step in range(decode_steps):  # all three decode together in one batch (bucket 4, one padding row)
         cached = []
         for r, n in lengths.items():
-            runner.batch.requests[r].token_ids.append(tokens[r][n + step])
-            cached.append(CachedRequestData(r, [], n + step, 1))
+            cached.append(CachedRequestData(r, [], n + step, 1, [tokens[r][n + step]]))
         run(StepPlan(2 + step, [], cached, []))
 
     for r, n in lengths.items():
@@ -70,8 +69,7 @@ def test_padding_rows_do_not_touch_live_blocks(setup):
     before = [layer.numpy()[: NUM_BLOCKS * BLOCK_SIZE].copy() for layer in runner.cache.layers]
     sp = SamplingParams(temperature=0)
     runner.compute_logits(StepPlan(100, [NewRequestData("z", [1, 2, 3], sp, [0], 0, 3)], [], []))
-    runner.batch.requests["z"].token_ids.append(5)
-    runner.compute_logits(StepPlan(101, [], [CachedRequestData("z", [], 3, 1)], []))  # B=1 bucket
+    runner.compute_logits(StepPlan(101, [], [CachedRequestData("z", [], 3, 1, [5])], []))  # B=1 bucket
     after = [layer.numpy()[: NUM_BLOCKS * BLOCK_SIZE] for layer in runner.cache.layers]
     for b, a in zip(before, after):
         changed = np.flatnonzero(np.any(b.reshape(NUM_BLOCKS * BLOCK_SIZE, -1) != a.reshape(NUM_BLOCKS * BLOCK_SIZE, -1), -1))

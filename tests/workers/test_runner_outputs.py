@@ -52,7 +52,7 @@ def test_prompt_and_sample_logprobs_match_the_dense_model(setup):
     np.testing.assert_allclose(lp.logprob, expected[-1, token], atol=1e-4)
     assert lp.top_token_ids == np.argsort(-expected[-1])[:2].tolist()
     # The next step is a plain decode: logprobs again, prompt logprobs never twice.
-    r4 = runner.execute(StepPlan(4, [], [CachedRequestData("p", [], 13, 1)], []))
+    r4 = runner.execute(StepPlan(4, [], [CachedRequestData("p", [], 13, 1, [token])], []))
     expected = log_softmax(dense_logits(CFG, weights, prompt + [token]))
     np.testing.assert_allclose(r4.logprobs[0].logprob, expected[-1, r4.sampled_token_ids[0]], atol=1e-4)
     assert r4.prompt_logprobs == []

@@ -54,7 +54,7 @@ def test_captured_steps_compute_the_dense_model(warmed):
     for step in range(2, 5):
         for req_id, token in zip(result.req_ids, result.sampled_token_ids):
             outputs[int(req_id[1])].append(token)
-        cached = [CachedRequestData(f"r{i}", [], len(o) - 1, 1) for i, o in enumerate(outputs)]
+        cached = [CachedRequestData(f"r{i}", [], len(o) - 1, 1, [o[-1]]) for i, o in enumerate(outputs)]
         result = runner.execute(StepPlan(step, [], cached, []))
     for seq in outputs:  # each sampled token is the dense model's argmax after the tokens before it
         for t in range(len(seq) - 3, len(seq)):
