@@ -54,6 +54,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--beam", type=int, default=0,
                         help="tinygrad BEAM search width for the model's kernels (e.g. 2; 0: off). Searching takes "
                              "minutes on the first start; results are cached on disk")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                        help="split every layer over this many worker processes (one per device; on a CPU, each "
+                             "gets its share of the cores)")
+    parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
+                        help="split the layers into this many stages, each its own worker process(es)")
     parser.add_argument("--cpu-kernels", choices=CPU_KERNEL_SETS, default=None,
                         help="the kernels the model runs: c, hand-written C kernels and a C graph executor (tinygrad's "
                              "CPU backend only), or tinygrad, tinygrad's own kernels (what GPUs run); default: c on "
@@ -66,7 +71,9 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
                       max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
                       kv_cache_memory=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
                       max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
-                      jit_warmup=args.jit_warmup, beam=args.beam, cpu_kernels=args.cpu_kernels)
+                      jit_warmup=args.jit_warmup, beam=args.beam, cpu_kernels=args.cpu_kernels,
+                      tensor_parallel_size=args.tensor_parallel_size,
+                      pipeline_parallel_size=args.pipeline_parallel_size)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,19 +5,21 @@ Not multiprocessing's spawn: that re-runs the caller's `__main__` in every child
 failed. The children read nothing from standard input; the arguments are dataclasses, sent as JSON."""
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 
 
 class ChildProcess:
-    def __init__(self, name: str, module: str, *args):
-        self.name = name
+    def __init__(self, name: str, module: str, *args, env: dict[str, str] | None = None):
+        """env: variables set for the child on top of this process's environment."""
+        self.name, self.env = name, env or {}
         payload = [dataclasses.asdict(a) if dataclasses.is_dataclass(a) else a for a in args]
         self.command = [sys.executable, "-m", module, json.dumps(payload)]
         self._popen: subprocess.Popen | None = None
 
     def start(self) -> None:
-        self._popen = subprocess.Popen(self.command, stdin=subprocess.DEVNULL)
+        self._popen = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, env={**os.environ, **self.env})
 
     @property
     def pid(self) -> int | None:

@@ -99,6 +99,7 @@ class EngineReady:
     max_model_len: int
     max_num_seqs: int
     num_workers: int
+    worker_weight_bytes: list[int] = field(default_factory=list)  # by rank: the weights each worker holds
 
 
 @dataclass(slots=True)
@@ -110,11 +111,14 @@ class Shutdown:
 
 @dataclass(slots=True)
 class WorkerHello:
-    rank: int
+    rank: int  # protocol/parallel_layout.py: pp_rank * tp_size + tp_rank
     world_size: int
     role: str
     pid: int
     device: str
+    tp_size: int = 1
+    pp_size: int = 1
+    stage_address: str = ""  # where a later pipeline stage receives the previous stage's hidden states
 
 
 @dataclass(slots=True)
@@ -126,6 +130,8 @@ class InitWorker:
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
+    group_id: str = ""  # names the tensor-parallel groups' shared memory (each stage's group adds its stage)
+    next_stage_address: str = ""  # where this worker sends its hidden states (a stage before the last)
 
 
 @dataclass(slots=True)
@@ -134,6 +140,7 @@ class WorkerReady:
     num_blocks: int
     block_size: int
     max_model_len: int
+    weight_bytes: int = 0  # the weights this worker holds on its device (its shard)
 
 
 @dataclass(slots=True)

@@ -25,6 +25,13 @@ class Endpoints:
     def tcp(host: str = "127.0.0.1", base_port: int = 5555) -> "Endpoints":
         return Endpoints(*(f"tcp://{host}:{base_port + i}" for i in range(3)))
 
+    def stage_input(self, rank: int) -> str:
+        """Where worker `rank` (a pipeline stage after the first) receives its input: beside the other endpoints."""
+        if self.workers.startswith("ipc://"):
+            return f"{self.workers.rsplit('/', 1)[0]}/stage-{rank}"
+        host, port = self.workers[len("tcp://"):].rsplit(":", 1)
+        return f"tcp://{host}:{int(port) + 1 + rank}"
+
     def as_list(self) -> list[str]:
         return [self.scheduler_input, self.frontend_output, self.workers]
 

@@ -10,13 +10,14 @@ from dataclasses import dataclass
 
 import zmq
 
-from tinyvllm.protocol.codec import CodecError, decode
-from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, InitWorker, Shutdown, StepOutputs, StepPlan,
-                               StepResult, WorkerError, WorkerHello, WorkerReady)
+from tinyvllm.protocol.codec import CodecError
+from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, Shutdown, StepOutputs, StepPlan,
+                                        StepResult, WorkerError)
 from tinyvllm.protocol.transport import Endpoints, make_socket, recv, send
 from tinyvllm.scheduler.request import Request
 from tinyvllm.scheduler.config import SchedulerConfig
 from tinyvllm.scheduler.scheduler import Scheduler
+from tinyvllm.scheduler.worker_group import WorkerGroup
 from tinyvllm.protocol.process_guard import exit_with_parent
 
 log = logging.getLogger("tinyvllm.scheduler")
@@ -35,44 +36,6 @@ class SchedulerArgs:
     startup_timeout_s: float = 900.0
 
 
-class WorkerGroup:
-    """The workers, by ZMQ identity. Every worker gets every plan; rank 0 answers with the sampled tokens."""
-
-    def __init__(self, sock: zmq.Socket):
-        self.sock = sock
-        self.identities: dict[int, bytes] = {}
-
-    def handshake(self, args: SchedulerArgs) -> int:
-        deadline = time.monotonic() + args.startup_timeout_s
-        while len(self.identities) < args.world_size:
-            identity, msg = self.recv(deadline)
-            if isinstance(msg, WorkerHello):
-                self.identities[msg.rank] = identity
-                log.info("worker rank %d (%s, pid %d) said hello", msg.rank, msg.device, msg.pid)
-        init = InitWorker(args.num_kv_blocks, args.kv_cache_bytes, args.block_size, args.max_model_len,
-                          args.max_num_seqs, args.max_num_batched_tokens)
-        for identity in self.identities.values():
-            send(self.sock, init, identity)
-        ready: dict[int, WorkerReady] = {}
-        while len(ready) < len(self.identities):
-            _, msg = self.recv(deadline)
-            if isinstance(msg, WorkerError):
-                raise RuntimeError(f"worker {msg.rank} failed to start: {msg.message}")
-            if isinstance(msg, WorkerReady):
-                ready[msg.rank] = msg
-        return min(r.num_blocks for r in ready.values())
-
-    def recv(self, deadline: float):
-        if not self.sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
-            raise TimeoutError("no answer from the workers in time")
-        identity, data = self.sock.recv_multipart()
-        return identity, decode(data)
-
-    def broadcast(self, msg) -> None:
-        for identity in self.identities.values():
-            send(self.sock, msg, identity)
-
-
 class SchedulerLoop:
     def __init__(self, endpoints: Endpoints, args: SchedulerArgs):
         self.ctx = zmq.Context()
@@ -88,7 +51,8 @@ class SchedulerLoop:
         a = self.args
         self.scheduler = Scheduler(SchedulerConfig(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
                                                    a.block_size, num_blocks, a.enable_prefix_caching))
-        send(self.to_frontend, EngineReady(num_blocks, a.block_size, a.max_model_len, a.max_num_seqs, a.world_size))
+        send(self.to_frontend, EngineReady(num_blocks, a.block_size, a.max_model_len, a.max_num_seqs, a.world_size,
+                                               [self.workers.weight_bytes[r] for r in range(a.world_size)]))
         log.info("scheduler ready: %d KV blocks of %d tokens", num_blocks, a.block_size)
 
     def handle_frontend(self, msg) -> None:
@@ -124,7 +88,7 @@ class SchedulerLoop:
                 _, msg = self.workers.recv(time.monotonic() + 1)
                 if isinstance(msg, WorkerError):
                     raise RuntimeError(f"worker {msg.rank} failed: {msg.message}")
-                if isinstance(msg, StepResult) and msg.step_id == plan.step_id and msg.rank == 0:
+                if isinstance(msg, StepResult) and msg.step_id == plan.step_id and msg.rank == self.workers.output_rank:
                     break
             if self.from_frontend in events:
                 try:

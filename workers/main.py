@@ -40,22 +40,48 @@ class WorkerArgs:
     jit_warmup: bool = False
     beam: int = 0
     kernels: str | None = None  # the kernel set (workers/kernel_set.py); None: the device's default
+    tp_size: int = 1
+    pp_size: int = 1
+    stage_address: str = ""  # where this worker receives the previous pipeline stage's output (not on the first)
+
+    @property
+    def spec(self):
+        from tinyvllm.protocol.parallel_layout import ShardSpec
+        return ShardSpec.of_rank(self.rank, self.tp_size, self.pp_size)
 
 
-def build_runner(args: WorkerArgs, init: InitWorker):
+def build_runner(args: WorkerArgs, init: InitWorker, link=None):
     from tinygrad import Device
+    from tinyvllm.protocol.parallel_layout import check_parallel_sizes
     from tinyvllm.workers.kernel_set import configure_device, default_kernel_set
     from tinyvllm.workers.kv_cache import PagedKVCache, blocks_for_budget
     from tinyvllm.workers.model import Transformer
-    from tinyvllm.workers.weights import load_weights
     from tinyvllm.workers.model_runner import ModelRunner
+    from tinyvllm.workers.tensor_parallel import shard_weights
+    from tinyvllm.workers.weights import load_weights
+    spec = args.spec
     cfg, weights = load_weights(args.model)
+    check_parallel_sizes(cfg, spec.tp_size, spec.pp_size)
+    vocab_start = None
+    if spec.world_size > 1:
+        cfg, weights, vocab_start = shard_weights(cfg, weights, spec)
+        vocab_start = vocab_start if spec.tp_size > 1 else None
     num_blocks = init.num_blocks or blocks_for_budget(cfg, init.block_size, init.kv_cache_bytes)
     kernels = args.kernels or default_kernel_set(Device.DEFAULT)
     configure_device(Device.DEFAULT, kernels)
-    model = Transformer(cfg, weights, init.max_model_len, kernels=kernels)
+    model = Transformer(cfg, weights, init.max_model_len, kernels=kernels, vocab_start=vocab_start)
+    del weights
     cache = PagedKVCache(cfg, num_blocks, init.block_size)
-    runner = ModelRunner(model, cache, init.max_num_seqs, init.max_model_len, init.max_num_batched_tokens)
+    group = None
+    if spec.tp_size > 1:  # the largest exchange: a bucket's residual stream, or its sampling rows' logits shard
+        rows = min(init.max_num_seqs, init.max_num_batched_tokens)
+        max_bytes = 4 * max(init.max_num_batched_tokens * cfg.dim, rows * model.output.shape[0] if model.output is not None else 0)
+        from tinyvllm.workers.collective import HostGroup
+        group = HostGroup(f"{init.group_id}-stage{spec.pp_rank}", spec.tp_rank, spec.tp_size, max_bytes)
+    if link is not None and init.next_stage_address:
+        link.connect_next(init.next_stage_address)
+    runner = ModelRunner(model, cache, init.max_num_seqs, init.max_model_len, init.max_num_batched_tokens,
+                         spec, group, link)
     if args.jit_warmup:
         runner.warm_up(WarmupProgress(f"worker{args.rank}"))
     return runner
@@ -64,6 +90,8 @@ def build_runner(args: WorkerArgs, init: InitWorker):
 def run_worker(workers_endpoint: str, args: WorkerArgs) -> None:
     """Process entry point."""
     exit_with_parent()
+    if cores := os.environ.get("TINYVLLM_CPU_CORES"):  # the launcher's share of this machine's cores
+        os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker{args.rank} %(levelname)s %(message)s")
     from tinygrad import Context
     with Context(BEAM=args.beam):
@@ -72,16 +100,25 @@ def run_worker(workers_endpoint: str, args: WorkerArgs) -> None:
 
 def serve_steps(workers_endpoint: str, args: WorkerArgs) -> None:
     from tinygrad import Device
+    from tinyvllm.workers.stage_link import StageLink
     ctx = zmq.Context()
     sock = make_socket(ctx, zmq.DEALER, workers_endpoint, bind=False, identity=f"worker-{args.rank}".encode())
-    send(sock, WorkerHello(args.rank, args.world_size, args.role, os.getpid(), Device.DEFAULT))
+    link = None
+    if args.pp_size > 1:  # a later stage listens for its input (by default on a free loopback port)
+        link = StageLink(ctx, None if args.spec.first_stage else args.stage_address or "tcp://127.0.0.1:0")
+    send(sock, WorkerHello(args.rank, args.world_size, args.role, os.getpid(), Device.DEFAULT, args.tp_size,
+                           args.pp_size, link.address if link is not None else ""))
     runner = None
     try:
         while True:
             msg = recv(sock)
             if isinstance(msg, InitWorker):
-                runner = build_runner(args, msg)
-                send(sock, WorkerReady(args.rank, runner.cache.num_blocks, runner.cache.block_size, msg.max_model_len))
+                runner = build_runner(args, msg, link)
+                log.info("rank %d (tp %d/%d, pp %d/%d): %.1f MB of weights, %d KV blocks", args.rank,
+                         args.spec.tp_rank, args.tp_size, args.spec.pp_rank, args.pp_size,
+                         runner.model.weight_nbytes / 1e6, runner.cache.num_blocks)
+                send(sock, WorkerReady(args.rank, runner.cache.num_blocks, runner.cache.block_size, msg.max_model_len,
+                                       runner.model.weight_nbytes))
             elif isinstance(msg, StepPlan):
                 send(sock, runner.execute(msg, args.rank))
             elif isinstance(msg, Shutdown):
@@ -92,6 +129,8 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs) -> None:
         log.exception("worker failed")
         send(sock, WorkerError(args.rank, traceback.format_exc(limit=5)))
     finally:
+        if runner is not None and runner.group is not None:
+            runner.group.close()
         ctx.destroy(linger=200)
 
 if __name__ == "__main__":  # started by frontend/launcher.py as a program of its own

@@ -2,13 +2,14 @@
 
 A step is one flat batch of tokens (decodes and prompt chunks of many sequences alike); how a layer's attention
 reaches the cache, workers/attention.py supplies. Each layer has two reduction points, the outputs of the attention
-output projection and of the MLP's down projection: where tensor-parallel ranks will all-reduce their partial sums.
+output projection and of the MLP's down projection: where tensor-parallel ranks all-reduce their partial sums
+(`attention` and `mlp` return them; `run_layers` composes the layers when no rank needs to meet another).
 
 Weights are workers.quantized_weight.DeviceWeight: GGUF Q4_1/Q8_0 matrices stay quantised on the device
 and every matmul reads `w.dequantized()`, which tinygrad fuses into the matmul kernel (see `linear`).
 """
 import numpy as np
-from tinygrad import Device, Tensor
+from tinygrad import Device, Tensor, dtypes
 from tinygrad.function import function
 
 from tinyvllm.workers.cpu_matmul import cpu_linear
@@ -90,17 +91,19 @@ def make_layer_functions(cfg: ModelConfig, max_fused_rows: int = FUSED_DEQUANT_M
 
 class Transformer:
     def __init__(self, cfg: ModelConfig, weights: dict, max_positions: int, kernels: str | None = None,
-                 dequantize_at_load: bool = False):
-        """weights: load_weights' dict (float32 arrays or QuantizedArrays). kernels: the kernel set the model traces
-        (workers/kernel_set.py; default: the device's default). dequantize_at_load turns every weight into float32
-        on the device (the old path, ~4x the bytes)."""
-        self.cfg = cfg
+                 dequantize_at_load: bool = False, vocab_start: int | None = None):
+        """weights: load_weights' dict (float32 arrays or QuantizedArrays), or one worker's share of it
+        (workers/tensor_parallel.py: a pipeline stage's layers, a tensor-parallel rank's slices; then cfg is the
+        shard's and vocab_start the first token id of its embedding/head rows). kernels: the kernel set the model
+        traces (workers/kernel_set.py; default: the device's default). dequantize_at_load turns every weight into
+        float32 on the device (the old path, ~4x the bytes)."""
+        self.cfg, self.vocab_start = cfg, vocab_start
         self.kernels = kernels or default_kernel_set(Device.DEFAULT)
         check_kernel_set(Device.DEFAULT, self.kernels)
         w = {name: DeviceWeight.from_host(arr, dequantize_at_load) for name, arr in weights.items()}
-        self.tok_embeddings = w["token_embd.weight"]
+        self.tok_embeddings = w.get("token_embd.weight")  # a later pipeline stage has none, unless it is tied
         self.output = w.get("output.weight", self.tok_embeddings)
-        self.norm = w["output_norm.weight"].dequantized()
+        self.norm = w["output_norm.weight"].dequantized() if "output_norm.weight" in w else None  # last stage only
         self.weight_nbytes = sum(x.nbytes for x in w.values())  # bytes of weights on the device
         self.layers = [Layer(w, i) for i in range(cfg.n_layers)]
         self.cos, self.sin = rope_tables(cfg, max_positions)
@@ -112,19 +115,47 @@ class Transformer:
         return self.kernels == "c"
 
     def forward(self, tokens: Tensor, positions: Tensor, attend) -> Tensor:
-        """Hidden states [T, dim] after the final norm.
+        """The whole model, unsharded: hidden states [T, dim] after the final norm.
 
         attend(layer_index, q [T, heads, hd], kv [T, 2, kv_heads, hd]) -> [T, heads * hd] writes the new
         keys and values into the paged cache and attends over the sequence's context."""
-        x = self.tok_embeddings.rows(tokens)
-        cos, sin = self.cos[positions], self.sin[positions]
-        for i, layer in enumerate(self.layers):
-            q, kv = self._qkv(x, cos, sin, layer.attn_norm, layer.wq, layer.wk, layer.wv, *layer.biases)
-            # o and down are where a tensor-parallel layer all-reduces: each rank holds a partial sum of these two
-            x = (x + self._attn_out(attend(i, q, kv), layer.wo)).contiguous()
-            x = x + self._mlp(x, layer.ffn_norm, layer.w_gate, layer.w_up, layer.w_down)
+        return self.final_norm(self.run_layers(self.embed(tokens), positions, attend))
+
+    # ---- the pieces, between the points where tensor-parallel ranks all-reduce --------------------------
+    def embed(self, tokens: Tensor) -> Tensor:
+        """[T, dim]; with a vocabulary shard, the rows of the tokens it holds and zeros elsewhere (a partial sum)."""
+        if self.vocab_start is None:
+            return self.tok_embeddings.rows(tokens)
+        local = tokens - self.vocab_start
+        inside = (local >= 0) & (local < self.tok_embeddings.shape[0])
+        return self.tok_embeddings.rows(inside.where(local, 0)) * inside.unsqueeze(-1).cast(dtypes.float32)
+
+    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        return self.cos[positions], self.sin[positions]
+
+    def attention(self, i: int, x: Tensor, rope: tuple[Tensor, Tensor], attend) -> Tensor:
+        """Layer i's attention output projection of x (a partial sum on a tensor-parallel rank)."""
+        layer = self.layers[i]
+        q, kv = self._qkv(x, *rope, layer.attn_norm, layer.wq, layer.wk, layer.wv, *layer.biases)
+        return self._attn_out(attend(i, q, kv), layer.wo)
+
+    def mlp(self, i: int, x: Tensor) -> Tensor:
+        """Layer i's MLP output for x (a partial sum on a tensor-parallel rank)."""
+        layer = self.layers[i]
+        return self._mlp(x, layer.ffn_norm, layer.w_gate, layer.w_up, layer.w_down)
+
+    def run_layers(self, x: Tensor, positions: Tensor, attend) -> Tensor:
+        """This model's layers over the residual stream x, without the final norm (a pipeline stage's work)."""
+        rope = self.rope(positions)
+        for i in range(len(self.layers)):
+            x = (x + self.attention(i, x, rope, attend)).contiguous()
+            x = x + self.mlp(i, x)
+        return x
+
+    def final_norm(self, x: Tensor) -> Tensor:
         return rms_norm(x, self.norm, self.cfg.rms_eps)
 
     def logits(self, hidden: Tensor) -> Tensor:
+        """[R, V] (a tensor-parallel rank: its vocabulary shard's columns)."""
         # always fused: the scratch float32 copy of a tied embedding would be vocab x dim x 4 bytes per jitted step
         return linear(hidden, self.output, max_fused_rows=hidden.shape[0], cpu_kernels=self.cpu_kernels)

@@ -14,6 +14,7 @@ import numpy as np
 from tinygrad import Tensor, TinyJit, UOp
 
 from tinyvllm.protocol.messages import StepPlan, StepResult
+from tinyvllm.protocol.parallel_layout import ShardSpec
 from tinyvllm.workers.attention import PagedAttention
 from tinyvllm.workers.batch_state import BatchState, ScheduledChunk
 from tinyvllm.workers.device_input import device_tensor
@@ -22,6 +23,8 @@ from tinyvllm.workers.kv_cache import PagedKVCache
 from tinyvllm.workers.logprobs import logprobs_of, to_token_logprobs, top_count_bucket
 from tinyvllm.workers.model import Transformer
 from tinyvllm.workers.sampling_batch import BatchSampler
+from tinyvllm.workers.sharded_forward import ShardedForward
+from tinyvllm.workers.stage_link import StageLink
 
 
 def buckets_up_to(limit: int) -> list[int]:
@@ -53,8 +56,11 @@ class StepWork:
 
 class ModelRunner:
     def __init__(self, model: Transformer, cache: PagedKVCache, max_num_seqs: int, max_model_len: int,
-                 max_num_batched_tokens: int):
+                 max_num_batched_tokens: int, spec: ShardSpec = ShardSpec(), group=None, link: StageLink | None = None):
+        """spec: this worker's place among the engine's workers; group (workers/collective.HostGroup): its
+        tensor-parallel peers; link: its pipeline neighbours. One worker alone needs none of them."""
         self.model, self.cache = model, cache
+        self.spec, self.group, self.link = spec, group, link
         self.max_blocks_per_seq = -(-max_model_len // cache.block_size)
         self.max_model_len = max_model_len
         self.max_rows = min(max_num_seqs, max_num_batched_tokens)
@@ -62,6 +68,7 @@ class ModelRunner:
         self.token_buckets = sorted(set(buckets_up_to(max_num_batched_tokens)) | set(self.row_buckets))
         self.nb_var = UOp.variable("nb", 1, self.max_blocks_per_seq)
         self.forward_jits = {t: TinyJit(self._forward) for t in self.token_buckets}
+        self.sharded = ShardedForward(self) if spec.tp_size > 1 else None
         self.prompt_logprobs_jits: dict[tuple[int, int], TinyJit] = {}  # (tokens, top-k bucket)
         self.sampler = BatchSampler(self.row_buckets)
         self.copy_vars = (UOp.variable("copy_src", 0, cache.num_blocks), UOp.variable("copy_dst", 0, cache.num_blocks))
@@ -73,18 +80,26 @@ class ModelRunner:
         return min(tokens, self.max_rows)
 
     # ---- jitted bodies -----------------------------------------------------------------------
-    def _forward(self, tokens: Tensor, positions: Tensor, token_rows: Tensor, tables: Tensor, n_valid: Tensor,
-                 sample_index: Tensor, nb: UOp) -> tuple[Tensor, Tensor]:
-        """-> (the logits of the sampling rows [R, V], the final hidden states [T, dim])."""
+    def _forward(self, tokens_or_x: Tensor, positions: Tensor, token_rows: Tensor, tables: Tensor, n_valid: Tensor,
+                 sample_index: Tensor, nb: UOp) -> tuple[Tensor, Tensor] | Tensor:
+        """-> (the logits of the sampling rows [R, V], the final hidden states [T, dim]); a pipeline stage before
+        the last takes the previous stage's residual stream instead of tokens and returns its own."""
         attend = PagedAttention(self.cache, tables, token_rows, positions, n_valid, nb, self.model.cpu_kernels)
-        hidden = self.model.forward(tokens, positions.clip(0, self.max_model_len - 1), attend)
+        x = self.model.embed(tokens_or_x) if self.spec.first_stage else tokens_or_x
+        x = self.model.run_layers(x, positions.clip(0, self.max_model_len - 1), attend)
+        if not self.spec.last_stage:
+            Tensor.realize(x, *self.cache.layers)
+            return x
+        hidden = self.model.final_norm(x)
         logits = self.model.logits(hidden[sample_index])
         Tensor.realize(logits, hidden, *self.cache.layers)  # one schedule: realizing them apart runs the layers twice
         return logits, hidden
 
-    def _prompt_logprobs(self, k: int, hidden: Tensor, next_tokens: Tensor) -> tuple[Tensor, ...]:
-        """Each position's logprob of next_tokens (the following prompt token) and the top k."""
-        outs = logprobs_of(self.model.logits(hidden), next_tokens, k)
+    def _prompt_logprobs(self, k: int, hidden_or_logits: Tensor, next_tokens: Tensor) -> tuple[Tensor, ...]:
+        """Each position's logprob of next_tokens (the following prompt token) and the top k (given the logits of
+        every position when the vocabulary is sharded: the ranks gathered them)."""
+        logits = self.model.logits(hidden_or_logits) if self.sharded is None else hidden_or_logits
+        outs = logprobs_of(logits, next_tokens, k)
         Tensor.realize(*outs)
         return outs
 
@@ -105,12 +120,24 @@ class ModelRunner:
         return flatten(pieces, bucket, self.rows_for(bucket), self.max_blocks_per_seq, self.cache.block_size,
                        self.cache.scratch_block)
 
-    def run_forward(self, batch: FlatBatch) -> tuple[Tensor, Tensor]:
-        """The forward's outputs live in its jit's buffers: valid until the same bucket runs again."""
-        return self.forward_jits[batch.bucket](
-            device_tensor(batch.tokens), device_tensor(batch.positions), device_tensor(batch.token_rows),
-            device_tensor(batch.tables), device_tensor(np.array([batch.num_tokens], np.int32)),
-            device_tensor(batch.sample_index), self.nb_var.bind(batch.num_blocks))
+    def batch_inputs(self, batch: FlatBatch) -> tuple:
+        """(positions, token_rows, tables, n_valid, sample_index, nb): a forward's inputs besides its tokens."""
+        return (device_tensor(batch.positions), device_tensor(batch.token_rows), device_tensor(batch.tables),
+                device_tensor(np.array([batch.num_tokens], np.int32)), device_tensor(batch.sample_index),
+                self.nb_var.bind(batch.num_blocks))
+
+    def run_forward(self, batch: FlatBatch) -> tuple[Tensor | None, Tensor | None]:
+        """(the sampling rows' logits, the final hidden states), each None on a worker that does not have them
+        (a stage before the last; the logits on a tensor-parallel rank that does not sample). The outputs live in
+        the jits' buffers: valid until the same bucket runs again."""
+        if self.sharded is not None:
+            return self.sharded(batch)
+        first = device_tensor(batch.tokens) if self.spec.first_stage else device_tensor(self.link.recv())
+        out = self.forward_jits[batch.bucket](first, *self.batch_inputs(batch))
+        if not self.spec.last_stage:
+            self.link.send(out.numpy())
+            return None, None
+        return out
 
     def compute(self, plan: StepPlan) -> StepWork:
         """Runs the plan's tokens through the model: the logits of the chunks that sample, the finished embeddings.
@@ -122,11 +149,13 @@ class ModelRunner:
         for pieces in forwards:
             batch = self.prepare(pieces)
             logits, hidden = self.run_forward(batch)
-            if any(p.pools for p in pieces):
+            if hidden is not None and self.spec.samples and any(p.pools for p in pieces):
                 work.pooled += self._pool(batch, hidden.numpy())
-            if any(p.needs_prompt_logprobs for p in pieces):
+            if hidden is not None and any(p.needs_prompt_logprobs for p in pieces):
                 self._record_prompt_logprobs(batch, hidden)
             work.rows += batch.sampled
+            if logits is None:
+                continue
             if len(forwards) == 1:
                 work.logits = logits
             elif batch.sampled:  # a copy: the next forward may run in the same jit and reuse its buffers
@@ -144,6 +173,8 @@ class ModelRunner:
     def execute(self, plan: StepPlan, rank: int = 0) -> StepResult:
         work = self.compute(plan)
         result = StepResult(plan.step_id, rank, [], [])
+        if not self.spec.samples:
+            return result  # the scheduler reads one rank's result: this one only says the step is done
         if work.rows:
             tokens, logprobs = self.sampler.sample([c.state for c in work.rows], work.logits)
             prompt_logprobs = []
@@ -180,6 +211,8 @@ class ModelRunner:
 
     def _record_prompt_logprobs(self, batch: FlatBatch, hidden: Tensor) -> None:
         """The logprobs of the prompt tokens that the batch's positions predict, for the pieces that asked."""
+        if self.sharded is not None and (hidden := self.sharded.gather_all_logits(batch, hidden)) is None:
+            return  # a rank that does not sample took part in the gather
         asking = [(p, o) for p, o in zip(batch.pieces, batch.offsets) if p.needs_prompt_logprobs]
         bucket = top_count_bucket(max(p.state.sampling.prompt_logprobs for p, _ in asking))
         if (jit := self.prompt_logprobs_jits.get((batch.bucket, bucket))) is None:
@@ -209,7 +242,7 @@ class ModelRunner:
             padding = flatten([], size, self.rows_for(size), self.max_blocks_per_seq, self.cache.block_size,
                               self.cache.scratch_block)
             logits, _ = self.run_forward(padding)
-            if size in self.row_buckets:
+            if size in self.row_buckets and logits is not None:
                 for greedy in (True, False):
                     self.sampler.warm_up(size, vocab, greedy, logits)
             if progress is not None:
