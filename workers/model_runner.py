@@ -68,7 +68,7 @@ class ModelRunner:
         self.token_buckets = sorted(set(buckets_up_to(max_num_batched_tokens)) | set(self.row_buckets))
         self.nb_var = UOp.variable("nb", 1, self.max_blocks_per_seq)
         self.forward_jits = {t: TinyJit(self._forward) for t in self.token_buckets}
-        self.sharded = ShardedForward(self) if spec.tp_size > 1 else None
+        self.sharded = ShardedForward(self) if group is not None else None  # a group of one runs it too (tests)
         self.prompt_logprobs_jits: dict[tuple[int, int], TinyJit] = {}  # (tokens, top-k bucket)
         self.sampler = BatchSampler(self.row_buckets)
         self.copy_vars = (UOp.variable("copy_src", 0, cache.num_blocks), UOp.variable("copy_dst", 0, cache.num_blocks))

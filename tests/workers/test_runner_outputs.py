@@ -8,6 +8,7 @@ from tinyvllm.protocol.messages import CachedRequestData, NewRequestData, StepPl
 from tinyvllm.protocol.sampling import SamplingParams
 from tests.workers.dense_reference import dense_hidden, dense_logits, random_llama
 from tests.workers.test_paged_attention import CFG
+from tinyvllm.workers.collective import HostGroup
 from tinyvllm.workers.kv_cache import PagedKVCache
 from tinyvllm.workers.model import Transformer
 from tinyvllm.workers.model_runner import ModelRunner
@@ -20,13 +21,16 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
 
 
-@pytest.fixture(scope="module")
-def setup(module_kernel_set):
+@pytest.fixture(scope="module", params=["one-forward", "sharded-pieces"])
+def setup(module_kernel_set, request):
+    """sharded-pieces: the tensor-parallel forward (workers/sharded_forward.py: a jit per piece between the
+    reduction points, logits gathered in chunks for prompt logprobs) with a group of one rank."""
     weights = random_llama(CFG, seed=4)
     weights["output.weight"] = np.random.default_rng(5).standard_normal((CFG.vocab_size, CFG.dim)).astype(np.float32) * 0.3
     model = Transformer(CFG, weights, CFG.max_context, kernels=module_kernel_set)
+    group = HostGroup("unused", 0, 1, max_bytes=4 * 3 * CFG.vocab_size) if request.param == "sharded-pieces" else None
     runner = ModelRunner(model, PagedKVCache(CFG, 32, BLOCK_SIZE), max_num_seqs=2, max_model_len=64,
-                         max_num_batched_tokens=8)
+                         max_num_batched_tokens=8, group=group)
     return weights, runner
 
 
