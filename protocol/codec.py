@@ -18,6 +18,7 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MESSAGE_TYPES: tuple[type, ...] = (
     m.AddRequest, m.AbortRequests, m.StepOutputs, m.EngineReady, m.Shutdown,
     m.WorkerHello, m.InitWorker, m.WorkerReady, m.StepPlan, m.StepResult, m.WorkerError,
+    m.SchedulerChallenge, m.WorkerProof, m.WorkerRefused,
 )
 _TAG_OF = {cls: tag for tag, cls in enumerate(MESSAGE_TYPES)}
 

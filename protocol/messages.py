@@ -2,8 +2,8 @@
 
 Frontend -> scheduler:  AddRequest, AbortRequests, Shutdown
 Scheduler -> frontend:  EngineReady, StepOutputs
-Worker -> scheduler:    WorkerHello (handshake), WorkerReady, StepResult, WorkerError
-Scheduler -> worker:    InitWorker, StepPlan, Shutdown
+Worker -> scheduler:    WorkerHello, WorkerProof (handshake), WorkerReady, StepResult, WorkerError
+Scheduler -> worker:    SchedulerChallenge, WorkerRefused (handshake), InitWorker, StepPlan, Shutdown
 """
 from dataclasses import dataclass, field
 
@@ -119,11 +119,36 @@ class WorkerHello:
     tp_size: int = 1
     pp_size: int = 1
     stage_address: str = ""  # where a later pipeline stage receives the previous stage's hidden states
+    # What the scheduler checks before admitting it (protocol/compatibility.py) and its half of the mutual
+    # authentication (protocol/worker_auth.py).
+    version: str = ""
+    model_fingerprint: str = ""
+    layers: list[int] = field(default_factory=list)  # [start, stop) of the model's layers this worker holds
+    nonce: bytes = b""
+
+
+@dataclass(slots=True)
+class SchedulerChallenge:
+    """The answer to a hello: the scheduler's proof that it knows the shared secret, and its own nonce."""
+    nonce: bytes
+    proof: bytes
+
+
+@dataclass(slots=True)
+class WorkerProof:
+    """The worker's proof that it knows the shared secret (over the scheduler's nonce and its hello)."""
+    proof: bytes
+
+
+@dataclass(slots=True)
+class WorkerRefused:
+    """The scheduler will not take this worker (bad secret, another model or version, a rank taken); it exits."""
+    reason: str
 
 
 @dataclass(slots=True)
 class InitWorker:
-    """Sent by the scheduler once every expected worker said hello."""
+    """Sent by the scheduler once every expected worker joined (said hello and proved it knows the secret)."""
     num_blocks: int  # 0: size the cache from kv_cache_bytes
     kv_cache_bytes: int
     block_size: int

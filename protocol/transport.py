@@ -1,5 +1,6 @@
 """ZMQ endpoints and sockets. ipc:// in a private temporary folder by default, tcp:// when asked."""
 import os
+import socket
 import tempfile
 from dataclasses import dataclass
 
@@ -36,10 +37,22 @@ class Endpoints:
         return [self.scheduler_input, self.frontend_output, self.workers]
 
 
-def make_socket(ctx: zmq.Context, kind: int, addr: str, bind: bool, identity: bytes | None = None) -> zmq.Socket:
+def local_ip_towards(endpoint: str) -> str:
+    """This host's IPv4 address that its route to a tcp:// endpoint leaves from (found without sending anything)."""
+    host, port = endpoint[len("tcp://"):].rsplit(":", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, int(port)))
+        return probe.getsockname()[0]
+
+
+def make_socket(ctx: zmq.Context, kind: int, addr: str, bind: bool, identity: bytes | None = None,
+                options: dict[int, int] | None = None) -> zmq.Socket:
+    """options: further socket options, set before binding or connecting."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
     sock.setsockopt(zmq.LINGER, 0)
+    for option, value in (options or {}).items():
+        sock.setsockopt(option, value)
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity)
     if kind == zmq.ROUTER:

@@ -1,0 +1,40 @@
+"""A worker's socket to the scheduler, and noticing when the scheduler is gone.
+
+The DEALER sends ZMQ heartbeats, so a scheduler that died without closing its connections (a lost machine, a
+broken network) is noticed like one that exited: the worker stops with NoScheduler instead of waiting forever for a
+plan. A standalone worker then exits with code 1, and a service manager (systemd's Restart=on-failure) starts it
+again to join the next scheduler; the engine's state died with the old one anyway.
+"""
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from tinyvllm.protocol.transport import make_socket, recv
+from tinyvllm.workers.scheduler_join import NoScheduler
+
+HEARTBEAT_INTERVAL_MS = 5_000
+HEARTBEAT_TIMEOUT_MS = 60_000  # ZMQ's own I/O threads answer pings: a long step or jit capture does not count
+
+
+def connect_to_scheduler(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+    return make_socket(ctx, zmq.DEALER, endpoint, bind=False,  # the scheduler's ROUTER names each peer
+                       options={zmq.HEARTBEAT_IVL: HEARTBEAT_INTERVAL_MS, zmq.HEARTBEAT_TIMEOUT: HEARTBEAT_TIMEOUT_MS})
+
+
+class SchedulerWatch:
+    """The scheduler's messages after the handshake; raises NoScheduler once the connection is gone."""
+
+    def __init__(self, sock: zmq.Socket):
+        self.sock = sock
+        self.monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.poller = zmq.Poller()
+        self.poller.register(sock, zmq.POLLIN)
+        self.poller.register(self.monitor, zmq.POLLIN)
+
+    def recv(self):
+        while True:
+            ready = dict(self.poller.poll())
+            if self.sock in ready:
+                return recv(self.sock)
+            recv_monitor_message(self.monitor)
+            if not self.sock.poll(0):  # what the scheduler sent before it went (a Shutdown) comes first
+                raise NoScheduler("the connection to the scheduler dropped")
