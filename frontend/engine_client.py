@@ -2,8 +2,9 @@
 
 One asyncio task reads the scheduler's output socket and puts each request's deltas on its own queue,
 so detokenization (done by whoever consumes generate()) overlaps the next engine step. Another watches the
-engine's processes: when one exits, every open request ends with an error. The HTTP server and the offline
-`LLM` (through a background event loop) both speak to the engine only through this class.
+engine: when one of its processes exits, or it owes outputs and no step has finished within the step timeout (a
+hung worker or scheduler), every open request ends with an error. The HTTP server and the offline `LLM` (through a
+background event loop, and frontend/engine_pool.py's replicas) speak to an engine only through this class.
 """
 import asyncio
 import contextlib
@@ -30,17 +31,24 @@ class EngineDeadError(RuntimeError):
 
 
 class EngineClient:
-    def __init__(self, scheduler_input: str, frontend_output: str):
+    def __init__(self, scheduler_input: str, frontend_output: str, name: str = "engine",
+                 step_timeout_s: float | None = None):
+        """name: what error messages call this engine (e.g. "engine 1" among replicas); step_timeout_s: how long
+        the engine may owe outputs without finishing a step before it counts as hung (None: forever)."""
+        self.name, self.step_timeout_s = name, step_timeout_s
         self.ctx = zmq.asyncio.Context()
         self.to_scheduler = make_socket(self.ctx, zmq.PUSH, scheduler_input, bind=False)
         self.from_scheduler = make_socket(self.ctx, zmq.PULL, frontend_output, bind=True)
         self.queues: dict[str, asyncio.Queue] = {}
+        self._owed: dict[str, RequestCompletion] = {}  # requests the scheduler has not finished yet
+        self._last_progress = time.monotonic()  # the last step's outputs, or a request reaching an idle engine
         self.stats = SchedulerStats()
         self.ready: EngineReady | None = None
         self.dead_reason: str | None = None
         self._ready_event = asyncio.Event()
         self._reader: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
+        self._closed = False
 
     async def start(self, timeout_s: float = 600.0,
                     dead_process: Callable[[], str | None] | None = None) -> EngineReady:
@@ -51,7 +59,7 @@ class EngineClient:
         deadline = time.monotonic() + timeout_s
         while not self._ready_event.is_set():
             if dead_process is not None and (dead := dead_process()) is not None:
-                self.mark_dead(f"engine failed to start: {dead}")
+                self.mark_dead(f"{self.name} failed to start: {dead}")
                 break
             if (left := deadline - time.monotonic()) <= 0:
                 raise TimeoutError("engine did not start in time")
@@ -64,10 +72,22 @@ class EngineClient:
         return self.ready
 
     async def _watch(self, dead_process: Callable[[], str | None]) -> None:
+        stalled_checks = 0
         while (dead := dead_process()) is None:
+            # Seen stalled twice in a row: the reader has had a turn in between, so outputs are not just unread.
+            stalled_checks = stalled_checks + 1 if self._stalled() else 0
+            if stalled_checks == 2:
+                reason = f"{self.name} stopped answering: no step finished within {self.step_timeout_s:g} s"
+                break
             await asyncio.sleep(PROCESS_POLL_S)
-        log.error("engine process died: %s; failing open requests", dead)
-        self.mark_dead(f"engine process died ({dead})")
+        else:
+            reason = f"{self.name} process died ({dead})"
+        log.error("%s; failing open requests", reason)
+        self.mark_dead(reason)
+
+    def _stalled(self) -> bool:
+        return (self.step_timeout_s is not None and bool(self._owed)
+                and time.monotonic() - self._last_progress > self.step_timeout_s)
 
     async def _read_outputs(self) -> None:
         while True:
@@ -76,10 +96,14 @@ class EngineClient:
                 self.ready = msg
                 self._ready_event.set()
             elif isinstance(msg, StepOutputs):
-                self.stats = msg.stats
+                self.stats, self._last_progress = msg.stats, time.monotonic()
                 for out in msg.outputs:
                     if (q := self.queues.get(out.req_id)) is not None:
                         q.put_nowait(out)
+                    if (owed := self._owed.get(out.req_id)) is not None:
+                        owed.observe(out)
+                        if owed.done:
+                            del self._owed[out.req_id]
 
     def mark_dead(self, reason: str) -> None:
         """Called when a child process died: every open request ends with an error, new ones are refused."""
@@ -98,6 +122,9 @@ class EngineClient:
             raise ValueError(f"duplicate request id {req_id}")
         q: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self.queues[req_id] = q
+        if not self._owed:
+            self._last_progress = time.monotonic()  # an idle engine owes nothing yet for the time before
+        self._owed[req_id] = RequestCompletion(sampling.n)
         completion = RequestCompletion(sampling.n)
         try:
             await send_async(self.to_scheduler, AddRequest(req_id, list(prompt_token_ids), sampling,
@@ -108,6 +135,7 @@ class EngineClient:
                 yield out
         finally:
             del self.queues[req_id]
+            self._owed.pop(req_id, None)
             if not completion.all_children_finished and self.dead_reason is None:
                 self.abort([req_id])  # a parent id aborts every child still running
 
@@ -116,7 +144,11 @@ class EngineClient:
         self.to_scheduler.send(encode(AbortRequests(list(req_ids))), copy=False)
 
     async def close(self) -> None:
-        """Asks the scheduler (and through it the workers) to stop, then closes the sockets."""
+        """Asks the scheduler (and through it the workers) to stop, then closes the sockets. Only the first call
+        does anything."""
+        if self._closed:
+            return
+        self._closed = True
         for task in (self._reader, self._watcher):
             if task is not None:
                 task.cancel()

@@ -1,8 +1,9 @@
 """Offline use of the same processes: `LLM(model).generate(prompts, sampling)` and `LLM.stream(prompt)`.
 
-A synchronous wrapper over EngineClient, the HTTP server's client: the client runs on a private event loop in a
-background thread (BackgroundLoop), and each call here blocks until that loop has its answer. Everything about
-the engine's protocol (requests, aborts, outputs, a dead process) is EngineClient's.
+A synchronous wrapper over the HTTP server's EnginePool (frontend/engine_pool.py: EngineClients of one or more
+data-parallel replicas, restarted when they fail): the pool runs on a private event loop in a background thread
+(BackgroundLoop), and each call here blocks until that loop has its answer. Everything about the engine's protocol
+(requests, aborts, outputs, a dead process) is EngineClient's.
 """
 import asyncio
 import atexit
@@ -15,9 +16,10 @@ from collections.abc import Iterator
 from tinyvllm.frontend import embeddings
 from tinyvllm.frontend.background_loop import BackgroundLoop
 from tinyvllm.frontend.detokenizer import IncrementalDetokenizer
-from tinyvllm.frontend.engine_client import EngineClient, EngineDeadError
+from tinyvllm.frontend.engine_client import EngineDeadError
+from tinyvllm.frontend.engine_pool import EnginePool, launch_pool
 from tinyvllm.frontend.generation_result import CompletionOutput, GenerationResult, SampleCollector
-from tinyvllm.frontend.launcher import EngineArgs, EngineProcesses
+from tinyvllm.frontend.launcher import EngineArgs
 from tinyvllm.frontend.serving import EngineRequestError
 from tinyvllm.frontend.tokenizer import Tokenizer
 from tinyvllm.protocol.messages import SchedulerStats
@@ -30,29 +32,27 @@ Prompt = str | list[int]  # text, or token ids
 
 class LLM:
     def __init__(self, model: str | None = None, startup_timeout_s: float = 900.0, **engine_args):
-        procs = EngineProcesses(EngineArgs(model=model, **engine_args))
-        engine = EngineClient(procs.endpoints.scheduler_input, procs.endpoints.frontend_output)
-        self._start(procs, engine, Tokenizer.from_model_path(procs.model_path), startup_timeout_s)
+        engine = launch_pool(EngineArgs(model=model, **engine_args))
+        self._start(engine, Tokenizer.from_model_path(engine.model_path), startup_timeout_s)
 
-    def _start(self, procs, engine, tokenizer, startup_timeout_s: float) -> None:
-        """Starts `procs` (start/dead_process/stop, as EngineProcesses) and waits until `engine` is ready."""
-        self.procs, self.tokenizer, self._engine = procs, tokenizer, engine
+    def _start(self, engine: EnginePool, tokenizer, startup_timeout_s: float) -> None:
+        """Starts `engine`'s processes and waits until it is ready."""
+        self.tokenizer, self._engine = tokenizer, engine
         self._ids = itertools.count()
         self._loop = BackgroundLoop("tinyvllm-llm")
-        # Closed by shutdown(), by garbage collection, or at exit (registered with atexit once procs have started).
-        self._closer = weakref.finalize(self, _close, self._loop, engine, procs)
+        # Closed by shutdown(), by garbage collection, or at exit.
+        self._closer = weakref.finalize(self, _close, self._loop, engine)
         self._closer.atexit = False
         try:
-            procs.start()
             atexit.register(self._closer)
-            self.ready = self._loop.run(engine.start(startup_timeout_s, procs.dead_process))
+            self.ready = self._loop.run(engine.start(startup_timeout_s))
         except BaseException:
             self.shutdown()
             raise
 
     @property
     def stats(self) -> SchedulerStats:
-        """The scheduler's latest, as of the last output read."""
+        """The schedulers' latest (summed over data-parallel replicas), as of the last output read."""
         return self._engine.stats
 
     def generate(self, prompts: Prompt | list[Prompt],
@@ -60,7 +60,8 @@ class LLM:
         """Runs every prompt, batched by the engine, and returns the results in prompt order.
 
         With SamplingParams.n > 1 a result holds all n samples in `outputs` (its `text` and `token_ids` are
-        the first sample's). Raises EngineDeadError if an engine process dies meanwhile."""
+        the first sample's). Raises EngineDeadError if an engine process dies meanwhile and no engine serves (with
+        data-parallel replicas, the requests a failed one held end with an error instead)."""
         prompts = _as_list(prompts)
         params = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * len(prompts)
         for sp in params:
@@ -136,12 +137,12 @@ def _as_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
     return prompts
 
 
-def _close(loop: BackgroundLoop, engine: EngineClient, procs) -> None:
-    """Aborts what is still open, tells the scheduler to stop (EngineClient.close), waits for the processes,
+def _close(loop: BackgroundLoop, engine: EnginePool) -> None:
+    """Aborts what is still open, tells the schedulers to stop (EnginePool.close), waits for the processes,
     then stops the loop. Holds no reference to the LLM, so that it can run when the LLM is collected."""
     try:
         loop.cancel_pending()
         loop.run(engine.close())
     finally:
-        procs.stop()
+        engine.stop_processes()
         loop.close()

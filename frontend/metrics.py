@@ -1,6 +1,8 @@
 """Prometheus metrics under vLLM's names, so dashboards and inference gateways work unchanged.
 
-Scheduler gauges and cumulative scheduler counters are read from engine.stats at scrape time; request counters and
+Scheduler gauges and cumulative scheduler counters are read from each engine's stats at scrape time, labelled with
+the engine (`engine="0"` .. D-1 with data-parallel replicas, as vLLM labels them; a restarted engine's counters
+start again from zero, which Prometheus reads as a counter reset); request counters and
 histograms are fed by the serving glue (first token, finished request), by MeteredEngine (inter-token latency,
 request parameters) and, for the queue time only the scheduler can see, by whoever calls record_queue_time.
 """
@@ -36,26 +38,26 @@ class _EngineStatsCollector(Collector):
         self.model_name = model_name
 
     def collect(self):
-        stats = self.engine.stats
-        for name, doc, value in (
-            ("vllm:num_requests_running", "Number of requests in model execution batches.", stats.num_running),
-            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", stats.num_waiting),
-            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", stats.kv_usage),
-        ):
-            family = GaugeMetricFamily(name, doc, labels=["model_name"])
-            family.add_metric([self.model_name], float(value))
-            yield family
+        by_engine = self.engine.stats_by_engine() if hasattr(self.engine, "stats_by_engine") else \
+            {"0": self.engine.stats}
+        gauges = (
+            ("vllm:num_requests_running", "Number of requests in model execution batches.", "num_running"),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "num_waiting"),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "kv_usage"),
+        )
         # The scheduler keeps these cumulative, so they are counters even though they are read, not incremented.
-        for name, doc, value in (
+        counters = (
             ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
-             stats.prefix_cache_queries),
-            ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
-             stats.prefix_cache_hits),
-            ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", stats.num_preemptions),
-        ):
-            family = CounterMetricFamily(name, doc, labels=["model_name"])  # exposed as <name>_total
-            family.add_metric([self.model_name], float(value))
-            yield family
+             "prefix_cache_queries"),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", "prefix_cache_hits"),
+            ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", "num_preemptions"),
+        )
+        for family_type, metrics in ((GaugeMetricFamily, gauges), (CounterMetricFamily, counters)):
+            for name, doc, stat in metrics:
+                family = family_type(name, doc, labels=["model_name", "engine"])  # a counter shows as <name>_total
+                for engine, stats in by_engine.items():
+                    family.add_metric([self.model_name, engine], float(getattr(stats, stat)))
+                yield family
 
 
 class FrontendMetrics:

@@ -41,8 +41,8 @@ def ops_routes(engine, metrics) -> list[Route]:
             Route("/openapi.json", openapi_document, methods=["GET"])]
 
 
-openapi.describe("/health", "GET", summary="200 while the engine runs, 503 once it died", error_statuses=(503,),
-                 response_media_type=None)
+openapi.describe("/health", "GET", summary="200 while an engine serves, 503 while none can (all restarting)",
+                 error_statuses=(503,), response_media_type=None)
 openapi.describe("/metrics", "GET", summary="Prometheus metrics under vLLM's names", error_statuses=(),
                  response_media_type="text/plain")
 openapi.describe("/version", "GET", response_schema=VersionResponse, summary="The server's version", error_statuses=())

@@ -150,9 +150,10 @@ async def test_metrics(served):
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     samples = _samples(r.text)
     label = (("model_name", MODEL),)
-    assert samples[("vllm:num_requests_running", label)] == 0
-    assert samples[("vllm:num_requests_waiting", label)] == 0
-    assert samples[("vllm:kv_cache_usage_perc", label)] == pytest.approx(0.25)
+    engine_label = (("engine", "0"), *label)  # the scheduler's metrics name their engine (a data-parallel replica)
+    assert samples[("vllm:num_requests_running", engine_label)] == 0
+    assert samples[("vllm:num_requests_waiting", engine_label)] == 0
+    assert samples[("vllm:kv_cache_usage_perc", engine_label)] == pytest.approx(0.25)
     assert samples[("vllm:prompt_tokens_total", label)] == 6
     assert samples[("vllm:generation_tokens_total", label)] == 4 + len(REPLY) + 1
     assert samples[("vllm:request_success_total", (("finished_reason", "length"), *label))] == 1

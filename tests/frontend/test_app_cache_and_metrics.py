@@ -45,7 +45,7 @@ async def test_scheduler_counters_are_exposed(served):
         family = families[name]
         assert family.type == "counter"
         (sample,) = family.samples
-        assert (sample.name, tuple(sample.labels.items()), sample.value) == (name + "_total", LABEL, value)
+        assert (sample.name, sample.labels, sample.value) == (name + "_total", {**dict(LABEL), "engine": "0"}, value)
 
 
 async def test_request_success_counts_every_choice(served):

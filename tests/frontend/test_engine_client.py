@@ -1,11 +1,12 @@
-"""EngineClient against a scripted scheduler on real ZMQ sockets: generate with parallel sampling, and the
-processes it watches dying."""
+"""EngineClient against a scripted scheduler on real ZMQ sockets: generate with parallel sampling, the processes it
+watches dying, and an engine that stops finishing steps."""
 import asyncio
 
 import pytest
 import zmq
 import zmq.asyncio
 
+from tinyvllm.frontend import engine_client as engine_client_module
 from tinyvllm.frontend.engine_client import EngineClient, EngineDeadError
 from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats,
                                StepOutputs)
@@ -134,6 +135,53 @@ async def test_a_process_exiting_later_fails_open_and_new_requests(tmp_path):
             ("error", "engine process died (tinyvllm-scheduler exited with code 1)")]
         with pytest.raises(EngineDeadError):
             await anext(client.generate("s", [5], SamplingParams(), [2]))
+    finally:
+        await client.close()
+        scheduler.close()
+
+
+@pytest.fixture
+def fast_watch(monkeypatch):
+    monkeypatch.setattr(engine_client_module, "PROCESS_POLL_S", 0.02)
+
+
+async def started_client(endpoints: Endpoints, step_timeout_s: float) -> tuple[EngineClient, ScriptedScheduler]:
+    scheduler = ScriptedScheduler(endpoints)
+    client = EngineClient(endpoints.scheduler_input, endpoints.frontend_output, "engine 1", step_timeout_s)
+    await send_async(scheduler.outbox, EngineReady(16, 16, 256, 8, 1))
+    await client.start(5, ExitingProcesses().dead_process)
+    return client, scheduler
+
+
+async def test_an_engine_that_finishes_no_step_within_the_step_timeout_fails_its_requests(tmp_path, fast_watch):
+    client, scheduler = await started_client(Endpoints.ipc(str(tmp_path)), step_timeout_s=0.2)
+    try:
+        received = []
+        consumer = asyncio.create_task(_consume(client, 1, received))
+        await scheduler.receive()
+        await scheduler.step(out(0, [7]))  # one step, then silence (a hung worker or scheduler)
+        await asyncio.wait_for(consumer, 5)
+        assert [(o.finish_reason, o.error) for o in received] == [
+            (None, None), ("error", "engine 1 stopped answering: no step finished within 0.2 s")]
+        with pytest.raises(EngineDeadError, match="stopped answering"):
+            await anext(client.generate("s", [5], SamplingParams(), [2]))
+    finally:
+        await client.close()
+        scheduler.close()
+
+
+async def test_an_idle_engine_or_a_slow_reader_is_not_a_hung_engine(tmp_path, fast_watch):
+    client, scheduler = await started_client(Endpoints.ipc(str(tmp_path)), step_timeout_s=0.2)
+    try:
+        await asyncio.sleep(0.5)  # nothing asked of it
+        outputs = client.generate("r", [5, 6], SamplingParams(), [2])
+        first = asyncio.create_task(anext(outputs))
+        await scheduler.receive()
+        await scheduler.step(out(0, [7]), out(0, [8], FinishReason.STOP))
+        assert (await first).new_token_ids == [7]
+        await asyncio.sleep(0.5)  # the engine finished the request; its reader is just slow
+        assert client.dead_reason is None
+        assert [o.new_token_ids async for o in outputs] == [[8]]
     finally:
         await client.close()
         scheduler.close()

@@ -1,5 +1,5 @@
-"""The offline LLM as a synchronous wrapper over an engine client: its bookkeeping for n > 1 and streaming against
-a scripted client, and a dying engine process against the real EngineClient on ZMQ sockets."""
+"""The offline LLM as a synchronous wrapper over an engine pool of one replica: its bookkeeping for n > 1 and
+streaming against a scripted client, and a dying engine process against the real EngineClient on ZMQ sockets."""
 import gc
 import pathlib
 import threading
@@ -11,6 +11,8 @@ import zmq
 from fake_tokenizer import CharTokenizer
 from tinyvllm.frontend import llm as llm_module
 from tinyvllm.frontend.engine_client import EngineClient, EngineDeadError
+from tinyvllm.frontend.engine_pool import EnginePool
+from tinyvllm.frontend.engine_replica import EngineReplica, RestartPolicy
 from tinyvllm.frontend.llm import LLM
 from tinyvllm.protocol.messages import AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats
 from tinyvllm.protocol.sampling import SamplingParams
@@ -34,7 +36,7 @@ class FakeProcesses:
     def dead_process(self) -> str | None:
         return "tinyvllm-worker0 exited with code 1" if self.exited.is_set() else None
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 5.0) -> None:
         self.stopped = True
 
 
@@ -68,10 +70,13 @@ class ScriptedEngine:
 
 
 class OfflineLLM(LLM):
-    """An LLM over the given engine client and processes, with a one-token-per-character tokenizer."""
+    """An LLM over the given engine client and processes (one replica that is never restarted), with a
+    one-token-per-character tokenizer."""
 
     def __init__(self, engine, procs=None, startup_timeout_s: float = 5.0):
-        self._start(procs or FakeProcesses(), engine, CharTokenizer(), startup_timeout_s)
+        procs = procs or FakeProcesses()
+        replica = EngineReplica(0, lambda: (procs, engine), restart=RestartPolicy(max_attempts=0))
+        self._start(EnginePool([replica]), CharTokenizer(), startup_timeout_s)
 
 
 def test_generate_returns_every_sample_through_the_engine_client():

@@ -1,0 +1,134 @@
+"""EngineClient's interface over data-parallel replicas: what the HTTP app and the offline LLM speak to.
+
+`--data-parallel-size D` runs D independent engines (frontend/engine_replica.py: each a scheduler and its workers,
+restarted by itself when it fails). Each request goes to one replica (frontend/replica_router.py), which is
+remembered so that an abort reaches it. The pool serves while any replica does: `dead_reason` is None then, and
+the reasons of all of them otherwise (so /health answers 503 only while none can serve). With D = 1 the same
+supervision makes a single engine heal itself.
+"""
+import asyncio
+import pathlib
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import fields
+
+from tinyvllm.frontend.engine_client import EngineClient, EngineDeadError
+from tinyvllm.frontend.engine_replica import EngineReplica, RestartPolicy
+from tinyvllm.frontend.launcher import EngineArgs, EngineProcesses
+from tinyvllm.frontend.replica_router import ReplicaRouter, RoutingPolicy, prompt_block_hashes
+from tinyvllm.protocol.messages import EngineReady, RequestOutput, SchedulerStats
+from tinyvllm.protocol.model_path import resolve_model_path
+from tinyvllm.protocol.sampling import SamplingParams
+
+
+class EnginePool:
+    def __init__(self, replicas: list[EngineReplica], routing: RoutingPolicy = RoutingPolicy(),
+                 cache_aware: bool = True, model_path: pathlib.Path | None = None):
+        """cache_aware: route by cached prefixes too (pointless without the engines' prefix caching)."""
+        self.replicas, self.model_path = replicas, model_path
+        self.router = ReplicaRouter(len(replicas), routing)
+        self.cache_aware = cache_aware and len(replicas) > 1
+        self.ready: EngineReady | None = None
+        self._owner: dict[str, EngineReplica] = {}  # open request id -> the replica serving it
+        self._supervisors: list[asyncio.Task] = []
+
+    async def start(self, timeout_s: float = 600.0) -> EngineReady:
+        """Starts every replica at once and waits until all are ready; then supervises them."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                starting = [group.create_task(r.start(timeout_s)) for r in self.replicas]
+        except ExceptionGroup as failures:
+            raise failures.exceptions[0] from None
+        for replica, task in zip(self.replicas, starting):
+            self._on_ready(replica, task.result())
+        self.ready = starting[0].result()
+        self._supervisors = [asyncio.create_task(r.supervise(timeout_s, lambda ready, r=r: self._on_ready(r, ready)))
+                             for r in self.replicas]
+        return self.ready
+
+    def _on_ready(self, replica: EngineReplica, ready: EngineReady) -> None:
+        self.router.prefixes[replica.index].reset(ready.num_blocks)  # a fresh engine's prefix cache is empty
+
+    async def wait_until_given_up(self) -> str:
+        """Returns why, once some replica has given up restarting."""
+        done, _ = await asyncio.wait(self._supervisors, return_when=asyncio.FIRST_COMPLETED)
+        task = done.pop()
+        if task.exception() is not None:
+            return f"an engine's supervisor failed: {task.exception()!r}"
+        return task.result()
+
+    @property
+    def dead_reason(self) -> str | None:
+        if any(r.available for r in self.replicas):
+            return None
+        return "; ".join(r.failure for r in self.replicas)
+
+    @property
+    def stats(self) -> SchedulerStats:
+        """Every replica's stats summed."""
+        per_replica = [r.stats for r in self.replicas]
+        return SchedulerStats(*(sum(getattr(s, f.name) for s in per_replica) for f in fields(SchedulerStats)))
+
+    def stats_by_engine(self) -> dict[str, SchedulerStats]:
+        """Each replica's latest stats by its /metrics `engine` label (zeros while it does not serve)."""
+        return {str(r.index): r.stats for r in self.replicas}
+
+    async def generate(self, req_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+                       eos_token_ids: list[int]) -> AsyncIterator[RequestOutput]:
+        """EngineClient.generate on the replica the router picks."""
+        if req_id in self._owner:
+            raise ValueError(f"duplicate request id {req_id}")
+        replica, hashes = self._route(prompt_token_ids)
+        client = replica.client
+        self._owner[req_id] = replica
+        self.router.opened(replica.index, hashes, sampling.n)
+        try:
+            async with aclosing(client.generate(req_id, prompt_token_ids, sampling, eos_token_ids)) as outputs:
+                async for out in outputs:
+                    yield out
+        finally:
+            del self._owner[req_id]
+            self.router.closed(replica.index, sampling.n)
+
+    def _route(self, prompt_token_ids: list[int]) -> tuple[EngineReplica, list[bytes]]:
+        serving = {r.index: r.stats for r in self.replicas if r.available}
+        if not serving:
+            raise EngineDeadError(self.dead_reason)
+        if len(self.replicas) == 1:
+            return self.replicas[0], []
+        hashes = prompt_block_hashes(prompt_token_ids, self.ready.block_size) if self.cache_aware else []
+        return self.replicas[self.router.choose(serving, hashes)], hashes
+
+    def abort(self, req_ids: list[str]) -> None:
+        for req_id in req_ids:
+            if (replica := self._owner.get(req_id)) is not None and replica.available:
+                replica.client.abort([req_id])
+
+    async def close(self) -> None:
+        """Stops supervising and asks every replica's scheduler to stop (then stop_processes waits for them)."""
+        for task in self._supervisors:
+            task.cancel()
+        await asyncio.gather(*self._supervisors, return_exceptions=True)
+        await asyncio.gather(*(r.close() for r in self.replicas))
+
+    def stop_processes(self) -> None:
+        for replica in self.replicas:
+            replica.stop_processes()
+
+
+def launch_pool(args: EngineArgs, restart: RestartPolicy = RestartPolicy()) -> EnginePool:
+    """The replicas `args` describes (data_parallel_size of them); nothing starts before EnginePool.start."""
+    args.validate()
+    size = args.data_parallel_size
+
+    def launcher(index: int):
+        name = "engine" if size == 1 else f"engine {index}"
+
+        def launch() -> tuple[EngineProcesses, EngineClient]:
+            procs = EngineProcesses(args, index)
+            return procs, EngineClient(procs.endpoints.scheduler_input, procs.endpoints.frontend_output, name,
+                                       args.step_timeout_s)
+        return EngineReplica(index, launch, name, restart)
+
+    return EnginePool([launcher(i) for i in range(size)], cache_aware=args.enable_prefix_caching,
+                      model_path=resolve_model_path(args.model))

@@ -1,0 +1,99 @@
+"""Which data-parallel replica serves a request: the least loaded, unless one holds the prompt's prefix in its cache.
+
+Load is vLLM's score, waiting x 4 + running, from each replica's latest scheduler stats. Those lag a step behind,
+so requests routed since (open here, absent from the stats) count as waiting. Cache-aware as SGLang's router: each
+replica's prompts are remembered as the chained hashes of their full blocks (the scheduler's own prefix-cache
+keys), in an LRU as large as that replica's KV pool, so it forgets about as fast as the cache does. A request goes
+to the replica with the longest remembered prefix (at least one block) unless that replica is overloaded against
+the least loaded one: its load exceeds the least by more than `balance_abs` and by more than `balance_rel` times.
+Ties go round-robin, so that idle replicas take turns.
+"""
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from tinyvllm.protocol.messages import SchedulerStats
+from tinyvllm.scheduler.block_hash import BlockHash, hash_block, root_hash
+
+WAITING_WEIGHT = 4  # vLLM's DP load balancer: a waiting request weighs as four running ones
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingPolicy:
+    balance_abs: int = 32  # load points (SGLang's --balance-abs-threshold is 32 requests)
+    balance_rel: float = 1.5  # SGLang's --balance-rel-threshold
+
+
+def prompt_block_hashes(token_ids: list[int], block_size: int) -> list[BlockHash]:
+    """The chained hash of every full block of the prompt, as the scheduler keys its prefix cache."""
+    hashes, parent = [], root_hash(None)
+    for end in range(block_size, len(token_ids) + 1, block_size):
+        parent = hash_block(parent, token_ids[end - block_size:end])
+        hashes.append(parent)
+    return hashes
+
+
+class PrefixIndex:
+    """The block hashes one replica has seen lately, least recently used first, at most `capacity` of them."""
+
+    def __init__(self, capacity: int = 0):
+        self.capacity = capacity
+        self._hashes: OrderedDict[BlockHash, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._hashes)
+
+    def add(self, hashes: list[BlockHash]) -> None:
+        for h in hashes:
+            self._hashes[h] = None
+            self._hashes.move_to_end(h)
+        while len(self._hashes) > self.capacity:
+            self._hashes.popitem(last=False)
+
+    def matched_blocks(self, hashes: list[BlockHash]) -> int:
+        """How many leading blocks of a prompt are here."""
+        for i, h in enumerate(hashes):
+            if h not in self._hashes:
+                return i
+        return len(hashes)
+
+    def reset(self, capacity: int) -> None:
+        """A restarted replica's cache is empty."""
+        self.capacity = capacity
+        self._hashes.clear()
+
+
+class ReplicaRouter:
+    def __init__(self, size: int, policy: RoutingPolicy = RoutingPolicy()):
+        self.policy = policy
+        self.open_sequences = [0] * size  # routed here and not finished, as sequences (n per request)
+        self.prefixes = [PrefixIndex() for _ in range(size)]
+        self._next = 0  # where the round-robin among equals starts
+
+    def load(self, replica: int, stats: SchedulerStats) -> int:
+        unseen = max(0, self.open_sequences[replica] - stats.num_running - stats.num_waiting)
+        return WAITING_WEIGHT * (stats.num_waiting + unseen) + stats.num_running
+
+    def choose(self, stats: dict[int, SchedulerStats], hashes: list[BlockHash]) -> int:
+        """The replica (a key of `stats`: those that serve now) for a prompt with these block hashes."""
+        order = sorted(stats, key=lambda r: (r - self._next) % len(self.open_sequences))
+        loads = {r: self.load(r, stats[r]) for r in order}
+        least = min(order, key=loads.__getitem__)
+        choice = least
+        if hashes:
+            matched = {r: self.prefixes[r].matched_blocks(hashes) for r in order}
+            best = max(matched.values())
+            cached = min((r for r in order if matched[r] == best), key=loads.__getitem__)
+            if best > 0 and not self._overloaded(loads[cached], loads[least]):
+                choice = cached
+        self._next = (choice + 1) % len(self.open_sequences)
+        return choice
+
+    def _overloaded(self, load: int, least: int) -> bool:
+        return load - least > self.policy.balance_abs and load > least * self.policy.balance_rel
+
+    def opened(self, replica: int, hashes: list[BlockHash], sequences: int) -> None:
+        self.open_sequences[replica] += sequences
+        self.prefixes[replica].add(hashes)
+
+    def closed(self, replica: int, sequences: int) -> None:
+        self.open_sequences[replica] -= sequences

@@ -1,0 +1,51 @@
+"""Helpers for servers with data-parallel replicas: each replica's processes (from the frontend's log), its metrics
+(the `engine` label), and long streamed requests run in threads while a test breaks something."""
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+from tests.e2e.http_helpers import StreamResult, completion_body, stream
+from tests.e2e.server_process import ServerProcess, read_metric
+
+SERVING_LINE = re.compile(r"(engine(?: \d+)?) serving \(scheduler pid (\d+), worker pids ([\d ]+)\)")
+
+
+def serving_lines(server: ServerProcess, engine: str) -> list[tuple[int, list[int]]]:
+    """(scheduler pid, worker pids) of every group `engine` ("engine 1"; "engine" alone) has started, in order."""
+    return [(int(m.group(2)), [int(p) for p in m.group(3).split()])
+            for m in SERVING_LINE.finditer(server.log()) if m.group(1) == engine]
+
+
+def current_workers(server: ServerProcess, engine: str) -> list[int]:
+    return serving_lines(server, engine)[-1][1]
+
+
+def engine_metric(server: ServerProcess, name: str, engine: str) -> float:
+    return read_metric(server.url, name, f'engine="{engine}"')
+
+
+class LongStreams:
+    """`count` long streamed completions, each in its own thread, started a little apart; each result notes when
+    its stream ended."""
+
+    def __init__(self, url: str, count: int, max_tokens: int = 450):
+        self.results: list[StreamResult | None] = [None] * count
+        self.ended_at: list[float] = [0.0] * count
+        self.threads = [threading.Thread(target=self._run, args=(url, i, max_tokens), daemon=True)
+                        for i in range(count)]
+        for t in self.threads:
+            t.start()
+            time.sleep(0.2)
+
+    def _run(self, url: str, i: int, max_tokens: int) -> None:
+        body = completion_body(f"Story {i}:", max_tokens=max_tokens, ignore_eos=True, temperature=0)
+        self.results[i] = stream(url, "/v1/completions", body)
+        self.ended_at[i] = time.monotonic()
+
+    def join(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self.threads)

@@ -1,0 +1,100 @@
+"""Two data-parallel replicas behind one server (--data-parallel-size 2): requests reach both, a shared prefix stays
+on the replica that caches it, and a replica whose worker dies (SIGKILL) or hangs (SIGSTOP, caught by --step-timeout)
+fails only its own requests, with an explicit error within seconds, while the other replica serves on; the broken
+one is restarted and serves again within a minute."""
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.e2e.http_helpers import complete, completion_body
+from tests.e2e.replicas import LongStreams, current_workers, engine_metric, serving_lines
+from tests.e2e.server_process import REQUEST_TIMEOUT_S, is_alive, wait_until
+from tests.helpers.tiny_model import make_tiny_gguf
+
+DP = ("--data-parallel-size", "2")
+ENGINES = ("0", "1")
+ERROR_DEADLINE_S = 5  # from the failure being detectable to every request on that replica having its error
+RECOVERY_DEADLINE_S = 60
+# Above the first steps of a fresh worker (each compiles its kernels: ~8 s on a 2-core machine).
+STEP_TIMEOUT_S = 20
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """Overrides conftest's model for this module's servers: wider, so that a step takes milliseconds and a long
+    request is still running when the test breaks its replica (the narrow one streams faster than a 2-core machine's
+    frontend and client can keep up with)."""
+    return make_tiny_gguf(tmp_path_factory.mktemp("model") / "wide.gguf", dim=512, n_heads=8, n_kv_heads=4, ffn=1024)
+
+
+def queries(server) -> dict[str, float]:
+    return {e: engine_metric(server, "vllm:prefix_cache_queries_total", e) for e in ENGINES}
+
+
+def test_requests_reach_both_replicas_and_a_shared_prefix_stays_on_one(server_factory):
+    server = server_factory(*DP)
+    for i in range(4):  # one after another: idle replicas take turns
+        complete(server.url, "/v1/completions", completion_body(f"Question {i}:", max_tokens=2))
+    assert all(q > 0 for q in queries(server).values()), queries(server)
+
+    prefix = "A long shared system prompt that every request of this workload starts with. " * 4  # > 3 blocks
+    before, hits_before = queries(server), {e: engine_metric(server, "vllm:prefix_cache_hits_total", e)
+                                            for e in ENGINES}
+    complete(server.url, "/v1/completions", completion_body(prefix + "First:", max_tokens=2))
+    with ThreadPoolExecutor(5) as pool:
+        list(pool.map(lambda i: complete(server.url, "/v1/completions",
+                                         completion_body(prefix + f"Question {i}:", max_tokens=2)), range(5)))
+    grew = {e: queries(server)[e] - before[e] for e in ENGINES}
+    (cached_on,) = [e for e in ENGINES if grew[e] > 0]  # all six on one replica
+    hits = engine_metric(server, "vllm:prefix_cache_hits_total", cached_on) - hits_before[cached_on]
+    assert hits >= 5 * 3 * 16, (grew, hits)  # the five later ones found at least three blocks each
+
+
+def warm_up(server) -> None:
+    """Both replicas run the shapes the test will (so its steps are not first-time jit captures)."""
+    streams = LongStreams(server.url, 4, max_tokens=30)
+    assert streams.join(REQUEST_TIMEOUT_S)
+    assert all(r.finish_reason == "length" and not r.errors for r in streams.results), streams.results
+
+
+def break_one_replica_under_load(server, sig: int, detect_s: float) -> None:
+    """Two long streams on each replica; `sig` to engine 1's worker. Only engine 1's streams end, with an error
+    naming it, within detect_s + ERROR_DEADLINE_S; engine 0's finish; /health stays 200; engine 1 is restarted
+    (its stopped worker killed) and serves again within RECOVERY_DEADLINE_S."""
+    warm_up(server)
+    streams = LongStreams(server.url, 4)
+    assert wait_until(lambda: all(engine_metric(server, "vllm:num_requests_running", e) == 2 for e in ENGINES), 30), \
+        server.log_tail()
+    (worker,) = current_workers(server, "engine 1")
+    os.kill(worker, sig)
+    broken_at = time.monotonic()
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200  # engine 0 still serves
+    assert streams.join(REQUEST_TIMEOUT_S), server.log_tail()
+
+    failed = [(r, at) for r, at in zip(streams.results, streams.ended_at) if r.errors]
+    finished = [r for r in streams.results if r.finish_reason == "length" and not r.errors]
+    assert len(failed) == 2 and len(finished) == 2, [r.events[-3:] for r in streams.results]
+    for result, ended_at in failed:
+        assert result.done and "engine 1" in result.errors[0]["error"]["message"], result.errors
+        assert ended_at - broken_at < detect_s + ERROR_DEADLINE_S, ended_at - broken_at
+
+    assert wait_until(lambda: len(serving_lines(server, "engine 1")) == 2, RECOVERY_DEADLINE_S), server.log_tail()
+    assert not is_alive(worker)
+    # Idle replicas take turns, so a few requests reach the new engine 1 (its counters start from zero).
+    while queries(server)["1"] == 0:
+        assert time.monotonic() - broken_at < RECOVERY_DEADLINE_S, server.log_tail()
+        complete(server.url, "/v1/completions", completion_body("Are you back?", max_tokens=2))
+    assert time.monotonic() - broken_at < RECOVERY_DEADLINE_S
+
+
+def test_a_killed_worker_fails_only_its_replicas_requests_and_both_serve_again(server_factory):
+    break_one_replica_under_load(server_factory(*DP), signal.SIGKILL, detect_s=0)
+
+
+def test_a_stopped_worker_is_caught_by_the_step_timeout_and_its_replica_restarted(server_factory):
+    server = server_factory(*DP, "--step-timeout", str(STEP_TIMEOUT_S))
+    break_one_replica_under_load(server, signal.SIGSTOP, detect_s=STEP_TIMEOUT_S)

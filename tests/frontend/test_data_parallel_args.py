@@ -1,0 +1,54 @@
+"""`--data-parallel-size` and `--step-timeout` reach EngineArgs; bad values are refused; each replica's workers take
+the devices and ports after the previous replica's."""
+import json
+
+import pytest
+
+import tinyvllm.frontend.server as server_module
+from tinyvllm.frontend import cli
+from tinyvllm.frontend.launcher import EngineArgs, EngineProcesses
+from tests.helpers.tiny_model import make_tiny_gguf
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    return str(make_tiny_gguf(tmp_path_factory.mktemp("model") / "tiny.gguf"))
+
+
+def test_the_flags_reach_the_engine_args(monkeypatch):
+    seen = []
+    monkeypatch.setattr(server_module, "serve", lambda engine_args, server_args: seen.append(engine_args))
+    assert cli.main(["serve", "-dp", "3", "--step-timeout", "7.5"]) == 0
+    assert cli.main(["serve"]) == 0
+    assert [(a.data_parallel_size, a.step_timeout_s) for a in seen] == [(3, 7.5), (1, 120.0)]
+
+
+@pytest.mark.parametrize("args,message", [
+    (dict(data_parallel_size=0), "--data-parallel-size must be at least 1"),
+    (dict(step_timeout_s=0), "--step-timeout must be positive"),
+    (dict(data_parallel_size=2, external_workers=True, worker_address="tcp://127.0.0.1:7000"),
+     "--data-parallel-size must be 1"),
+])
+def test_bad_values_are_refused(args, message):
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(**args).validate()
+
+
+def test_a_replicas_workers_take_the_devices_after_the_previous_ones(tiny_model, monkeypatch):
+    monkeypatch.setenv("DEV", "CUDA")
+    args = EngineArgs(model=tiny_model, tensor_parallel_size=2, data_parallel_size=2)
+    devices = [[p.env["DEV"] for p in EngineProcesses(args, replica).processes[1:]] for replica in (0, 1)]
+    assert devices == [["CUDA:0", "CUDA:1"], ["CUDA:2", "CUDA:3"]]
+
+
+def test_a_replicas_cpu_cores_and_tcp_ports_come_after_the_previous_ones(tiny_model, monkeypatch):
+    monkeypatch.setenv("DEV", "CPU")
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
+    args = EngineArgs(model=tiny_model, data_parallel_size=2, transport="tcp", tcp_base_port=6000)
+    replicas = [EngineProcesses(args, replica) for replica in (0, 1)]
+    assert [r.processes[1].env["TINYVLLM_CPU_CORES"] for r in replicas] == ["0,1,2,3", "4,5,6,7"]
+    ports = [{int(e.rsplit(":", 1)[1]) for e in r.endpoints.as_list() + [r.endpoints.stage_input(0)]}
+             for r in replicas]
+    assert not ports[0] & ports[1]
+    worker_args = json.loads(replicas[1].processes[1].command[-1])
+    assert worker_args[0] == replicas[1].endpoints.workers
