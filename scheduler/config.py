@@ -10,8 +10,12 @@ class SchedulerConfig:
     block_size: int
     num_blocks: int
     enable_prefix_caching: bool = True
+    # Planned steps whose results may be outstanding at once: 2 lets the scheduler plan step N+1 while step N
+    # runs; P pipeline stages need P to stay busy.
+    max_steps_in_flight: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_blocks"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_blocks",
+                     "max_steps_in_flight"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

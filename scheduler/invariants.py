@@ -27,5 +27,13 @@ def check_scheduler_invariants(sched: "Scheduler") -> None:
     assert len(sched.requests) == len(queued), "a request is queued twice"
     for parent_id, children in sched.groups.items():
         assert any(not child.is_finished for child in children), f"group {parent_id} outlived its children"
+    sched.steps_in_flight.check_invariants(sched.stats().step_id)
+    running = {id(req) for req in sched.running}
+    for req, num_new in sched.steps_in_flight.requests():
+        if not req.is_finished:  # else aborted while in flight: its result will be ignored
+            assert id(req) in running, f"{req.req_id} is in a step in flight but not running"
+            assert sched.worker_view.knows(req.req_id), f"{req.req_id} is in flight but the workers dropped it"
+            assert len(req.block_ids) * config.block_size >= req.num_computed_tokens + num_new, (
+                f"{req.req_id}: the blocks of its step in flight were taken")
     sched.worker_view.check_invariants(sched.running)
     sched.kv_cache_manager.check_invariants(queued)

@@ -6,6 +6,7 @@ StepOutputs), ROUTER to the workers (hello/init/ready handshake, StepPlan out, S
 import logging
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import zmq
@@ -34,6 +35,7 @@ class SchedulerArgs:
     kv_cache_bytes: int
     enable_prefix_caching: bool = True
     startup_timeout_s: float = 900.0
+    max_steps_in_flight: int = 1  # plans sent before the oldest one's result is awaited (pipeline stages: P)
 
 
 class SchedulerLoop:
@@ -50,7 +52,8 @@ class SchedulerLoop:
         num_blocks = self.workers.handshake(self.args)
         a = self.args
         self.scheduler = Scheduler(SchedulerConfig(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
-                                                   a.block_size, num_blocks, a.enable_prefix_caching))
+                                                   a.block_size, num_blocks, a.enable_prefix_caching,
+                                                   a.max_steps_in_flight))
         send(self.to_frontend, EngineReady(num_blocks, a.block_size, a.max_model_len, a.max_num_seqs, a.world_size,
                                                [self.workers.weight_bytes[r] for r in range(a.world_size)]))
         log.info("scheduler ready: %d KV blocks of %d tokens", num_blocks, a.block_size)
@@ -74,10 +77,10 @@ class SchedulerLoop:
             got, timeout_ms = True, 0
         return got
 
-    def run_step(self, plan: StepPlan) -> list:
-        """Sends the plan, waits for rank 0's result; frontend messages that arrive meanwhile are applied after
-        it. A Shutdown while waiting (say, because a worker died and will never answer) ends the wait."""
-        self.workers.broadcast(plan)
+    def finish_step(self, plan: StepPlan) -> list:
+        """Waits for the result of `plan`, the oldest plan sent, from the rank that samples (workers.output_rank;
+        the others' are ignored) and applies it; frontend messages that arrive meanwhile are applied after it.
+        A Shutdown while waiting (say, because a worker died and will never answer) ends the wait."""
         poller = zmq.Poller()
         poller.register(self.workers.sock, zmq.POLLIN)
         poller.register(self.from_frontend, zmq.POLLIN)
@@ -106,15 +109,22 @@ class SchedulerLoop:
         return outputs
 
     def loop(self) -> None:
+        """Keeps up to max_steps_in_flight plans sent (workers run them in order), then waits for the oldest."""
         sched = self.scheduler
+        sent: deque[StepPlan] = deque()
         while self.running:
-            changed = self.drain_frontend(0 if sched.has_unfinished() else 100)
+            changed = self.drain_frontend(0 if sched.has_unfinished() or sent else 100)
             outputs = sched.take_pending_outputs()
-            plan = sched.schedule() if self.running else None
-            if plan is not None:
-                outputs += self.run_step(plan)
+            while self.running and len(sent) < sched.config.max_steps_in_flight:
+                if (plan := sched.schedule()) is None:
+                    break
+                self.workers.broadcast(plan)
+                sent.append(plan)
+            stepped = bool(sent)
+            if stepped:
+                outputs += self.finish_step(sent.popleft())
                 outputs += sched.take_pending_outputs()
-            if outputs or changed or plan is not None:
+            if outputs or changed or stepped:
                 send(self.to_frontend, StepOutputs(outputs, sched.stats(), time.time()))
 
     def close(self) -> None:

@@ -5,7 +5,8 @@ those gaps, running requests first (oldest first), then waiting ones in FIFO ord
 big gap, a decode a gap of 1, so both mix freely in one step and a long prompt is computed in chunks.
 A request being admitted (or resumed after preemption) starts past the longest cached prefix of its tokens.
 
-One step is in flight at a time: schedule() -> the worker runs the plan -> update_from_output().
+Up to max_steps_in_flight planned steps are outstanding (steps_in_flight.py), their results taken in plan
+order; a request in one of them is neither planned again nor preempted until its result is in.
 """
 import bisect
 import itertools
@@ -17,15 +18,11 @@ from tinyvllm.scheduler.admission import admission_error
 from tinyvllm.scheduler.config import SchedulerConfig
 from tinyvllm.scheduler.kv_cache_manager import KVCacheManager
 from tinyvllm.scheduler.parallel_sampling import make_children
+from tinyvllm.scheduler.preemption import choose_victim
 from tinyvllm.scheduler.request import Request, RequestStatus
+from tinyvllm.scheduler.request_outputs import request_output, sampled_output, well_formed
+from tinyvllm.scheduler.steps_in_flight import StepsInFlight
 from tinyvllm.scheduler.worker_view import WorkerView
-
-
-def well_formed(result: StepResult, step_id: int) -> bool:
-    n = len(result.req_ids)
-    return (result.step_id == step_id and len(result.sampled_token_ids) == n
-            and len(result.logprobs) in (0, n) and len(result.prompt_logprobs) in (0, n)
-            and len(result.pooled_req_ids) == len(result.embeddings))
 
 
 class Scheduler:
@@ -44,7 +41,7 @@ class Scheduler:
         self.worker_view = WorkerView()
         self._pending_outputs: list[RequestOutput] = []
         self._step_id = 0
-        self._in_flight: dict[str, tuple[Request, int]] | None = None  # the plan's requests and their token counts
+        self.steps_in_flight = StepsInFlight(config.max_steps_in_flight)
         self.prefix_cache_queries = self.prefix_cache_hits = self.num_preemptions = 0
 
     # ---- frontend side -----------------------------------------------------------------------------
@@ -56,7 +53,7 @@ class Scheduler:
         error = admission_error(req, self._live_ids(), c.max_model_len, c.block_size, c.num_blocks)
         if error is not None:
             req.status, req.finish_reason = RequestStatus.FINISHED, FinishReason.ERROR
-            self._pending_outputs.append(self._output(req, [], FinishReason.ERROR, error))
+            self._pending_outputs.append(request_output(req, [], FinishReason.ERROR, error))
             return False
         children = [req] if req.sampling.n == 1 else make_children(req)
         if req.sampling.n > 1:
@@ -78,7 +75,7 @@ class Scheduler:
                     continue
                 self._unqueue(req)
                 self._finish(req, FinishReason.ABORT)
-                self._pending_outputs.append(self._output(req, [], FinishReason.ABORT))
+                self._pending_outputs.append(request_output(req, [], FinishReason.ABORT))
 
     def take_pending_outputs(self) -> list[RequestOutput]:
         """Outputs not produced by a step (rejections, aborts), to be sent to the frontend once."""
@@ -88,9 +85,9 @@ class Scheduler:
     # ---- worker side -------------------------------------------------------------------------------
 
     def schedule(self) -> StepPlan | None:
-        """Plans the next step, or None when no request is unfinished."""
-        if self._in_flight is not None:
-            raise RuntimeError(f"step {self._step_id} is still in flight: call update_from_output() first")
+        """Plans the next step from the requests in no step in flight, or None when there is nothing to plan."""
+        if self.steps_in_flight.is_full():
+            raise RuntimeError(f"{len(self.steps_in_flight)} steps are in flight: call update_from_output() first")
         kv = self.kv_cache_manager
         budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[Request, int]] = []
@@ -100,22 +97,26 @@ class Scheduler:
         # shared block writes in place and no table the workers hold ever needs a block replaced.
         for req in list(self.running):
             if req.status is RequestStatus.RUNNING and not self.worker_view.knows(req.req_id):
-                self._allocate_or_preempt(req, req.num_computed_tokens)
+                if not self._allocate_or_preempt(req, req.num_computed_tokens) and req.status is RequestStatus.RUNNING:
+                    return None  # it still shares a block its leader may write next: plan nothing until it has a copy
 
-        index = 0
+        index, stalled = 0, False
         while index < len(self.running) and budget > 0:
             req = self.running[index]
+            index += 1  # victims of preemption are newer than req: the requests after it
+            if self.steps_in_flight.holds(req):
+                continue
             num_new = min(req.compute_limit - req.num_computed_tokens, budget)
             assert num_new > 0, f"running request {req.req_id} has nothing to compute"
             if not self._allocate_or_preempt(req, req.num_computed_tokens + num_new):
-                break  # req preempted itself: it was the tail
+                stalled = True  # req preempted itself (it was the newest), or waits for a step in flight
+                break
             scheduled.append((req, num_new))
             budget -= num_new
-            index += 1
 
         # After a preemption the pool is tight: admitting new work now would only be preempted next.
-        seats_taken = sum(self.seats(req) for req in self.running)
-        while self.num_preemptions == preemptions_before and self.waiting and budget > 0:
+        seats_taken = sum(self.seats(req) for req in self.running)  # requests in flight keep their seats
+        while not stalled and self.num_preemptions == preemptions_before and self.waiting and budget > 0:
             req = self.waiting[0]
             cached_block_ids = kv.find_cached_prefix(req)
             num_cached = len(cached_block_ids) * self.config.block_size
@@ -143,16 +144,16 @@ class Scheduler:
         if not scheduled:
             return None
         self._step_id += 1
-        self._in_flight = {req.req_id: (req, num_new) for req, num_new in scheduled}
+        self.steps_in_flight.add(self._step_id, scheduled)
         return self.worker_view.make_plan(self._step_id, scheduled, kv.take_block_copies())
 
     def update_from_output(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
-        """Applies the worker's result for `plan`; returns one output per request that gained a token."""
-        if self._in_flight is None or plan.step_id != self._step_id:
-            raise ValueError(f"plan {plan.step_id} is not the step in flight")
+        """Applies the worker's result for `plan`, the oldest step in flight (else ValueError); returns one output
+        per request that gained a token."""
+        in_flight = self.steps_in_flight.oldest(plan.step_id)
         if not well_formed(result, plan.step_id):
             raise ValueError(f"malformed result for step {plan.step_id}: {result}")
-        in_flight, self._in_flight = self._in_flight, None
+        self.steps_in_flight.pop_oldest()
         for req, num_new in in_flight.values():
             if req.status is RequestStatus.RUNNING:  # else aborted while the step ran: nothing to update
                 req.num_computed_tokens += num_new
@@ -166,23 +167,18 @@ class Scheduler:
             return req if ok else None
 
         outputs = []
-        for i, (req_id, token_id) in enumerate(zip(result.req_ids, result.sampled_token_ids)):
+        for row, (req_id, token_id) in enumerate(zip(result.req_ids, result.sampled_token_ids)):
             if (req := caught_up(req_id)) is None:
                 continue
             req.output_token_ids.append(token_id)
             reason = req.stop_reason(self.max_len)
             if reason is not None:
                 self._finish(req, reason)
-            out = self._output(req, [token_id], reason)
-            if result.logprobs and result.logprobs[i] is not None:
-                out.logprobs = [result.logprobs[i]]
-            if result.prompt_logprobs:
-                out.prompt_logprobs = result.prompt_logprobs[i]
-            outputs.append(out)
+            outputs.append(sampled_output(req, reason, result, row))
         for req_id, embedding in zip(result.pooled_req_ids, result.embeddings):
             if (req := caught_up(req_id)) is not None:  # an embedding request is done once its prompt is
                 self._finish(req, FinishReason.STOP)
-                out = self._output(req, [], FinishReason.STOP)
+                out = request_output(req, [], FinishReason.STOP)
                 out.embedding = embedding
                 outputs.append(out)
 
@@ -190,7 +186,7 @@ class Scheduler:
         for req, _ in in_flight.values():
             if req.status is RequestStatus.RUNNING and req.num_computed_tokens == req.num_tokens:
                 self._finish(req, FinishReason.ERROR)
-                outputs.append(self._output(req, [], FinishReason.ERROR, "the worker returned no token for this request"))
+                outputs.append(request_output(req, [], FinishReason.ERROR, "the worker returned no token for this request"))
         if any(req.status is RequestStatus.FINISHED for req, _ in in_flight.values()):
             self.running = [req for req in self.running if req.status is RequestStatus.RUNNING]
         return outputs
@@ -223,19 +219,16 @@ class Scheduler:
     def _live_ids(self):
         return self.requests.keys() | self.groups.keys()
 
-    def _output(self, req: Request, token_ids: list[int], reason: str | None, error: str | None = None) -> RequestOutput:
-        out = RequestOutput(req.output_id, token_ids, reason, req.num_prompt_tokens, req.num_cached_tokens or 0,
-                            error, req.index)
-        out.queue_time_s = req.queue_time_s
-        return out
-
     def _allocate_or_preempt(self, req: Request, num_total_tokens: int) -> bool:
         """Makes room for req's next tokens, preempting the newest running requests as needed; False if that
-        preempted req itself."""
+        preempted req itself, or if only requests in flight could make room (req stays running and waits)."""
         # A block table the workers hold may only grow: copy-on-write is for requests they have not seen yet.
         may_copy = not self.worker_view.knows(req.req_id)
         while not self.kv_cache_manager.allocate_slots(req, num_total_tokens, may_copy):
-            victim = self.running.pop()
+            victim = choose_victim(req, self.running, self.steps_in_flight)
+            if victim is None:
+                return False
+            self.running.remove(victim)
             self._preempt(victim)
             if victim is req:
                 return False

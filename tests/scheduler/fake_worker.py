@@ -244,9 +244,10 @@ def make_request(req_id: str, prompt_len: int, max_tokens: int = 16, arrival_tim
 
 def make_scheduler(max_num_seqs: int = 8, max_num_batched_tokens: int = 64, max_model_len: int = 128,
                    block_size: int = 4, num_blocks: int = 64, token_fn: TokenFn = default_token_fn,
-                   enable_prefix_caching: bool = True, sample_fn: SampleFn | None = None) -> tuple[Scheduler, FakeWorker]:
+                   enable_prefix_caching: bool = True, sample_fn: SampleFn | None = None,
+                   max_steps_in_flight: int = 1) -> tuple[Scheduler, FakeWorker]:
     config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, block_size, num_blocks,
-                             enable_prefix_caching)
+                             enable_prefix_caching, max_steps_in_flight)
     return Scheduler(config), FakeWorker(num_blocks, block_size, token_fn, sample_fn)
 
 

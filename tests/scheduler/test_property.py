@@ -1,7 +1,8 @@
-"""Property-based: random mixes of arrivals, shared prefixes, n > 1, aborts (also mid-step), tiny pools, prefix
-caching on and off. After every step the scheduler's and the pool's invariants hold (no leaked or doubly freed
-block, ref counts equal holders, cached free blocks have none) and the fake worker has checked every KV read;
-in the end every request finished or was aborted, each with exactly what an unpressured run would produce."""
+"""Property-based: random mixes of arrivals, shared prefixes, n > 1, aborts (also of requests in flight), tiny
+pools, prefix caching on and off, 1 to 3 steps in flight. After every plan and every result the scheduler's and
+the pool's invariants hold (no leaked or doubly freed block, ref counts equal holders, cached free blocks have
+none, no request in two steps in flight) and the fake worker has checked every KV read; in the end every request
+finished or was aborted, each with exactly what an unpressured run would produce."""
 import zlib
 from dataclasses import dataclass
 
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from fake_worker import (EOS, content_sample_fn, make_prompt, make_request, make_scheduler, prefix_hashes,
                          with_random_eos)
+from in_flight_driver import InFlightDriver
 from tinyvllm.scheduler.invariants import check_scheduler_invariants
 from tinyvllm.protocol.messages import FinishReason
 from tinyvllm.scheduler.parallel_sampling import child_id, child_seed
@@ -33,8 +35,10 @@ class Spec:
 specs = st.builds(Spec, st.integers(-1, len(PREFIXES) - 1), st.integers(0, 16), st.integers(0, 6),
                   st.integers(1, 8), st.sampled_from([1, 2, 3]), st.sampled_from(["greedy", "seeded", "random"]),
                   st.booleans())
+# "plan" only plans (up to the steps in flight): requests added before the next one go into steps of their own.
 events = st.one_of(st.tuples(st.just("add"), specs), st.tuples(st.just("step"), st.integers(1, 4)),
-                   st.tuples(st.sampled_from(["abort", "abort_in_flight"]), st.integers(0, 20)))
+                   st.tuples(st.sampled_from(["abort", "abort_in_flight"]), st.integers(0, 20)),
+                   st.tuples(st.just("plan"), st.just(0)))
 configs = st.fixed_dictionaries(dict(
     block_size=st.sampled_from([1, 2, 4]), num_blocks=st.integers(2, 24), max_num_seqs=st.integers(1, 6),
     max_num_batched_tokens=st.integers(1, 24), max_model_len=st.integers(8, 48)))
@@ -69,14 +73,16 @@ def reference(req, index: int, max_len: int) -> tuple[list[int], str]:
 
 @settings(max_examples=500, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(config=configs, script=st.lists(events, min_size=4, max_size=40))
-def test_random_mixes_keep_every_invariant_and_every_output(config, script):
+@given(config=configs, script=st.lists(events, min_size=4, max_size=40), steps_in_flight=st.integers(1, 3))
+def test_random_mixes_keep_every_invariant_and_every_output(config, script, steps_in_flight):
     for caching in (True, False):  # drawing the script costs more than running it: run it both ways
-        run_script(config, script, caching)
+        run_script(config, script, caching, steps_in_flight)
 
 
-def run_script(config: dict, script: list, caching: bool) -> None:
-    sched, worker = make_scheduler(sample_fn=SAMPLE, enable_prefix_caching=caching, **config)
+def run_script(config: dict, script: list, caching: bool, steps_in_flight: int) -> None:
+    sched, worker = make_scheduler(sample_fn=SAMPLE, enable_prefix_caching=caching,
+                                   max_steps_in_flight=steps_in_flight, **config)
+    driver = InFlightDriver(sched, worker)
     reqs, outputs, aborted = {}, {}, set()
 
     def collect(outs):
@@ -91,19 +97,23 @@ def run_script(config: dict, script: list, caching: bool) -> None:
             aborted.add(req_id)
             sched.abort([req_id])
 
-    def run_step(abort_mid_step: int | None = None):
-        plan = sched.schedule()
-        if plan is not None:
-            rows = plan.new_reqs + plan.cached_reqs
+    def plan():
+        for new in driver.fill():
+            rows = new.new_reqs + new.cached_reqs
             assert len(rows) <= config["max_num_seqs"]
             assert sum(r.num_scheduled_tokens for r in rows) <= config["max_num_batched_tokens"]
-            result = worker.execute(plan)
-            if abort_mid_step is not None:
-                abort(abort_mid_step)
-            collect(sched.update_from_output(plan, result))
+
+    def run_step(abort_mid_step: int | None = None) -> bool:
+        """Plans up to steps_in_flight steps, then takes the oldest one's result; False if none was outstanding."""
+        plan()
+        if abort_mid_step is not None:
+            abort(abort_mid_step)  # before the worker has run any outstanding plan
+        stepped = bool(driver.outstanding)
+        if stepped:
+            collect(driver.finish_oldest())
         collect(sched.take_pending_outputs())
         check_scheduler_invariants(sched)
-        return plan
+        return stepped
 
     for kind, arg in script:
         if kind == "add":
@@ -117,11 +127,13 @@ def run_script(config: dict, script: list, caching: bool) -> None:
             check_scheduler_invariants(sched)
         elif kind == "abort_in_flight":
             run_step(abort_mid_step=arg)
+        elif kind == "plan":
+            plan()
         else:
             for _ in range(arg):
                 run_step()
     for _ in range(MAX_STEPS):
-        if run_step() is None:
+        if not run_step():
             break
     assert not sched.has_unfinished() and not sched.groups, "requests left unfinished"
     kv = sched.kv_cache_manager

@@ -1,0 +1,15 @@
+"""Who gives way when a running request needs a KV block and none is free: the newest running request (vLLM's
+recompute preemption), but never one in a step in flight, whose blocks the workers are writing."""
+from tinyvllm.scheduler.request import Request
+from tinyvllm.scheduler.steps_in_flight import StepsInFlight
+
+
+def choose_victim(req: Request, running: list[Request], in_flight: StepsInFlight) -> Request | None:
+    """The newest request in `running` (arrival order) newer than req and in no step in flight; else req itself,
+    but None while a newer request is in flight: that one can give way once its step is back, so req waits and
+    keeps its priority by age."""
+    newer = running[running.index(req) + 1:]
+    movable = [r for r in newer if not in_flight.holds(r)]
+    if movable:
+        return movable[-1]
+    return None if newer else req

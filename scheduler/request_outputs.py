@@ -1,0 +1,28 @@
+"""Between a worker's StepResult and the frontend: the result's shape is checked, each request's news becomes a
+RequestOutput (under the parent's id for a parallel-sampling child)."""
+from tinyvllm.protocol.messages import RequestOutput, StepResult
+from tinyvllm.scheduler.request import Request
+
+
+def well_formed(result: StepResult, step_id: int) -> bool:
+    n = len(result.req_ids)
+    return (result.step_id == step_id and len(result.sampled_token_ids) == n
+            and len(result.logprobs) in (0, n) and len(result.prompt_logprobs) in (0, n)
+            and len(result.pooled_req_ids) == len(result.embeddings))
+
+
+def request_output(req: Request, token_ids: list[int], reason: str | None, error: str | None = None) -> RequestOutput:
+    out = RequestOutput(req.output_id, token_ids, reason, req.num_prompt_tokens, req.num_cached_tokens or 0,
+                        error, req.index)
+    out.queue_time_s = req.queue_time_s
+    return out
+
+
+def sampled_output(req: Request, reason: str | None, result: StepResult, row: int) -> RequestOutput:
+    """The token req sampled in row `row` of result, with its logprobs and prompt logprobs if it asked."""
+    out = request_output(req, [result.sampled_token_ids[row]], reason)
+    if result.logprobs and result.logprobs[row] is not None:
+        out.logprobs = [result.logprobs[row]]
+    if result.prompt_logprobs:
+        out.prompt_logprobs = result.prompt_logprobs[row]
+    return out

@@ -1,0 +1,56 @@
+"""The planned steps whose results have not come back yet, oldest first (vLLM V1's batch queue).
+
+A request is in at most one of them: it is planned again only once its step's result is in, so the workers
+learn each sampled token from the next plan that schedules the request (CachedRequestData.new_token_ids) and
+no step waits on another's token. Workers run plans strictly in order, so results come back in plan order.
+"""
+from collections import deque
+
+from tinyvllm.scheduler.request import Request
+
+Step = dict[str, tuple[Request, int]]  # req_id -> (the request, tokens the step computes for it)
+
+
+class StepsInFlight:
+    def __init__(self, max_steps: int):
+        self.max_steps = max_steps
+        self._steps: deque[tuple[int, Step]] = deque()
+        self._reqs: set[Request] = set()  # by identity: an aborted request's id may come back as a new request
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def is_full(self) -> bool:
+        return len(self._steps) >= self.max_steps
+
+    def holds(self, req: Request) -> bool:
+        return req in self._reqs
+
+    def add(self, step_id: int, scheduled: list[tuple[Request, int]]) -> None:
+        assert not self.is_full() and not any(req in self._reqs for req, _ in scheduled)
+        self._steps.append((step_id, {req.req_id: (req, num_new) for req, num_new in scheduled}))
+        self._reqs.update(req for req, _ in scheduled)
+
+    def oldest(self, step_id: int) -> Step:
+        """The oldest step's requests; ValueError unless step_id is that step."""
+        if not self._steps or self._steps[0][0] != step_id:
+            expected = f"step {self._steps[0][0]}" if self._steps else "none"
+            raise ValueError(f"plan {step_id} is not the oldest step in flight ({expected})")
+        return self._steps[0][1]
+
+    def pop_oldest(self) -> Step:
+        _, step = self._steps.popleft()
+        self._reqs.difference_update(req for req, _ in step.values())
+        return step
+
+    def check_invariants(self, last_step_id: int) -> None:
+        """For tests: at most max_steps, the newest ones planned, and no request in two of them."""
+        assert len(self._steps) <= self.max_steps, f"{len(self._steps)} steps in flight, at most {self.max_steps}"
+        step_ids = [step_id for step_id, _ in self._steps]
+        assert step_ids == list(range(last_step_id - len(step_ids) + 1, last_step_id + 1)), f"steps {step_ids}"
+        reqs = [req for _, step in self._steps for req, _ in step.values()]
+        assert len(reqs) == len({id(req) for req in reqs}) == len(self._reqs), "a request is in two steps in flight"
+        assert all(req in self._reqs for req in reqs)
+
+    def requests(self) -> list[tuple[Request, int]]:
+        return [entry for _, step in self._steps for entry in step.values()]
