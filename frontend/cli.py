@@ -4,8 +4,10 @@ import os
 import re
 import sys
 
+from tinyvllm.frontend import worker_command
 from tinyvllm.frontend.launcher import CPU_KERNEL_SETS, DEFAULT_KV_CACHE_BYTES, EngineArgs
 from tinyvllm.frontend.ollama.model_store import default_models_dir
+from tinyvllm.protocol.worker_auth import resolve_worker_secret
 
 API_KEY_ENV = "TINYVLLM_API_KEY"
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -59,6 +61,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "gets its share of the cores)")
     parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
                         help="split the layers into this many stages, each its own worker process(es)")
+    parser.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                        help="run this many independent engines (each a scheduler and its tensor x pipeline-parallel "
+                             "workers, on the devices or cores after the previous one's); each request goes to the "
+                             "least loaded one, or to one that has its prompt's prefix cached")
+    parser.add_argument("--step-timeout", dest="step_timeout_s", type=float, default=120.0,
+                        help="seconds an engine with requests to serve may go without finishing a step before it "
+                             "counts as hung: its requests fail and its processes are restarted. Keep it above the "
+                             "longest step, including a first-time jit capture of the largest batch on a slow CPU")
     parser.add_argument("--cpu-kernels", choices=CPU_KERNEL_SETS, default=None,
                         help="the kernels the model runs: c, hand-written C kernels and a C graph executor (tinygrad's "
                              "CPU backend only), or tinygrad, tinygrad's own kernels (what GPUs run); default: c on "
@@ -73,7 +83,8 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
                       max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
                       jit_warmup=args.jit_warmup, beam=args.beam, cpu_kernels=args.cpu_kernels,
                       tensor_parallel_size=args.tensor_parallel_size,
-                      pipeline_parallel_size=args.pipeline_parallel_size)
+                      pipeline_parallel_size=args.pipeline_parallel_size,
+                      data_parallel_size=args.data_parallel_size, step_timeout_s=args.step_timeout_s)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
                             f"command line, other users cannot see in ps), else no key")
     serve.add_argument("--models-dir", default=str(default_models_dir()),
                        help="folder of the Ollama API's named models (one JSON manifest each, pointing at weights)")
+    worker_command.add_serve_arguments(serve)
+    worker_command.add_arguments(commands.add_parser(
+        "worker", help="run one worker for a `tinyvllm serve --external-workers` (on this or another machine)",
+        description=worker_command.DESCRIPTION, formatter_class=_RawDefaults))
     bench = commands.add_parser("bench", help="benchmark a server (serve) or the engine offline (throughput)")
     benches = bench.add_subparsers(dest="bench", required=True)
     bench_serve.add_arguments(benches.add_parser(
@@ -122,16 +137,21 @@ def main(argv: list[str] | None = None) -> int:
             return run(args)
         from tinyvllm.frontend.bench.throughput import run
         return run(args, engine_args_from(args))
+    if args.command == "worker":
+        return worker_command.run(args)
     if args.command == "serve":
         try:
             api_key = resolve_api_key(args.api_key, os.environ)
+            engine_args = engine_args_from(args)
+            engine_args.external_workers, engine_args.worker_address = args.external_workers, args.worker_address
+            engine_args.worker_secret = resolve_worker_secret(args.worker_secret, os.environ)
         except ValueError as e:
             print(f"tinyvllm: error: {e}", file=sys.stderr)
             return 2
         from tinyvllm.frontend.server import ServerArgs, serve
         try:
-            serve(engine_args_from(args), ServerArgs(args.host, args.port, args.served_model_name, api_key=api_key,
-                                                     models_dir=args.models_dir))
+            serve(engine_args, ServerArgs(args.host, args.port, args.served_model_name, api_key=api_key,
+                                          models_dir=args.models_dir))
         except (ValueError, FileNotFoundError, RuntimeError) as e:
             print(f"tinyvllm: error: {e}", file=sys.stderr)
             return 2

@@ -1,20 +1,27 @@
 """Starts the engine's processes (one scheduler, tensor x pipeline-parallel workers), watches them, and stops them.
+With external workers it starts only the scheduler, whose worker socket then waits for `tinyvllm worker`s.
 
 Used by both `tinyvllm serve` and the offline `LLM` API. Children are programs of their own
 (protocol/child_process.py: never forked, so no tinygrad or ZMQ state is inherited, and never multiprocessing's
 spawn, which re-runs the caller's script) and die with this process even if it is killed.
 """
+import dataclasses
+import logging
 import os
 import pathlib
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tinyvllm.protocol.child_process import ChildProcess
+from tinyvllm.protocol.compatibility import model_fingerprint
 from tinyvllm.protocol.model_config import read_model_config
 from tinyvllm.protocol.model_path import resolve_model_path
 from tinyvllm.protocol.parallel_layout import check_parallel_sizes
 from tinyvllm.protocol.transport import Endpoints
+from tinyvllm.protocol.worker_auth import SECRET_ENV, require_secret_beyond_loopback
 from tinyvllm.scheduler.main import SchedulerArgs
+
+log = logging.getLogger("tinyvllm.frontend")
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 CPU_KERNEL_SETS = ("c", "tinygrad")  # workers/kernel_set.py's KERNEL_SETS, named here without importing tinygrad
@@ -37,18 +44,35 @@ class EngineArgs:
     pipeline_parallel_size: int = 1
     transport: str = "ipc"
     tcp_base_port: int = 5555
+    external_workers: bool = False  # start no workers: wait for `tinyvllm worker`s at worker_address
+    worker_address: str | None = None  # where the scheduler's worker socket binds (with external_workers)
+    worker_secret: str = field(default="", repr=False)  # shared with the workers (protocol/worker_auth.py)
+    data_parallel_size: int = 1  # independent engines (replicas), each a scheduler and its world_size workers
+    # An engine that owes outputs and finishes no step for this long is hung: its group is restarted. Long enough
+    # for a step that first captures a large bucket's jit on a slow CPU.
+    step_timeout_s: float = 120.0
 
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size",
-                     "pipeline_parallel_size"):
+                     "pipeline_parallel_size", "data_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.step_timeout_s <= 0:
+            raise ValueError("--step-timeout must be positive")
+        if self.external_workers and self.data_parallel_size > 1:
+            raise ValueError("--external-workers serves one engine: --data-parallel-size must be 1")
         if self.beam < 0:
             raise ValueError("--beam must be 0 (off) or a positive search width")
         if self.cpu_kernels not in (None, *CPU_KERNEL_SETS):
             raise ValueError(f"--cpu-kernels must be one of {', '.join(CPU_KERNEL_SETS)}")
         if self.num_kv_blocks < 0 or self.kv_cache_memory < 1:
             raise ValueError("the KV cache size must be positive")
+        if self.external_workers != bool(self.worker_address):
+            raise ValueError("--external-workers and --worker-address go together: the workers connect to that "
+                             "address (e.g. --worker-address tcp://0.0.0.0:7000)")
+        if self.worker_address and not self.worker_address.startswith(("tcp://", "ipc://")):
+            raise ValueError(f"--worker-address must be tcp://HOST:PORT or ipc://PATH, not {self.worker_address!r}")
+        require_secret_beyond_loopback(self.worker_secret, worker_address=self.worker_address or "")
 
     @property
     def world_size(self) -> int:
@@ -68,7 +92,9 @@ def device_placement(index: int, count: int, environ=os.environ) -> dict[str, st
 
 
 class EngineProcesses:
-    def __init__(self, args: EngineArgs):
+    def __init__(self, args: EngineArgs, replica: int = 0):
+        """replica: which data-parallel engine this is; its workers take the devices (or cores) after those of the
+        replicas before it, and with tcp its ports come after theirs."""
         from tinyvllm.workers.main import WorkerArgs  # not at import: the HTTP process stays free of worker code
 
         args.validate()
@@ -78,22 +104,39 @@ class EngineProcesses:
         self.max_model_len = min(args.max_model_len or self.model_config.max_context, self.model_config.max_context)
         if self.max_model_len < 2:
             raise ValueError("--max-model-len must be at least 2")
-        self.endpoints = Endpoints.ipc() if args.transport == "ipc" else Endpoints.tcp(base_port=args.tcp_base_port)
-        sched_args = SchedulerArgs(args.world_size, args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
-                                   self.max_model_len, args.num_kv_blocks, args.kv_cache_memory, args.enable_prefix_caching)
-        self.processes = [ChildProcess("tinyvllm-scheduler", "tinyvllm.scheduler.main", self.endpoints, sched_args)]
+        ports_per_replica = 3 + args.world_size  # three endpoints, then one stage input per rank at most
+        self.endpoints = Endpoints.ipc() if args.transport == "ipc" else \
+            Endpoints.tcp(base_port=args.tcp_base_port + replica * ports_per_replica)
+        if args.external_workers:
+            self.endpoints = dataclasses.replace(self.endpoints, workers=args.worker_address)
         tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
+        sched_args = SchedulerArgs(args.world_size, args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
+                                   self.max_model_len, args.num_kv_blocks, args.kv_cache_memory, args.enable_prefix_caching,
+                                   tp_size=tp, pp_size=pp, n_layers=self.model_config.n_layers,
+                                   model_fingerprint=model_fingerprint(self.model_path),
+                                   max_steps_in_flight=pp)  # each pipeline stage busy with its own step
+        secret_env = {SECRET_ENV: args.worker_secret} if args.worker_secret else {}  # never on a command line
+        self.processes = [ChildProcess("tinyvllm-scheduler", "tinyvllm.scheduler.main", self.endpoints, sched_args,
+                                       env=secret_env)]
+        self.external_workers = args.world_size if args.external_workers else 0
+        if args.external_workers:
+            return
         worker_args = [WorkerArgs(str(self.model_path), rank, args.world_size, jit_warmup=args.jit_warmup, beam=args.beam,
                                   kernels=args.cpu_kernels, tp_size=tp, pp_size=pp,
                                   stage_address=self.endpoints.stage_input(rank) if rank >= tp else "")
                        for rank in range(args.world_size)]
         self.processes += [ChildProcess(f"tinyvllm-worker{a.rank}", "tinyvllm.workers.main", self.endpoints.workers, a,
-                                        env=device_placement(a.rank, args.world_size))
+                                        env={**device_placement(replica * args.world_size + a.rank,
+                                                                args.data_parallel_size * args.world_size),
+                                             **secret_env})
                            for a in worker_args]
 
     def start(self) -> None:
         for p in self.processes:
             p.start()
+        if self.external_workers:
+            log.info("waiting for %d workers: start each with `tinyvllm worker --connect %s --rank R ...` "
+                     "(docs/DEPLOY.md)", self.external_workers, self.endpoints.workers)
 
     def dead_process(self) -> str | None:
         """A description of the first child that exited, or None while all run."""

@@ -35,6 +35,11 @@ class SchedulerArgs:
     kv_cache_bytes: int
     enable_prefix_caching: bool = True
     startup_timeout_s: float = 900.0
+    # What every worker must match to join (protocol/compatibility.py); world_size = tp_size * pp_size.
+    tp_size: int = 1
+    pp_size: int = 1
+    n_layers: int = 0
+    model_fingerprint: str = ""
     max_steps_in_flight: int = 1  # plans sent before the oldest one's result is awaited (pipeline stages: P)
 
 

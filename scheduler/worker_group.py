@@ -1,44 +1,53 @@
 """The scheduler's side of its workers: the start-up handshake, then every plan to every worker.
 
-Each worker says hello with its rank and its engine's tensor/pipeline sizes (protocol/parallel_layout.py); once
-all `world_size` have, each gets InitWorker with the group id that names its tensor-parallel group's shared
-memory and the address of the next pipeline stage's rank with its tensor-parallel rank. The scheduler reads one
-rank's StepResult, the first rank of the last stage (the one that samples); the others only say they are done.
+Each worker says hello and is admitted or refused (scheduler/worker_admission.py: the shared secret, the version,
+the model, its rank and layers); once all `world_size` are in, each gets InitWorker with the group id that names
+its tensor-parallel group's shared memory and the address of the next pipeline stage's rank with its
+tensor-parallel rank. From then on only the admitted ZMQ identities are heard. The scheduler reads one rank's
+StepResult, the first rank of the last stage (the one that samples); the others only say they are done.
 """
 import logging
+import os
 import time
 import uuid
 
 import zmq
 
 from tinyvllm.protocol.codec import decode
-from tinyvllm.protocol.messages import InitWorker, WorkerError, WorkerHello, WorkerReady
+from tinyvllm.protocol.compatibility import EngineShape, tinyvllm_version
+from tinyvllm.protocol.messages import InitWorker, WorkerError, WorkerReady
 from tinyvllm.protocol.parallel_layout import output_rank
 from tinyvllm.protocol.transport import send
+from tinyvllm.protocol.worker_auth import SECRET_ENV, require_secret_beyond_loopback
+from tinyvllm.scheduler.worker_admission import WorkerAdmission
 
 log = logging.getLogger("tinyvllm.scheduler")
+MAX_IGNORED_PEERS_LOGGED = 100
 
 
 class WorkerGroup:
-    def __init__(self, sock: zmq.Socket):
-        self.sock = sock
+    def __init__(self, sock: zmq.Socket, secret: str | None = None):
+        """secret: shared with the workers; default: $TINYVLLM_WORKER_SECRET (the launcher's way to pass it)."""
+        self.sock, self.address = sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.secret = os.environ.get(SECRET_ENV, "") if secret is None else secret
+        require_secret_beyond_loopback(self.secret, worker_address=self.address)
         self.identities: dict[int, bytes] = {}
         self.output_rank = 0  # whose StepResult counts
         self.weight_bytes: dict[int, int] = {}  # by rank, as the workers reported them
+        self.ignored_peers: set[bytes] = set()
 
     def handshake(self, args) -> int:
         """Returns the number of KV blocks every worker can hold."""
         deadline = time.monotonic() + args.startup_timeout_s
-        hellos: dict[int, WorkerHello] = {}
-        while len(hellos) < args.world_size:
-            identity, msg = self.recv(deadline)
-            if isinstance(msg, WorkerHello):
-                if msg.world_size != args.world_size or msg.tp_size * msg.pp_size != args.world_size:
-                    raise RuntimeError(f"worker rank {msg.rank} expects {msg.world_size} workers "
-                                       f"(tp {msg.tp_size} x pp {msg.pp_size}); this engine has {args.world_size}")
-                hellos[msg.rank], self.identities[msg.rank] = msg, identity
-                log.info("worker rank %d (%s, pid %d) said hello", msg.rank, msg.device, msg.pid)
-        tp_size, pp_size = hellos[0].tp_size, hellos[0].pp_size
+        tp_size, pp_size = args.tp_size, args.pp_size
+        admission = WorkerAdmission(self.sock, self.secret, EngineShape(
+            tinyvllm_version(), args.model_fingerprint, tp_size, pp_size, args.n_layers))
+        log.info("waiting for %d workers (tp %d x pp %d) at %s", args.world_size, tp_size, pp_size, self.address)
+        while len(admission.admitted) < args.world_size:
+            identity, data, peer = self.recv_frames(deadline)
+            admission.handle(identity, data, peer)
+        hellos = {rank: hello for rank, (_, hello) in admission.admitted.items()}
+        self.identities = {rank: identity for rank, (identity, _) in admission.admitted.items()}
         self.output_rank = output_rank(tp_size, pp_size)
         group_id = f"tinyvllm-{uuid.uuid4().hex[:12]}"
         for rank, identity in self.identities.items():
@@ -59,10 +68,24 @@ class WorkerGroup:
                          msg.num_blocks)
         return min(r.num_blocks for r in ready.values())
 
-    def recv(self, deadline: float):
+    def recv_frames(self, deadline: float) -> tuple[bytes, bytes, str]:
+        """(identity, message bytes, the peer's address) of the next message from any peer."""
         if not self.sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
             raise TimeoutError("no answer from the workers in time")
-        identity, data = self.sock.recv_multipart()
+        frames = self.sock.recv_multipart(copy=False)
+        if len(frames) != 2:  # a DEALER sends one frame; ROUTER adds the identity
+            return frames[0].bytes, b"", "?"
+        peer = "ipc" if self.address.startswith("ipc://") else frames[1].get("Peer-Address") or "?"
+        return frames[0].bytes, frames[1].bytes, peer
+
+    def recv(self, deadline: float):
+        """(identity, message) from an admitted worker; (identity, None) for anything else, ignored unread."""
+        identity, data, peer = self.recv_frames(deadline)
+        if identity not in self.identities.values():
+            if identity not in self.ignored_peers and len(self.ignored_peers) < MAX_IGNORED_PEERS_LOGGED:
+                self.ignored_peers.add(identity)
+                log.warning("ignoring messages from a peer at %s that is not one of the admitted workers", peer)
+            return identity, None
         return identity, decode(data)
 
     def broadcast(self, msg) -> None:

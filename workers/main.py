@@ -1,7 +1,11 @@
-"""A worker process: loads the model, says hello to the scheduler, allocates its KV cache when told how,
-then runs every StepPlan it receives and answers with a StepResult."""
+"""A worker process: joins the scheduler (workers/scheduler_join.py), loads the model, allocates its KV cache when
+told how, then runs every StepPlan it receives and answers with a StepResult.
+
+Started by frontend/launcher.py as a child that dies with its parent, or on its own by `tinyvllm worker` (on any
+machine; frontend/worker_command.py). Exit codes: 0 after Shutdown or a signal, 1 on a failure, 3 when refused."""
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -9,11 +13,16 @@ from dataclasses import dataclass
 
 import zmq
 
-from tinyvllm.protocol.messages import InitWorker, Shutdown, StepPlan, WorkerError, WorkerHello, WorkerReady, WorkerRole
+from tinyvllm.protocol.messages import InitWorker, Shutdown, StepPlan, WorkerError, WorkerReady, WorkerRole
 from tinyvllm.protocol.process_guard import exit_with_parent
-from tinyvllm.protocol.transport import make_socket, recv, send
+from tinyvllm.protocol.transport import send
+from tinyvllm.protocol.worker_auth import SECRET_ENV, stage_link_key
+from tinyvllm.workers.scheduler_connection import SchedulerWatch, connect_to_scheduler
+from tinyvllm.workers.scheduler_join import NoScheduler, WorkerRefusedError, join_scheduler, worker_hello
 
 log = logging.getLogger("tinyvllm.worker")
+REFUSED_EXIT_CODE = 3  # a wrong secret, model or version: restarting will not help (systemd: RestartPreventExitStatus)
+HELLO_ANSWER_TIMEOUT_S = 600.0  # how long a worker waits for a scheduler to answer its hello
 
 
 class WarmupProgress:
@@ -87,31 +96,50 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
     return runner
 
 
-def run_worker(workers_endpoint: str, args: WorkerArgs) -> None:
-    """Process entry point."""
-    exit_with_parent()
+def log_exchange_cost(rank: int, runner, steps: int) -> None:
+    """What meeting the other workers cost per step: the tensor-parallel all-reduces (waiting for slower ranks
+    included) and the pipeline's stage transfers (not the wait for the previous stage)."""
+    if steps and (runner.group is not None or runner.link is not None):
+        all_reduce = runner.group.busy_s if runner.group is not None else 0.0
+        transfer = runner.link.transfer_s if runner.link is not None else 0.0
+        log.info("rank %d: %d steps; per step %.2f ms in all-reduces, %.2f ms in stage transfers", rank, steps,
+                 1e3 * all_reduce / steps, 1e3 * transfer / steps)
+
+
+def run_worker(workers_endpoint: str, args: WorkerArgs, secret: str | None = None,
+               started_by_launcher: bool = True) -> int:
+    """Process entry point; returns the exit code. secret: shared with the scheduler (default:
+    $TINYVLLM_WORKER_SECRET). A launcher's child dies with its parent; a standalone worker lives on its own and takes
+    SIGTERM as Ctrl-C."""
+    if started_by_launcher:
+        exit_with_parent()
+    else:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     if cores := os.environ.get("TINYVLLM_CPU_CORES"):  # the launcher's share of this machine's cores
         os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker{args.rank} %(levelname)s %(message)s")
     from tinygrad import Context
     with Context(BEAM=args.beam):
-        serve_steps(workers_endpoint, args)
+        return serve_steps(workers_endpoint, args, os.environ.get(SECRET_ENV, "") if secret is None else secret)
 
 
-def serve_steps(workers_endpoint: str, args: WorkerArgs) -> None:
+def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
     from tinygrad import Device
     from tinyvllm.workers.stage_link import StageLink
     ctx = zmq.Context()
-    sock = make_socket(ctx, zmq.DEALER, workers_endpoint, bind=False, identity=f"worker-{args.rank}".encode())
+    sock = connect_to_scheduler(ctx, workers_endpoint)
     link = None
     if args.pp_size > 1:  # a later stage listens for its input (by default on a free loopback port)
         link = StageLink(ctx, None if args.spec.first_stage else args.stage_address or "tcp://127.0.0.1:0")
-    send(sock, WorkerHello(args.rank, args.world_size, args.role, os.getpid(), Device.DEFAULT, args.tp_size,
-                           args.pp_size, link.address if link is not None else ""))
-    runner = None
+    runner, steps = None, 0
     try:
+        hello = worker_hello(args, Device.DEFAULT, link.address if link is not None else "")
+        msg = join_scheduler(sock, hello, secret, HELLO_ANSWER_TIMEOUT_S)
+        watch = SchedulerWatch(sock)
+        if link is not None and secret:  # every stage input takes only what its previous stage sealed
+            link.seal(stage_link_key(secret, msg.group_id, args.rank),
+                      stage_link_key(secret, msg.group_id, args.rank + args.tp_size))
         while True:
-            msg = recv(sock)
             if isinstance(msg, InitWorker):
                 runner = build_runner(args, msg, link)
                 log.info("rank %d (tp %d/%d, pp %d/%d): %.1f MB of weights, %d KV blocks", args.rank,
@@ -121,19 +149,28 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs) -> None:
                                        runner.model.weight_nbytes))
             elif isinstance(msg, StepPlan):
                 send(sock, runner.execute(msg, args.rank))
+                steps += 1
             elif isinstance(msg, Shutdown):
                 break
+            msg = watch.recv()
     except KeyboardInterrupt:
         pass
+    except NoScheduler as e:
+        log.error("rank %d: no scheduler to work for at %s: %s", args.rank, workers_endpoint, e)
+        return REFUSED_EXIT_CODE if isinstance(e, WorkerRefusedError) else 1
     except Exception:
         log.exception("worker failed")
         send(sock, WorkerError(args.rank, traceback.format_exc(limit=5)))
+        return 1
     finally:
+        if runner is not None:
+            log_exchange_cost(args.rank, runner, steps)
         if runner is not None and runner.group is not None:
             runner.group.close()
         ctx.destroy(linger=200)
+    return 0
 
 if __name__ == "__main__":  # started by frontend/launcher.py as a program of its own
     from tinyvllm.protocol.child_process import child_args
     endpoint, worker_args = child_args(sys.argv)
-    run_worker(endpoint, WorkerArgs(**worker_args))
+    sys.exit(run_worker(endpoint, WorkerArgs(**worker_args)))

@@ -135,13 +135,14 @@ def engine_idle(url: str) -> bool:
 # ---- the server ---------------------------------------------------------------------------------------------
 
 class ServerProcess:
-    def __init__(self, model: pathlib.Path, log_path: pathlib.Path, *extra_args: str):
+    def __init__(self, model: pathlib.Path, log_path: pathlib.Path, *extra_args: str, command_prefix: tuple = ()):
+        """command_prefix: what runs the server, e.g. ("ip", "netns", "exec", name) (it must exec, keeping the pid)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         private_store = str(log_path.parent / f"models-{self.port}")  # never the user's ~/.cache model store
-        cmd = [sys.executable, "-m", "tinyvllm.frontend.cli", "serve", "--model", str(model), "--port", str(self.port),
-               *SERVE_DEFAULTS, "--models-dir", private_store, *extra_args]
+        cmd = [*command_prefix, sys.executable, "-m", "tinyvllm.frontend.cli", "serve", "--model", str(model),
+               "--port", str(self.port), *SERVE_DEFAULTS, "--models-dir", private_store, *extra_args]
         env = {**os.environ, "DEV": "CPU", "PYTHONUNBUFFERED": "1"}
         self._log_file = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log_file, stderr=subprocess.STDOUT,
@@ -178,9 +179,9 @@ class ServerProcess:
         return {**self.known, **{p: s for p, s in session_members(self.pid).items() if p != self.pid}}
 
     def engine_pids(self) -> tuple[int, int]:
-        """(scheduler pid, worker pid). The scheduler logs the worker's pid when it says hello; the scheduler is
+        """(scheduler pid, worker pid). The scheduler logs the worker's pid when it joins; the scheduler is
         the server's child running `python -m tinyvllm.scheduler.main`."""
-        m = re.search(r"worker rank 0 \(\S+, pid (\d+)\) said hello", self.log())
+        m = re.search(r"worker rank 0 \(\S+, pid (\d+)\) at \S+ joined", self.log())
         assert m, "the worker's pid is not in the log" + self.log_tail()
         worker = int(m.group(1))
         children = children_of(self.pid)

@@ -1,0 +1,127 @@
+"""The start-up handshake between the scheduler's WorkerGroup and workers (workers/scheduler_join.py) over real ZMQ
+sockets, with hand-made hellos and no model: who is admitted, who is refused and why (both sides say so), that
+after the handshake only the admitted identities are heard, and that a worker notices when the scheduler is gone."""
+import dataclasses
+import logging
+import threading
+import time
+
+import pytest
+import zmq
+
+from tests.e2e.server_process import wait_until
+from tinyvllm.protocol.codec import decode
+from tinyvllm.protocol.compatibility import tinyvllm_version
+from tinyvllm.protocol.messages import (Shutdown, WorkerError, WorkerHello, WorkerProof, WorkerReady, WorkerRefused,
+                                        WorkerRole)
+from tinyvllm.protocol.transport import make_socket, send
+from tinyvllm.protocol.worker_auth import new_nonce
+from tinyvllm.scheduler.main import SchedulerArgs
+from tinyvllm.scheduler.worker_group import WorkerGroup
+from tinyvllm.workers.scheduler_connection import SchedulerWatch
+from tinyvllm.workers.scheduler_join import NoScheduler, WorkerRefusedError, join_scheduler
+
+SECRET = "handshake-test-secret-0123"
+FINGERPRINT = "llama 4 layers #0123"
+ARGS = SchedulerArgs(2, 16, 4, 32, 256, 64, 0, startup_timeout_s=30, tp_size=1, pp_size=2, n_layers=4,
+                     model_fingerprint=FINGERPRINT)
+
+
+def hello(rank: int, **change) -> WorkerHello:
+    return dataclasses.replace(WorkerHello(rank, 2, WorkerRole.MIXED, 1000 + rank, "CPU", 1, 2,
+                                           f"tcp://127.0.0.1:{7100 + rank}" if rank else "", tinyvllm_version(),
+                                           FINGERPRINT, [0, 2] if rank == 0 else [2, 4], new_nonce()), **change)
+
+
+@pytest.fixture
+def engine(tmp_path):
+    """(a function making a DEALER connected to the scheduler's worker socket, the scheduler's WorkerGroup)."""
+    ctx = zmq.Context()
+    address = f"ipc://{tmp_path}/workers"
+    group = WorkerGroup(make_socket(ctx, zmq.ROUTER, address, bind=True), secret=SECRET)
+    yield lambda: make_socket(ctx, zmq.DEALER, address, bind=False), group
+    ctx.destroy(linger=0)
+
+
+def in_thread(fn, *args):
+    """Starts fn(*args) in a thread; returns a function that waits for it and gives its result or raises its error."""
+    result = {}
+
+    def run():
+        try:
+            result["value"] = fn(*args)
+        except BaseException as e:  # raised again in the caller's thread
+            result["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def join():
+        thread.join(30)
+        assert not thread.is_alive()
+        if "error" in result:
+            raise result["error"]
+        return result["value"]
+    return join
+
+
+def refusal(sock: zmq.Socket, msg_hello: WorkerHello, secret: str = SECRET) -> str:
+    with pytest.raises(WorkerRefusedError) as e:
+        join_scheduler(sock, msg_hello, secret, 10)
+    return str(e.value)
+
+
+def test_strangers_are_refused_and_the_right_workers_join(engine, caplog):
+    dealer, group = engine
+    caplog.set_level(logging.INFO, "tinyvllm.scheduler")
+    handshake = in_thread(group.handshake, ARGS)
+
+    assert "could not prove it knows the worker secret" in refusal(dealer(), hello(0), "another-secret-of-length")
+    assert wait_until(lambda: "refused worker rank 0 (CPU, pid 1000) at ipc: it does not know the worker secret"
+                      in caplog.text, 10)  # the worker does not wait for the refusal: it knows already
+    assert "refused by the scheduler: tinyvllm 0.0.1 on the worker" in refusal(dealer(), hello(0, version="0.0.1"))
+    assert "it would hold layers [0, 4]" in refusal(dealer(), hello(1, layers=[0, 4]))
+    garbage = dealer()
+    garbage.send(b"\xc1")
+    assert "an undecodable message" in decode(garbage.recv()).reason
+    early = dealer()
+    send(early, WorkerProof(b"x" * 32))
+    assert decode(early.recv()) == WorkerRefused("WorkerProof before a hello and its proof")
+
+    first = dealer()
+    joined0 = in_thread(join_scheduler, first, hello(0, pid=4242), SECRET, 10)
+    assert wait_until(lambda: "worker rank 0 (CPU, pid 4242) at ipc joined (1 of 2 workers)" in caplog.text, 10)
+    assert "rank 0 has joined already" in refusal(dealer(), hello(0))
+    second = dealer()
+    joined1 = in_thread(join_scheduler, second, hello(1), SECRET, 10)
+    init0, init1 = joined0(), joined1()
+    assert (init0.next_stage_address, init1.next_stage_address) == ("tcp://127.0.0.1:7101", "")
+    assert init0.group_id == init1.group_id and init0.num_blocks == 64
+    for sock, rank in ((first, 0), (second, 1)):
+        send(sock, WorkerReady(rank, 40 + rank, 16, 256))
+    assert handshake() == 40  # the smallest pool
+
+    stranger = dealer()  # after the handshake: a stranger is not even decoded; an admitted worker is heard
+    send(stranger, WorkerError(0, "forged"))
+    stranger.send(b"\xc1")
+    assert [group.recv(time.monotonic() + 10)[1] for _ in range(2)] == [None, None]
+    send(second, WorkerError(1, "real"))
+    assert group.recv(time.monotonic() + 10)[1] == WorkerError(1, "real")
+
+    watch = SchedulerWatch(second)  # the scheduler goes: what it sent first is read, then the worker knows
+    send(group.sock, Shutdown("bye"), group.identities[1])
+    group.sock.close(linger=1000)
+    assert watch.recv() == Shutdown("bye")
+    with pytest.raises(NoScheduler, match="the connection to the scheduler dropped"):
+        watch.recv()
+
+
+def test_a_worker_address_beyond_loopback_needs_a_secret():
+    ctx = zmq.Context()
+    try:
+        sock = make_socket(ctx, zmq.ROUTER, "tcp://0.0.0.0:*", bind=True)
+        with pytest.raises(ValueError, match="reachable from other machines"):
+            WorkerGroup(sock, secret="")
+        WorkerGroup(sock, secret=SECRET)
+    finally:
+        ctx.destroy(linger=0)
