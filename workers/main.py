@@ -93,6 +93,10 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
                          spec, group, link)
     if args.jit_warmup:
         runner.warm_up(WarmupProgress(f"worker{args.rank}"))
+        if group is not None:  # log_exchange_cost reports served steps, not the warm-up's waits for slower captures
+            group.busy_s = 0.0
+        if link is not None:
+            link.transfer_s = 0.0
     return runner
 
 

@@ -11,10 +11,28 @@ import functools
 
 import numpy as np
 from tinygrad import Tensor, TinyJit, UOp
+from tinygrad.engine.jit import _prepare_jit_inputs
 
 from tinyvllm.workers.attention import PagedAttention
-from tinyvllm.workers.device_input import device_tensor
+from tinyvllm.workers.device_input import copy_into, device_tensor, host_array
 from tinyvllm.workers.flat_batch import FlatBatch
+
+
+class SharedArguments:
+    """One forward's arguments for many captured jits of one signature (a bucket's attention or MLP piece of every
+    layer), checked and converted once: TinyJit.__call__ does that on each call (~0.3 ms on a CPU, which 2 x layers
+    pieces a step would pay). The arguments' buffers are reused, so the conversion stays valid for the forward."""
+
+    def __init__(self, *args):
+        self.args = args
+        self.buffers, self.var_vals, self.names, self.input_info = _prepare_jit_inputs(args, {})
+
+    def call(self, jit: TinyJit):
+        captured = jit.captured
+        if jit.cnt < 2 or captured.expected_names != self.names or captured.expected_input_info != self.input_info:
+            return jit(*self.args)  # not captured yet, or another signature: TinyJit's own checks and errors
+        jit.cnt += 1
+        return captured(self.buffers, self.var_vals)
 
 
 class ShardedForward:
@@ -22,6 +40,14 @@ class ShardedForward:
         self.runner, self.model, self.group = runner, runner.model, runner.group
         self.spec, self.link = runner.spec, runner.link
         self.jits: dict[tuple, TinyJit] = {}
+        self.residuals: dict[int, Tensor] = {}  # by bucket: the device copy of the host residual stream, reused
+
+    def _residual(self, x: np.ndarray) -> Tensor:
+        """x on the device, in the bucket's one input buffer: every piece has finished with it (host_array synced)."""
+        if (t := self.residuals.get(x.shape[0])) is None or t.shape != x.shape:
+            t = self.residuals[x.shape[0]] = device_tensor(x)
+            return t
+        return copy_into(t, x)
 
     def _jit(self, key: tuple, body) -> TinyJit:
         if (jit := self.jits.get(key)) is None:
@@ -59,18 +85,23 @@ class ShardedForward:
         b, reduce = batch.bucket, self.group.all_reduce
         positions, token_rows, tables, n_valid, sample_index, nb = self.runner.batch_inputs(batch)
         if self.spec.first_stage:
-            x = reduce(self._jit((b, "embed"), self._embed)(device_tensor(batch.tokens)).numpy())
+            x = reduce(host_array(self._jit((b, "embed"), self._embed)(device_tensor(batch.tokens))))
         else:
             x = self.link.recv()
-        for i in range(len(self.model.layers)):
-            attention = self._jit((b, "attention", i), functools.partial(self._attention, i))
-            x = x + reduce(attention(device_tensor(x), positions, token_rows, tables, n_valid, nb).numpy())
-            x = x + reduce(self._jit((b, "mlp", i), functools.partial(self._mlp, i))(device_tensor(x)).numpy())
+        residual = self._residual(x)
+        attention_args = SharedArguments(residual, positions, token_rows, tables, n_valid, nb)
+        mlp_args = SharedArguments(residual)
+        for i in range(len(self.model.layers)):  # the residual stream on the host, its copy in `residual`
+            x = x + reduce(host_array(attention_args.call(self._jit((b, "attention", i),
+                                                                   functools.partial(self._attention, i)))))
+            copy_into(residual, x)
+            x = x + reduce(host_array(mlp_args.call(self._jit((b, "mlp", i), functools.partial(self._mlp, i)))))
+            copy_into(residual, x)
         if not self.spec.last_stage:
             self.link.send(x)
             return None, None
-        logits, hidden = self._jit((b, "head"), self._head)(device_tensor(x), sample_index)
-        return self._gather_vocab(logits.numpy()), hidden
+        logits, hidden = self._jit((b, "head"), self._head)(residual, sample_index)
+        return self._gather_vocab(host_array(logits)), hidden
 
     def _gather_vocab(self, shard: np.ndarray) -> Tensor | None:
         """The full-vocabulary logits on the rank that samples (None elsewhere), from every rank's shard."""
@@ -82,7 +113,7 @@ class ShardedForward:
     def gather_all_logits(self, batch: FlatBatch, hidden: Tensor) -> Tensor | None:
         """Every position's full-vocabulary logits (prompt logprobs), gathered in row chunks that fit the group's
         buffers; every rank of the last stage takes part, the one that samples gets them."""
-        shard = self._jit((batch.bucket, "all_logits"), self._all_logits)(hidden).numpy()
+        shard = host_array(self._jit((batch.bucket, "all_logits"), self._all_logits)(hidden))
         rows = max(1, self.group.max_bytes // max(1, shard.shape[1] * shard.itemsize))
         parts = [self.group.gather(shard[start:start + rows]) for start in range(0, shard.shape[0], rows)]
         if parts[0] is None:
