@@ -40,7 +40,7 @@ class SchedulerArgs:
     pp_size: int = 1
     n_layers: int = 0
     model_fingerprint: str = ""
-    max_steps_in_flight: int = 1  # plans sent before the oldest one's result is awaited (pipeline stages: P)
+    max_steps_in_flight: int = 1  # plans sent before the oldest one's result is awaited (P stages: P; async: 2)
     async_scheduling: bool = False  # plan requests again while in flight (scheduler/async_scheduling.py)
 
 
