@@ -71,9 +71,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "longest step, including a first-time jit capture of the largest batch on a slow CPU")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                         help="plan each step while the one before runs, a decoding request's next token before it is "
-                             "known (the worker fills in the token it sampled), so the worker never waits for the "
-                             "scheduler; only with one worker (tensor- and pipeline-parallel size 1), ignored otherwise "
-                             "(default: on)")
+                             "known (the worker fills in the token it sampled), so the worker need not wait for the "
+                             "scheduler between steps; only with one worker (tensor- and pipeline-parallel size 1), "
+                             "ignored otherwise (default: on)")
     parser.add_argument("--cpu-kernels", choices=CPU_KERNEL_SETS, default=None,
                         help="the kernels the model runs: c, hand-written C kernels and a C graph executor (tinygrad's "
                              "CPU backend only), or tinygrad, tinygrad's own kernels (what GPUs run); default: c on "
