@@ -69,6 +69,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="seconds an engine with requests to serve may go without finishing a step before it "
                              "counts as hung: its requests fail and its processes are restarted. Keep it above the "
                              "longest step, including a first-time jit capture of the largest batch on a slow CPU")
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                        help="plan each step while the one before runs, a decoding request's next token before it is "
+                             "known (the worker fills in the token it sampled), so the worker need not wait for the "
+                             "scheduler between steps; only with one worker (tensor- and pipeline-parallel size 1), "
+                             "ignored otherwise (default: on)")
     parser.add_argument("--cpu-kernels", choices=CPU_KERNEL_SETS, default=None,
                         help="the kernels the model runs: c, hand-written C kernels and a C graph executor (tinygrad's "
                              "CPU backend only), or tinygrad, tinygrad's own kernels (what GPUs run); default: c on "
@@ -84,7 +89,8 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
                       jit_warmup=args.jit_warmup, beam=args.beam, cpu_kernels=args.cpu_kernels,
                       tensor_parallel_size=args.tensor_parallel_size,
                       pipeline_parallel_size=args.pipeline_parallel_size,
-                      data_parallel_size=args.data_parallel_size, step_timeout_s=args.step_timeout_s)
+                      data_parallel_size=args.data_parallel_size, step_timeout_s=args.step_timeout_s,
+                      async_scheduling=args.async_scheduling)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -51,6 +51,8 @@ class EngineArgs:
     # An engine that owes outputs and finishes no step for this long is hung: its group is restarted. Long enough
     # for a step that first captures a large bucket's jit on a slow CPU.
     step_timeout_s: float = 120.0
+    # Plan each step while the one before runs (vLLM's --async-scheduling); only with one worker (world size 1).
+    async_scheduling: bool = True
 
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size",
@@ -110,11 +112,14 @@ class EngineProcesses:
         if args.external_workers:
             self.endpoints = dataclasses.replace(self.endpoints, workers=args.worker_address)
         tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
+        async_scheduling = args.async_scheduling and args.world_size == 1
         sched_args = SchedulerArgs(args.world_size, args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
                                    self.max_model_len, args.num_kv_blocks, args.kv_cache_memory, args.enable_prefix_caching,
                                    tp_size=tp, pp_size=pp, n_layers=self.model_config.n_layers,
                                    model_fingerprint=model_fingerprint(self.model_path),
-                                   max_steps_in_flight=pp)  # each pipeline stage busy with its own step
+                                   # each pipeline stage busy with its own step; or the next step planned meanwhile
+                                   max_steps_in_flight=2 if async_scheduling else pp,
+                                   async_scheduling=async_scheduling)
         secret_env = {SECRET_ENV: args.worker_secret} if args.worker_secret else {}  # never on a command line
         self.processes = [ChildProcess("tinyvllm-scheduler", "tinyvllm.scheduler.main", self.endpoints, sched_args,
                                        env=secret_env)]

@@ -192,6 +192,10 @@ class CachedRequestData:
     # The tokens it gained since the workers last saw it (sampled by the worker that samples), appended before
     # this step's positions: every worker (each tensor- and pipeline-parallel shard) learns them from the plan.
     new_token_ids: list[int] = field(default_factory=list)
+    # Async scheduling (one worker only): the step was planned before the previous step's result was in, so its
+    # first position holds the token the worker sampled for this request in that step. The worker appends it
+    # itself, after new_token_ids; no later plan sends it.
+    append_sampled: bool = False
 
 
 @dataclass(slots=True)

@@ -13,6 +13,8 @@ class SchedulerConfig:
     # Planned steps whose results may be outstanding at once: 2 lets the scheduler plan step N+1 while step N
     # runs; P pipeline stages need P to stay busy.
     max_steps_in_flight: int = 1
+    # Plan a request again while its step is in flight (scheduler/async_scheduling.py): only for one worker.
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_blocks",

@@ -2,7 +2,8 @@
 import itertools
 from typing import TYPE_CHECKING
 
-from tinyvllm.scheduler.request import RequestStatus
+from tinyvllm.scheduler.async_scheduling import check_in_flight_request
+from tinyvllm.scheduler.request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from tinyvllm.scheduler.scheduler import Scheduler
@@ -29,11 +30,13 @@ def check_scheduler_invariants(sched: "Scheduler") -> None:
         assert any(not child.is_finished for child in children), f"group {parent_id} outlived its children"
     sched.steps_in_flight.check_invariants(sched.stats().step_id)
     running = {id(req) for req in sched.running}
+    in_flight: dict[Request, list[int]] = {}
     for req, num_new in sched.steps_in_flight.requests():
-        if not req.is_finished:  # else aborted while in flight: its result will be ignored
-            assert id(req) in running, f"{req.req_id} is in a step in flight but not running"
-            assert sched.worker_view.knows(req.req_id), f"{req.req_id} is in flight but the workers dropped it"
-            assert len(req.block_ids) * config.block_size >= req.num_computed_tokens + num_new, (
-                f"{req.req_id}: the blocks of its step in flight were taken")
+        if not req.is_finished:  # else finished or aborted while in flight: its results will be ignored
+            in_flight.setdefault(req, []).append(num_new)
+    for req, steps in in_flight.items():
+        assert id(req) in running, f"{req.req_id} is in a step in flight but not running"
+        assert sched.worker_view.knows(req.req_id), f"{req.req_id} is in flight but the workers dropped it"
+        check_in_flight_request(req, steps, config.async_scheduling, config.block_size)
     sched.worker_view.check_invariants(sched.running)
     sched.kv_cache_manager.check_invariants(queued)

@@ -40,7 +40,14 @@ class SchedulerArgs:
     pp_size: int = 1
     n_layers: int = 0
     model_fingerprint: str = ""
-    max_steps_in_flight: int = 1  # plans sent before the oldest one's result is awaited (pipeline stages: P)
+    max_steps_in_flight: int = 1  # plans sent before the oldest one's result is awaited (P stages: P; async: 2)
+    async_scheduling: bool = False  # plan requests again while in flight (scheduler/async_scheduling.py)
+
+
+def scheduler_config(a: SchedulerArgs, num_blocks: int) -> SchedulerConfig:
+    """Async scheduling only where one worker samples and knows every token: a world of one."""
+    return SchedulerConfig(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len, a.block_size, num_blocks,
+                           a.enable_prefix_caching, a.max_steps_in_flight, a.async_scheduling and a.world_size == 1)
 
 
 class SchedulerLoop:
@@ -56,12 +63,11 @@ class SchedulerLoop:
     def start(self) -> None:
         num_blocks = self.workers.handshake(self.args)
         a = self.args
-        self.scheduler = Scheduler(SchedulerConfig(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
-                                                   a.block_size, num_blocks, a.enable_prefix_caching,
-                                                   a.max_steps_in_flight))
+        self.scheduler = Scheduler(scheduler_config(a, num_blocks))
         send(self.to_frontend, EngineReady(num_blocks, a.block_size, a.max_model_len, a.max_num_seqs, a.world_size,
                                                [self.workers.weight_bytes[r] for r in range(a.world_size)]))
-        log.info("scheduler ready: %d KV blocks of %d tokens", num_blocks, a.block_size)
+        log.info("scheduler ready: %d KV blocks of %d tokens, up to %d steps in flight%s", num_blocks, a.block_size,
+                 a.max_steps_in_flight, ", async scheduling" if self.scheduler.config.async_scheduling else "")
 
     def handle_frontend(self, msg) -> None:
         if isinstance(msg, AddRequest):

@@ -6,7 +6,8 @@ big gap, a decode a gap of 1, so both mix freely in one step and a long prompt i
 A request being admitted (or resumed after preemption) starts past the longest cached prefix of its tokens.
 
 Up to max_steps_in_flight planned steps are outstanding (steps_in_flight.py), their results taken in plan
-order; a request in one of them is neither planned again nor preempted until its result is in.
+order (step_update.py); a request in one of them is not preempted, nor planned again until its result is in
+unless async scheduling (async_scheduling.py) lets it go on where its steps in flight end.
 """
 import bisect
 import itertools
@@ -15,12 +16,14 @@ from collections import deque
 
 from tinyvllm.protocol.messages import FinishReason, RequestOutput, SchedulerStats, StepPlan, StepResult
 from tinyvllm.scheduler.admission import admission_error
+from tinyvllm.scheduler.async_scheduling import tokens_to_plan
 from tinyvllm.scheduler.config import SchedulerConfig
 from tinyvllm.scheduler.kv_cache_manager import KVCacheManager
 from tinyvllm.scheduler.parallel_sampling import make_children
 from tinyvllm.scheduler.preemption import choose_victim
 from tinyvllm.scheduler.request import Request, RequestStatus
-from tinyvllm.scheduler.request_outputs import request_output, sampled_output, well_formed
+from tinyvllm.scheduler.request_outputs import request_output, well_formed
+from tinyvllm.scheduler.step_update import apply_step_result
 from tinyvllm.scheduler.steps_in_flight import StepsInFlight
 from tinyvllm.scheduler.worker_view import WorkerView
 
@@ -74,7 +77,7 @@ class Scheduler:
                 if req is None or req.is_finished:
                     continue
                 self._unqueue(req)
-                self._finish(req, FinishReason.ABORT)
+                self.finish(req, FinishReason.ABORT)
                 self._pending_outputs.append(request_output(req, [], FinishReason.ABORT))
 
     def take_pending_outputs(self) -> list[RequestOutput]:
@@ -104,14 +107,16 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             req = self.running[index]
             index += 1  # victims of preemption are newer than req: the requests after it
-            if self.steps_in_flight.holds(req):
+            start = req.num_computed_tokens + self.steps_in_flight.num_tokens(req)
+            num_new = tokens_to_plan(req, start, budget, self.steps_in_flight, self.config.async_scheduling,
+                                     self.max_len)
+            if num_new == 0:
+                assert self.steps_in_flight.holds(req), f"running request {req.req_id} has nothing to compute"
                 continue
-            num_new = min(req.compute_limit - req.num_computed_tokens, budget)
-            assert num_new > 0, f"running request {req.req_id} has nothing to compute"
-            if not self._allocate_or_preempt(req, req.num_computed_tokens + num_new):
-                stalled = True  # req preempted itself (it was the newest), or waits for a step in flight
+            if not self._allocate_or_preempt(req, start + num_new):
+                stalled = True  # req preempted itself (it was the newest), or waits for a step in flight (its own)
                 break
-            scheduled.append((req, num_new))
+            scheduled.append((req, start, num_new))
             budget -= num_new
 
         # After a preemption the pool is tight: admitting new work now would only be preempted next.
@@ -138,58 +143,23 @@ class Scheduler:
                 self.prefix_cache_hits += num_cached
             self._insert_running(req)
             seats_taken += self.seats(req)
-            scheduled.append((req, num_new))
+            scheduled.append((req, num_cached, num_new))
             budget -= num_new
 
         if not scheduled:
             return None
         self._step_id += 1
-        self.steps_in_flight.add(self._step_id, scheduled)
+        self.steps_in_flight.add(self._step_id, [(req, num_new) for req, _, num_new in scheduled])
         return self.worker_view.make_plan(self._step_id, scheduled, kv.take_block_copies())
 
     def update_from_output(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
         """Applies the worker's result for `plan`, the oldest step in flight (else ValueError); returns one output
         per request that gained a token."""
-        in_flight = self.steps_in_flight.oldest(plan.step_id)
+        step = self.steps_in_flight.oldest(plan.step_id)
         if not well_formed(result, plan.step_id):
             raise ValueError(f"malformed result for step {plan.step_id}: {result}")
         self.steps_in_flight.pop_oldest()
-        for req, num_new in in_flight.values():
-            if req.status is RequestStatus.RUNNING:  # else aborted while the step ran: nothing to update
-                req.num_computed_tokens += num_new
-                self.kv_cache_manager.cache_computed_blocks(req)
-                if req.pending_forks and req.num_computed_tokens == req.num_prompt_tokens - 1:
-                    self._fork(req)
-
-        def caught_up(req_id: str) -> Request | None:
-            req = in_flight.get(req_id, (None, 0))[0]
-            ok = req is not None and req.status is RequestStatus.RUNNING and req.num_computed_tokens == req.num_tokens
-            return req if ok else None
-
-        outputs = []
-        for row, (req_id, token_id) in enumerate(zip(result.req_ids, result.sampled_token_ids)):
-            if (req := caught_up(req_id)) is None:
-                continue
-            req.output_token_ids.append(token_id)
-            reason = req.stop_reason(self.max_len)
-            if reason is not None:
-                self._finish(req, reason)
-            outputs.append(sampled_output(req, reason, result, row))
-        for req_id, embedding in zip(result.pooled_req_ids, result.embeddings):
-            if (req := caught_up(req_id)) is not None:  # an embedding request is done once its prompt is
-                self._finish(req, FinishReason.STOP)
-                out = request_output(req, [], FinishReason.STOP)
-                out.embedding = embedding
-                outputs.append(out)
-
-        # A request that caught up without a token would never be scheduled again: end it rather than hang.
-        for req, _ in in_flight.values():
-            if req.status is RequestStatus.RUNNING and req.num_computed_tokens == req.num_tokens:
-                self._finish(req, FinishReason.ERROR)
-                outputs.append(request_output(req, [], FinishReason.ERROR, "the worker returned no token for this request"))
-        if any(req.status is RequestStatus.FINISHED for req, _ in in_flight.values()):
-            self.running = [req for req in self.running if req.status is RequestStatus.RUNNING]
-        return outputs
+        return apply_step_result(self, step, result)
 
     # ---- state ---------------------------------------------------------------------------------------
 
@@ -234,9 +204,10 @@ class Scheduler:
                 return False
         return True
 
-    def _fork(self, leader: Request) -> None:
+    def fork(self, leader: Request) -> None:
         """The leader computed all but the last prompt token: its siblings take its blocks and run beside it,
-        in the seats reserved for them; any beyond max_num_seqs wait (and find the prompt in the cache)."""
+        in the seats reserved for them; any beyond max_num_seqs wait (and find the prompt in the cache).
+        Called by step_update.py, like finish()."""
         num_seated = self.seats(leader) - 1
         children, leader.pending_forks = leader.pending_forks, []
         for child in children[:num_seated]:
@@ -279,7 +250,7 @@ class Scheduler:
             leader = next(r for r in self.groups[req.parent_id] if req in r.pending_forks)
             leader.pending_forks.remove(req)
 
-    def _finish(self, req: Request, reason: str) -> None:
+    def finish(self, req: Request, reason: str) -> None:
         """Ends req and frees its blocks; the caller takes it out of waiting/running."""
         if req.pending_forks:  # only on abort: the siblings have not forked yet and go on without the leader
             self._release_forks(req, at=0)

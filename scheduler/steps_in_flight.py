@@ -1,8 +1,10 @@
 """The planned steps whose results have not come back yet, oldest first (vLLM V1's batch queue).
 
-A request is in at most one of them: it is planned again only once its step's result is in, so the workers
-learn each sampled token from the next plan that schedules the request (CachedRequestData.new_token_ids) and
-no step waits on another's token. Workers run plans strictly in order, so results come back in plan order.
+Without async scheduling a request is in at most one of them: it is planned again only once its step's result is
+in, so the workers learn each sampled token from the next plan that schedules the request
+(CachedRequestData.new_token_ids) and no step waits on another's token. With it (scheduler/async_scheduling.py) a
+request may be in several, each continuing where the one before ends. Workers run plans strictly in order, so
+results come back in plan order.
 """
 from collections import deque
 
@@ -15,7 +17,8 @@ class StepsInFlight:
     def __init__(self, max_steps: int):
         self.max_steps = max_steps
         self._steps: deque[tuple[int, Step]] = deque()
-        self._reqs: set[Request] = set()  # by identity: an aborted request's id may come back as a new request
+        # By identity (an aborted request's id may come back as a new request): tokens its steps in flight compute.
+        self._num_tokens: dict[Request, int] = {}
 
     def __len__(self) -> int:
         return len(self._steps)
@@ -24,12 +27,17 @@ class StepsInFlight:
         return len(self._steps) >= self.max_steps
 
     def holds(self, req: Request) -> bool:
-        return req in self._reqs
+        return req in self._num_tokens
+
+    def num_tokens(self, req: Request) -> int:
+        """Tokens req's steps in flight compute after its num_computed_tokens."""
+        return self._num_tokens.get(req, 0)
 
     def add(self, step_id: int, scheduled: list[tuple[Request, int]]) -> None:
-        assert not self.is_full() and not any(req in self._reqs for req, _ in scheduled)
+        assert not self.is_full()
         self._steps.append((step_id, {req.req_id: (req, num_new) for req, num_new in scheduled}))
-        self._reqs.update(req for req, _ in scheduled)
+        for req, num_new in scheduled:
+            self._num_tokens[req] = self._num_tokens.get(req, 0) + num_new
 
     def oldest(self, step_id: int) -> Step:
         """The oldest step's requests; ValueError unless step_id is that step."""
@@ -40,17 +48,23 @@ class StepsInFlight:
 
     def pop_oldest(self) -> Step:
         _, step = self._steps.popleft()
-        self._reqs.difference_update(req for req, _ in step.values())
+        for req, num_new in step.values():
+            self._num_tokens[req] -= num_new
+            if not self._num_tokens[req]:
+                del self._num_tokens[req]
         return step
 
     def check_invariants(self, last_step_id: int) -> None:
-        """For tests: at most max_steps, the newest ones planned, and no request in two of them."""
+        """For tests: at most max_steps, the newest ones planned, the token counts add up."""
         assert len(self._steps) <= self.max_steps, f"{len(self._steps)} steps in flight, at most {self.max_steps}"
         step_ids = [step_id for step_id, _ in self._steps]
         assert step_ids == list(range(last_step_id - len(step_ids) + 1, last_step_id + 1)), f"steps {step_ids}"
-        reqs = [req for _, step in self._steps for req, _ in step.values()]
-        assert len(reqs) == len({id(req) for req in reqs}) == len(self._reqs), "a request is in two steps in flight"
-        assert all(req in self._reqs for req in reqs)
+        totals: dict[Request, int] = {}
+        for req, num_new in self.requests():
+            assert num_new > 0, f"{req.req_id}: a step in flight computes nothing for it"
+            totals[req] = totals.get(req, 0) + num_new
+        assert totals == self._num_tokens, "the tokens in flight do not add up"
 
     def requests(self) -> list[tuple[Request, int]]:
+        """(request, tokens) of every step in flight, oldest step first: a request may appear more than once."""
         return [entry for _, step in self._steps for entry in step.values()]

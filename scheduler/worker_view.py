@@ -2,7 +2,10 @@
 
 Workers keep per-request state (token ids, block table) between steps. A request they do not hold is sent in
 full; one they hold gets only its new block ids and the tokens it gained since (its sampled tokens: the
-workers never append a token on their own, so every shard, sampling or not, holds the same tokens). Workers apply finished_req_ids before new_reqs, so an id may leave and come back in one plan.
+workers never append a token on their own, so every shard, sampling or not, holds the same tokens), except that
+with async scheduling a step that starts at a token not known yet tells the one worker to append the token it
+sampled (append_sampled), which counts as sent. Workers apply finished_req_ids before new_reqs, so an id may leave
+and come back in one plan.
 A block table the workers hold only ever grows: copy-on-write replaces blocks only in tables not sent yet.
 """
 import dataclasses
@@ -29,9 +32,11 @@ class WorkerView:
         if self._sent_block_ids.pop(req_id, None) is not None:
             self._dropped_req_ids.append(req_id)
 
-    def make_plan(self, step_id: int, scheduled: list[tuple[Request, int]], block_copies: list[list[int]]) -> StepPlan:
+    def make_plan(self, step_id: int, scheduled: list[tuple[Request, int, int]],
+                  block_copies: list[list[int]]) -> StepPlan:
+        """scheduled: (request, first position the step computes, tokens it computes)."""
         new_reqs, cached_reqs = [], []
-        for req, num_new in scheduled:
+        for req, start, num_new in scheduled:
             sent = self._sent_block_ids.get(req.req_id)
             if sent is None:
                 # A preempted request comes back with its outputs so far as part of its "prompt"; its prompt
@@ -40,16 +45,17 @@ class WorkerView:
                 if req.output_token_ids and sampling.prompt_logprobs is not None:
                     sampling = dataclasses.replace(sampling, prompt_logprobs=None)
                 new_reqs.append(NewRequestData(req.req_id, req.all_token_ids, sampling, list(req.block_ids),
-                                               req.num_computed_tokens, num_new, req.num_prompt_tokens,
-                                               list(req.eos_token_ids)))
+                                               start, num_new, req.num_prompt_tokens, list(req.eos_token_ids)))
                 self._sent_block_ids[req.req_id] = list(req.block_ids)
+                self._sent_num_tokens[req.req_id] = req.num_tokens
             else:
                 new_block_ids = req.block_ids[len(sent):]
                 new_token_ids = req.token_ids_between(self._sent_num_tokens[req.req_id], req.num_tokens)
-                cached_reqs.append(CachedRequestData(req.req_id, new_block_ids, req.num_computed_tokens, num_new,
-                                                     new_token_ids))
+                append_sampled = start == req.num_tokens
+                cached_reqs.append(CachedRequestData(req.req_id, new_block_ids, start, num_new, new_token_ids,
+                                                     append_sampled))
                 sent += new_block_ids
-            self._sent_num_tokens[req.req_id] = req.num_tokens
+                self._sent_num_tokens[req.req_id] = req.num_tokens + append_sampled
         plan = StepPlan(step_id, new_reqs, cached_reqs, self._dropped_req_ids, block_copies)
         self._dropped_req_ids = []
         return plan

@@ -20,6 +20,7 @@ class RequestState:
     stats: TokenStats | None = None  # requests with penalties only, built when they first sample
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # computed, not sent yet
     pooled_sum: np.ndarray | None = None  # embedding requests: the sum of the final hidden states so far
+    last_sampled: int | None = None  # sampled by this worker, not in token_ids yet (CachedRequestData.append_sampled)
 
     @property
     def num_output_tokens(self) -> int:
@@ -79,6 +80,11 @@ class BatchState:
             state.block_ids.extend(cached.new_block_ids)
             for token_id in cached.new_token_ids:
                 state.append_token(token_id)
+            if cached.append_sampled:
+                if state.last_sampled is None:
+                    raise ValueError(f"{cached.req_id}: told to append a sampled token, but none was sampled")
+                state.append_token(state.last_sampled)
+            state.last_sampled = None
             chunks.append(ScheduledChunk(cached.req_id, state, cached.num_computed_tokens, cached.num_scheduled_tokens))
         for chunk in chunks:
             if chunk.start + chunk.length > len(chunk.state.token_ids):

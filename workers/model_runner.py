@@ -178,7 +178,8 @@ class ModelRunner:
         if work.rows:
             tokens, logprobs = self.sampler.sample([c.state for c in work.rows], work.logits)
             prompt_logprobs = []
-            for chunk, token in zip(work.rows, tokens):  # the next plan brings the token back to every worker
+            for chunk, token in zip(work.rows, tokens):  # the next plan brings the token back, or says to append it
+                chunk.state.last_sampled = token
                 result.req_ids.append(chunk.req_id)
                 result.sampled_token_ids.append(token)
                 prompt_logprobs.append(chunk.state.prompt_logprobs if chunk.state.sampling.prompt_logprobs is not None

@@ -40,7 +40,8 @@ EXAMPLES = [
     m.WorkerReady(1, 128, 16, 2048, 56_000_000),
     m.StepPlan(3, [m.NewRequestData("r1", [1, 2, 3], SP, [4, 9], 0, 3),
                    m.NewRequestData("r2", [1, 2, 3, 4], SamplingParams(embed=True), [5], 2, 2, 3, [2, 7])],
-               [m.CachedRequestData("r0", [11], 40, 1)], ["old"], [[4, 12], [4, 13]]),
+               [m.CachedRequestData("r0", [11], 40, 1), m.CachedRequestData("r3", [], 7, 1, [], True)], ["old"],
+               [[4, 12], [4, 13]]),
     m.StepResult(3, 0, ["r1", "r0"], [42, 43], 0.01),
     m.StepResult(4, 0, ["r1", "r0"], [5, 43], 0.02, [LP, None], [[m.TokenLogprobs(3, -1.0, [1], [-0.5])], None],
                  ["e1"], [[0.25, 0.5]]),
@@ -72,6 +73,7 @@ def test_new_fields_default_so_old_constructors_work():
     assert (out.logprobs, out.prompt_logprobs, out.embedding) == (None, None, None)
     result = m.StepResult(1, 0, [], [])
     assert (result.logprobs, result.prompt_logprobs, result.pooled_req_ids, result.embeddings) == ([], [], [], [])
+    assert m.CachedRequestData("r", [], 1, 1).append_sampled is False
     new = m.NewRequestData("r", [1], SamplingParams(), [0], 0, 1)
     assert (new.num_prompt_tokens, new.eos_token_ids) == (0, [])
     sp = SamplingParams()

@@ -7,7 +7,9 @@ that every position up to its newest holds what its own token history would have
 to two live requests, a lost block, a wrong cache hit, a skipped recompute or a missed copy all fail loudly,
 while a prefix shared with another request (cache hit, fork) legitimately passes. The plan's block copies
 are performed first, and writing into a block that another request the worker holds also holds fails
-(copy-on-write must have happened). A sampled token is a pure function of the request and its position
+(copy-on-write must have happened). The worker learns its sampled tokens from the next plan that schedules the
+request (with async scheduling it appends its newest one itself where the plan says append_sampled): exactly
+those, never one twice. A sampled token is a pure function of the request and its position
 (token_fn), or of the row's contents and sampling parameters (sample_fn), so outputs do not depend on
 batching, chunking, caching or preemption.
 """
@@ -125,8 +127,11 @@ class FakeWorker:
             assert cached.num_computed_tokens == req.num_computed_tokens, (
                 f"{cached.req_id}: scheduler says {cached.num_computed_tokens} computed, worker has {req.num_computed_tokens}")
             req.block_ids.extend(cached.new_block_ids)
-            assert cached.new_token_ids == req.sampled, (
-                f"{cached.req_id}: the plan brings tokens {cached.new_token_ids}, the worker sampled {req.sampled}")
+            # Async scheduling: the worker appends its own newest sampled token (a placeholder in the scheduler).
+            brought = cached.new_token_ids + (req.sampled[-1:] if cached.append_sampled else [])
+            assert req.sampled[-1:] or not cached.append_sampled, f"{cached.req_id}: nothing sampled to append"
+            assert brought == req.sampled, (
+                f"{cached.req_id}: the plan brings tokens {brought}, the worker sampled {req.sampled}")
             req.token_ids += req.sampled
             req.sampled = []
             scheduled.append((cached.req_id, cached.num_scheduled_tokens))
@@ -245,9 +250,9 @@ def make_request(req_id: str, prompt_len: int, max_tokens: int = 16, arrival_tim
 def make_scheduler(max_num_seqs: int = 8, max_num_batched_tokens: int = 64, max_model_len: int = 128,
                    block_size: int = 4, num_blocks: int = 64, token_fn: TokenFn = default_token_fn,
                    enable_prefix_caching: bool = True, sample_fn: SampleFn | None = None,
-                   max_steps_in_flight: int = 1) -> tuple[Scheduler, FakeWorker]:
+                   max_steps_in_flight: int = 1, async_scheduling: bool = False) -> tuple[Scheduler, FakeWorker]:
     config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, block_size, num_blocks,
-                             enable_prefix_caching, max_steps_in_flight)
+                             enable_prefix_caching, max_steps_in_flight, async_scheduling)
     return Scheduler(config), FakeWorker(num_blocks, block_size, token_fn, sample_fn)
 
 

@@ -1,8 +1,10 @@
 """Property-based: random mixes of arrivals, shared prefixes, n > 1, aborts (also of requests in flight), tiny
-pools, prefix caching on and off, 1 to 3 steps in flight. After every plan and every result the scheduler's and
-the pool's invariants hold (no leaked or doubly freed block, ref counts equal holders, cached free blocks have
-none, no request in two steps in flight) and the fake worker has checked every KV read; in the end every request
-finished or was aborted, each with exactly what an unpressured run would produce."""
+pools, prefix caching on and off, 1 to 3 steps in flight, async scheduling on and off (with it a request is planned
+again while in flight, the fake worker appending its own sampled token for a placeholder). After every plan and
+every result the scheduler's and the pool's invariants hold (no leaked or doubly freed block, ref counts equal
+holders, cached free blocks have none, a request's steps in flight follow one another) and the fake worker has
+checked every KV read and every token a plan brings; in the end every request finished or was aborted, each with
+exactly what an unpressured run would produce."""
 import zlib
 from dataclasses import dataclass
 
@@ -73,15 +75,16 @@ def reference(req, index: int, max_len: int) -> tuple[list[int], str]:
 
 @settings(max_examples=500, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(config=configs, script=st.lists(events, min_size=4, max_size=40), steps_in_flight=st.integers(1, 3))
-def test_random_mixes_keep_every_invariant_and_every_output(config, script, steps_in_flight):
+@given(config=configs, script=st.lists(events, min_size=4, max_size=40), steps_in_flight=st.integers(1, 3),
+       async_scheduling=st.booleans())
+def test_random_mixes_keep_every_invariant_and_every_output(config, script, steps_in_flight, async_scheduling):
     for caching in (True, False):  # drawing the script costs more than running it: run it both ways
-        run_script(config, script, caching, steps_in_flight)
+        run_script(config, script, caching, steps_in_flight, async_scheduling)
 
 
-def run_script(config: dict, script: list, caching: bool, steps_in_flight: int) -> None:
+def run_script(config: dict, script: list, caching: bool, steps_in_flight: int, async_scheduling: bool) -> None:
     sched, worker = make_scheduler(sample_fn=SAMPLE, enable_prefix_caching=caching,
-                                   max_steps_in_flight=steps_in_flight, **config)
+                                   max_steps_in_flight=steps_in_flight, async_scheduling=async_scheduling, **config)
     driver = InFlightDriver(sched, worker)
     reqs, outputs, aborted = {}, {}, set()
 

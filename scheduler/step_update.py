@@ -1,0 +1,56 @@
+"""A step's result applied to the scheduler: the requests' computed tokens advance (their full blocks enter the prefix
+cache, a leader that reached its fork point forks), sampled tokens are appended and checked for a stop, and each
+request's news becomes a RequestOutput.
+
+A request that finished or was aborted while the step was in flight is skipped: with async scheduling that includes
+a step planned for a token that turned out to end the request, whose result for it is discarded."""
+from typing import TYPE_CHECKING
+
+from tinyvllm.protocol.messages import FinishReason, RequestOutput, StepResult
+from tinyvllm.scheduler.request import Request, RequestStatus
+from tinyvllm.scheduler.request_outputs import request_output, sampled_output
+from tinyvllm.scheduler.steps_in_flight import Step
+
+if TYPE_CHECKING:
+    from tinyvllm.scheduler.scheduler import Scheduler
+
+
+def apply_step_result(sched: "Scheduler", step: Step, result: StepResult) -> list[RequestOutput]:
+    """Applies `result`, the worker's answer to `step` (already taken off the steps in flight); returns one output
+    per request that gained a token or an embedding, or ended."""
+    for req, num_new in step.values():
+        if req.status is RequestStatus.RUNNING:
+            req.num_computed_tokens += num_new
+            sched.kv_cache_manager.cache_computed_blocks(req)
+            if req.pending_forks and req.num_computed_tokens == req.num_prompt_tokens - 1:
+                sched.fork(req)
+
+    def caught_up(req_id: str) -> Request | None:
+        req = step.get(req_id, (None, 0))[0]
+        ok = req is not None and req.status is RequestStatus.RUNNING and req.num_computed_tokens == req.num_tokens
+        return req if ok else None
+
+    outputs = []
+    for row, (req_id, token_id) in enumerate(zip(result.req_ids, result.sampled_token_ids)):
+        if (req := caught_up(req_id)) is None:
+            continue
+        req.output_token_ids.append(token_id)
+        reason = req.stop_reason(sched.max_len)
+        if reason is not None:
+            sched.finish(req, reason)
+        outputs.append(sampled_output(req, reason, result, row))
+    for req_id, embedding in zip(result.pooled_req_ids, result.embeddings):
+        if (req := caught_up(req_id)) is not None:  # an embedding request is done once its prompt is
+            sched.finish(req, FinishReason.STOP)
+            out = request_output(req, [], FinishReason.STOP)
+            out.embedding = embedding
+            outputs.append(out)
+
+    # A request that caught up without a token would never be scheduled again: end it rather than hang.
+    for req, _ in step.values():
+        if req.status is RequestStatus.RUNNING and req.num_computed_tokens == req.num_tokens:
+            sched.finish(req, FinishReason.ERROR)
+            outputs.append(request_output(req, [], FinishReason.ERROR, "the worker returned no token for this request"))
+    if any(req.status is RequestStatus.FINISHED for req, _ in step.values()):
+        sched.running = [req for req in sched.running if req.status is RequestStatus.RUNNING]
+    return outputs
