@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import os
 import pathlib
+import secrets
 import shutil
 from dataclasses import dataclass, field
 
@@ -120,7 +121,10 @@ class EngineProcesses:
                                    # each pipeline stage busy with its own step; or the next step planned meanwhile
                                    max_steps_in_flight=2 if async_scheduling else pp,
                                    async_scheduling=async_scheduling)
-        secret_env = {SECRET_ENV: args.worker_secret} if args.worker_secret else {}  # never on a command line
+        # tcp on loopback is open to every local user: the launcher's workers then prove a secret of its own
+        secret = args.worker_secret or (secrets.token_hex(32) if args.transport == "tcp" and not args.external_workers
+                                        else "")
+        secret_env = {SECRET_ENV: secret} if secret else {}  # never on a command line
         self.processes = [ChildProcess("tinyvllm-scheduler", "tinyvllm.scheduler.main", self.endpoints, sched_args,
                                        env=secret_env)]
         self.external_workers = args.world_size if args.external_workers else 0

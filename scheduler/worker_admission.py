@@ -55,8 +55,12 @@ class WorkerAdmission:
             self.refuse(identity, describe(hello, peer), f"a hello without a {NONCE_BYTES}-byte nonce")
             return
         if identity not in self.pending and len(self.pending) >= MAX_PENDING:
-            self.refuse(identity, describe(hello, peer), f"{MAX_PENDING} other handshakes are under way")
-            return
+            # the oldest unfinished one goes, not the newcomer: peers that say hello and never prove anything (or
+            # died halfway) cannot lock the real workers out; a real worker proves within milliseconds
+            evicted, old = next(iter(self.pending.items()))
+            del self.pending[evicted]
+            log.warning("dropped the unfinished handshake of %s: %d handshakes are under way",
+                        describe(old.hello, old.peer), MAX_PENDING)
         nonce = new_nonce()
         self.pending[identity] = _Pending(hello, hello_bytes, nonce, peer)
         self.send(identity, SchedulerChallenge(nonce, scheduler_proof(self.secret, hello.nonce, nonce)))

@@ -15,7 +15,7 @@ import zmq
 
 from tinyvllm.protocol.codec import decode
 from tinyvllm.protocol.compatibility import EngineShape, tinyvllm_version
-from tinyvllm.protocol.messages import InitWorker, WorkerError, WorkerReady
+from tinyvllm.protocol.messages import InitWorker, Shutdown, WorkerError, WorkerReady
 from tinyvllm.protocol.parallel_layout import output_rank
 from tinyvllm.protocol.transport import send
 from tinyvllm.protocol.worker_auth import SECRET_ENV, require_secret_beyond_loopback
@@ -43,9 +43,14 @@ class WorkerGroup:
         admission = WorkerAdmission(self.sock, self.secret, EngineShape(
             tinyvllm_version(), args.model_fingerprint, tp_size, pp_size, args.n_layers))
         log.info("waiting for %d workers (tp %d x pp %d) at %s", args.world_size, tp_size, pp_size, self.address)
-        while len(admission.admitted) < args.world_size:
-            identity, data, peer = self.recv_frames(deadline)
-            admission.handle(identity, data, peer)
+        try:
+            while len(admission.admitted) < args.world_size:
+                identity, data, peer = self.recv_frames(deadline)
+                admission.handle(identity, data, peer)
+        except BaseException as e:  # they wait for InitWorker: tell them, so they exit (and may join the next one)
+            for identity in [i for i, _ in admission.admitted.values()] + list(admission.pending):
+                admission.send(identity, Shutdown(f"the engine did not start: {e or type(e).__name__}"))
+            raise
         hellos = {rank: hello for rank, (_, hello) in admission.admitted.items()}
         self.identities = {rank: identity for rank, (identity, _) in admission.admitted.items()}
         self.output_rank = output_rank(tp_size, pp_size)

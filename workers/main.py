@@ -138,8 +138,8 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
     runner, steps = None, 0
     try:
         hello = worker_hello(args, Device.DEFAULT, link.address if link is not None else "")
-        msg = join_scheduler(sock, hello, secret, HELLO_ANSWER_TIMEOUT_S)
-        watch = SchedulerWatch(sock)
+        watch = SchedulerWatch(sock)  # also while waiting for the other workers: a scheduler may die meanwhile
+        msg = join_scheduler(sock, hello, secret, HELLO_ANSWER_TIMEOUT_S, watch.recv)
         if link is not None and secret:  # every stage input takes only what its previous stage sealed
             link.seal(stage_link_key(secret, msg.group_id, args.rank),
                       stage_link_key(secret, msg.group_id, args.rank + args.tp_size))

@@ -36,9 +36,12 @@ def worker_hello(args, device: str, stage_address: str) -> WorkerHello:
                        new_nonce())
 
 
-def join_scheduler(sock: zmq.Socket, hello: WorkerHello, secret: str, answer_timeout_s: float) -> InitWorker:
+def join_scheduler(sock: zmq.Socket, hello: WorkerHello, secret: str, answer_timeout_s: float,
+                   receive=None) -> InitWorker:
     """Runs the handshake on a connected DEALER; returns InitWorker once every worker joined. Raises
-    WorkerRefusedError, or NoScheduler when no scheduler answers the hello within answer_timeout_s or it stops first."""
+    WorkerRefusedError, or NoScheduler when no scheduler answers the hello within answer_timeout_s or it stops first.
+    receive: how to wait for InitWorker, as long as the other workers take (SchedulerWatch.recv, which raises
+    NoScheduler when the connection drops; default: recv on the socket)."""
     hello_bytes = encode(hello)
     sock.send(hello_bytes)
     log.info("rank %d: said hello to the scheduler%s", hello.rank,
@@ -52,11 +55,11 @@ def join_scheduler(sock: zmq.Socket, hello: WorkerHello, secret: str, answer_tim
         raise WorkerRefusedError(f"the scheduler could not prove it knows the worker secret: is {SECRET_ENV} "
                                  f"(or --worker-secret) the same on both sides?")
     send(sock, WorkerProof(worker_proof(secret, challenge.nonce, hello.nonce, hello_bytes)))
-    return _next(sock, InitWorker)  # as long as the other workers take: the scheduler has its own time limit
+    return _next(sock, InitWorker, receive)
 
 
-def _next(sock: zmq.Socket, expected: type):
-    msg = recv(sock)
+def _next(sock: zmq.Socket, expected: type, receive=None):
+    msg = receive() if receive is not None else recv(sock)
     if isinstance(msg, WorkerRefused):
         raise WorkerRefusedError(f"refused by the scheduler: {msg.reason}")
     if isinstance(msg, Shutdown):

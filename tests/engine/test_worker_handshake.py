@@ -125,3 +125,49 @@ def test_a_worker_address_beyond_loopback_needs_a_secret():
         WorkerGroup(sock, secret=SECRET)
     finally:
         ctx.destroy(linger=0)
+
+
+def test_hellos_that_never_prove_anything_do_not_lock_the_workers_out(engine, monkeypatch, caplog):
+    monkeypatch.setattr("tinyvllm.scheduler.worker_admission.MAX_PENDING", 4)
+    dealer, group = engine
+    caplog.set_level(logging.INFO, "tinyvllm.scheduler")
+    handshake = in_thread(group.handshake, ARGS)
+    for rank in range(6):  # more unfinished handshakes than the scheduler keeps: the oldest ones are dropped
+        silent = dealer()
+        send(silent, hello(rank % 2, pid=5000 + rank))
+        silent.recv()  # its challenge, never answered
+    assert "dropped the unfinished handshake of worker rank 0 (CPU, pid 5000)" in caplog.text
+    workers = [dealer(), dealer()]
+    joined = [in_thread(join_scheduler, sock, hello(rank), SECRET, 10) for rank, sock in enumerate(workers)]
+    assert [j().group_id for j in joined][0]
+    for rank, sock in enumerate(workers):
+        send(sock, WorkerReady(rank, 40, 16, 256))
+    assert handshake() == 40
+
+
+def test_a_start_that_fails_tells_the_workers_that_joined(engine):
+    """One rank joined, the other never comes: at the scheduler's time limit the joined worker is told and stops
+    waiting (NoScheduler: exit 1, a service manager starts it again for the next scheduler)."""
+    dealer, group = engine
+    handshake = in_thread(group.handshake, dataclasses.replace(ARGS, startup_timeout_s=2))
+    joined = in_thread(join_scheduler, dealer(), hello(0), SECRET, 10)
+    with pytest.raises(TimeoutError):
+        handshake()
+    with pytest.raises(NoScheduler, match="the scheduler stopped before the engine started: the engine did not start"):
+        joined()
+
+
+def test_a_worker_waiting_for_the_others_notices_a_scheduler_that_died(engine, monkeypatch, caplog):
+    dealer, group = engine
+    caplog.set_level(logging.INFO, "tinyvllm.scheduler")
+    handshake = in_thread(group.handshake, dataclasses.replace(ARGS, startup_timeout_s=3))
+    sock = dealer()
+    joined = in_thread(join_scheduler, sock, hello(0), SECRET, 10, SchedulerWatch(sock).recv)
+    assert wait_until(lambda: "joined (1 of 2 workers)" in caplog.text, 10)
+    # a scheduler that dies says nothing: only the connection drops
+    monkeypatch.setattr("tinyvllm.scheduler.worker_admission.WorkerAdmission.send", lambda *args: None)
+    with pytest.raises(TimeoutError):  # rank 1 never came
+        handshake()
+    group.sock.close(linger=0)
+    with pytest.raises(NoScheduler, match="the connection to the scheduler dropped"):
+        joined()

@@ -52,3 +52,15 @@ def test_a_replicas_cpu_cores_and_tcp_ports_come_after_the_previous_ones(tiny_mo
     assert not ports[0] & ports[1]
     worker_args = json.loads(replicas[1].processes[1].command[-1])
     assert worker_args[0] == replicas[1].endpoints.workers
+
+
+def test_workers_over_tcp_prove_a_secret_the_launcher_made(tiny_model, monkeypatch):
+    """tcp on loopback is open to every local user: without --worker-secret the launcher makes one (in the
+    children's environment, never on a command line); over ipc (a private folder) none is needed."""
+    monkeypatch.delenv("TINYVLLM_WORKER_SECRET", raising=False)
+    tcp = EngineProcesses(EngineArgs(model=tiny_model, tensor_parallel_size=1, transport="tcp"))
+    secrets_seen = {p.env.get("TINYVLLM_WORKER_SECRET") for p in tcp.processes}
+    assert len(secrets_seen) == 1 and len(secret := secrets_seen.pop() or "") == 64
+    assert not any(secret in " ".join(p.command) for p in tcp.processes)
+    assert EngineProcesses(EngineArgs(model=tiny_model, transport="tcp")).processes[0].env["TINYVLLM_WORKER_SECRET"] != secret
+    assert all("TINYVLLM_WORKER_SECRET" not in p.env for p in EngineProcesses(EngineArgs(model=tiny_model)).processes)
