@@ -71,9 +71,11 @@ class WorkerAdmission:
             self.refuse(identity, who, f"it does not know the worker secret (is {SECRET_ENV} the same on both sides?)")
         elif (problem := compatibility_problem(self.expected, hello)) is not None:
             self.refuse(identity, who, problem)
-        elif hello.rank in self.admitted:
-            self.refuse(identity, who, f"rank {hello.rank} has joined already")
         else:
+            if (earlier := self.admitted.get(hello.rank)) is not None:  # the newest proven worker keeps the rank:
+                # a restarted worker (the earlier one is gone) must not be locked out by its old self
+                self.refuse(earlier[0], describe(earlier[1], "its earlier address"),
+                            f"another worker joined as rank {hello.rank} (restarted, or two were given that rank?)")
             self.admitted[hello.rank] = (identity, hello)
             log.info("%s joined (%d of %d workers)", who, len(self.admitted), self.expected.tp_size *
                      self.expected.pp_size)

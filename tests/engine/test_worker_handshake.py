@@ -91,7 +91,11 @@ def test_strangers_are_refused_and_the_right_workers_join(engine, caplog):
     first = dealer()
     joined0 = in_thread(join_scheduler, first, hello(0, pid=4242), SECRET, 10)
     assert wait_until(lambda: "worker rank 0 (CPU, pid 4242) at ipc joined (1 of 2 workers)" in caplog.text, 10)
-    assert "rank 0 has joined already" in refusal(dealer(), hello(0))
+    restarted = dealer()  # the same rank again (a restarted worker): the newest one keeps it, the earlier is told
+    joined0_again = in_thread(join_scheduler, restarted, hello(0, pid=4343), SECRET, 10)
+    with pytest.raises(WorkerRefusedError, match="another worker joined as rank 0"):
+        joined0()
+    joined0, first = joined0_again, restarted
     second = dealer()
     joined1 = in_thread(join_scheduler, second, hello(1), SECRET, 10)
     init0, init1 = joined0(), joined1()
