@@ -41,7 +41,8 @@ class EnginePool:
             raise failures.exceptions[0] from None
         for replica, task in zip(self.replicas, starting):
             self._on_ready(replica, task.result())
-        self.ready = starting[0].result()
+        # the smallest max_model_len (each scheduler keeps it within its KV pool): a request fits any replica
+        self.ready = min((task.result() for task in starting), key=lambda ready: ready.max_model_len)
         self._supervisors = [asyncio.create_task(r.supervise(timeout_s, lambda ready, r=r: self._on_ready(r, ready)))
                              for r in self.replicas]
         return self.ready

@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import zmq
 
@@ -63,6 +63,12 @@ class SchedulerLoop:
     def start(self) -> None:
         num_blocks = self.workers.handshake(self.args)
         a = self.args
+        if (pool_tokens := num_blocks * a.block_size) < a.max_model_len:
+            # one request must fit the whole pool: longer prompts are then refused up front with the usual 400
+            log.warning("the KV cache holds %d tokens (%d blocks of %d), fewer than max_model_len %d: serving "
+                        "max_model_len %d (give the cache more memory with --kv-cache-memory)", pool_tokens,
+                        num_blocks, a.block_size, a.max_model_len, pool_tokens)
+            a = self.args = replace(a, max_model_len=pool_tokens)
         self.scheduler = Scheduler(scheduler_config(a, num_blocks))
         send(self.to_frontend, EngineReady(num_blocks, a.block_size, a.max_model_len, a.max_num_seqs, a.world_size,
                                                [self.workers.weight_bytes[r] for r in range(a.world_size)]))

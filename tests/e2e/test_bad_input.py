@@ -68,3 +68,17 @@ def test_server_still_serves_after_bad_input(server):
     assert text and finish == "length"
     res = stream(server.url, CHAT, chat_body("Hello", max_tokens=4, temperature=0))
     assert res.status == 200 and res.done and not res.errors and res.text
+
+
+def test_a_prompt_longer_than_the_whole_kv_cache_is_a_400(server_factory):
+    """4 blocks of 16 tokens hold 64 tokens, less than the model's 512: the server serves max_model_len 64 (and says
+    so in /v1/models and its log), so a longer prompt is the usual context-length 400, not an engine error."""
+    server = server_factory("--num-kv-blocks", "4", "--block-size", "16")
+    assert "fewer than max_model_len 512: serving max_model_len 64" in server.log()
+    assert httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["max_model_len"] == 64
+    for path, body in [(COMPLETIONS, completion_body("hello " * 100, max_tokens=4)),
+                       (CHAT, chat_body("hello " * 100, max_tokens=4, stream=True))]:
+        err = assert_openai_error(httpx.post(server.url + path, json=body, timeout=60), 400)
+        assert "maximum context length is 64" in err["message"], err
+    text, finish = complete(server.url, COMPLETIONS, completion_body("Hello", max_tokens=4, temperature=0))
+    assert text and finish == "length"
