@@ -23,6 +23,14 @@ def default_model_path() -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    """A tiny random-weight GGUF (tests/helpers/tiny_model.py), made once per run; a module needing another shape
+    defines its own."""
+    from tests.helpers.tiny_model import make_tiny_gguf
+    return str(make_tiny_gguf(tmp_path_factory.mktemp("model") / "tiny.gguf"))
+
+
+@pytest.fixture(scope="session")
 def default_tokenizer(default_model_path):
     """The default model's real tokenizer (SmolLM2-135M-Instruct)."""
     from tinyvllm.frontend.tokenizer import Tokenizer

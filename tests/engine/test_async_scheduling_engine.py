@@ -2,18 +2,11 @@
 requests with different max_tokens, one ended early by a stop token, one with penalties, one with logprobs, one
 seeded, come out token for token (and logprob for logprob) as with async scheduling off, and the pool is whole."""
 import numpy as np
-import pytest
 
 from tinyvllm.frontend.llm import LLM
 from tinyvllm.protocol.sampling import SamplingParams
-from tests.helpers.tiny_model import make_tiny_gguf
 
 ENGINE = dict(max_num_seqs=4, num_kv_blocks=64, max_num_batched_tokens=64)  # 6 requests: 2 wait for seats
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return str(make_tiny_gguf(tmp_path_factory.mktemp("model") / "tiny.gguf"))
 
 
 def prompts() -> list[list[int]]:

@@ -1,17 +1,10 @@
 """The offline LLM over two data-parallel replicas (real schedulers and workers, tiny random model): prompts spread
 over both, and the same prompt gets the same greedy tokens on either."""
-import pytest
 
 from tinyvllm.frontend.llm import LLM
 from tinyvllm.protocol.sampling import SamplingParams
-from tests.helpers.tiny_model import make_tiny_gguf
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return str(make_tiny_gguf(tmp_path_factory.mktemp("model") / "tiny.gguf"))
 
 
 def test_two_replicas_share_the_prompts_and_agree(tiny_model):

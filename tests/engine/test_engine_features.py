@@ -5,14 +5,8 @@ import pytest
 
 from tinyvllm.frontend.llm import LLM
 from tinyvllm.protocol.sampling import SamplingParams
-from tests.helpers.tiny_model import make_tiny_gguf
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return str(make_tiny_gguf(tmp_path_factory.mktemp("model") / "tiny.gguf"))
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,8 @@
-"""Fixtures shared by the frontend tests: the anyio backend, and the app on a fake engine with an httpx client."""
+"""Fixtures shared by the frontend tests: the anyio backend, the app on a fake engine with an httpx client, and what
+`tinyvllm serve` would have served."""
 import pytest
 
+import tinyvllm.frontend.server as server_module
 from app_harness import client_for, make_app
 
 
@@ -13,3 +15,14 @@ def anyio_backend():
 def served():
     app, engine, tokenizer = make_app()
     return client_for(app), engine, tokenizer
+
+
+@pytest.fixture
+def serve_calls(monkeypatch) -> list:
+    """(engine_args, server_args) of each server.serve call `cli.main(["serve", ...])` makes; nothing is served. The
+    API key and worker secret variables are cleared: only what the test sets is seen."""
+    calls = []
+    monkeypatch.setattr(server_module, "serve", lambda engine_args, server_args: calls.append((engine_args, server_args)))
+    monkeypatch.delenv("TINYVLLM_API_KEY", raising=False)
+    monkeypatch.delenv("TINYVLLM_WORKER_SECRET", raising=False)
+    return calls

@@ -6,12 +6,6 @@ import pytest
 
 from tinyvllm.frontend.cli import build_parser, engine_args_from
 from tinyvllm.frontend.launcher import EngineArgs, EngineProcesses
-from tests.helpers.tiny_model import make_tiny_gguf
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    return str(make_tiny_gguf(tmp_path_factory.mktemp("model") / "tiny.gguf"))
 
 
 @pytest.mark.parametrize("command", [["serve"], ["bench", "throughput"]])

@@ -4,28 +4,20 @@ import json
 
 import pytest
 
-import tinyvllm.frontend.server as server_module
 from tinyvllm.frontend import cli
 from tinyvllm.frontend.launcher import EngineArgs, EngineProcesses
 
 
-@pytest.fixture
-def served_engine_args(monkeypatch):
-    seen = []
-    monkeypatch.setattr(server_module, "serve", lambda engine_args, server_args: seen.append(engine_args))
-    return seen
-
-
-def test_serve_passes_the_kernel_set(served_engine_args):
+def test_serve_passes_the_kernel_set(serve_calls):
     for argv in (["serve", "--cpu-kernels", "tinygrad"], ["serve", "--cpu-kernels", "c"], ["serve"]):
         assert cli.main(argv) == 0
-    assert [a.cpu_kernels for a in served_engine_args] == ["tinygrad", "c", None]  # None: the device's default
+    assert [a.cpu_kernels for a, _ in serve_calls] == ["tinygrad", "c", None]  # None: the device's default
 
 
-def test_an_unknown_kernel_set_is_refused(served_engine_args, capsys):
+def test_an_unknown_kernel_set_is_refused(serve_calls, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["serve", "--cpu-kernels", "clang"])
-    assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err and not served_engine_args
+    assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err and not serve_calls
     with pytest.raises(ValueError, match="--cpu-kernels"):
         EngineArgs(cpu_kernels="clang").validate()
 

@@ -4,23 +4,14 @@ import json
 
 import pytest
 
-import tinyvllm.frontend.server as server_module
 from tinyvllm.frontend import cli
 from tinyvllm.frontend.launcher import EngineArgs, EngineProcesses
-from tests.helpers.tiny_model import make_tiny_gguf
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    return str(make_tiny_gguf(tmp_path_factory.mktemp("model") / "tiny.gguf"))
-
-
-def test_the_flags_reach_the_engine_args(monkeypatch):
-    seen = []
-    monkeypatch.setattr(server_module, "serve", lambda engine_args, server_args: seen.append(engine_args))
+def test_the_flags_reach_the_engine_args(serve_calls):
     assert cli.main(["serve", "-dp", "3", "--step-timeout", "7.5"]) == 0
     assert cli.main(["serve"]) == 0
-    assert [(a.data_parallel_size, a.step_timeout_s) for a in seen] == [(3, 7.5), (1, 120.0)]
+    assert [(a.data_parallel_size, a.step_timeout_s) for a, _ in serve_calls] == [(3, 7.5), (1, 120.0)]
 
 
 @pytest.mark.parametrize("args,message", [

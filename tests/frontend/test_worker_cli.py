@@ -5,35 +5,20 @@ import json
 
 import pytest
 
-import tinyvllm.frontend.server as server_module
 import tinyvllm.workers.main as worker_main
-from tests.helpers.tiny_model import make_tiny_gguf
 from tinyvllm.frontend import cli
 from tinyvllm.frontend.launcher import EngineArgs, EngineProcesses
 
 SECRET = "cli-test-secret-0123456789"
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return str(make_tiny_gguf(tmp_path_factory.mktemp("model") / "tiny.gguf"))
-
-
-@pytest.fixture
-def served(monkeypatch):
-    seen = []
-    monkeypatch.setattr(server_module, "serve", lambda engine_args, server_args: seen.append(engine_args))
-    monkeypatch.delenv("TINYVLLM_WORKER_SECRET", raising=False)
-    return seen
-
-
-def test_serve_passes_the_worker_flags_and_the_secret(served, monkeypatch):
+def test_serve_passes_the_worker_flags_and_the_secret(serve_calls, monkeypatch):
     assert cli.main(["serve", "--external-workers", "--worker-address", "tcp://0.0.0.0:7000", "-pp", "2"]) == 0
     monkeypatch.setenv("TINYVLLM_WORKER_SECRET", SECRET)
     assert cli.main(["serve", "--external-workers", "--worker-address", "tcp://0.0.0.0:7000"]) == 0
-    assert [(a.external_workers, a.worker_address, a.worker_secret) for a in served] == \
+    assert [(a.external_workers, a.worker_address, a.worker_secret) for a, _ in serve_calls] == \
         [(True, "tcp://0.0.0.0:7000", ""), (True, "tcp://0.0.0.0:7000", SECRET)]
-    assert SECRET not in repr(served[1])
+    assert SECRET not in repr(serve_calls[1][0])
 
 
 @pytest.mark.parametrize("change, message", [
@@ -49,9 +34,9 @@ def test_engine_args_refuse(change, message):
     EngineArgs(external_workers=True, worker_address="tcp://127.0.0.1:7000").validate()  # loopback: no secret needed
 
 
-def test_serve_refuses_a_short_secret(served, capsys):
+def test_serve_refuses_a_short_secret(serve_calls, capsys):
     assert cli.main(["serve", "--worker-secret", "short"]) == 2
-    assert "at least 16 characters" in capsys.readouterr().err and not served
+    assert "at least 16 characters" in capsys.readouterr().err and not serve_calls
 
 
 def test_the_launcher_starts_only_the_scheduler(tiny_model):
