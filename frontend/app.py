@@ -8,6 +8,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -25,12 +26,13 @@ from tinyvllm.frontend.ollama.routes import mount_ollama
 from tinyvllm.frontend.openai_requests import ChatRequest, CompletionRequest
 from tinyvllm.frontend.openai_responses import ChatResponse, CompletionResponse, ModelList
 from tinyvllm.frontend.ops_routes import ops_routes
+from tinyvllm.frontend.request_gate import GatedEngine, GateMiddleware, RequestGate
 from tinyvllm.frontend.serving import CompletionResult, RequestServing, collect
 from tinyvllm.frontend.tokenize_routes import tokenization_routes
 
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it, but logs do
-_GENERATION_ERRORS = (400, 404, 413, 500, 503)
+_GENERATION_ERRORS = (400, 404, 413, 500, 503, 504)
 openapi.describe("/v1/completions", "POST", CompletionRequest, CompletionResponse, summary="Text completion",
                  stream_media_type=openapi.SSE, error_statuses=_GENERATION_ERRORS)
 openapi.describe("/v1/chat/completions", "POST", ChatRequest, ChatResponse, summary="Chat completion",
@@ -72,14 +74,19 @@ def response_body(result: CompletionResult, is_chat: bool, request_id: str, mode
 
 def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_root: str | None = None,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, models_dir: str | None = None,
-              make_detokenizer: Callable = IncrementalDetokenizer, api_key: str | None = None) -> Starlette:
+              make_detokenizer: Callable = IncrementalDetokenizer, api_key: str | None = None,
+              gate: RequestGate | None = None, allowed_origins: list[str] | None = None) -> Starlette:
     """engine: an EngineClient (or anything with its generate/stats/dead_reason);
     tokenizer: a frontend.tokenizer.Tokenizer (encode, vocab_size, eos_token_ids, apply_chat_template).
 
     make_detokenizer(tokenizer, prompt_token_ids, skip_special_tokens=...): tests swap in a simpler one.
     api_key: when given, every /v1 and /api route needs `Authorization: Bearer <api_key>` (frontend/auth.py).
+    gate: the waiting limit, request deadline and drain (frontend/request_gate.py; default: its defaults).
+    allowed_origins: the browser origins CORS lets in ("*": any); None: no CORS headers at all.
     """
-    metrics = FrontendMetrics(engine, model_name, max_model_len)
+    gate = gate or RequestGate()
+    engine = GatedEngine(engine, gate)
+    metrics = FrontendMetrics(engine, model_name, max_model_len, gate)
     serving = RequestServing(MeteredEngine(engine, metrics), tokenizer, max_model_len, make_detokenizer, metrics)
     started_at = int(time.time())
 
@@ -133,9 +140,13 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
             *ops_routes(engine, metrics),
         ],
         exception_handlers={HTTPException: http_error},
-        middleware=[Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else [],
+        middleware=[*([Middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"],
+                                  allow_headers=["*"])] if allowed_origins else []),
+                    *([Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []),
+                    Middleware(GateMiddleware, gate=gate)],
     )
     app.state.metrics = metrics
+    app.state.gate = gate
     app.state.serving = serving
     model_store = mount_ollama(app, engine, serving, model_name, model_root, models_dir, max_body_bytes)  # /api/*
     app.state.api_key_required = bool(api_key)

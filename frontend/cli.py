@@ -93,6 +93,24 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
                       async_scheduling=args.async_scheduling)
 
 
+def add_limit_args(serve: argparse.ArgumentParser) -> None:
+    """What the HTTP server takes on and for how long (docs/OPERATIONS.md lists every limit)."""
+    serve.add_argument("--max-waiting-requests", type=int, default=512,
+                       help="generation requests that may wait for their first output (being read and tokenized, or "
+                            "queued for the engine) before new ones get 503 with Retry-After, as Ollama's "
+                            "OLLAMA_MAX_QUEUE")
+    serve.add_argument("--request-timeout", dest="request_timeout_s", type=float, default=None,
+                       help="seconds a generation request may take from arrival to its last token; past it, it ends "
+                            "with a 504 error (in a stream: an error event). Default: no limit")
+    serve.add_argument("--shutdown-timeout", dest="shutdown_timeout_s", type=float, default=30.0,
+                       help="on SIGTERM or Ctrl-C, seconds open requests get to finish (new ones get 503) before the "
+                            "rest end with an error and the server exits; Kubernetes' terminationGracePeriodSeconds "
+                            "is 30 s, so keep it below yours")
+    serve.add_argument("--allowed-origins", type=lambda text: [o.strip() for o in text.split(",") if o.strip()],
+                       default=[], help="comma-separated browser origins allowed by CORS (e.g. "
+                                        "http://localhost:3000 for Open WebUI; * for any); default: none")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from tinyvllm.frontend.bench import serve as bench_serve, throughput as bench_throughput
     parser = argparse.ArgumentParser(prog="tinyvllm", description="A small, fast LLM server on tinygrad.")
@@ -109,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
                             f"command line, other users cannot see in ps), else no key")
     serve.add_argument("--models-dir", default=str(default_models_dir()),
                        help="folder of the Ollama API's named models (one JSON manifest each, pointing at weights)")
+    add_limit_args(serve)
     worker_command.add_serve_arguments(serve)
     worker_command.add_arguments(commands.add_parser(
         "worker", help="run one worker for a `tinyvllm serve --external-workers` (on this or another machine)",
@@ -157,7 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         from tinyvllm.frontend.server import ServerArgs, serve
         try:
             serve(engine_args, ServerArgs(args.host, args.port, args.served_model_name, api_key=api_key,
-                                          models_dir=args.models_dir))
+                                          models_dir=args.models_dir, max_waiting_requests=args.max_waiting_requests,
+                                          request_timeout_s=args.request_timeout_s,
+                                          shutdown_timeout_s=args.shutdown_timeout_s,
+                                          allowed_origins=args.allowed_origins))
         except (ValueError, FileNotFoundError, RuntimeError) as e:
             print(f"tinyvllm: error: {e}", file=sys.stderr)
             return 2

@@ -22,7 +22,7 @@ from tinyvllm.frontend.engine_client import EngineDeadError
 from tinyvllm.frontend.http_json import exception_response, read_json_object
 from tinyvllm.frontend.openai_requests import EmbeddingRequest
 from tinyvllm.frontend.openai_responses import EmbeddingResponse
-from tinyvllm.frontend.serving import EngineRequestError
+from tinyvllm.frontend.request_errors import EngineRequestError
 from tinyvllm.protocol.messages import FinishReason
 from tinyvllm.protocol.sampling import SamplingParams
 
@@ -32,7 +32,7 @@ async def embed(engine, token_id_lists: list[list[int]]) -> list[list[float]]:
         vector = None
         async for out in engine.generate(f"embd-{uuid.uuid4().hex}", ids, SamplingParams(embed=True, max_tokens=1), []):
             if out.finish_reason == FinishReason.ERROR:
-                raise EngineRequestError(out.error or "the engine could not compute this embedding")
+                raise EngineRequestError.from_output(out, "the engine could not compute this embedding")
             vector = out.embedding if out.embedding is not None else vector
         if vector is None:
             raise EngineRequestError("the engine returned no embedding")
@@ -103,4 +103,4 @@ def embedding_routes(engine, tokenizer, model_name: str, max_model_len: int, max
 
 openapi.describe("/v1/embeddings", "POST", EmbeddingRequest, EmbeddingResponse,
                  summary="Embeddings: the model's mean-pooled, normalised final hidden states",
-                 error_statuses=(400, 404, 413, 500, 503))
+                 error_statuses=(400, 404, 413, 500, 503, 504))

@@ -16,10 +16,10 @@ import zmq
 import zmq.asyncio
 
 from tinyvllm.frontend.request_completion import RequestCompletion
-from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats, Shutdown,
-                               StepOutputs)
+from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, ErrorKind, FinishReason, RequestOutput,
+                                        SchedulerStats, Shutdown, StepOutputs)
 from tinyvllm.protocol.sampling import SamplingParams
-from tinyvllm.protocol.codec import encode
+from tinyvllm.protocol.codec import CodecError, encode
 from tinyvllm.protocol.transport import make_socket, recv_async, send_async
 
 log = logging.getLogger("tinyvllm.engine_client")
@@ -90,8 +90,23 @@ class EngineClient:
                 and time.monotonic() - self._last_progress > self.step_timeout_s)
 
     async def _read_outputs(self) -> None:
+        """Fans outputs out until the client closes; if it fails, the engine counts as dead (so its requests end
+        with an error and its supervisor restarts it) rather than every request waiting forever."""
+        try:
+            await self._fan_out_outputs()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("%s: reading its outputs failed", self.name)
+            self.mark_dead(f"{self.name}: reading its outputs failed ({e!r})")
+
+    async def _fan_out_outputs(self) -> None:
         while True:
-            msg = await recv_async(self.from_scheduler)
+            try:
+                msg = await recv_async(self.from_scheduler)
+            except CodecError as e:  # a message this frontend cannot read: nothing it says can be trusted
+                log.warning("%s: dropped a malformed message: %s", self.name, e)
+                continue
             if isinstance(msg, EngineReady):
                 self.ready = msg
                 self._ready_event.set()
@@ -109,8 +124,12 @@ class EngineClient:
         """Called when a child process died: every open request ends with an error, new ones are refused."""
         self.dead_reason = reason
         self._ready_event.set()
+        self.fail_open_requests(reason)
+
+    def fail_open_requests(self, reason: str, kind: str = ErrorKind.UNAVAILABLE) -> None:
+        """Ends every open request with an ERROR output at once (generate() then aborts it in a live scheduler)."""
         for req_id, q in self.queues.items():
-            q.put_nowait(RequestOutput(req_id, [], FinishReason.ERROR, error=reason))
+            q.put_nowait(RequestOutput(req_id, [], FinishReason.ERROR, error=reason, error_kind=kind))
 
     async def generate(self, req_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                        eos_token_ids: list[int]) -> AsyncIterator[RequestOutput]:

@@ -105,6 +105,12 @@ class EnginePool:
             if (replica := self._owner.get(req_id)) is not None and replica.available:
                 replica.client.abort([req_id])
 
+    def fail_open_requests(self, reason: str) -> None:
+        """Ends every open request of every replica with an error (the server's drain ran out of time)."""
+        for replica in self.replicas:
+            if replica.client is not None:
+                replica.client.fail_open_requests(reason)
+
     async def close(self) -> None:
         """Stops supervising and asks every replica's scheduler to stop (then stop_processes waits for them)."""
         for task in self._supervisors:

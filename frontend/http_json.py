@@ -8,7 +8,7 @@ from starlette.responses import JSONResponse
 
 from tinyvllm.frontend import openai_protocol as api
 from tinyvllm.frontend.engine_client import EngineDeadError
-from tinyvllm.frontend.serving import EngineRequestError
+from tinyvllm.frontend.request_errors import EngineRequestError
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 log = logging.getLogger(__name__)
@@ -20,13 +20,14 @@ def error_response(exc: api.APIError) -> JSONResponse:
 
 def exception_response(exc: Exception, path: str) -> JSONResponse:
     """What an OpenAI route answers for an exception it raised: its APIError as is, a dead engine 503, a request
-    the engine failed 500 with the reason, anything else 500 (logged with its traceback)."""
+    the engine ended with an error its kind's status (frontend/request_errors.py), anything else 500 (logged with
+    its traceback)."""
     if isinstance(exc, api.APIError):
         return error_response(exc)
     if isinstance(exc, EngineDeadError):
         return error_response(api.APIError(f"The engine is not available: {exc}", 503, "ServiceUnavailableError"))
     if isinstance(exc, EngineRequestError):
-        return error_response(api.APIError(f"Internal server error: {exc}", 500, "InternalServerError"))
+        return error_response(exc.as_api_error())
     log.error("unexpected error serving %s", path, exc_info=exc)
     return error_response(api.APIError("Internal server error", 500, "InternalServerError"))
 

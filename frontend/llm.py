@@ -20,7 +20,7 @@ from tinyvllm.frontend.engine_client import EngineDeadError
 from tinyvllm.frontend.engine_pool import EnginePool, launch_pool
 from tinyvllm.frontend.generation_result import CompletionOutput, GenerationResult, SampleCollector
 from tinyvllm.frontend.launcher import EngineArgs
-from tinyvllm.frontend.serving import EngineRequestError
+from tinyvllm.frontend.request_errors import EngineRequestError
 from tinyvllm.frontend.tokenizer import Tokenizer
 from tinyvllm.protocol.messages import SchedulerStats
 from tinyvllm.protocol.sampling import SamplingParams

@@ -60,12 +60,33 @@ class _EngineStatsCollector(Collector):
                 yield family
 
 
+class _GateCollector(Collector):
+    """The frontend's own queue (frontend/request_gate.py): vLLM has no names for these."""
+
+    def __init__(self, gate, model_name: str):
+        self.gate, self.model_name = gate, model_name
+
+    def collect(self):
+        waiting = GaugeMetricFamily("tinyvllm:num_requests_waiting_admission",
+                                    "Generation requests accepted that have no output yet (reading, tokenizing, "
+                                    "queued), the count --max-waiting-requests limits.", labels=["model_name"])
+        waiting.add_metric([self.model_name], float(self.gate.waiting))
+        rejected = CounterMetricFamily("tinyvllm:requests_rejected", "Generation requests answered 503 before any "
+                                       "work, by reason (queue_full, shutting_down).", labels=["model_name", "reason"])
+        for reason, count in self.gate.rejected.items():
+            rejected.add_metric([self.model_name, reason], float(count))
+        return [waiting, rejected]
+
+
 class FrontendMetrics:
-    def __init__(self, engine, model_name: str, max_model_len: int = 2048):
+    def __init__(self, engine, model_name: str, max_model_len: int = 2048, gate=None):
+        """gate: the app's RequestGate, whose queue and rejections are exported too."""
         disable_created_metrics()  # process-wide: drop the *_created series, as vLLM does
         self.model_name = model_name
         self.registry = CollectorRegistry()
         self.registry.register(_EngineStatsCollector(engine, model_name))
+        if gate is not None:
+            self.registry.register(_GateCollector(gate, model_name))
         labels = ["model_name"]
 
         def counter(name: str, doc: str):

@@ -1,12 +1,15 @@
 """`tinyvllm serve`: the engines' processes behind an OpenAI-compatible HTTP server (uvicorn on uvloop).
 
 The engines restart themselves when they fail (frontend/engine_pool.py); if one gives up, the server stops and
-exits with code 1, so that systemd or Kubernetes restarts it.
+exits with code 1, so that systemd or Kubernetes restarts it. SIGTERM or Ctrl-C drains (frontend/request_gate.py):
+new requests get 503, open ones get up to --shutdown-timeout to finish, the rest end with an error, then the server
+and its processes stop and it exits 0; a second signal cuts the wait short.
 """
 import asyncio
+import contextlib
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import uvicorn
 import uvloop
@@ -14,6 +17,7 @@ import uvloop
 from tinyvllm.frontend.app import build_app
 from tinyvllm.frontend.engine_pool import EnginePool, launch_pool
 from tinyvllm.frontend.launcher import EngineArgs
+from tinyvllm.frontend.request_gate import RequestGate
 from tinyvllm.frontend.tokenizer import Tokenizer
 
 log = logging.getLogger("tinyvllm.frontend")
@@ -29,6 +33,26 @@ class ServerArgs:
     startup_timeout_s: float = 900.0
     api_key: str | None = None  # required on /v1 and /api when set
     models_dir: str | None = None  # Ollama's model store (manifests for /api/tags, /api/create, ...)
+    max_waiting_requests: int = 512
+    request_timeout_s: float | None = None
+    shutdown_timeout_s: float = 30.0
+    allowed_origins: list[str] = field(default_factory=list)  # CORS; empty: none
+
+    def validate(self) -> None:
+        if self.max_waiting_requests < 1:
+            raise ValueError("--max-waiting-requests must be at least 1")
+        if self.request_timeout_s is not None and self.request_timeout_s <= 0:
+            raise ValueError("--request-timeout must be positive")
+        if self.shutdown_timeout_s < 0:
+            raise ValueError("--shutdown-timeout must not be negative")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handlers: serve_async's drain handles SIGTERM and SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
 
 
 async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: ServerArgs) -> int:
@@ -37,13 +61,15 @@ async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: 
     name = server_args.served_model_name or (DEFAULT_SERVED_NAME if engine_args.model is None else
                                              model_path.stem if model_path.is_file() else model_path.name)
     tokenizer = Tokenizer.from_model_path(model_path)
+    gate = RequestGate(server_args.max_waiting_requests, server_args.request_timeout_s)
     try:
         ready = await engine.start(server_args.startup_timeout_s)
         app = build_app(engine, tokenizer, name, ready.max_model_len, model_root=str(model_path),
-                        api_key=server_args.api_key, models_dir=server_args.models_dir)
+                        api_key=server_args.api_key, models_dir=server_args.models_dir, gate=gate,
+                        allowed_origins=server_args.allowed_origins or None)
         config = uvicorn.Config(app, host=server_args.host, port=server_args.port, loop="none", log_level="warning",
                                 timeout_graceful_shutdown=5, lifespan="off")
-        server = uvicorn.Server(config)
+        server = _Server(config)
         serving = asyncio.create_task(server.serve())
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
@@ -54,24 +80,47 @@ async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: 
                   f"max_model_len {ready.max_model_len}{', API key required' if server_args.api_key else ''})",
                   flush=True)
         given_up = asyncio.create_task(engine.wait_until_given_up())
-        await asyncio.wait((serving, given_up), return_when=asyncio.FIRST_COMPLETED)
-        if not given_up.done():
+        stop_asked = asyncio.Event()
+        _drain_on_signals(stop_asked, gate)
+        stopping = asyncio.create_task(stop_asked.wait())
+        await asyncio.wait((serving, given_up, stopping), return_when=asyncio.FIRST_COMPLETED)
+        if given_up.done():
+            log.error("stopping the server: %s", given_up.result())
+            exit_code = 1
+        else:
             given_up.cancel()
-            await serving
-            return 0
-        log.error("stopping the server: %s", given_up.result())
+            exit_code = 0
+            if stopping.done():
+                log.info("draining: %d requests open; new ones get 503 (up to %g s)", gate.open,
+                         server_args.shutdown_timeout_s)
+                if left := await gate.drain(server_args.shutdown_timeout_s, engine.fail_open_requests):
+                    log.warning("%d requests did not finish within --shutdown-timeout and ended with an error", left)
+        stopping.cancel()
         server.should_exit = True
         await serving
-        return 1
+        return exit_code
     finally:
         await engine.close()
 
 
+def _drain_on_signals(stop_asked: asyncio.Event, gate: RequestGate) -> None:
+    """The first SIGTERM or SIGINT starts the drain; another one ends its wait at once."""
+    def on_signal() -> None:
+        if stop_asked.is_set():
+            gate.hurry()
+        stop_asked.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+
+
 def serve(engine_args: EngineArgs, server_args: ServerArgs) -> None:
     """Serves until stopped; raises SystemExit(1) once an engine could not be restarted."""
+    server_args.validate()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s frontend %(levelname)s %(message)s")
 
-    def stop_on_sigterm(*_):  # SIGTERM stops like Ctrl-C: in the event loop, asyncio.Runner cancels the main task
+    def stop_on_sigterm(*_):  # until serving starts, SIGTERM stops like Ctrl-C: asyncio.Runner cancels the main task
         signal.raise_signal(signal.SIGINT)
 
     signal.signal(signal.SIGTERM, stop_on_sigterm)

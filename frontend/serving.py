@@ -9,6 +9,7 @@ from typing import Any
 from tinyvllm.frontend import logprobs as lp
 from tinyvllm.frontend.choice_text import ChoiceText
 from tinyvllm.frontend.openai_protocol import APIError, GenerationRequest
+from tinyvllm.frontend.request_errors import EngineRequestError
 from tinyvllm.protocol.messages import FinishReason
 
 # Tokenizing or templating more characters than this runs in a thread so the event loop keeps streaming.
@@ -42,10 +43,6 @@ class CompletionResult:
     num_prompt_tokens: int
     num_generated_tokens: int  # over all choices
     num_cached_tokens: int
-
-
-class EngineRequestError(Exception):
-    """The engine ended this request with finish_reason 'error'."""
 
 
 async def _maybe_in_thread(size: int, fn: Callable, *args: Any) -> Any:
@@ -145,7 +142,7 @@ class RequestServing:
             async for out in outputs:
                 if out.finish_reason == FinishReason.ERROR:
                     errored = True
-                    raise EngineRequestError(out.error or "the engine could not serve this request")
+                    raise EngineRequestError.from_output(out)
                 choice = choices[out.index]
                 if choice.finished:
                     # Stopped by a stop string: the engine can only abort the whole request, which its

@@ -9,7 +9,8 @@ from starlette.types import Receive, Scope, Send
 
 from tinyvllm.frontend import openai_protocol as api
 from tinyvllm.frontend.engine_client import EngineDeadError
-from tinyvllm.frontend.serving import EngineRequestError, TextDelta
+from tinyvllm.frontend.request_errors import EngineRequestError
+from tinyvllm.frontend.serving import TextDelta
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class SSEResponse(StreamingResponse):
 
 def stream_error_event(exc: Exception) -> bytes:
     if isinstance(exc, EngineRequestError):
-        return sse_event(api.error_body(f"Internal server error: {exc}", "InternalServerError", 500))
+        return sse_event(exc.as_api_error().body())
     if isinstance(exc, EngineDeadError):
         return sse_event(api.error_body(f"The engine is not available: {exc}", "ServiceUnavailableError", 503))
     if isinstance(exc, api.APIError):

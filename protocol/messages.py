@@ -14,7 +14,15 @@ class FinishReason:
     STOP = "stop"      # EOS or a stop token id
     LENGTH = "length"  # max_tokens or max_model_len
     ABORT = "abort"    # client went away, or aborted on request
-    ERROR = "error"    # the engine could not serve it (message in RequestOutput.error)
+    ERROR = "error"    # the engine could not serve it (message in RequestOutput.error, kind in error_kind)
+
+
+class ErrorKind:
+    """Why a request ended with FinishReason.ERROR, so the frontend answers the right HTTP status."""
+    INVALID_REQUEST = "invalid_request"  # the engine refused it as asked (400)
+    ENGINE_FAILURE = "engine_failure"    # the engine failed while serving it (500)
+    UNAVAILABLE = "unavailable"          # the engine died, restarts, or the server is shutting down (503)
+    TIMEOUT = "timeout"                  # it did not finish within --request-timeout (504)
 
 
 class WorkerRole:
@@ -64,6 +72,7 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprobs] | None = None  # prompt tokens 1.., once, with the first token
     embedding: list[float] | None = None  # the result of an embedding (sampling.embed) request
     queue_time_s: float | None = None  # seconds from arrival to first scheduling, once the request was scheduled
+    error_kind: str | None = None  # an ErrorKind, with FinishReason.ERROR
 
 
 @dataclass(slots=True)

@@ -1,6 +1,6 @@
 """Between a worker's StepResult and the frontend: the result's shape is checked, each request's news becomes a
 RequestOutput (under the parent's id for a parallel-sampling child)."""
-from tinyvllm.protocol.messages import RequestOutput, StepResult
+from tinyvllm.protocol.messages import ErrorKind, RequestOutput, StepResult
 from tinyvllm.scheduler.request import Request
 
 
@@ -11,10 +11,13 @@ def well_formed(result: StepResult, step_id: int) -> bool:
             and len(result.pooled_req_ids) == len(result.embeddings))
 
 
-def request_output(req: Request, token_ids: list[int], reason: str | None, error: str | None = None) -> RequestOutput:
+def request_output(req: Request, token_ids: list[int], reason: str | None, error: str | None = None,
+                   error_kind: str = ErrorKind.ENGINE_FAILURE) -> RequestOutput:
     out = RequestOutput(req.output_id, token_ids, reason, req.num_prompt_tokens, req.num_cached_tokens or 0,
                         error, req.index)
     out.queue_time_s = req.queue_time_s
+    if error is not None:
+        out.error_kind = error_kind
     return out
 
 

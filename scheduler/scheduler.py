@@ -14,7 +14,7 @@ import itertools
 import time
 from collections import deque
 
-from tinyvllm.protocol.messages import FinishReason, RequestOutput, SchedulerStats, StepPlan, StepResult
+from tinyvllm.protocol.messages import ErrorKind, FinishReason, RequestOutput, SchedulerStats, StepPlan, StepResult
 from tinyvllm.scheduler.admission import admission_error
 from tinyvllm.scheduler.async_scheduling import tokens_to_plan
 from tinyvllm.scheduler.config import SchedulerConfig
@@ -56,7 +56,7 @@ class Scheduler:
         error = admission_error(req, self._live_ids(), c.max_model_len, c.block_size, c.num_blocks)
         if error is not None:
             req.status, req.finish_reason = RequestStatus.FINISHED, FinishReason.ERROR
-            self._pending_outputs.append(request_output(req, [], FinishReason.ERROR, error))
+            self._pending_outputs.append(request_output(req, [], FinishReason.ERROR, error, ErrorKind.INVALID_REQUEST))
             return False
         children = [req] if req.sampling.n == 1 else make_children(req)
         if req.sampling.n > 1:

@@ -19,7 +19,7 @@ from tinyvllm.frontend.ollama import prompting
 from tinyvllm.frontend.ollama.http_io import OllamaError, handler, read_request
 from tinyvllm.frontend.ollama.requests import EmbeddingsRequest, EmbedRequest
 from tinyvllm.frontend.ollama.service import OllamaService
-from tinyvllm.frontend.serving import EngineRequestError
+from tinyvllm.frontend.request_errors import EngineRequestError
 
 Embedder = Callable[[list[list[int]]], Awaitable[list[list[float]]]]
 
@@ -58,7 +58,9 @@ def make_routes(service: OllamaService):
             return await embed(batch)
         except EngineDeadError:
             raise
-        except (EngineRequestError, RuntimeError) as e:  # RuntimeError: an engine's own embed() method
+        except EngineRequestError as e:
+            raise OllamaError(f"the engine could not compute the embeddings: {e}", e.status) from None
+        except RuntimeError as e:  # an engine's own embed() method
             raise OllamaError(f"the engine could not compute the embeddings: {e}", 500) from None
 
     async def token_ids(text: str, truncate: bool) -> list[int]:

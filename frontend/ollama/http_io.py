@@ -19,7 +19,7 @@ from tinyvllm.frontend.ollama.modelfile import ModelfileError
 from tinyvllm.frontend.ollama.options import OptionError
 from tinyvllm.frontend.openai_protocol import APIError
 from tinyvllm.frontend.request_models import RequestInvalid, RequestModel, validate
-from tinyvllm.frontend.serving import EngineRequestError
+from tinyvllm.frontend.request_errors import EngineRequestError
 
 log = logging.getLogger(__name__)
 NDJSON = "application/x-ndjson"
@@ -55,7 +55,7 @@ def as_ollama_error(exc: Exception) -> OllamaError:
     if isinstance(exc, EngineDeadError):
         return OllamaError(f"the engine is not available: {exc}", 503)
     if isinstance(exc, EngineRequestError):
-        return OllamaError(f"the engine failed this request: {exc}", 500)
+        return OllamaError(exc.as_api_error().message, exc.status)
     log.error("unexpected error in an Ollama route", exc_info=exc)
     return OllamaError("internal server error", 500)
 

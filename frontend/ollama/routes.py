@@ -47,7 +47,7 @@ def mount_ollama(app: Starlette, engine, serving, model_name: str, model_root: s
     return store
 
 
-_GENERATION_ERRORS = (400, 404, 413, 500, 503)
+_GENERATION_ERRORS = (400, 404, 413, 500, 503, 504)
 _STORE_ERRORS = (400, 404, 413)
 _DIGEST = {"digest": {"type": "string", "pattern": "^sha256[:-][0-9a-f]{64}$",
                       "description": "sha256:<64 hex digits>; anything else is a 400"}}

@@ -12,12 +12,13 @@ MAX_MODEL_LEN = 64
 REPLY = "Hello world"
 
 
-def make_app(max_model_len: int = MAX_MODEL_LEN, **engine_kwargs):
+def make_app(max_model_len: int = MAX_MODEL_LEN, gate=None, **engine_kwargs):
+    """gate: the app's RequestGate (default: build_app's)."""
     tokenizer = CharTokenizer()
     engine = FakeEngine(tokenizer.encode(REPLY, add_special_tokens=False), tokenizer.eos_token_ids[0],
                         max_model_len=max_model_len, **engine_kwargs)
     app = build_app(engine, tokenizer, MODEL, max_model_len, max_body_bytes=64 * 1024,
-                    make_detokenizer=CharDetokenizer)
+                    make_detokenizer=CharDetokenizer, gate=gate)
     return app, engine, tokenizer
 
 

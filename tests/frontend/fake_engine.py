@@ -4,28 +4,33 @@ Each request gets one producer task per child (the "scheduler"; n > 1 forks n ch
 that puts one token per step on the request's queue, under the parent id with the child's index. Child i
 cycles through `choice_replies[i]` (default: `reply_token_ids` for every child); after the reply it emits EOS
 (unless ignore_eos); an embedding request (sampling.embed) gets one output with a vector instead. It honours
-max_tokens, stop_token_ids and aborts (of the whole parent), reports `num_cached_tokens` on every output, keeps
-the cumulative prefix-cache counters in `stats`, and records what it saw so tests can check it.
+max_tokens, stop_token_ids and aborts (of the whole parent), holds every first output while `hold` is clear,
+reports `num_cached_tokens` on every output, keeps the cumulative prefix-cache counters in `stats`, and records what
+it saw so tests can check it.
 """
 import asyncio
 from collections.abc import AsyncIterator
 
 from tinyvllm.frontend.engine_client import EngineDeadError
 from tinyvllm.frontend.request_completion import RequestCompletion
-from tinyvllm.protocol.messages import AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats
+from tinyvllm.protocol.messages import AddRequest, EngineReady, ErrorKind, FinishReason, RequestOutput, SchedulerStats
 from tinyvllm.protocol.sampling import SamplingParams
 
 
 class FakeEngine:
     def __init__(self, reply_token_ids: list[int], eos_token_id: int, max_model_len: int = 256,
                  step_delay_s: float = 0.001, fail_after: int | None = None,
-                 choice_replies: list[list[int]] | None = None, num_cached_tokens: int = 0):
+                 choice_replies: list[list[int]] | None = None, num_cached_tokens: int = 0,
+                 fail_kind: str | None = None):
         self.reply_token_ids = list(reply_token_ids)
         self.choice_replies = choice_replies
         self.eos_token_id = eos_token_id
         self.step_delay_s = step_delay_s
         self.fail_after = fail_after  # emit finish_reason "error" after this many tokens (embeddings: at once)
         self.num_cached_tokens = num_cached_tokens  # what the prefix cache "found" for each request
+        self.fail_kind = fail_kind  # the ErrorKind of fail_after's error
+        self.hold = asyncio.Event()  # every child waits for it before its first output; set: no waiting
+        self.hold.set()
         self.queues: dict[str, asyncio.Queue] = {}
         self.stats = SchedulerStats(num_free_blocks=75, num_total_blocks=100)
         self.ready: EngineReady | None = EngineReady(num_blocks=100, block_size=16, max_model_len=max_model_len,
@@ -43,8 +48,11 @@ class FakeEngine:
 
     def mark_dead(self, reason: str) -> None:
         self.dead_reason = reason
+        self.fail_open_requests(reason)
+
+    def fail_open_requests(self, reason: str, kind: str = ErrorKind.UNAVAILABLE) -> None:
         for req_id, q in self.queues.items():
-            q.put_nowait(RequestOutput(req_id, [], FinishReason.ERROR, error=reason))
+            q.put_nowait(RequestOutput(req_id, [], FinishReason.ERROR, error=reason, error_kind=kind))
 
     async def generate(self, req_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                        eos_token_ids: list[int]) -> AsyncIterator[RequestOutput]:
@@ -80,7 +88,11 @@ class FakeEngine:
         reply = self._reply(index)
 
         def output(token_ids: list[int], finish: str | None, error: str | None = None) -> RequestOutput:
-            return RequestOutput(req_id, token_ids, finish, num_prompt, self.num_cached_tokens, error, index)
+            out = RequestOutput(req_id, token_ids, finish, num_prompt, self.num_cached_tokens, error, index)
+            out.error_kind = self.fail_kind if error else None
+            return out
+
+        await self.hold.wait()
 
         if sampling.embed:  # as the scheduler does: one output, no token, the pooled vector
             await asyncio.sleep(self.step_delay_s)

@@ -185,3 +185,34 @@ async def test_an_idle_engine_or_a_slow_reader_is_not_a_hung_engine(tmp_path, fa
     finally:
         await client.close()
         scheduler.close()
+
+
+async def test_an_output_reader_that_fails_ends_every_open_request_with_an_error_instead_of_a_hang(
+        engine_and_scheduler):
+    client, scheduler = engine_and_scheduler
+
+    class BrokenLedger(dict):  # what only the reader reads: its bookkeeping of what the engine owes
+        def get(self, key, default=None):
+            raise KeyError("a bug in the reader")
+
+    received = []
+    consumer = asyncio.create_task(_consume(client, 1, received))
+    await scheduler.receive()
+    client._owed = BrokenLedger(client._owed)
+    await scheduler.step(out(0, [7]))
+    await asyncio.wait_for(consumer, 5)
+    assert received[-1].finish_reason == "error" and received[-1].error_kind == "unavailable"
+    assert "reading its outputs failed" in received[-1].error and "a bug in the reader" in client.dead_reason
+    with pytest.raises(EngineDeadError):
+        await anext(client.generate("s", [5], SamplingParams(), [2]))
+
+
+async def test_a_malformed_message_from_the_scheduler_is_dropped_and_reading_goes_on(engine_and_scheduler):
+    client, scheduler = engine_and_scheduler
+    received = []
+    consumer = asyncio.create_task(_consume(client, 1, received))
+    await scheduler.receive()
+    await scheduler.outbox.send(b"\x93not a message")
+    await scheduler.step(out(0, [7], FinishReason.STOP))
+    await asyncio.wait_for(consumer, 5)
+    assert [(o.new_token_ids, o.finish_reason) for o in received] == [([7], "stop")] and client.dead_reason is None
