@@ -27,6 +27,7 @@ from tinyvllm.protocol.messages import ErrorKind, FinishReason, RequestOutput
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/api/generate",
                               "/api/chat", "/api/embed", "/api/embeddings"})
 OPEN_WHILE_DRAINING = frozenset({"/metrics"})
+MAX_HEADER_BYTES = 16 * 1024  # h11's bound on an unparsed head, which a head arriving in one read escapes
 RETRY_AFTER_S = 1
 ABORT_GRACE_S = 5.0  # after the drain's requests were failed, how long their handlers get to answer
 QUEUE_FULL, SHUTTING_DOWN = "queue_full", "shutting_down"
@@ -109,19 +110,23 @@ class GateMiddleware:
             await self.app(scope, receive, send)
             return
         gate, path = self.gate, scope["path"]
+        if sum(len(name) + len(value) for name, value in scope["headers"]) > MAX_HEADER_BYTES:
+            await _refuse(send, path, 431, f"The request's headers are larger than {MAX_HEADER_BYTES} bytes",
+                          "RequestHeaderFieldsTooLargeError", [(b"connection", b"close")])
+            return
         if gate.draining and path not in OPEN_WHILE_DRAINING:
             gate.rejected[SHUTTING_DOWN] += scope["method"] == "POST" and path in GENERATION_PATHS
-            await _unavailable(send, path, "The server is shutting down; retry on another instance.",
-                               [(b"connection", b"close")])
+            await _refuse(send, path, 503, "The server is shutting down; retry on another instance.",
+                          headers=[(b"connection", b"close")])
             return
         if scope["method"] != "POST" or path not in GENERATION_PATHS:
             await self.app(scope, receive, send)
             return
         if gate.waiting >= gate.max_waiting:
             gate.rejected[QUEUE_FULL] += 1
-            await _unavailable(send, path, f"The server is busy: {gate.waiting} requests are waiting, the most it "
+            await _refuse(send, path, 503, f"The server is busy: {gate.waiting} requests are waiting, the most it "
                                            f"queues (--max-waiting-requests). Retry later.",
-                               [(b"retry-after", str(RETRY_AFTER_S).encode())])
+                          headers=[(b"retry-after", str(RETRY_AFTER_S).encode())])
             return
         ticket = gate.admit(asyncio.get_running_loop())
         token = _ticket.set(ticket)
@@ -132,10 +137,11 @@ class GateMiddleware:
             gate.release(ticket)
 
 
-async def _unavailable(send: Send, path: str, message: str, headers: list[tuple[bytes, bytes]]) -> None:
-    body = {"error": message} if error_style(path) == OLLAMA else error_body(message, "ServiceUnavailableError", 503)
+async def _refuse(send: Send, path: str, status: int, message: str, type_: str = "ServiceUnavailableError",
+                  headers: list[tuple[bytes, bytes]] = ()) -> None:
+    body = {"error": message} if error_style(path) == OLLAMA else error_body(message, type_, status)
     raw = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": 503, "headers": [
+    await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()), *headers]})
     await send({"type": "http.response.body", "body": raw})
 

@@ -57,6 +57,15 @@ def test_unknown_route_and_wrong_method(server):
     assert_openai_error(httpx.get(server.url + "/v1/completions", timeout=30), 405)
 
 
+def test_oversized_headers_are_refused_by_the_http_parser(server):
+    # h11 refuses a head it cannot parse within 16 KiB (400); one that arrived whole, the request gate (431)
+    for size_kib in (17, 64, 200, 1024):
+        r = httpx.post(server.url + COMPLETIONS, json=completion_body("hi", max_tokens=1), timeout=30,
+                       headers={"X-Padding": "x" * size_kib * 1024})
+        assert r.status_code in (400, 431), (size_kib, r.status_code)
+    assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+
+
 def test_server_still_serves_after_bad_input(server):
     for path, body, *_ in [c[1:] for c in CASES]:  # all the bad requests again, back to back
         kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}

@@ -121,3 +121,15 @@ async def test_an_engine_error_reaches_the_client_as_its_kind_says(kind, status,
         assert streamed[-2]["error"]["code"] == status
         ollama = await client.post("/api/generate", json={"model": MODEL, "prompt": "Hi", "stream": False})
         assert ollama.status_code == status and "worker exploded" in ollama.json()["error"]
+
+
+async def test_oversized_headers_get_431_in_the_route_family_s_shape():
+    app, engine, _ = make_app()
+    async with client_for(app) as client:
+        padding = {"X-Padding": "x" * 17 * 1024}
+        openai = await client.post(COMPL, json=HI, headers=padding)
+        ollama = await client.get("/api/tags", headers=padding)
+        fine = await client.post(COMPL, json=HI, headers={"X-Padding": "x" * 8 * 1024})
+    assert openai.status_code == 431 and openai.json()["error"]["type"] == "RequestHeaderFieldsTooLargeError"
+    assert ollama.status_code == 431 and "headers" in ollama.json()["error"]
+    assert fine.status_code == 200 and not engine.queues
