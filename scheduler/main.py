@@ -13,11 +13,12 @@ import zmq
 
 from tinyvllm.protocol.codec import CodecError
 from tinyvllm.protocol.message_parts import merge_step_results
-from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, Shutdown, StepOutputs, StepPlan,
-                                        StepResult, WorkerError)
+from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, Shutdown, StepPlan, StepResult,
+                                        WorkerError)
 from tinyvllm.protocol.transport import Endpoints, make_socket, recv, send
 from tinyvllm.scheduler.request import Request
 from tinyvllm.scheduler.config import SchedulerConfig
+from tinyvllm.scheduler.output_messages import send_step_outputs
 from tinyvllm.scheduler.scheduler import Scheduler
 from tinyvllm.scheduler.worker_group import WorkerGroup
 from tinyvllm.protocol.process_guard import exit_with_parent
@@ -146,7 +147,7 @@ class SchedulerLoop:
                 outputs += self.finish_step(sent.popleft())
                 outputs += sched.take_pending_outputs()
             if outputs or changed or stepped:
-                send(self.to_frontend, StepOutputs(outputs, sched.stats(), time.time()))
+                send_step_outputs(self.to_frontend, sched, outputs)
 
     def close(self) -> None:
         self.workers.broadcast(Shutdown("scheduler stopping"))
