@@ -14,6 +14,7 @@ from tinyvllm.protocol import codec
 from tinyvllm.protocol import messages as m
 from tinyvllm.protocol.codec import MessageTooLarge, decode, encode
 from tinyvllm.protocol.message_parts import fitting_ranges, merge_step_results, split_step_result
+from tinyvllm.protocol.sampling import MAX_LOGPROB_ENTRIES
 from tinyvllm.protocol.transport import make_socket, recv, send, send_async
 from tinyvllm.scheduler.request_outputs import well_formed
 from tinyvllm.workers.scheduler_connection import send_step_result
@@ -128,3 +129,12 @@ def test_the_worker_sends_parts_only_when_needed(sockets, monkeypatch):
         parts.append(recv(receiver))
     assert len(parts) > 1 and merge_step_results(parts) == big_result() and not receiver.poll(0)
 
+
+@pytest.mark.parametrize("top", [0, 1, 20])
+def test_the_most_logprobs_one_request_may_ask_for_fit_in_a_message(top):
+    """MAX_LOGPROB_ENTRIES (the frontend's limit) at the most bytes an entry can take: the largest token ids."""
+    positions = 1000
+    big_id = 2**31 - 1
+    entries = [m.TokenLogprobs(big_id, -1.5e-7, [big_id] * top, [-2.5e-7] * top) for _ in range(positions)]
+    size = len(encode(m.StepResult(1, 0, ["r"], [big_id], 0.0, [], [entries])))
+    assert size / (positions * (top + 1)) * MAX_LOGPROB_ENTRIES < codec.MAX_MESSAGE_BYTES / 3
