@@ -11,6 +11,7 @@ from tinyvllm.frontend.choice_text import ChoiceText
 from tinyvllm.frontend.openai_protocol import APIError, GenerationRequest
 from tinyvllm.frontend.request_errors import EngineRequestError
 from tinyvllm.protocol.messages import FinishReason
+from tinyvllm.protocol.sampling import MAX_LOGPROB_ENTRIES, SamplingParams
 
 # Tokenizing or templating more characters than this runs in a thread so the event loop keeps streaming.
 LONG_INPUT_CHARS = 4096
@@ -105,6 +106,16 @@ class RequestServing:
         if req.sampling.min_tokens > m:
             raise APIError(f"min_tokens must be less than or equal to max_tokens={m}, got {req.sampling.min_tokens}.",
                            param="min_tokens")
+        self._check_logprobs_volume(req.sampling, p)
+
+    def _check_logprobs_volume(self, sp: SamplingParams, num_prompt_tokens: int) -> None:
+        if (entries := sp.num_logprob_entries(num_prompt_tokens)) <= MAX_LOGPROB_ENTRIES:
+            return
+        terms = ([f"{num_prompt_tokens} prompt tokens x {sp.prompt_logprobs + 1}"] if sp.prompt_logprobs is not None
+                 else []) + ([f"{sp.max_tokens} tokens x {sp.logprobs + 1}"] if sp.logprobs is not None else [])
+        raise APIError(f"This request would return up to {entries} logprobs entries "
+                       f"(n={sp.n} x ({' + '.join(terms)})), more than the {MAX_LOGPROB_ENTRIES} one request may have. Please ask for fewer logprobs, "
+                       "fewer tokens or a shorter prompt.", param="logprobs")
 
     def echo_text(self, req: GenerationRequest, prompt_ids: list[int]) -> str:
         """What goes before each choice's text when echo is asked for (see GenerationRequest.echo)."""

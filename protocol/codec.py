@@ -4,6 +4,7 @@ No pickle anywhere. Decoding is driven by the dataclasses' type hints, so a peer
 produce the types listed in MESSAGE_TYPES, and every size is bounded.
 """
 import dataclasses
+import os
 import types
 import typing
 
@@ -12,7 +13,11 @@ import msgpack
 from tinyvllm.protocol import messages as m
 from tinyvllm.protocol.sampling import SamplingParams
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # what every socket accepts: ZMQ drops a peer that sends more (MAXMSGSIZE)
+# What this process sends at most (protocol/transport.py). An environment variable may lower it, never raise it,
+# so that tests can make messages split without sending 64 MiB; whatever a peer's setting, it accepts what we send.
+SEND_BOUND_ENV = "TINYVLLM_MAX_SEND_BYTES"
+MAX_SEND_BYTES = min(MAX_MESSAGE_BYTES, int(os.environ.get(SEND_BOUND_ENV) or MAX_MESSAGE_BYTES))
 
 # The tag is the wire identity of a type: append new types, never renumber.
 MESSAGE_TYPES: tuple[type, ...] = (
@@ -25,6 +30,14 @@ _TAG_OF = {cls: tag for tag, cls in enumerate(MESSAGE_TYPES)}
 
 class CodecError(ValueError):
     pass
+
+
+class MessageTooLarge(ValueError):
+    """A message that encodes to more than MAX_SEND_BYTES: sent, its peer would drop it and never answer."""
+
+    def __init__(self, type_name: str, size: int, limit: int, detail: str = ""):
+        super().__init__(f"{type_name} of {size} bytes is over the {limit}-byte message bound{detail}")
+        self.type_name, self.size, self.limit = type_name, size, limit
 
 
 def _to_wire(value):
@@ -40,6 +53,18 @@ def encode(msg) -> bytes:
     if tag is None:
         raise CodecError(f"not a protocol message: {type(msg).__name__}")
     return msgpack.packb([tag, _to_wire(msg)], use_bin_type=True)
+
+
+def encode_to_send(msg) -> bytes:
+    """encode(msg), or MessageTooLarge when it is over MAX_SEND_BYTES."""
+    data = encode(msg)
+    if len(data) > MAX_SEND_BYTES:
+        raise MessageTooLarge(type(msg).__name__, len(data), MAX_SEND_BYTES)
+    return data
+
+
+def fits_in_a_message(msg) -> bool:
+    return len(encode(msg)) <= MAX_SEND_BYTES
 
 
 def _from_wire(tp, value):
@@ -90,4 +115,5 @@ def decode(data: bytes):
     return _from_wire(MESSAGE_TYPES[tag], payload)
 
 
-__all__ = ["encode", "decode", "CodecError", "MESSAGE_TYPES", "MAX_MESSAGE_BYTES", "SamplingParams"]
+__all__ = ["encode", "encode_to_send", "fits_in_a_message", "decode", "CodecError", "MessageTooLarge", "MESSAGE_TYPES",
+           "MAX_MESSAGE_BYTES", "MAX_SEND_BYTES", "SamplingParams"]

@@ -232,6 +232,9 @@ class StepResult:
     # Embedding requests that finished their prompt this step, and their pooled vectors.
     pooled_req_ids: list[str] = field(default_factory=list)
     embeddings: list[list[float]] = field(default_factory=list)
+    # Another part of this step's result follows: a result over the message bound goes in several, split by rows
+    # (protocol/message_parts.py), and the scheduler merges them.
+    more_parts: bool = False
 
 
 @dataclass(slots=True)

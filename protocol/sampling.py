@@ -4,6 +4,9 @@ from dataclasses import dataclass, field
 MAX_N = 128  # parallel samples per request
 MAX_LOGPROBS = 20  # most top logprobs per position (vLLM's --max-logprobs default)
 MAX_LOGIT_BIAS = 100.0  # logit_bias values are clamped to [-100, 100], as OpenAI and vLLM do
+# Logprobs entries (a position's chosen token and each of its top ones) one request may ask for, all samples
+# together: at most about 17 MB on the wire, so one request's output fits in a message (protocol/codec.py, 64 MiB).
+MAX_LOGPROB_ENTRIES = 1_000_000
 
 
 @dataclass(slots=True)
@@ -40,6 +43,12 @@ class SamplingParams:
         """Stores bias with every value clamped to [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS]."""
         self.logit_bias_token_ids = [int(t) for t in bias]
         self.logit_bias_values = [min(MAX_LOGIT_BIAS, max(-MAX_LOGIT_BIAS, float(v))) for v in bias.values()]
+
+    def num_logprob_entries(self, num_prompt_tokens: int) -> int:
+        """Logprobs entries the request may return, at most: every sample has its own prompt logprobs too."""
+        prompt = num_prompt_tokens * (self.prompt_logprobs + 1) if self.prompt_logprobs is not None else 0
+        sampled = self.max_tokens * (self.logprobs + 1) if self.logprobs is not None else 0
+        return self.n * (prompt + sampled)
 
     @property
     def uses_penalties(self) -> bool:

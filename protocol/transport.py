@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from tinyvllm.protocol.codec import MAX_MESSAGE_BYTES, decode, encode
+from tinyvllm.protocol.codec import MAX_MESSAGE_BYTES, decode, encode_to_send
 
 
 @dataclass(slots=True)
@@ -62,10 +62,12 @@ def make_socket(ctx: zmq.Context, kind: int, addr: str, bind: bool, identity: by
 
 
 def send(sock: zmq.Socket, msg, identity: bytes | None = None) -> None:
+    """Raises codec.MessageTooLarge, sending nothing, for a message over the bound (its peer would drop it)."""
+    data = encode_to_send(msg)
     if identity is None:
-        sock.send(encode(msg), copy=False)
+        sock.send(data, copy=False)
     else:
-        sock.send_multipart([identity, encode(msg)], copy=False)
+        sock.send_multipart([identity, data], copy=False)
 
 
 def recv(sock: zmq.Socket):
@@ -73,7 +75,7 @@ def recv(sock: zmq.Socket):
 
 
 async def send_async(sock: zmq.asyncio.Socket, msg) -> None:
-    await sock.send(encode(msg), copy=False)
+    await sock.send(encode_to_send(msg), copy=False)
 
 
 async def recv_async(sock: zmq.asyncio.Socket):

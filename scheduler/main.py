@@ -12,11 +12,13 @@ from dataclasses import dataclass, replace
 import zmq
 
 from tinyvllm.protocol.codec import CodecError
-from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, Shutdown, StepOutputs, StepPlan,
-                                        StepResult, WorkerError)
+from tinyvllm.protocol.message_parts import merge_step_results
+from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, Shutdown, StepPlan, StepResult,
+                                        WorkerError)
 from tinyvllm.protocol.transport import Endpoints, make_socket, recv, send
 from tinyvllm.scheduler.request import Request
 from tinyvllm.scheduler.config import SchedulerConfig
+from tinyvllm.scheduler.output_messages import send_step_outputs
 from tinyvllm.scheduler.scheduler import Scheduler
 from tinyvllm.scheduler.worker_group import WorkerGroup
 from tinyvllm.protocol.process_guard import exit_with_parent
@@ -96,12 +98,13 @@ class SchedulerLoop:
 
     def finish_step(self, plan: StepPlan) -> list:
         """Waits for the result of `plan`, the oldest plan sent, from the rank that samples (workers.output_rank;
-        the others' are ignored) and applies it; frontend messages that arrive meanwhile are applied after it.
+        the others' are ignored; a result in several parts is merged) and applies it; frontend messages that arrive
+        meanwhile are applied after it.
         A Shutdown while waiting (say, because a worker died and will never answer) ends the wait."""
         poller = zmq.Poller()
         poller.register(self.workers.sock, zmq.POLLIN)
         poller.register(self.from_frontend, zmq.POLLIN)
-        pending = []
+        pending, parts = [], []
         while True:
             events = dict(poller.poll(1000))
             if self.workers.sock in events:
@@ -109,7 +112,9 @@ class SchedulerLoop:
                 if isinstance(msg, WorkerError):
                     raise RuntimeError(f"worker {msg.rank} failed: {msg.message}")
                 if isinstance(msg, StepResult) and msg.step_id == plan.step_id and msg.rank == self.workers.output_rank:
-                    break
+                    parts.append(msg)
+                    if not msg.more_parts:
+                        break
             if self.from_frontend in events:
                 try:
                     incoming = recv(self.from_frontend)
@@ -120,7 +125,7 @@ class SchedulerLoop:
                     self.running = False
                     return []
                 pending.append(incoming)
-        outputs = self.scheduler.update_from_output(plan, msg)
+        outputs = self.scheduler.update_from_output(plan, merge_step_results(parts))
         for incoming in pending:
             self.handle_frontend(incoming)
         return outputs
@@ -142,7 +147,7 @@ class SchedulerLoop:
                 outputs += self.finish_step(sent.popleft())
                 outputs += sched.take_pending_outputs()
             if outputs or changed or stepped:
-                send(self.to_frontend, StepOutputs(outputs, sched.stats(), time.time()))
+                send_step_outputs(self.to_frontend, sched, outputs)
 
     def close(self) -> None:
         self.workers.broadcast(Shutdown("scheduler stopping"))

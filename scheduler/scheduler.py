@@ -19,7 +19,7 @@ from tinyvllm.scheduler.admission import admission_error
 from tinyvllm.scheduler.async_scheduling import tokens_to_plan
 from tinyvllm.scheduler.config import SchedulerConfig
 from tinyvllm.scheduler.kv_cache_manager import KVCacheManager
-from tinyvllm.scheduler.parallel_sampling import make_children
+from tinyvllm.scheduler.parallel_sampling import child_id, make_children
 from tinyvllm.scheduler.preemption import choose_victim
 from tinyvllm.scheduler.request import Request, RequestStatus
 from tinyvllm.scheduler.request_outputs import request_output, well_formed
@@ -79,6 +79,18 @@ class Scheduler:
                 self._unqueue(req)
                 self.finish(req, FinishReason.ABORT)
                 self._pending_outputs.append(request_output(req, [], FinishReason.ABORT))
+
+    def end_with_error(self, output: RequestOutput, error: str) -> RequestOutput:
+        """The ERROR output that replaces `output` (one the frontend cannot be sent); its request (child
+        output.index of a parallel-sampling parent) ends now if it is still unfinished, freeing its blocks."""
+        req_id = child_id(output.req_id, output.index) if output.req_id in self.groups else output.req_id
+        if (req := self.requests.get(req_id)) is not None:
+            self._unqueue(req)
+            self.finish(req, FinishReason.ERROR)
+        failed = RequestOutput(output.req_id, [], FinishReason.ERROR, output.num_prompt_tokens,
+                               output.num_cached_tokens, error, output.index)
+        failed.queue_time_s = output.queue_time_s
+        return failed
 
     def take_pending_outputs(self) -> list[RequestOutput]:
         """Outputs not produced by a step (rejections, aborts), to be sent to the frontend once."""

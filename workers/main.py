@@ -17,7 +17,7 @@ from tinyvllm.protocol.messages import InitWorker, Shutdown, StepPlan, WorkerErr
 from tinyvllm.protocol.process_guard import exit_with_parent
 from tinyvllm.protocol.transport import send
 from tinyvllm.protocol.worker_auth import SECRET_ENV, stage_link_key
-from tinyvllm.workers.scheduler_connection import SchedulerWatch, connect_to_scheduler
+from tinyvllm.workers.scheduler_connection import SchedulerWatch, connect_to_scheduler, send_step_result
 from tinyvllm.workers.scheduler_join import NoScheduler, WorkerRefusedError, join_scheduler, worker_hello
 
 log = logging.getLogger("tinyvllm.worker")
@@ -152,7 +152,7 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
                 send(sock, WorkerReady(args.rank, runner.cache.num_blocks, runner.cache.block_size, msg.max_model_len,
                                        runner.model.weight_nbytes))
             elif isinstance(msg, StepPlan):
-                send(sock, runner.execute(msg, args.rank))
+                send_step_result(sock, runner.execute(msg, args.rank))
                 steps += 1
             elif isinstance(msg, Shutdown):
                 break

@@ -8,7 +8,10 @@ again to join the next scheduler; the engine's state died with the old one anywa
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from tinyvllm.protocol.transport import make_socket, recv
+from tinyvllm.protocol.codec import MessageTooLarge
+from tinyvllm.protocol.message_parts import split_step_result
+from tinyvllm.protocol.messages import StepResult
+from tinyvllm.protocol.transport import make_socket, recv, send
 from tinyvllm.workers.scheduler_join import NoScheduler
 
 HEARTBEAT_INTERVAL_MS = 5_000
@@ -18,6 +21,18 @@ HEARTBEAT_TIMEOUT_MS = 60_000  # ZMQ's own I/O threads answer pings: a long step
 def connect_to_scheduler(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
     return make_socket(ctx, zmq.DEALER, endpoint, bind=False,  # the scheduler's ROUTER names each peer
                        options={zmq.HEARTBEAT_IVL: HEARTBEAT_INTERVAL_MS, zmq.HEARTBEAT_TIMEOUT: HEARTBEAT_TIMEOUT_MS})
+
+
+def send_step_result(sock: zmq.Socket, result: StepResult) -> None:
+    """One message, or, when that would be over the message bound, several parts of the step split by rows.
+    MessageTooLarge (nothing sent) when one row alone is over it."""
+    try:
+        send(sock, result)
+        return
+    except MessageTooLarge:
+        pass  # split outside the handler: an error while splitting is not "during handling" of this one
+    for part in split_step_result(result):
+        send(sock, part)
 
 
 class SchedulerWatch:

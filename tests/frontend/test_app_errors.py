@@ -150,3 +150,22 @@ async def test_long_prompt_is_tokenized_off_the_event_loop():
     assert (await client.post(COMPL, json={"prompt": "Hi", "max_tokens": 1})).status_code == 200
     assert threads[0] != threading.get_ident() and threads[1] == threading.get_ident()
 
+
+async def test_too_many_logprobs_for_one_request_is_a_400(served, monkeypatch):
+    """The volume is bounded so that one request's output always fits in a message between the engine's processes;
+    lowered here, where the context is too short to reach the real bound."""
+    import tinyvllm.frontend.serving as serving
+    monkeypatch.setattr(serving, "MAX_LOGPROB_ENTRIES", 300)
+    client, engine, _ = served
+    before = len(engine.requests)
+    echo = {"prompt": "x" * 20, "max_tokens": 10, "logprobs": 5, "echo": True}  # 21 prompt tokens with BOS
+    err = _assert_error(await client.post(COMPL, json={**echo, "n": 2}), 400, "BadRequestError")
+    assert err["message"] == (
+        "This request would return up to 372 logprobs entries (n=2 x (21 prompt tokens x 6 + 10 tokens x 6)), more "
+        "than the 300 one request may have. Please ask for fewer logprobs, fewer tokens or a shorter prompt.")
+    assert err["param"] == "logprobs"
+    chat = {"messages": USER_HI, "logprobs": True, "top_logprobs": 20}  # max_tokens: the rest of the context
+    _assert_error(await client.post(CHAT, json=chat), 400, "BadRequestError", "tokens x 21)), more than the 300")
+    assert len(engine.requests) == before
+    assert (await client.post(COMPL, json=echo)).status_code == 200  # 186 entries
+    assert (await client.post(CHAT, json={**chat, "max_tokens": 10})).status_code == 200

@@ -45,6 +45,7 @@ EXAMPLES = [
     m.StepResult(3, 0, ["r1", "r0"], [42, 43], 0.01),
     m.StepResult(4, 0, ["r1", "r0"], [5, 43], 0.02, [LP, None], [[m.TokenLogprobs(3, -1.0, [1], [-0.5])], None],
                  ["e1"], [[0.25, 0.5]]),
+    m.StepResult(4, 0, ["r1"], [5], 0.02, more_parts=True),
     m.WorkerError(1, "boom"),
 ]
 
@@ -73,6 +74,7 @@ def test_new_fields_default_so_old_constructors_work():
     assert (out.logprobs, out.prompt_logprobs, out.embedding) == (None, None, None)
     result = m.StepResult(1, 0, [], [])
     assert (result.logprobs, result.prompt_logprobs, result.pooled_req_ids, result.embeddings) == ([], [], [], [])
+    assert result.more_parts is False
     assert m.CachedRequestData("r", [], 1, 1).append_sampled is False
     new = m.NewRequestData("r", [1], SamplingParams(), [0], 0, 1)
     assert (new.num_prompt_tokens, new.eos_token_ids) == (0, [])
