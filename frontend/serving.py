@@ -113,9 +113,9 @@ class RequestServing:
             return
         terms = ([f"{num_prompt_tokens} prompt tokens x {sp.prompt_logprobs + 1}"] if sp.prompt_logprobs is not None
                  else []) + ([f"{sp.max_tokens} tokens x {sp.logprobs + 1}"] if sp.logprobs is not None else [])
-        raise APIError(f"This request would return up to {entries} logprobs entries "
-                       f"(n={sp.n} x ({' + '.join(terms)})), more than the {MAX_LOGPROB_ENTRIES} one request may have. Please ask for fewer logprobs, "
-                       "fewer tokens or a shorter prompt.", param="logprobs")
+        raise APIError(f"This request would return up to {entries} logprobs entries (n={sp.n} x "
+                       f"({' + '.join(terms)})), more than the {MAX_LOGPROB_ENTRIES} one request may have. Please ask "
+                       "for fewer logprobs, fewer tokens or a shorter prompt.", param="logprobs")
 
     def echo_text(self, req: GenerationRequest, prompt_ids: list[int]) -> str:
         """What goes before each choice's text when echo is asked for (see GenerationRequest.echo)."""

@@ -89,7 +89,8 @@ class Scheduler:
             self.finish(req, FinishReason.ERROR)
         failed = RequestOutput(output.req_id, [], FinishReason.ERROR, output.num_prompt_tokens,
                                output.num_cached_tokens, error, output.index)
-        failed.queue_time_s = output.queue_time_s
+        failed.queue_time_s, failed.error_kind = output.queue_time_s, ErrorKind.INVALID_REQUEST  # asked too much
+
         return failed
 
     def take_pending_outputs(self) -> list[RequestOutput]:

@@ -134,6 +134,7 @@ def test_an_output_too_large_alone_becomes_an_error_and_frees_its_blocks(monkeyp
     failed = next(o for o in sent if (o.req_id, o.index) == ("big", n - 1))
     assert failed.finish_reason == FinishReason.ERROR and failed.new_token_ids == []
     assert "exceed the 1500-byte message bound" in failed.error and "prompt_logprobs" in failed.error
+    assert failed.error_kind == "invalid_request"  # the client asked for more than fits: a 400
     assert [o for o in sent if o is not failed] == [o for o in outputs if o.req_id != "big" or o.index != n - 1]
     assert big.status is RequestStatus.FINISHED and big.finish_reason == FinishReason.ERROR and big.block_ids == []
     assert sched.kv_cache_manager.num_free_blocks == free_before + big_blocks
