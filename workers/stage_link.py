@@ -13,7 +13,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from tinyvllm.protocol.codec import MAX_MESSAGE_BYTES
+from tinyvllm.protocol.codec import MAX_MESSAGE_BYTES, MessageTooLarge
 from tinyvllm.protocol.worker_auth import proof_matches, seal
 
 log = logging.getLogger("tinyvllm.worker")
@@ -58,6 +58,9 @@ class StageLink:
     def send(self, x: np.ndarray) -> None:
         start = time.perf_counter()
         x = np.ascontiguousarray(x, np.float32)
+        if x.nbytes > MAX_MESSAGE_BYTES:  # the next stage would drop it and wait forever: fail the step instead
+            raise MessageTooLarge("hidden states", x.nbytes, MAX_MESSAGE_BYTES,
+                                  ": lower --max-num-batched-tokens for this model's hidden size")
         header = msgpack.packb({"shape": list(x.shape), "dtype": "float32"})
         if not self.outbox.poll(self.timeout_ms, zmq.POLLOUT):
             raise TimeoutError("the next pipeline stage does not take its input")

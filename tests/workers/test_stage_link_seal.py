@@ -36,3 +36,22 @@ def test_only_sealed_input_in_sequence(tmp_path, caplog):
         assert caplog.text.count("did not seal") == 3 and receiver.received == 2
     finally:
         ctx.destroy(linger=0)
+
+
+def test_hidden_states_over_the_message_bound_fail_the_send_instead_of_vanishing(tmp_path, monkeypatch):
+    import pytest
+
+    from tinyvllm.protocol.codec import MessageTooLarge
+    from tinyvllm.workers import stage_link
+    monkeypatch.setattr(stage_link, "MAX_MESSAGE_BYTES", 64)  # the receiver's MAXMSGSIZE is the same bound
+    ctx = zmq.Context()
+    try:
+        receiver = StageLink(ctx, f"ipc://{tmp_path}/stage-1", timeout_s=10)
+        sender = StageLink(ctx, None, timeout_s=10)
+        sender.connect_next(receiver.address)
+        sender.send(np.ones((4, 4), np.float32))  # 64 bytes: fits
+        assert receiver.recv().shape == (4, 4)
+        with pytest.raises(MessageTooLarge, match="max-num-batched-tokens"):
+            sender.send(np.ones((5, 4), np.float32))
+    finally:
+        ctx.destroy(linger=0)
