@@ -10,49 +10,14 @@ its `model` fields mostly name the served model, so valid requests get past the 
 (tests/helpers/openapi_fuzz.py). About a minute on a warm server; on a fresh one the first generations also pay
 tinygrad's one-time compile of each batch/chunk size.
 """
-import copy
-
 import httpx
 import pytest
 import schemathesis
 
 from tests.e2e.server_process import MODEL_NAME
-from tests.helpers.openapi_fuzz import CHECKS, MODES, naming_the_served_model, run_operation
+from tests.helpers.openapi_fuzz import CHECKS, MODES, capped, naming_the_served_model, run_operation
 
 MAX_EXAMPLES = 15
-# The generation-size fields: capped, and required where leaving them out means "until the context ends".
-GENERATION_CAPS = {"max_tokens": 4, "max_completion_tokens": 4, "n": 2, "num_predict": 4}
-
-
-def capped(document: dict) -> dict:
-    """A copy of the document whose request schemas cap the generation-size fields at GENERATION_CAPS and
-    require max_tokens (chat's default is the rest of the context) and Ollama's options.num_predict (whose
-    default, -1, is too; 0 or less means the same, so it must be at least 1)."""
-    doc = copy.deepcopy(document)
-
-    def cap(node):
-        if isinstance(node, dict):
-            properties = node.get("properties")
-            for name, limit in GENERATION_CAPS.items():
-                field = properties.get(name) if isinstance(properties, dict) else None
-                if isinstance(field, dict) and field.get("type") == "integer":
-                    field["maximum"] = limit
-                    field["minimum"] = max(field.get("minimum", 1), 1)
-            if isinstance(properties, dict):
-                required = {name for name in ("max_tokens", "num_predict") if name in properties}
-                options = properties.get("options")
-                if isinstance(options, dict) and "num_predict" in options.get("properties", {}):
-                    required.add("options")
-                if required:
-                    node["required"] = sorted({*node.get("required", []), *required})
-            for value in node.values():
-                cap(value)
-        elif isinstance(node, list):
-            for value in node:
-                cap(value)
-
-    cap(doc)
-    return doc
 
 
 def load_schema(url: str):
