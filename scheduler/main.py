@@ -150,7 +150,7 @@ class SchedulerLoop:
                 send_step_outputs(self.to_frontend, sched, outputs)
 
     def close(self) -> None:
-        self.workers.broadcast(Shutdown("scheduler stopping"))
+        self.workers.broadcast(Shutdown("scheduler stopping"), skip_gone=True)
         self.ctx.destroy(linger=100)
 
 

@@ -93,6 +93,13 @@ class WorkerGroup:
             return identity, None
         return identity, decode(data)
 
-    def broadcast(self, msg) -> None:
-        for identity in self.identities.values():
-            send(self.sock, msg, identity)
+    def broadcast(self, msg, skip_gone: bool = False) -> None:
+        """skip_gone: a worker that is gone (ROUTER_MANDATORY's EHOSTUNREACH) is skipped instead of raising, so the
+        others still hear a Shutdown after one was killed."""
+        for rank, identity in self.identities.items():
+            try:
+                send(self.sock, msg, identity)
+            except zmq.ZMQError as e:
+                if not (skip_gone and e.errno == zmq.EHOSTUNREACH):
+                    raise
+                log.info("worker rank %d is gone: not told %s", rank, type(msg).__name__)

@@ -55,6 +55,8 @@ def test_read_answer(text, content_type, expected):
     (Outcome(503, retry_after=True, body_error=503), "rejected busy"),
     (Outcome(503, body_error=503), "errored explicitly"),  # no engine serves (restarting): not busy
     (Outcome(200, body_error=503), "errored explicitly"),
+    (Outcome(504, body_error=504), "errored explicitly"),  # --request-timeout
+    (Outcome(200, body_error=504), "errored explicitly"),
     (Outcome(200, body_error="the engine is not available"), "errored explicitly"),
     (Outcome(400, body_error=400), "errored explicitly"),
     (Outcome(404, body_error="model 'x' not found"), "errored explicitly"),

@@ -37,7 +37,7 @@ class PartsWorkers:
         self._results = make_socket(ctx, zmq.PUSH, "inproc://parts-workers", bind=False)
         self.num_results = self.num_parts = 0
 
-    def broadcast(self, msg) -> None:
+    def broadcast(self, msg, skip_gone: bool = False) -> None:
         if isinstance(msg, StepPlan):
             result = self.worker.execute(msg)
             rows = []

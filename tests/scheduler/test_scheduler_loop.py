@@ -23,7 +23,7 @@ class StubWorkers:
         self._results = make_socket(ctx, zmq.PUSH, "inproc://stub-workers", bind=False)
         self.num_sent = self.num_answered = self.most_outstanding = 0
 
-    def broadcast(self, msg) -> None:
+    def broadcast(self, msg, skip_gone: bool = False) -> None:
         if isinstance(msg, StepPlan):
             self.num_sent += 1
             self.most_outstanding = max(self.most_outstanding, self.num_sent - self.num_answered)
@@ -78,3 +78,21 @@ def test_the_loop_keeps_steps_in_flight_and_reads_the_sampling_rank(steps_in_fli
         reference_sched.add_request(req)
     expected = run_to_completion(reference_sched, reference_worker)
     assert {k: tokens_of(v) for k, v in outputs.items()} == {k: tokens_of(v) for k, v in expected.items()}
+
+
+def test_a_shutdown_skips_a_worker_that_is_gone_and_still_reaches_the_others():
+    from tinyvllm.scheduler.worker_group import WorkerGroup
+    ctx = zmq.Context()
+    try:
+        router = make_socket(ctx, zmq.ROUTER, "inproc://workers-some-gone", bind=True)
+        alive = make_socket(ctx, zmq.DEALER, "inproc://workers-some-gone", bind=False, identity=b"worker-1")
+        group = WorkerGroup(router, secret="")
+        group.identities = {0: b"worker-0", 1: b"worker-1"}  # rank 0 was killed: nothing routes to it any more
+        alive.send(b"hello")  # the router learns the live worker's identity
+        assert router.poll(2000) and router.recv_multipart()[0] == b"worker-1"
+        with pytest.raises(zmq.ZMQError):
+            group.broadcast(Shutdown("stop"))
+        group.broadcast(Shutdown("stop"), skip_gone=True)
+        assert alive.poll(2000) and isinstance(recv(alive), Shutdown)
+    finally:
+        ctx.destroy(linger=0)
