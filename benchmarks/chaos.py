@@ -22,7 +22,8 @@ Then it waits for the server to go idle and prints a markdown table. Each reques
   left on purpose    the client closed the connection before the answer ended;
   cut off silently   the connection ended with neither the whole answer nor an error (must be 0);
   hung               no answer within --request-deadline seconds (must be 0);
-  unexpected 5xx     any other 5xx but 503, or such a code in a stream's error (must be 0; the first few listed).
+  unexpected 5xx     any other 5xx but 503 and 504 (--request-timeout), or such a code in a stream's error (must
+                     be 0; the first few listed).
 Exits 1 if a must-be-0 number is not 0, or the server died.
 KV blocks in use at end (vllm:kv_cache_usage_perc x the pool's size; cached prefix blocks nobody holds count as free)
 and vllm:num_requests_running/_waiting must be 0 too. Frontend RSS: VmRSS of the server once ready and at the end.
