@@ -143,7 +143,7 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
         middleware=[*([Middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"],
                                   allow_headers=["*"])] if allowed_origins else []),
                     *([Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []),
-                    Middleware(GateMiddleware, gate=gate)],
+                    Middleware(GateMiddleware, gate=gate, max_body_bytes=max_body_bytes)],
     )
     app.state.metrics = metrics
     app.state.gate = gate

@@ -104,8 +104,8 @@ def add_limit_args(serve: argparse.ArgumentParser) -> None:
                             "with a 504 error (in a stream: an error event). Default: no limit")
     serve.add_argument("--shutdown-timeout", dest="shutdown_timeout_s", type=float, default=30.0,
                        help="on SIGTERM or Ctrl-C, seconds open requests get to finish (new ones get 503) before the "
-                            "rest end with an error and the server exits; Kubernetes' terminationGracePeriodSeconds "
-                            "is 30 s, so keep it below yours")
+                            "rest end with an error and the server exits, a few seconds later; give the service "
+                            "manager 15 s more (Kubernetes' terminationGracePeriodSeconds, systemd's TimeoutStopSec)")
     serve.add_argument("--allowed-origins", type=lambda text: [o.strip() for o in text.split(",") if o.strip()],
                        default=[], help="comma-separated browser origins allowed by CORS (e.g. "
                                         "http://localhost:3000 for Open WebUI; * for any); default: none")

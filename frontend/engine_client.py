@@ -19,7 +19,7 @@ from tinyvllm.frontend.request_completion import RequestCompletion
 from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, ErrorKind, FinishReason, RequestOutput,
                                         SchedulerStats, Shutdown, StepOutputs)
 from tinyvllm.protocol.sampling import SamplingParams
-from tinyvllm.protocol.codec import CodecError, encode
+from tinyvllm.protocol.codec import encode
 from tinyvllm.protocol.transport import make_socket, recv_async, send_async
 
 log = logging.getLogger("tinyvllm.engine_client")
@@ -90,8 +90,9 @@ class EngineClient:
                 and time.monotonic() - self._last_progress > self.step_timeout_s)
 
     async def _read_outputs(self) -> None:
-        """Fans outputs out until the client closes; if it fails, the engine counts as dead (so its requests end
-        with an error and its supervisor restarts it) rather than every request waiting forever."""
+        """Fans outputs out until the client closes; if that fails (a bug, or a message from the scheduler it cannot
+        read, which may have held some request's last output), the engine counts as dead: its requests end with an
+        error and its supervisor restarts it, rather than any request waiting forever."""
         try:
             await self._fan_out_outputs()
         except asyncio.CancelledError:
@@ -102,11 +103,7 @@ class EngineClient:
 
     async def _fan_out_outputs(self) -> None:
         while True:
-            try:
-                msg = await recv_async(self.from_scheduler)
-            except CodecError as e:  # a message this frontend cannot read: nothing it says can be trusted
-                log.warning("%s: dropped a malformed message: %s", self.name, e)
-                continue
+            msg = await recv_async(self.from_scheduler)  # CodecError: a message it cannot read (_read_outputs)
             if isinstance(msg, EngineReady):
                 self.ready = msg
                 self._ready_event.set()

@@ -111,11 +111,15 @@ class EnginePool:
             if replica.client is not None:
                 replica.client.fail_open_requests(reason)
 
-    async def close(self) -> None:
-        """Stops supervising and asks every replica's scheduler to stop (then stop_processes waits for them)."""
+    async def stop_restarting(self) -> None:
+        """From now on a replica that fails stays down (the server is stopping)."""
         for task in self._supervisors:
             task.cancel()
         await asyncio.gather(*self._supervisors, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stops supervising and asks every replica's scheduler to stop (then stop_processes waits for them)."""
+        await self.stop_restarting()
         await asyncio.gather(*(r.close() for r in self.replicas))
 
     def stop_processes(self) -> None:

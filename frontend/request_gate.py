@@ -8,7 +8,8 @@ The middleware gives each admitted request a Ticket through a context variable (
 it); GatedEngine, the engine every route speaks to, reads it to mark the first output and to end the request at
 its deadline (--request-timeout) with an explicit error. drain() is the graceful shutdown: from then on every new
 request gets 503 + Connection: close (/health too, so load balancers move away), open ones may finish until the
-shutdown timeout, and the rest then end with an error.
+shutdown timeout, and the rest then end with an error. An admitted request's body is read at once, within
+BODY_TIMEOUT_S (or its deadline): a client that stalls while sending it gets a 408 and its slot back.
 
 A pure ASGI middleware, as frontend/auth.py explains.
 """
@@ -18,7 +19,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tinyvllm.frontend.auth import OLLAMA, error_style
 from tinyvllm.frontend.openai_protocol import error_body
@@ -29,7 +30,8 @@ GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/em
 OPEN_WHILE_DRAINING = frozenset({"/metrics"})
 MAX_HEADER_BYTES = 16 * 1024  # h11's bound on an unparsed head, which a head arriving in one read escapes
 RETRY_AFTER_S = 1
-ABORT_GRACE_S = 5.0  # after the drain's requests were failed, how long their handlers get to answer
+ABORT_GRACE_S = 2.0  # after the drain's requests were failed, how long their handlers get to answer
+BODY_TIMEOUT_S = 30.0  # how long after its headers an admitted request's body may take to arrive
 QUEUE_FULL, SHUTTING_DOWN = "queue_full", "shutting_down"
 
 
@@ -102,8 +104,9 @@ class RequestGate:
 
 
 class GateMiddleware:
-    def __init__(self, app: ASGIApp, gate: RequestGate):
-        self.app, self.gate = app, gate
+    def __init__(self, app: ASGIApp, gate: RequestGate, max_body_bytes: int = 8 * 1024 * 1024):
+        """max_body_bytes: the app's bound (it answers 413 past it); the gate reads no more than that either."""
+        self.app, self.gate, self.max_body_bytes = app, gate, max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -128,13 +131,45 @@ class GateMiddleware:
                                            f"queues (--max-waiting-requests). Retry later.",
                           headers=[(b"retry-after", str(RETRY_AFTER_S).encode())])
             return
-        ticket = gate.admit(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        ticket = gate.admit(loop)
         token = _ticket.set(ticket)
         try:
-            await self.app(scope, receive, send)
+            timeout_s = BODY_TIMEOUT_S if ticket.deadline is None else \
+                min(BODY_TIMEOUT_S, ticket.deadline - loop.time())
+            if (body := await self._body_within(scope, receive, timeout_s)) is None:
+                await _refuse(send, path, 408, f"The request body did not arrive within {timeout_s:g} s",
+                              "RequestTimeoutError", [(b"connection", b"close")])
+                return
+            await self.app(scope, _replaying(body, receive), send)
         finally:
             _ticket.reset(token)
             gate.release(ticket)
+
+    async def _body_within(self, scope: Scope, receive: Receive, timeout_s: float) -> list[Message] | None:
+        """The body's messages, read now, so that a client sending it slowly holds its waiting slot for at most
+        timeout_s (None then); reading stops past max_body_bytes, and a body declared larger is left to the app, which
+        answers 413 at once."""
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            return []
+        messages, size = [], 0
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    messages.append(message := await receive())
+                    size += len(message.get("body", b""))
+                    if message["type"] != "http.request" or not message.get("more_body") or size > self.max_body_bytes:
+                        return messages
+        except TimeoutError:
+            return None
+
+
+def _replaying(messages: list[Message], receive: Receive) -> Receive:
+    """receive() that first gives back the messages already read (then the client's own, e.g. its disconnect)."""
+    async def replay() -> Message:
+        return messages.pop(0) if messages else await receive()
+    return replay
 
 
 async def _refuse(send: Send, path: str, status: int, message: str, type_: str = "ServiceUnavailableError",

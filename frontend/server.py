@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -67,8 +68,9 @@ async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: 
         app = build_app(engine, tokenizer, name, ready.max_model_len, model_root=str(model_path),
                         api_key=server_args.api_key, models_dir=server_args.models_dir, gate=gate,
                         allowed_origins=server_args.allowed_origins or None)
+        # h11, uvicorn's pure-Python parser, bounds a request head it cannot parse yet (the gate bounds the rest)
         config = uvicorn.Config(app, host=server_args.host, port=server_args.port, loop="none", log_level="warning",
-                                timeout_graceful_shutdown=5, lifespan="off")
+                                timeout_graceful_shutdown=5, lifespan="off", http="h11")
         server = _Server(config)
         serving = asyncio.create_task(server.serve())
         while not server.started and not serving.done():
@@ -81,7 +83,12 @@ async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: 
                   flush=True)
         given_up = asyncio.create_task(engine.wait_until_given_up())
         stop_asked = asyncio.Event()
-        _drain_on_signals(stop_asked, gate)
+
+        def cut_short() -> None:
+            gate.hurry()
+            server.force_exit = True
+
+        _drain_on_signals(stop_asked, cut_short)
         stopping = asyncio.create_task(stop_asked.wait())
         await asyncio.wait((serving, given_up, stopping), return_when=asyncio.FIRST_COMPLETED)
         if given_up.done():
@@ -93,8 +100,10 @@ async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: 
             if stopping.done():
                 log.info("draining: %d requests open; new ones get 503 (up to %g s)", gate.open,
                          server_args.shutdown_timeout_s)
+                await engine.stop_restarting()  # an engine that fails now is not started again
                 if left := await gate.drain(server_args.shutdown_timeout_s, engine.fail_open_requests):
                     log.warning("%d requests did not finish within --shutdown-timeout and ended with an error", left)
+                config.timeout_graceful_shutdown = 2  # what is left is not generation (an upload, say)
         stopping.cancel()
         server.should_exit = True
         await serving
@@ -103,11 +112,11 @@ async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: 
         await engine.close()
 
 
-def _drain_on_signals(stop_asked: asyncio.Event, gate: RequestGate) -> None:
-    """The first SIGTERM or SIGINT starts the drain; another one ends its wait at once."""
+def _drain_on_signals(stop_asked: asyncio.Event, cut_short: Callable[[], None]) -> None:
+    """The first SIGTERM or SIGINT starts the drain; another one calls cut_short()."""
     def on_signal() -> None:
         if stop_asked.is_set():
-            gate.hurry()
+            cut_short()
         stop_asked.set()
 
     loop = asyncio.get_running_loop()

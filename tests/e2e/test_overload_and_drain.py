@@ -86,7 +86,7 @@ def test_the_request_timeout_ends_a_request_with_a_504_and_frees_its_blocks(serv
 
 
 def test_sigterm_lets_running_streams_finish_refuses_new_requests_and_exits_0(server_factory):
-    server = server_factory("--max-num-seqs", "8")
+    server = server_factory("--max-num-seqs", "8", "--shutdown-timeout", "300")  # first compiles of batch 8 too
     results, started = [None] * STREAMS, threading.Semaphore(0)
     _, worker = server.engine_pids()
 

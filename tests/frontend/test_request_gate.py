@@ -133,3 +133,25 @@ async def test_oversized_headers_get_431_in_the_route_family_s_shape():
     assert openai.status_code == 431 and openai.json()["error"]["type"] == "RequestHeaderFieldsTooLargeError"
     assert ollama.status_code == 431 and "headers" in ollama.json()["error"]
     assert fine.status_code == 200 and not engine.queues
+
+
+async def test_a_client_that_stalls_while_sending_its_body_gets_408_and_gives_its_waiting_slot_back(monkeypatch):
+    from tinyvllm.frontend import request_gate
+    monkeypatch.setattr(request_gate, "BODY_TIMEOUT_S", 0.2)
+    gate = RequestGate(max_waiting=1)
+    app, engine, _ = make_app(gate=gate)
+    sent, stalled = [], asyncio.Event()
+
+    async def receive():
+        await stalled.wait()  # the headers came; the body never does
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": COMPL, "headers": [(b"content-length", b"100")],
+             "query_string": b"", "scheme": "http", "server": ("test", 80), "root_path": "", "http_version": "1.1"}
+    await asyncio.wait_for(app(scope, receive, send), 5)
+    assert sent[0]["status"] == 408 and (b"connection", b"close") in sent[0]["headers"]
+    assert b"did not arrive within 0.2 s" in sent[1]["body"] and gate.waiting == gate.open == 0
+    async with client_for(app) as client:
+        assert (await client.post(COMPL, json=HI)).status_code == 200  # the slot is free again

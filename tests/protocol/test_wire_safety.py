@@ -44,7 +44,7 @@ def test_the_check_would_see_a_pickle():
         == ["pickle", "dill", "recv_pyobj", "allow_pickle"]
 
 
-def test_every_socket_bounds_its_message_size():
+def test_make_socket_bounds_the_message_size_of_every_socket_it_makes():
     ctx = zmq.Context()
     try:
         sock = make_socket(ctx, zmq.PULL, "inproc://bounded", bind=True)
