@@ -18,7 +18,7 @@ import uvloop
 from tinyvllm.frontend.app import build_app
 from tinyvllm.frontend.engine_pool import EnginePool, launch_pool
 from tinyvllm.frontend.launcher import EngineArgs
-from tinyvllm.frontend.request_gate import RequestGate
+from tinyvllm.frontend.request_gate import MAX_HEADER_BYTES, RequestGate
 from tinyvllm.frontend.tokenizer import Tokenizer
 
 log = logging.getLogger("tinyvllm.frontend")
@@ -68,9 +68,11 @@ async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: 
         app = build_app(engine, tokenizer, name, ready.max_model_len, model_root=str(model_path),
                         api_key=server_args.api_key, models_dir=server_args.models_dir, gate=gate,
                         allowed_origins=server_args.allowed_origins or None)
-        # h11, uvicorn's pure-Python parser, bounds a request head it cannot parse yet (the gate bounds the rest)
+        # h11, uvicorn's pure-Python parser, drops a connection whose head is still unparsed past its bound; set well
+        # above the request gate's MAX_HEADER_BYTES, so a head that size gets the gate's clear 431 instead
         config = uvicorn.Config(app, host=server_args.host, port=server_args.port, loop="none", log_level="warning",
-                                timeout_graceful_shutdown=5, lifespan="off", http="h11")
+                                timeout_graceful_shutdown=5, lifespan="off", http="h11",
+                                h11_max_incomplete_event_size=4 * MAX_HEADER_BYTES)
         server = _Server(config)
         serving = asyncio.create_task(server.serve())
         while not server.started and not serving.done():

@@ -67,7 +67,7 @@ def break_one_replica_under_load(server, sig: int, detect_s: float) -> None:
     (its stopped worker killed) and serves again within RECOVERY_DEADLINE_S."""
     warm_up(server)
     streams = LongStreams(server.url, 4)
-    assert wait_until(lambda: all(engine_metric(server, "vllm:num_requests_running", e) == 2 for e in ENGINES), 30), \
+    assert wait_until(lambda: all(engine_metric(server, "vllm:num_requests_running", e) == 2 for e in ENGINES), 120), \
         server.log_tail()
     (worker,) = current_workers(server, "engine 1")
     os.kill(worker, sig)
