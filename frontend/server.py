@@ -3,10 +3,10 @@
 The engines restart themselves when they fail (frontend/engine_pool.py); if one gives up, the server stops and
 exits with code 1, so that systemd or Kubernetes restarts it. SIGTERM or Ctrl-C drains (frontend/request_gate.py):
 new requests get 503, open ones get up to --shutdown-timeout to finish, the rest end with an error, then the server
-and its processes stop and it exits 0; a second signal cuts the wait short.
+and its processes stop and it exits 0; a second signal cuts the wait short. With --register-with it heartbeats to a
+`tinyvllm router` and leaves it once drained (frontend/router_registration.py).
 """
 import asyncio
-import contextlib
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -18,7 +18,9 @@ from tinyvllm.frontend.app import build_app
 from tinyvllm.frontend.engine_pool import EnginePool, launch_pool
 from tinyvllm.frontend.launcher import EngineArgs
 from tinyvllm.frontend.request_gate import RequestGate
+from tinyvllm.frontend.router_registration import Registration, RouterHeartbeat
 from tinyvllm.frontend.tokenizer import Tokenizer
+from tinyvllm.frontend.uvicorn_runner import QuietSignalServer, drain_on_signals, start_serving
 
 log = logging.getLogger("tinyvllm.frontend")
 
@@ -37,6 +39,7 @@ class ServerArgs:
     request_timeout_s: float | None = None
     shutdown_timeout_s: float = 30.0
     allowed_origins: list[str] = field(default_factory=list)  # CORS; empty: none
+    registration: Registration | None = None  # --register-with: heartbeats to a `tinyvllm router`
 
     def validate(self) -> None:
         if self.max_waiting_requests < 1:
@@ -47,14 +50,6 @@ class ServerArgs:
             raise ValueError("--shutdown-timeout must not be negative")
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handlers: serve_async's drain handles SIGTERM and SIGINT."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        yield
-
-
 async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: ServerArgs) -> int:
     """Serves until stopped (0) or until an engine gives up restarting (1)."""
     model_path = engine.model_path
@@ -62,6 +57,7 @@ async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: 
                                              model_path.stem if model_path.is_file() else model_path.name)
     tokenizer = Tokenizer.from_model_path(model_path)
     gate = RequestGate(server_args.max_waiting_requests, server_args.request_timeout_s)
+    heartbeat: RouterHeartbeat | None = None
     try:
         ready = await engine.start(server_args.startup_timeout_s)
         app = build_app(engine, tokenizer, name, ready.max_model_len, model_root=str(model_path),
@@ -69,10 +65,8 @@ async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: 
                         allowed_origins=server_args.allowed_origins or None)
         config = uvicorn.Config(app, host=server_args.host, port=server_args.port, loop="none", log_level="warning",
                                 timeout_graceful_shutdown=5, lifespan="off")
-        server = _Server(config)
-        serving = asyncio.create_task(server.serve())
-        while not server.started and not serving.done():
-            await asyncio.sleep(0.05)
+        server = QuietSignalServer(config)
+        serving = await start_serving(server)
         if server.started:
             engines = f"{len(engine.replicas)} engines of " if len(engine.replicas) > 1 else ""
             print(f"tinyvllm ready: serving {name} at http://{server_args.host}:{server_args.port}/v1 "
@@ -81,9 +75,15 @@ async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: 
                   flush=True)
         given_up = asyncio.create_task(engine.wait_until_given_up())
         stop_asked = asyncio.Event()
-        _drain_on_signals(stop_asked, gate)
+        drain_on_signals(stop_asked, gate)
+        if server_args.registration is not None and server.started:
+            heartbeat = RouterHeartbeat(server_args.registration, name, lambda: engine.stats,
+                                        lambda: engine.dead_reason is None, stop_asked.is_set)
+            heartbeat.start()
         stopping = asyncio.create_task(stop_asked.wait())
         await asyncio.wait((serving, given_up, stopping), return_when=asyncio.FIRST_COMPLETED)
+        if heartbeat is not None:
+            heartbeat.wake()  # tells the router at once that this server drains or stops
         if given_up.done():
             log.error("stopping the server: %s", given_up.result())
             exit_code = 1
@@ -100,25 +100,16 @@ async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: 
         await serving
         return exit_code
     finally:
+        if heartbeat is not None:
+            await heartbeat.leave()  # after the drain: the router's requests here have finished
         await engine.close()
-
-
-def _drain_on_signals(stop_asked: asyncio.Event, gate: RequestGate) -> None:
-    """The first SIGTERM or SIGINT starts the drain; another one ends its wait at once."""
-    def on_signal() -> None:
-        if stop_asked.is_set():
-            gate.hurry()
-        stop_asked.set()
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
 
 
 def serve(engine_args: EngineArgs, server_args: ServerArgs) -> None:
     """Serves until stopped; raises SystemExit(1) once an engine could not be restarted."""
     server_args.validate()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s frontend %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per heartbeat to a router
 
     def stop_on_sigterm(*_):  # until serving starts, SIGTERM stops like Ctrl-C: asyncio.Runner cancels the main task
         signal.raise_signal(signal.SIGINT)
