@@ -112,7 +112,7 @@ class RouterHeartbeat:
             await asyncio.gather(self._task, return_exceptions=True)
         try:
             reply = await self._client.post(DEREGISTER_PATH, json={"url": self.registration.advertise_url})
-            if reply.status_code != 200:
+            if reply.status_code not in (200, 404):  # 404: the router had already let it go (an operator's drain)
                 log.warning("the router %s refused to deregister this server: %d %s", self.registration.router_url,
                             reply.status_code, reply.text[:200])
         except httpx.HTTPError as e:

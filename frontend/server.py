@@ -96,12 +96,15 @@ async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: 
                 if left := await gate.drain(server_args.shutdown_timeout_s, engine.fail_open_requests):
                     log.warning("%d requests did not finish within --shutdown-timeout and ended with an error", left)
         stopping.cancel()
+        if heartbeat is not None:  # after the drain (the router's requests here are done), before the port closes
+            await heartbeat.leave()
+            heartbeat = None
         server.should_exit = True
         await serving
         return exit_code
     finally:
         if heartbeat is not None:
-            await heartbeat.leave()  # after the drain: the router's requests here have finished
+            await heartbeat.leave()
         await engine.close()
 
 

@@ -79,11 +79,9 @@ class InstanceRegistry:
             if self._refused(url):
                 return False
             self._instances[url] = instance = Instance(url, REGISTERED)
-        if instance.leaving:
-            return False
         instance.role, instance.model, instance.load = role, model, load
         instance.healthy, instance.last_seen = True, self.clock()
-        return True
+        return not instance.leaving  # a leaving one stays alive while its requests finish, but is told it is out
 
     def health_checked(self, url: str, healthy: bool, load: Load | None = None) -> None:
         if (instance := self._instances.get(url)) is None:

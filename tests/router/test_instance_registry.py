@@ -95,6 +95,20 @@ def test_a_drained_instance_takes_no_new_requests_and_leaves_once_its_requests_f
     assert not reg.drain(B)  # unknown
 
 
+def test_a_draining_instance_that_keeps_beating_is_not_expired_while_its_requests_run():
+    reg, clock = registry()
+    beat(reg)
+    instance = reg.get(A)
+    reg.opened(instance)
+    reg.drain(A)
+    for _ in range(10):
+        clock.now += 2
+        assert not beat(reg)  # told it is out...
+        assert reg.sweep() == [] and reg.get(A) is instance  # ...but alive, so not expired
+    reg.closed(instance)
+    assert reg.get(A) is None
+
+
 def test_an_idle_instance_leaves_at_once_when_drained():
     reg, _ = registry()
     beat(reg)
