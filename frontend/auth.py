@@ -19,8 +19,8 @@ UNAUTHORIZED_BODIES = {OPENAI: error_body("Unauthorized", "AuthenticationError",
                        OLLAMA: {"error": "unauthorized"}}
 
 
-def is_protected(path: str) -> bool:
-    return any(path == p or path.startswith(p + "/") for p in PROTECTED_PREFIXES)
+def is_protected(path: str, prefixes: tuple[str, ...] = PROTECTED_PREFIXES) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in prefixes)
 
 
 def error_style(path: str) -> str:
@@ -32,10 +32,11 @@ def _digest(secret: bytes) -> bytes:
 
 
 class APIKeyMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str):
+    def __init__(self, app: ASGIApp, api_key: str, prefixes: tuple[str, ...] = PROTECTED_PREFIXES):
+        """prefixes: the paths that need the key (`tinyvllm router` guards /instances with its register secret)."""
         if not api_key:
             raise ValueError("the API key must not be empty")
-        self.app = app
+        self.app, self.prefixes = app, prefixes
         # Comparing fixed-length digests keeps the comparison's time independent of the key's length, too.
         self._key_digest = _digest(api_key.encode("utf-8"))
 
@@ -48,7 +49,7 @@ class APIKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # CORS preflights never carry credentials, so OPTIONS passes (as in vLLM); lifespan events too.
-        if scope["type"] != "http" or scope["method"] == "OPTIONS" or not is_protected(scope["path"]):
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or not is_protected(scope["path"], self.prefixes):
             await self.app(scope, receive, send)
             return
         if self.authorized(Headers(scope=scope)):

@@ -4,7 +4,7 @@ import os
 import re
 import sys
 
-from tinyvllm.frontend import worker_command
+from tinyvllm.frontend import router_registration, worker_command
 from tinyvllm.frontend.launcher import CPU_KERNEL_SETS, DEFAULT_KV_CACHE_BYTES, EngineArgs
 from tinyvllm.frontend.ollama.model_store import default_models_dir
 from tinyvllm.protocol.worker_auth import resolve_worker_secret
@@ -129,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="folder of the Ollama API's named models (one JSON manifest each, pointing at weights)")
     add_limit_args(serve)
     worker_command.add_serve_arguments(serve)
+    router_registration.add_serve_arguments(serve)
+    from tinyvllm.frontend.router import command as router_command
+    router_command.add_arguments(commands.add_parser(
+        "router", help="one address in front of many `tinyvllm serve` instances (load- and cache-aware routing)",
+        description=router_command.DESCRIPTION, formatter_class=_RawDefaults))
     worker_command.add_arguments(commands.add_parser(
         "worker", help="run one worker for a `tinyvllm serve --external-workers` (on this or another machine)",
         description=worker_command.DESCRIPTION, formatter_class=_RawDefaults))
@@ -164,12 +169,18 @@ def main(argv: list[str] | None = None) -> int:
         return run(args, engine_args_from(args))
     if args.command == "worker":
         return worker_command.run(args)
+    if args.command == "router":
+        from tinyvllm.frontend.router import command as router_command
+        return router_command.run(args)
     if args.command == "serve":
         try:
             api_key = resolve_api_key(args.api_key, os.environ)
             engine_args = engine_args_from(args)
             engine_args.external_workers, engine_args.worker_address = args.external_workers, args.worker_address
             engine_args.worker_secret = resolve_worker_secret(args.worker_secret, os.environ)
+            registration = router_registration.registration_from(args.register_with, args.advertise_url,
+                                                                 args.register_secret, args.host, args.port,
+                                                                 os.environ)
         except ValueError as e:
             print(f"tinyvllm: error: {e}", file=sys.stderr)
             return 2
@@ -179,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                                           models_dir=args.models_dir, max_waiting_requests=args.max_waiting_requests,
                                           request_timeout_s=args.request_timeout_s,
                                           shutdown_timeout_s=args.shutdown_timeout_s,
-                                          allowed_origins=args.allowed_origins))
+                                          allowed_origins=args.allowed_origins, registration=registration))
         except (ValueError, FileNotFoundError, RuntimeError) as e:
             print(f"tinyvllm: error: {e}", file=sys.stderr)
             return 2

@@ -15,6 +15,7 @@ from tinyvllm.protocol.messages import SchedulerStats
 from tinyvllm.scheduler.block_hash import BlockHash, hash_block, root_hash
 
 WAITING_WEIGHT = 4  # vLLM's DP load balancer: a waiting request weighs as four running ones
+CACHE, LOAD = "cache", "load"  # why decide() chose a replica
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,20 +74,30 @@ class ReplicaRouter:
         unseen = max(0, self.open_sequences[replica] - stats.num_running - stats.num_waiting)
         return WAITING_WEIGHT * (stats.num_waiting + unseen) + stats.num_running
 
+    def add_replica(self, prefix_capacity: int = 0) -> int:
+        """A new replica's index (`tinyvllm router` gains instances while it runs)."""
+        self.open_sequences.append(0)
+        self.prefixes.append(PrefixIndex(prefix_capacity))
+        return len(self.open_sequences) - 1
+
     def choose(self, stats: dict[int, SchedulerStats], hashes: list[BlockHash]) -> int:
         """The replica (a key of `stats`: those that serve now) for a prompt with these block hashes."""
+        return self.decide(stats, hashes)[0]
+
+    def decide(self, stats: dict[int, SchedulerStats], hashes: list[BlockHash]) -> tuple[int, str]:
+        """choose(), and why: CACHE when the remembered prefix decided, LOAD otherwise."""
         order = sorted(stats, key=lambda r: (r - self._next) % len(self.open_sequences))
         loads = {r: self.load(r, stats[r]) for r in order}
         least = min(order, key=loads.__getitem__)
-        choice = least
+        choice, reason = least, LOAD
         if hashes:
             matched = {r: self.prefixes[r].matched_blocks(hashes) for r in order}
             best = max(matched.values())
             cached = min((r for r in order if matched[r] == best), key=loads.__getitem__)
             if best > 0 and not self._overloaded(loads[cached], loads[least]):
-                choice = cached
+                choice, reason = cached, CACHE
         self._next = (choice + 1) % len(self.open_sequences)
-        return choice
+        return choice, reason
 
     def _overloaded(self, load: int, least: int) -> bool:
         return load - least > self.policy.balance_abs and load > least * self.policy.balance_rel

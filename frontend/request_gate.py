@@ -51,6 +51,11 @@ class Ticket:
 _ticket: contextvars.ContextVar[Ticket | None] = contextvars.ContextVar("tinyvllm_request_ticket", default=None)
 
 
+def current_ticket() -> Ticket | None:
+    """The admitted generation request's ticket (None outside one): whoever sees its first output ends its wait."""
+    return _ticket.get()
+
+
 class RequestGate:
     def __init__(self, max_waiting: int = 512, request_timeout_s: float | None = None):
         self.max_waiting, self.request_timeout_s = max_waiting, request_timeout_s
@@ -114,22 +119,22 @@ class GateMiddleware:
             return
         gate, path = self.gate, scope["path"]
         if sum(len(name) + len(value) for name, value in scope["headers"]) > MAX_HEADER_BYTES:
-            await _refuse(send, path, 431, f"The request's headers are larger than {MAX_HEADER_BYTES} bytes",
-                          "RequestHeaderFieldsTooLargeError", [(b"connection", b"close")])
+            await send_error(send, path, 431, f"The request's headers are larger than {MAX_HEADER_BYTES} bytes",
+                             "RequestHeaderFieldsTooLargeError", [(b"connection", b"close")])
             return
         if gate.draining and path not in OPEN_WHILE_DRAINING:
             gate.rejected[SHUTTING_DOWN] += scope["method"] == "POST" and path in GENERATION_PATHS
-            await _refuse(send, path, 503, "The server is shutting down; retry on another instance.",
-                          headers=[(b"connection", b"close")])
+            await send_error(send, path, 503, "The server is shutting down; retry on another instance.",
+                             headers=[(b"connection", b"close")])
             return
         if scope["method"] != "POST" or path not in GENERATION_PATHS:
             await self.app(scope, receive, send)
             return
         if gate.waiting >= gate.max_waiting:
             gate.rejected[QUEUE_FULL] += 1
-            await _refuse(send, path, 503, f"The server is busy: {gate.waiting} requests are waiting, the most it "
-                                           f"queues (--max-waiting-requests). Retry later.",
-                          headers=[(b"retry-after", str(RETRY_AFTER_S).encode())])
+            await send_error(send, path, 503, f"The server is busy: {gate.waiting} requests are waiting, the most it "
+                                              f"queues (--max-waiting-requests). Retry later.",
+                             headers=[(b"retry-after", str(RETRY_AFTER_S).encode())])
             return
         loop = asyncio.get_running_loop()
         ticket = gate.admit(loop)
@@ -172,8 +177,9 @@ def _replaying(messages: list[Message], receive: Receive) -> Receive:
     return replay
 
 
-async def _refuse(send: Send, path: str, status: int, message: str, type_: str = "ServiceUnavailableError",
-                  headers: list[tuple[bytes, bytes]] = ()) -> None:
+async def send_error(send: Send, path: str, status: int, message: str, type_: str = "ServiceUnavailableError",
+                     headers: list[tuple[bytes, bytes]] = ()) -> None:
+    """A whole JSON error response in the route's shape: Ollama's {"error": message} under /api, OpenAI's else."""
     body = {"error": message} if error_style(path) == OLLAMA else error_body(message, type_, status)
     raw = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status, "headers": [
@@ -194,7 +200,7 @@ class GatedEngine:
 
     async def generate(self, req_id: str, prompt_token_ids: list[int], sampling, eos_token_ids: list[int],
                        *args, **kwargs) -> AsyncIterator[RequestOutput]:
-        ticket = _ticket.get()
+        ticket = current_ticket()
         if self._gate.shutdown_reason is not None:
             yield RequestOutput(req_id, [], FinishReason.ERROR, error=self._gate.shutdown_reason,
                                 error_kind=ErrorKind.UNAVAILABLE)

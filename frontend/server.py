@@ -3,23 +3,23 @@
 The engines restart themselves when they fail (frontend/engine_pool.py); if one gives up, the server stops and
 exits with code 1, so that systemd or Kubernetes restarts it. SIGTERM or Ctrl-C drains (frontend/request_gate.py):
 new requests get 503, open ones get up to --shutdown-timeout to finish, the rest end with an error, then the server
-and its processes stop and it exits 0; a second signal cuts the wait short.
+and its processes stop and it exits 0; a second signal cuts the wait short. With --register-with it heartbeats to a
+`tinyvllm router` and leaves it once drained (frontend/router_registration.py).
 """
 import asyncio
-import contextlib
 import logging
 import signal
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import uvicorn
 import uvloop
 
 from tinyvllm.frontend.app import build_app
 from tinyvllm.frontend.engine_pool import EnginePool, launch_pool
 from tinyvllm.frontend.launcher import EngineArgs
-from tinyvllm.frontend.request_gate import MAX_HEADER_BYTES, RequestGate
+from tinyvllm.frontend.request_gate import RequestGate
+from tinyvllm.frontend.router_registration import Registration, RouterHeartbeat
 from tinyvllm.frontend.tokenizer import Tokenizer
+from tinyvllm.frontend.uvicorn_runner import QuietSignalServer, drain_on_signals, http_config, start_serving
 
 log = logging.getLogger("tinyvllm.frontend")
 
@@ -38,6 +38,7 @@ class ServerArgs:
     request_timeout_s: float | None = None
     shutdown_timeout_s: float = 30.0
     allowed_origins: list[str] = field(default_factory=list)  # CORS; empty: none
+    registration: Registration | None = None  # --register-with: heartbeats to a `tinyvllm router`
 
     def validate(self) -> None:
         if self.max_waiting_requests < 1:
@@ -48,14 +49,6 @@ class ServerArgs:
             raise ValueError("--shutdown-timeout must not be negative")
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handlers: serve_async's drain handles SIGTERM and SIGINT."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        yield
-
-
 async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: ServerArgs) -> int:
     """Serves until stopped (0) or until an engine gives up restarting (1)."""
     model_path = engine.model_path
@@ -63,20 +56,15 @@ async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: 
                                              model_path.stem if model_path.is_file() else model_path.name)
     tokenizer = Tokenizer.from_model_path(model_path)
     gate = RequestGate(server_args.max_waiting_requests, server_args.request_timeout_s)
+    heartbeat: RouterHeartbeat | None = None
     try:
         ready = await engine.start(server_args.startup_timeout_s)
         app = build_app(engine, tokenizer, name, ready.max_model_len, model_root=str(model_path),
                         api_key=server_args.api_key, models_dir=server_args.models_dir, gate=gate,
                         allowed_origins=server_args.allowed_origins or None)
-        # h11, uvicorn's pure-Python parser, drops a connection whose head is still unparsed past its bound; set well
-        # above the request gate's MAX_HEADER_BYTES, so a head that size gets the gate's clear 431 instead
-        config = uvicorn.Config(app, host=server_args.host, port=server_args.port, loop="none", log_level="warning",
-                                timeout_graceful_shutdown=5, lifespan="off", http="h11",
-                                h11_max_incomplete_event_size=4 * MAX_HEADER_BYTES)
-        server = _Server(config)
-        serving = asyncio.create_task(server.serve())
-        while not server.started and not serving.done():
-            await asyncio.sleep(0.05)
+        config = http_config(app, server_args.host, server_args.port)
+        server = QuietSignalServer(config)
+        serving = await start_serving(server)
         if server.started:
             engines = f"{len(engine.replicas)} engines of " if len(engine.replicas) > 1 else ""
             print(f"tinyvllm ready: serving {name} at http://{server_args.host}:{server_args.port}/v1 "
@@ -85,14 +73,15 @@ async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: 
                   flush=True)
         given_up = asyncio.create_task(engine.wait_until_given_up())
         stop_asked = asyncio.Event()
-
-        def cut_short() -> None:
-            gate.hurry()
-            server.force_exit = True
-
-        _drain_on_signals(stop_asked, cut_short)
+        drain_on_signals(stop_asked, gate, server)
+        if server_args.registration is not None and server.started:
+            heartbeat = RouterHeartbeat(server_args.registration, name, lambda: engine.stats,
+                                        lambda: engine.dead_reason is None, stop_asked.is_set)
+            heartbeat.start()
         stopping = asyncio.create_task(stop_asked.wait())
         await asyncio.wait((serving, given_up, stopping), return_when=asyncio.FIRST_COMPLETED)
+        if heartbeat is not None:
+            heartbeat.wake()  # tells the router at once that this server drains or stops
         if given_up.done():
             log.error("stopping the server: %s", given_up.result())
             exit_code = 1
@@ -107,29 +96,23 @@ async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: 
                     log.warning("%d requests did not finish within --shutdown-timeout and ended with an error", left)
                 config.timeout_graceful_shutdown = 2  # what is left is not generation (an upload, say)
         stopping.cancel()
+        if heartbeat is not None:  # after the drain (the router's requests here are done), before the port closes
+            await heartbeat.leave()
+            heartbeat = None
         server.should_exit = True
         await serving
         return exit_code
     finally:
+        if heartbeat is not None:
+            await heartbeat.leave()
         await engine.close()
-
-
-def _drain_on_signals(stop_asked: asyncio.Event, cut_short: Callable[[], None]) -> None:
-    """The first SIGTERM or SIGINT starts the drain; another one calls cut_short()."""
-    def on_signal() -> None:
-        if stop_asked.is_set():
-            cut_short()
-        stop_asked.set()
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
 
 
 def serve(engine_args: EngineArgs, server_args: ServerArgs) -> None:
     """Serves until stopped; raises SystemExit(1) once an engine could not be restarted."""
     server_args.validate()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s frontend %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per heartbeat to a router
 
     def stop_on_sigterm(*_):  # until serving starts, SIGTERM stops like Ctrl-C: asyncio.Runner cancels the main task
         signal.raise_signal(signal.SIGINT)

@@ -25,13 +25,18 @@ MIN_SECRET_CHARS = 16
 NONCE_BYTES = 32
 
 
-def resolve_worker_secret(flag: str | None, environ) -> str:
-    """--worker-secret wins over $TINYVLLM_WORKER_SECRET; "" means none. A short secret is refused."""
-    secret = flag if flag is not None else environ.get(SECRET_ENV, "")
+def resolve_secret(flag: str | None, environ, env_name: str, what: str) -> str:
+    """The flag wins over the environment variable; "" means none. A short secret is refused."""
+    secret = flag if flag is not None else environ.get(env_name, "")
     if secret and len(secret) < MIN_SECRET_CHARS:
-        raise ValueError(f"the worker secret is too short: at least {MIN_SECRET_CHARS} characters "
+        raise ValueError(f"the {what} is too short: at least {MIN_SECRET_CHARS} characters "
                          f"(e.g. `openssl rand -hex 32`)")
     return secret
+
+
+def resolve_worker_secret(flag: str | None, environ) -> str:
+    """--worker-secret wins over $TINYVLLM_WORKER_SECRET; "" means none. A short secret is refused."""
+    return resolve_secret(flag, environ, SECRET_ENV, "worker secret")
 
 
 def is_loopback(address: str) -> bool:

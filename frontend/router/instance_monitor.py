@@ -1,0 +1,99 @@
+"""The router's background work on its instances: heartbeat expiry, health checks, DNS discovery.
+
+- Every SWEEP_INTERVAL_S, registered instances whose heartbeats stopped for --heartbeat-timeout are removed (they
+  stop being routable the moment their last beat is that old, sweep or not).
+- Every HEALTH_INTERVAL_S each static and DNS instance gets GET /health (200: routable; 503 or no answer: not) and,
+  when healthy, GET /metrics for its load (vLLM's running and waiting gauges, summed over its engines).
+- Every --discover-interval the DNS name is resolved again: new addresses join, vanished ones are drained. A name
+  that does not resolve leaves the list as it was (a DNS hiccup must not empty the router); instances really gone
+  fail their health checks anyway.
+"""
+import asyncio
+import logging
+import socket
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tinyvllm.frontend.router.dns_discovery import resolve_instances
+from tinyvllm.frontend.router.instance_registry import DNS, STATIC, InstanceRegistry, Load
+
+log = logging.getLogger("tinyvllm.router")
+
+SWEEP_INTERVAL_S = 0.5
+HEALTH_INTERVAL_S = 2.0
+
+
+def load_from_metrics(text: str) -> Load:
+    """An instance's load from its /metrics text (a tinyvllm or vLLM server)."""
+    running = waiting = 0.0
+    kv = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "vllm:num_requests_running":
+                running += sample.value
+            elif sample.name == "vllm:num_requests_waiting":
+                waiting += sample.value
+            elif sample.name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+                kv.append(sample.value)
+    return Load(int(running), int(waiting), sum(kv) / len(kv) if kv else 0.0)
+
+
+class InstanceMonitor:
+    def __init__(self, registry: InstanceRegistry, client: httpx.AsyncClient,
+                 dns_target: tuple[str, int] | None = None, discover_interval_s: float = 5.0,
+                 health_interval_s: float = HEALTH_INTERVAL_S):
+        self.registry, self.client, self.dns_target = registry, client, dns_target
+        self.discover_interval_s, self.health_interval_s = discover_interval_s, health_interval_s
+        self._dns_failing = False
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._every(SWEEP_INTERVAL_S, self._sweep))
+            tasks.create_task(self._every(self.health_interval_s, self.check_health))
+            if self.dns_target is not None:
+                tasks.create_task(self._every(self.discover_interval_s, self.discover))
+
+    @staticmethod
+    async def _every(interval_s: float, work) -> None:
+        while True:
+            try:
+                await work()
+            except Exception:
+                log.exception("router background work failed; trying again in %g s", interval_s)
+            await asyncio.sleep(interval_s)
+
+    async def _sweep(self) -> None:
+        for instance in self.registry.sweep():
+            log.warning("instance %s sent no heartbeat for %g s: removed", instance.url,
+                        self.registry.heartbeat_timeout_s)
+
+    async def check_health(self) -> None:
+        checked = [i.url for i in self.registry.all() if i.source in (STATIC, DNS) and not i.leaving]
+        await asyncio.gather(*(self._check(url) for url in checked))
+
+    async def _check(self, url: str) -> None:
+        timeout = self.health_interval_s
+        try:
+            health = await self.client.get(url + "/health", timeout=timeout)
+            load = None
+            if health.status_code == 200:
+                metrics = await self.client.get(url + "/metrics", timeout=timeout)
+                load = load_from_metrics(metrics.text) if metrics.status_code == 200 else None
+            healthy = health.status_code == 200
+        except (httpx.HTTPError, ValueError) as e:
+            healthy, load = False, None
+            log.debug("health check of %s failed: %r", url, e)
+        self.registry.health_checked(url, healthy, load)
+
+    async def discover(self) -> None:
+        name, port = self.dns_target
+        try:
+            urls = await resolve_instances(name, port)
+        except (socket.gaierror, OSError) as e:
+            if not self._dns_failing:
+                log.warning("%s does not resolve (%s); keeping the instances known so far", name, e)
+            self._dns_failing = True
+            return
+        self._dns_failing = False
+        self.registry.sync_dns(urls)

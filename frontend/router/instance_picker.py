@@ -1,0 +1,46 @@
+"""Which routable instance takes a request: frontend/replica_router.py's ReplicaRouter over the instances.
+
+Each instance URL gets a ReplicaRouter index (a slot) the first time it is a candidate; an instance that comes back
+under the same URL (a new Instance) keeps the slot, with its prefix memory cleared (it may have restarted with an
+empty cache). Load is the ReplicaRouter's: waiting x 4 + running from the instance's last heartbeat or /metrics
+scrape, with the router's own open requests on it that the report does not show yet counted as waiting.
+"""
+from tinyvllm.frontend.replica_router import ReplicaRouter, RoutingPolicy
+from tinyvllm.frontend.router.instance_registry import Instance
+from tinyvllm.protocol.messages import SchedulerStats
+
+PREFIX_CHUNKS_PER_INSTANCE = 16384  # 1 MiB of prompt text remembered per instance
+
+
+class InstancePicker:
+    def __init__(self, policy: RoutingPolicy = RoutingPolicy(), prefix_chunks: int = PREFIX_CHUNKS_PER_INSTANCE):
+        self.router = ReplicaRouter(0, policy)
+        self.prefix_chunks = prefix_chunks
+        self._slots: dict[str, int] = {}  # url -> its index in the ReplicaRouter
+        self._holders: list[Instance] = []  # by index: the instance the index's prefix memory belongs to
+
+    def pick(self, candidates: list[Instance], hashes: list[bytes]) -> tuple[Instance, str] | None:
+        """(instance, "cache" or "load"), or None without candidates."""
+        if not candidates:
+            return None
+        by_slot = {self._slot(instance): instance for instance in candidates}
+        stats = {slot: SchedulerStats(num_running=i.load.running, num_waiting=i.load.waiting)
+                 for slot, i in by_slot.items()}
+        slot, reason = self.router.decide(stats, hashes)
+        return by_slot[slot], reason
+
+    def opened(self, instance: Instance, hashes: list[bytes]) -> None:
+        self.router.opened(self._slot(instance), hashes, 1)
+
+    def closed(self, instance: Instance) -> None:
+        self.router.closed(self._slot(instance), 1)
+
+    def _slot(self, instance: Instance) -> int:
+        slot = self._slots.get(instance.url)
+        if slot is None:
+            slot = self._slots[instance.url] = self.router.add_replica(self.prefix_chunks)
+            self._holders.append(instance)
+        elif self._holders[slot] is not instance:
+            self.router.prefixes[slot].reset(self.prefix_chunks)
+            self._holders[slot] = instance
+        return slot

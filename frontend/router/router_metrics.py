@@ -1,0 +1,45 @@
+"""The router's /metrics, every name under `tinyvllm_router:`: requests and errors by instance, why each request went
+where it went, and how many instances are in each state (read from the registry at scrape time)."""
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, disable_created_metrics, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from tinyvllm.frontend.router.instance_registry import InstanceRegistry
+
+PREFIX = "tinyvllm_router:"
+NO_INSTANCE = "none"  # the instance label of a request no instance could take
+
+# errors_total's reasons
+CONNECT_FAILED = "connect_failed"  # the instance refused the connection or did not accept it in time
+DROPPED = "dropped"  # the connection broke before the instance answered
+UNAVAILABLE = "unavailable"  # it answered 503 (draining, busy, or no engine serving)
+BROKEN_STREAM = "broken_stream"  # it failed after part of the answer had reached the client
+NO_ROUTABLE = "no_routable_instance"
+
+
+class _InstanceStates(Collector):
+    def __init__(self, registry: InstanceRegistry):
+        self.registry = registry
+
+    def collect(self):
+        family = GaugeMetricFamily(PREFIX + "instances", "Instances the router knows, by state.", labels=["state"])
+        for state, count in self.registry.counts_by_state().items():
+            family.add_metric([state], count)
+        yield family
+
+
+class RouterMetrics:
+    def __init__(self, instances: InstanceRegistry):
+        disable_created_metrics()  # process-wide: no *_created series, as in the server's /metrics
+        self.registry = CollectorRegistry()
+        self.registry.register(_InstanceStates(instances))
+        self.requests = Counter(PREFIX + "requests", "Proxied requests by the instance that answered and its status.",
+                                ["instance", "status"], registry=self.registry)
+        self.errors = Counter(PREFIX + "errors", "Failed attempts to proxy a request, by instance and reason.",
+                              ["instance", "reason"], registry=self.registry)
+        self.decisions = Counter(PREFIX + "routing_decisions",
+                                 "Where requests were sent, and whether a cached prefix (cache) or the load decided.",
+                                 ["instance", "reason"], registry=self.registry)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,73 @@
+"""The router's background checks: /health and /metrics of static and DNS instances (real sockets), the load read
+from vLLM's gauges, and DNS discovery (a name that stops resolving leaves the list as it was)."""
+import httpx
+import pytest
+
+from tests.router.harness import RawUpstream, refused_url
+from tinyvllm.frontend.router.dns_discovery import instance_url, parse_target
+from tinyvllm.frontend.router.instance_monitor import InstanceMonitor, load_from_metrics
+from tinyvllm.frontend.router.instance_registry import DNS, ROUTABLE, STATIC, UNHEALTHY, InstanceRegistry, Load
+
+pytestmark = pytest.mark.anyio
+
+METRICS = b"""# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny"} 2.0
+vllm:num_requests_running{engine="1",model_name="tiny"} 1.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="tiny"} 4.0
+vllm:num_requests_waiting{engine="1",model_name="tiny"} 0.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="tiny"} 0.25
+"""
+
+
+def test_the_load_is_summed_over_engines():
+    assert load_from_metrics(METRICS.decode()) == Load(running=3, waiting=4, kv_usage=0.375)
+    assert load_from_metrics("") == Load()
+
+
+async def test_health_checks_make_static_instances_routable_or_not():
+    async def healthy(exchange):
+        if exchange.path == "/health":
+            await exchange.whole(200, b"")
+        else:
+            await exchange.whole(200, METRICS, content_type="text/plain")
+
+    async def draining(exchange):
+        await exchange.whole(503, b'{"error": {"message": "shutting down"}}')
+
+    registry = InstanceRegistry()
+    dead = refused_url()
+    async with RawUpstream(healthy) as up, RawUpstream(draining) as down, \
+            httpx.AsyncClient(trust_env=False) as client:
+        for url in (up.url, down.url, dead):
+            registry.add(url, STATIC)
+        await InstanceMonitor(registry, client).check_health()
+        assert registry.state(registry.get(up.url)) == ROUTABLE
+        assert registry.get(up.url).load == Load(running=3, waiting=4, kv_usage=0.375)
+        assert registry.state(registry.get(down.url)) == UNHEALTHY
+        assert registry.state(registry.get(dead)) == UNHEALTHY
+        assert [e.path for e in up.exchanges] == ["/health", "/metrics"]
+
+
+async def test_dns_discovery_adds_what_the_name_resolves_to_and_keeps_the_list_when_it_stops_resolving():
+    registry = InstanceRegistry()
+    async with httpx.AsyncClient(trust_env=False) as client:
+        monitor = InstanceMonitor(registry, client, parse_target("localhost:8123"))
+        await monitor.discover()
+        assert "http://127.0.0.1:8123" in {i.url for i in registry.all()}
+        assert {i.source for i in registry.all()} == {DNS}
+        known = {i.url for i in registry.all()}
+        monitor.dns_target = ("no-such-name.invalid", 8123)
+        await monitor.discover()
+        assert {i.url for i in registry.all()} == known
+
+
+def test_dns_targets_and_urls():
+    assert parse_target("tinyvllm.default.svc.cluster.local:8000") == ("tinyvllm.default.svc.cluster.local", 8000)
+    assert instance_url("10.1.2.3", 8000) == "http://10.1.2.3:8000"
+    assert instance_url("fd00::1", 8000) == "http://[fd00::1]:8000"
+    for bad in ("name", "name:", ":8000", "name:99999"):
+        with pytest.raises(ValueError):
+            parse_target(bad)

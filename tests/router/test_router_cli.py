@@ -1,0 +1,79 @@
+"""`tinyvllm router`'s flags (a router beyond loopback needs a register secret) and `tinyvllm serve
+--register-with`'s (the advertised URL, the secret)."""
+import pytest
+
+import tinyvllm.frontend.server as server_module
+from tinyvllm.frontend import cli
+from tinyvllm.frontend.router.command import router_args_from
+from tinyvllm.frontend.router_registration import Registration, registration_from
+
+SECRET = "0123456789abcdef"
+
+
+def router_args(*argv: str, environ=None):
+    return router_args_from(cli.build_parser().parse_args(["router", *argv]), environ or {})
+
+
+def test_router_defaults():
+    args = router_args()
+    assert (args.host, args.port, args.instances, args.dns_target) == ("127.0.0.1", 8080, [], None)
+    assert (args.discover_interval_s, args.heartbeat_timeout_s, args.shutdown_timeout_s) == (5.0, 6.0, 30.0)
+    assert (args.api_key, args.instance_api_key, args.register_secret) == (None, None, "")
+
+
+def test_router_flags_and_environment():
+    args = router_args("--instances", "http://10.0.0.2:8000/", "http://10.0.0.3:8000", "--discover-dns",
+                       "tinyvllm.default.svc.cluster.local:8000", "--host", "0.0.0.0",
+                       environ={"TINYVLLM_ROUTER_SECRET": SECRET, "TINYVLLM_API_KEY": "client-key",
+                                "TINYVLLM_INSTANCE_API_KEY": "instance-key"})
+    assert args.instances == ["http://10.0.0.2:8000", "http://10.0.0.3:8000"]
+    assert args.dns_target == ("tinyvllm.default.svc.cluster.local", 8000)
+    assert (args.register_secret, args.api_key, args.instance_api_key) == (SECRET, "client-key", "instance-key")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (("--host", "0.0.0.0"), "TINYVLLM_ROUTER_SECRET"),
+    (("--register-secret", "short"), "too short"),
+    (("--instances", "10.0.0.2:8000"), "not a base URL"),
+    (("--discover-dns", "no-port"), "NAME:PORT"),
+    (("--heartbeat-timeout", "0"), "positive"),
+    (("--api-key", ""), "must not be empty"),
+])
+def test_router_mistakes(argv, words):
+    with pytest.raises(ValueError, match=words):
+        router_args(*argv)
+
+
+def test_the_router_command_refuses_to_listen_beyond_loopback_without_a_secret(monkeypatch, capsys):
+    monkeypatch.delenv("TINYVLLM_ROUTER_SECRET", raising=False)
+    assert cli.main(["router", "--host", "0.0.0.0"]) == 2
+    assert "authenticates its peers" in capsys.readouterr().err
+
+
+def test_serve_registration():
+    assert registration_from(None, None, None, "127.0.0.1", 8000, {}) is None
+    assert registration_from("http://127.0.0.1:8080/", None, None, "127.0.0.1", 8001, {}) == \
+        Registration("http://127.0.0.1:8080", "http://127.0.0.1:8001", "")
+    assert registration_from("http://r:8080", "http://10.0.0.5:9000", None, "0.0.0.0", 8000,
+                             {"TINYVLLM_ROUTER_SECRET": SECRET}) == Registration("http://r:8080",
+                                                                                 "http://10.0.0.5:9000", SECRET)
+    wildcard = registration_from("http://127.0.0.1:8080", None, SECRET, "0.0.0.0", 8000, {})
+    assert wildcard.advertise_url == "http://127.0.0.1:8000"  # the address on the route to the router
+
+
+@pytest.mark.parametrize("args, words", [
+    ((None, "http://10.0.0.5:9000", None), "needs --register-with"),
+    (("tcp://r:8080", None, None), "not a base URL"),
+    (("http://r:8080", None, "short"), "too short"),
+])
+def test_serve_registration_mistakes(args, words):
+    with pytest.raises(ValueError, match=words):
+        registration_from(*args, "127.0.0.1", 8000, {})
+
+
+def test_serve_passes_its_registration_to_the_server(monkeypatch):
+    calls = []
+    monkeypatch.setattr(server_module, "serve", lambda engine_args, server_args: calls.append(server_args))
+    monkeypatch.setenv("TINYVLLM_ROUTER_SECRET", SECRET)
+    assert cli.main(["serve", "--port", "8001", "--register-with", "http://127.0.0.1:8080"]) == 0
+    assert calls[0].registration == Registration("http://127.0.0.1:8080", "http://127.0.0.1:8001", SECRET)
