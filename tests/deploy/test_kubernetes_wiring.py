@@ -1,0 +1,108 @@
+"""How the manifests of deploy/kubernetes meet: a LeaderWorkerSet group holds every rank once and its workers reach
+its scheduler; Services select pods that have their ports; the router discovers the engines' headless Service and is
+the address instances register with; Prometheus scrapes the engines' /metrics; KEDA scales a Deployment on a metric
+the engines export."""
+import re
+from urllib.parse import urlsplit
+
+from tests.deploy import cli_check
+from tests.deploy.kube import POD_IP, find, objects, port_number, pods, selects
+
+
+def by_kind(kind: str) -> list[dict]:
+    return [doc for _, doc in objects() if doc["kind"] == kind]
+
+
+def commands_of(started, workload) -> list:
+    return [(s, cli_check.parse(s.argv)) for s in started if s.pod.workload is workload]
+
+
+def test_a_leaderworkerset_group_runs_every_rank_once_around_one_scheduler(started):
+    (group,) = by_kind("LeaderWorkerSet")
+    template = group["spec"]["leaderWorkerTemplate"]
+    assert template["restartPolicy"] == "RecreateGroupOnPodRestart"  # the scheduler's membership is fixed
+    assert group["spec"]["startupPolicy"] == "LeaderCreated"  # its leader is ready only once the workers joined
+    commands = commands_of(started, group)
+    (serve,) = [args for _, args in commands if args.command == "serve"]
+    workers = [(s, args) for s, args in commands if args.command == "worker"]
+    tp, pp = serve.tensor_parallel_size, serve.pipeline_parallel_size
+    assert serve.external_workers and template["size"] == pp  # one pod per pipeline stage
+    assert sorted(args.rank for _, args in workers) == list(range(tp * pp))
+    scheduler_port = urlsplit(serve.worker_address).port
+    for s, args in workers:
+        assert (args.tensor_parallel_size, args.pipeline_parallel_size, args.model) == (tp, pp, serve.model), s.name
+        stage = int(s.pod.injected["LWS_WORKER_INDEX"])
+        assert args.rank // tp == stage, s.name  # a stage's tensor-parallel ranks share a pod (shared memory)
+        leader = "127.0.0.1" if stage == 0 else s.pod.injected["LWS_LEADER_ADDRESS"]
+        assert args.connect == f"tcp://{leader}:{scheduler_port}", s.name
+        mounts = {m["mountPath"]: m["name"] for m in s.container["volumeMounts"]}
+        volumes = {v["name"]: v for v in s.pod.spec["volumes"]}
+        assert "emptyDir" in volumes[mounts["/tmp"]], s.name  # the ranks' named pipes, in one shared /tmp
+    (leader_serve,) = [s for s, args in commands if args.command == "serve"]
+    assert port_number(leader_serve.container, "workers") == scheduler_port
+
+
+def test_every_service_selects_pods_that_have_its_ports():
+    for service in by_kind("Service"):
+        selected = [pod for pod in pods() if selects(service["spec"]["selector"], {**pod.labels, **_lws_labels(pod)})]
+        assert selected, service["metadata"]["name"]
+        for pod in selected:
+            for port in service["spec"]["ports"]:
+                assert any(port_number(c, port["targetPort"]) for c in pod.spec["containers"]), (
+                    service["metadata"]["name"], port)
+
+
+def _lws_labels(pod) -> dict:
+    """The labels LeaderWorkerSet puts on its pods."""
+    if not pod.injected:
+        return {}
+    return {"leaderworkerset.sigs.k8s.io/name": pod.workload["metadata"]["name"],
+            "leaderworkerset.sigs.k8s.io/worker-index": pod.injected["LWS_WORKER_INDEX"]}
+
+
+def test_the_router_discovers_the_engines_and_is_where_instances_register(started):
+    (router,) = [cli_check.parse(s.argv) for s in started if s.argv[0] == "router"]
+    host, port = router.discover_dns.rsplit(":", 1)
+    engines = find("Service", host)
+    assert engines["spec"]["clusterIP"] == "None"  # headless: its name resolves to the pods, not one virtual IP
+    assert [p["port"] for p in engines["spec"]["ports"]] == [int(port)]
+    role_both = [s for s in started if s.argv[0] == "serve" and selects(engines["spec"]["selector"], s.pod.labels)]
+    assert role_both and all(cli_check.parse(s.argv).port == int(port) for s in role_both)
+    router_service = find("Service", "tinyvllm-router")
+    assert router_service["spec"]["ports"][0]["port"] == router.port
+    registering = [(s, cli_check.parse(s.argv)) for s in started if "--register-with" in s.argv]
+    assert {args.role for _, args in registering} == {"prefill", "decode"}
+    for s, args in registering:
+        assert not selects(engines["spec"]["selector"], s.pod.labels), s.name  # found by registering, not by DNS
+        assert args.register_with == f"http://tinyvllm-router:{router.port}", s.name
+        assert args.advertise_url == f"http://{POD_IP}:{args.port}", s.name
+        assert s.pod.labels["tinyvllm/role"] == args.role, s.name
+
+
+def test_prometheus_scrapes_every_engine_on_a_route_it_serves(started):
+    (monitor,) = by_kind("PodMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    serving = {id(s.pod.template) for s in started if s.argv[0] == "serve"}
+    assert {id(pod.template) for pod in pods() if selects(selector, pod.labels)} == serving
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert cli_check.serve_get({endpoint["path"]})[endpoint["path"]][0] == 200
+    for s in (s for s in started if s.argv[0] == "serve"):
+        assert port_number(s.container, endpoint["port"]) == cli_check.parse(s.argv).port, s.name
+        assert all(label in s.pod.labels for label in monitor["spec"]["podTargetLabels"]), s.name
+
+
+def test_keda_scales_a_deployment_on_a_metric_its_engines_export():
+    (scaled,) = by_kind("ScaledObject")
+    target = scaled["spec"]["scaleTargetRef"]
+    deployment = find(target["kind"], target["name"])
+    assert scaled["spec"]["minReplicaCount"] >= 1  # a cold start takes minutes
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    metric, matchers = re.fullmatch(r"sum\(([a-z_:]+)\{(.*)\}\)", trigger["metadata"]["query"]).groups()
+    status, text = cli_check.serve_get({"/metrics"})["/metrics"]
+    assert status == 200 and re.search(rf"^{re.escape(metric)}\{{", text, re.M), metric
+    (monitor,) = by_kind("PodMonitor")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    for label, value in re.findall(r'([a-z_]+)="([^"]*)"', matchers):  # a pod label the PodMonitor copies
+        (source,) = [k for k in monitor["spec"]["podTargetLabels"] if re.sub(r"[^a-zA-Z0-9_]", "_", k) == label]
+        assert pod_labels[source] == value, label
