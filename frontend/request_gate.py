@@ -143,8 +143,8 @@ class GateMiddleware:
             timeout_s = BODY_TIMEOUT_S if ticket.deadline is None else \
                 min(BODY_TIMEOUT_S, ticket.deadline - loop.time())
             if (body := await self._body_within(scope, receive, timeout_s)) is None:
-                await _refuse(send, path, 408, f"The request body did not arrive within {timeout_s:g} s",
-                              "RequestTimeoutError", [(b"connection", b"close")])
+                await send_error(send, path, 408, f"The request body did not arrive within {timeout_s:g} s",
+                                 "RequestTimeoutError", [(b"connection", b"close")])
                 return
             await self.app(scope, _replaying(body, receive), send)
         finally:
