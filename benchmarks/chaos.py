@@ -86,8 +86,7 @@ def classify(o: Outcome) -> str:
     if o.status == 503 and o.retry_after:
         return "rejected busy"
     server_error = o.status >= 500 or isinstance(o.body_error, int) and o.body_error >= 500
-    expected = {503, 504} & {o.status, o.body_error}  # no engine serves / --request-timeout: explicit answers
-    if server_error and not expected and not o.during_kill:
+    if server_error and not {503, 504} & {o.status, o.body_error} and not o.during_kill:  # 504: --request-timeout
         return "unexpected 5xx"
     if 400 <= o.status < 500 and o.generated:
         return "rejected invalid"
