@@ -49,8 +49,17 @@ def add_arguments(worker: argparse.ArgumentParser) -> None:
 
 
 def default_stage_address(connect: str) -> str:
+    """This host's address towards the scheduler, port chosen by the system; ValueError if that host has no route."""
+    import socket
+
     from tinyvllm.protocol.transport import local_ip_towards
-    return f"tcp://{local_ip_towards(connect)}:0" if connect.startswith("tcp://") else "tcp://127.0.0.1:0"
+    if not connect.startswith("tcp://"):
+        return "tcp://127.0.0.1:0"
+    try:
+        return f"tcp://{local_ip_towards(connect)}:0"
+    except OSError as e:  # an unknown host name (socket.gaierror) or no route to it
+        raise ValueError(f"cannot find this machine's address towards {connect} ({e}): check the host name, or "
+                         f"give --stage-address") from None
 
 
 def worker_args_from(args: argparse.Namespace):

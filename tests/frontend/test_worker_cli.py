@@ -62,6 +62,8 @@ def test_the_launcher_starts_only_the_scheduler(tiny_model):
     (["--connect", "tcp://127.0.0.1:7000", "--rank", "1", "-pp", "2", "--stage-address", "tcp://10.0.0.2:7100"],
      "--stage-address tcp://10.0.0.2:7100 is reachable from other machines"),
     (["--connect", "tcp://127.0.0.1:7000", "--rank", "0", "-tp", "3"], "--tensor-parallel-size 3 does not split"),
+    (["--connect", "tcp://no-such-host.invalid:7000", "--rank", "1", "-pp", "2"],
+     "cannot find this machine's address towards tcp://no-such-host.invalid:7000"),
 ])
 def test_worker_refuses_mistakes_before_starting(argv, message, tiny_model, monkeypatch, capsys):
     monkeypatch.delenv("TINYVLLM_WORKER_SECRET", raising=False)
