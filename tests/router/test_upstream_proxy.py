@@ -26,6 +26,13 @@ def sse_payloads(body: bytes) -> list:
     return [json.loads(e[6:]) if e != b"data: [DONE]" else "[DONE]" for e in body.split(b"\n\n") if e]
 
 
+async def endless(exchange):
+    """An upstream that sends one event, then waits for the router to hang up."""
+    await exchange.start()
+    await exchange.chunk(EVENT_1)
+    await asyncio.wait_for(exchange.peer_closed.wait(), WAIT_S)
+
+
 async def test_a_stream_passes_through_event_by_event():
     released = asyncio.Event()
 
@@ -146,11 +153,6 @@ async def test_an_ollama_stream_failing_midway_ends_with_an_error_line():
 
 
 async def test_a_client_that_leaves_closes_the_upstream_request():
-    async def endless(exchange):
-        await exchange.start()
-        await exchange.chunk(EVENT_1)
-        await asyncio.wait_for(exchange.peer_closed.wait(), WAIT_S)
-
     async with RawUpstream(endless) as upstream, running_router({upstream.url: 0}) as router, client() as c:
         async with c.stream("POST", router.url + "/v1/chat/completions", json=CHAT) as response:
             assert await asyncio.wait_for(anext(response.aiter_raw()), WAIT_S) == EVENT_1
@@ -187,11 +189,6 @@ async def test_the_routers_drain_refuses_new_requests_and_lets_open_streams_fini
 
 
 async def test_when_the_drain_runs_out_of_time_open_streams_end_with_an_error():
-    async def endless(exchange):
-        await exchange.start()
-        await exchange.chunk(EVENT_1)
-        await asyncio.wait_for(exchange.peer_closed.wait(), WAIT_S)
-
     async with RawUpstream(endless) as upstream, running_router({upstream.url: 0}) as router, client() as c:
         async with c.stream("POST", router.url + "/v1/chat/completions", json=CHAT) as response:
             chunks = response.aiter_raw()
