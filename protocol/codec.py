@@ -24,6 +24,7 @@ MESSAGE_TYPES: tuple[type, ...] = (
     m.AddRequest, m.AbortRequests, m.StepOutputs, m.EngineReady, m.Shutdown,
     m.WorkerHello, m.InitWorker, m.WorkerReady, m.StepPlan, m.StepResult, m.WorkerError,
     m.SchedulerChallenge, m.WorkerProof, m.WorkerRefused,
+    m.KVReleased, m.KVPull, m.KVBlockData, m.KVRelease,
 )
 _TAG_OF = {cls: tag for tag, cls in enumerate(MESSAGE_TYPES)}
 

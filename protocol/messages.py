@@ -4,6 +4,9 @@ Frontend -> scheduler:  AddRequest, AbortRequests, Shutdown
 Scheduler -> frontend:  EngineReady, StepOutputs
 Worker -> scheduler:    WorkerHello, WorkerProof (handshake), WorkerReady, StepResult, WorkerError
 Scheduler -> worker:    SchedulerChallenge, WorkerRefused (handshake), InitWorker, StepPlan, Shutdown
+Worker -> scheduler:    KVReleased (a prefill worker: a decode worker took a request's KV, or gave up on it)
+Worker <-> worker:      KVPull -> KVBlockData... (decode pulls a prefill worker's blocks), KVRelease (the side
+                        channel, workers/kv_side_channel.py; each KVBlockData is followed by one raw frame)
 """
 from dataclasses import dataclass, field
 
@@ -34,12 +37,29 @@ class WorkerRole:
 # ---- frontend <-> scheduler -------------------------------------------------
 
 @dataclass(slots=True)
+class KVTransferParams:
+    """vLLM's request-level contract for disaggregated prefill/decode (the body's `kv_transfer_params`).
+    To a prefill instance: do_remote_decode (compute the prompt, keep its blocks under a lease). Back from it, and
+    on to a decode instance: do_remote_prefill plus where the blocks are (the prefill worker's side channel)."""
+    do_remote_decode: bool = False
+    do_remote_prefill: bool = False
+    remote_block_ids: list[int] = field(default_factory=list)
+    remote_engine_id: str = ""
+    remote_host: str = ""
+    remote_port: int = 0
+    remote_request_id: str = ""
+    tp_size: int = 1
+    remote_num_tokens: int = 0  # how many prompt tokens the remote blocks hold (all but the last)
+
+
+@dataclass(slots=True)
 class AddRequest:
     req_id: str
     prompt_token_ids: list[int]
     sampling: SamplingParams
     eos_token_ids: list[int] = field(default_factory=list)
     arrival_time: float = 0.0
+    kv_transfer: KVTransferParams | None = None  # disaggregated prefill/decode (scheduler/remote_kv.py)
 
 
 @dataclass(slots=True)
@@ -73,6 +93,7 @@ class RequestOutput:
     embedding: list[float] | None = None  # the result of an embedding (sampling.embed) request
     queue_time_s: float | None = None  # seconds from arrival to first scheduling, once the request was scheduled
     error_kind: str | None = None  # an ErrorKind, with FinishReason.ERROR
+    kv_transfer: KVTransferParams | None = None  # a prefill instance's answer: where the prompt's blocks wait
 
 
 @dataclass(slots=True)
@@ -175,6 +196,7 @@ class WorkerReady:
     block_size: int
     max_model_len: int
     weight_bytes: int = 0  # the weights this worker holds on its device (its shard)
+    kv_address: str = ""  # a prefill worker's KV side channel, tcp://host:port (disaggregated serving)
 
 
 @dataclass(slots=True)
@@ -216,6 +238,16 @@ class StepPlan:
     # Copy-on-write: [src, dst] block pairs; workers copy each block's keys and values in every layer, in
     # this order, before computing the step (after applying finished_req_ids).
     block_copies: list[list[int]] = field(default_factory=list)
+    # Disaggregated decode: KV to pull from prefill workers into local blocks, before computing the step.
+    kv_loads: list["KVLoad"] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class KVLoad:
+    """Pull the remote blocks of a request's prompt into local_block_ids (same length, same order)."""
+    req_id: str
+    local_block_ids: list[int]
+    remote: KVTransferParams
 
 
 @dataclass(slots=True)
@@ -235,9 +267,47 @@ class StepResult:
     # Another part of this step's result follows: a result over the message bound goes in several, split by rows
     # (protocol/message_parts.py), and the scheduler merges them.
     more_parts: bool = False
+    # The step's kv_loads: done, and failed (with a reason each); a failed request ends with an explicit error.
+    kv_loaded_req_ids: list[str] = field(default_factory=list)
+    kv_failed_req_ids: list[str] = field(default_factory=list)
+    kv_failed_reasons: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
 class WorkerError:
     rank: int
     message: str
+
+
+# ---- disaggregated prefill/decode ------------------------------------------
+
+@dataclass(slots=True)
+class KVReleased:
+    """A prefill worker to its scheduler: these requests' leased blocks may go back to the pool."""
+    rank: int
+    req_ids: list[str]
+
+
+@dataclass(slots=True)
+class KVPull:
+    """A decode worker to a prefill worker's side channel: send me these blocks of that request."""
+    request_id: str
+    block_ids: list[int]
+    compat_hash: str  # protocol/kv_compat.py: must equal the prefill worker's, or the pull is refused
+    tp_rank: int = 0
+
+
+@dataclass(slots=True)
+class KVBlockData:
+    """One answer to a KVPull per block (in the pull's order), each followed by a raw frame of the block's keys and
+    values in every layer ([layers, block_size, 2, kv_heads, head_dim] float32); or one with the error and no frame."""
+    request_id: str
+    index: int
+    num_blocks: int
+    error: str = ""
+
+
+@dataclass(slots=True)
+class KVRelease:
+    """A decode worker to the side channel: done with that request's blocks (taken, or given up): free them."""
+    request_id: str

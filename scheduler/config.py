@@ -15,6 +15,8 @@ class SchedulerConfig:
     max_steps_in_flight: int = 1
     # Plan a request again while its step is in flight (scheduler/async_scheduling.py): only for one worker.
     async_scheduling: bool = False
+    kv_lease_s: float = 30.0  # disaggregated prefill: how long finished prompts' blocks wait for a decode to pull them
+    world_size: int = 1  # workers that each release a lease (scheduler/remote_kv.py)
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_blocks",

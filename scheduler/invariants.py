@@ -23,7 +23,10 @@ def check_scheduler_invariants(sched: "Scheduler") -> None:
     forking = [child for req in itertools.chain(sched.running, sched.waiting) for child in req.pending_forks]
     for child in forking:
         assert child.status is RequestStatus.WAITING_FOR_FORK and not child.block_ids and not child.pending_forks
-    queued = [*sched.running, *sched.waiting, *forking]
+    loading = sched.remote_kv.loading
+    for req in loading:
+        assert req.status is RequestStatus.WAITING_FOR_REMOTE_KV and req.block_ids and req.num_computed_tokens == 0
+    queued = [*sched.running, *sched.waiting, *forking, *loading]
     assert {id(r) for r in sched.requests.values()} == {id(r) for r in queued}
     assert len(sched.requests) == len(queued), "a request is queued twice"
     for parent_id, children in sched.groups.items():
@@ -39,4 +42,4 @@ def check_scheduler_invariants(sched: "Scheduler") -> None:
         assert sched.worker_view.knows(req.req_id), f"{req.req_id} is in flight but the workers dropped it"
         check_in_flight_request(req, steps, config.async_scheduling, config.block_size)
     sched.worker_view.check_invariants(sched.running)
-    sched.kv_cache_manager.check_invariants(queued)
+    sched.kv_cache_manager.check_invariants(queued, sched.remote_kv.leases.block_tables())

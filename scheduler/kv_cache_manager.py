@@ -140,10 +140,10 @@ class KVCacheManager:
         self._block_copies = []
         return copies
 
-    def check_invariants(self, holders: Iterable[Request]) -> None:
-        """For tests: every request holding blocks must be in holders."""
+    def check_invariants(self, holders: Iterable[Request], other_tables: Iterable[list[int]] = ()) -> None:
+        """For tests: every request holding blocks must be in holders, every other holder's table in other_tables."""
         holders = list(holders)
-        self.pool.check_invariants(req.block_ids for req in holders)
+        self.pool.check_invariants([*(req.block_ids for req in holders), *other_tables])
         for req in holders:
             assert req.num_registered_blocks <= len(req.block_ids)
             for i in range(req.num_registered_blocks):

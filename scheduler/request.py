@@ -2,13 +2,14 @@
 import enum
 from dataclasses import dataclass, field
 
-from tinyvllm.protocol.messages import AddRequest, FinishReason
+from tinyvllm.protocol.messages import AddRequest, FinishReason, KVTransferParams
 from tinyvllm.protocol.sampling import SamplingParams
 
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"    # queued, or preempted and holding no blocks
     WAITING_FOR_FORK = "waiting_for_fork"  # a parallel-sampling child: waits for its leader to prefill the prompt
+    WAITING_FOR_REMOTE_KV = "waiting_for_remote_kv"  # holds blocks; its prompt's KV is being pulled (remote_kv.py)
     RUNNING = "running"    # admitted: holds blocks, scheduled every step until it finishes or is preempted
     FINISHED = "finished"  # done for good (finish_reason says why); holds no blocks
 
@@ -41,10 +42,14 @@ class Request:
     # blocks of block_ids are known to be registered in the cache.
     block_hashes: list[bytes] = field(default_factory=list)
     num_registered_blocks: int = 0
+    kv_transfer: KVTransferParams | None = None  # disaggregated prefill/decode, as asked (scheduler/remote_kv.py)
+    kv_transfer_out: KVTransferParams | None = None  # a prefill's answer: where its leased blocks are
 
     @classmethod
     def from_add_request(cls, msg: AddRequest) -> "Request":
-        return cls(msg.req_id, list(msg.prompt_token_ids), msg.sampling, list(msg.eos_token_ids), msg.arrival_time)
+        req = cls(msg.req_id, list(msg.prompt_token_ids), msg.sampling, list(msg.eos_token_ids), msg.arrival_time)
+        req.kv_transfer = msg.kv_transfer
+        return req
 
     @property
     def num_prompt_tokens(self) -> int:

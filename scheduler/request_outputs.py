@@ -16,6 +16,7 @@ def request_output(req: Request, token_ids: list[int], reason: str | None, error
     out = RequestOutput(req.output_id, token_ids, reason, req.num_prompt_tokens, req.num_cached_tokens or 0,
                         error, req.index)
     out.queue_time_s = req.queue_time_s
+    out.kv_transfer = req.kv_transfer_out
     if error is not None:
         out.error_kind = error_kind
     return out

@@ -21,6 +21,7 @@ from tinyvllm.scheduler.config import SchedulerConfig
 from tinyvllm.scheduler.kv_cache_manager import KVCacheManager
 from tinyvllm.scheduler.parallel_sampling import child_id, make_children
 from tinyvllm.scheduler.preemption import choose_victim
+from tinyvllm.scheduler.remote_kv import RemoteKV
 from tinyvllm.scheduler.request import Request, RequestStatus
 from tinyvllm.scheduler.request_outputs import request_output, well_formed
 from tinyvllm.scheduler.step_update import apply_step_result
@@ -46,6 +47,7 @@ class Scheduler:
         self._step_id = 0
         self.steps_in_flight = StepsInFlight(config.max_steps_in_flight)
         self.prefix_cache_queries = self.prefix_cache_hits = self.num_preemptions = 0
+        self.remote_kv = RemoteKV(self, config.kv_lease_s, config.world_size)
 
     # ---- frontend side -----------------------------------------------------------------------------
 
@@ -53,7 +55,8 @@ class Scheduler:
         """Queues req (n > 1: its children); False if it can never be served, with one ERROR output (index 0)
         waiting in take_pending_outputs()."""
         c = self.config
-        error = admission_error(req, self._live_ids(), c.max_model_len, c.block_size, c.num_blocks)
+        error = (admission_error(req, self._live_ids(), c.max_model_len, c.block_size, c.num_blocks)
+                 or self.remote_kv.admission_error(req))
         if error is not None:
             req.status, req.finish_reason = RequestStatus.FINISHED, FinishReason.ERROR
             self._pending_outputs.append(request_output(req, [], FinishReason.ERROR, error, ErrorKind.INVALID_REQUEST))
@@ -105,6 +108,7 @@ class Scheduler:
         if self.steps_in_flight.is_full():
             raise RuntimeError(f"{len(self.steps_in_flight)} steps are in flight: call update_from_output() first")
         kv = self.kv_cache_manager
+        self.remote_kv.expire_leases()
         budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[Request, int]] = []
         preemptions_before = self.num_preemptions
@@ -133,9 +137,15 @@ class Scheduler:
             budget -= num_new
 
         # After a preemption the pool is tight: admitting new work now would only be preempted next.
-        seats_taken = sum(self.seats(req) for req in self.running)  # requests in flight keep their seats
+        seats_taken = sum(self.seats(req) for req in self.running) + len(self.remote_kv.loading)
         while not stalled and self.num_preemptions == preemptions_before and self.waiting and budget > 0:
             req = self.waiting[0]
+            if self.remote_kv.needs_load(req):  # disaggregated decode: its prompt's KV is pulled, not computed
+                if seats_taken + 1 > self.config.max_num_seqs or not self.remote_kv.start_load(req):
+                    break
+                self.waiting.popleft()
+                seats_taken += 1
+                continue
             cached_block_ids = kv.find_cached_prefix(req)
             num_cached = len(cached_block_ids) * self.config.block_size
             if req.pending_forks and num_cached >= req.num_prompt_tokens - 1:
@@ -159,11 +169,14 @@ class Scheduler:
             scheduled.append((req, num_cached, num_new))
             budget -= num_new
 
-        if not scheduled:
+        kv_loads = self.remote_kv.take_new_loads()
+        if not scheduled and not kv_loads:
             return None
         self._step_id += 1
         self.steps_in_flight.add(self._step_id, [(req, num_new) for req, _, num_new in scheduled])
-        return self.worker_view.make_plan(self._step_id, scheduled, kv.take_block_copies())
+        plan = self.worker_view.make_plan(self._step_id, scheduled, kv.take_block_copies())
+        plan.kv_loads = kv_loads
+        return plan
 
     def update_from_output(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
         """Applies the worker's result for `plan`, the oldest step in flight (else ValueError); returns one output
@@ -172,7 +185,7 @@ class Scheduler:
         if not well_formed(result, plan.step_id):
             raise ValueError(f"malformed result for step {plan.step_id}: {result}")
         self.steps_in_flight.pop_oldest()
-        return apply_step_result(self, step, result)
+        return apply_step_result(self, step, result) + self.remote_kv.apply_loads(result)
 
     # ---- state ---------------------------------------------------------------------------------------
 
@@ -259,6 +272,8 @@ class Scheduler:
             self.waiting.remove(req)
         elif req.status is RequestStatus.RUNNING:
             self.running.remove(req)
+        elif req.status is RequestStatus.WAITING_FOR_REMOTE_KV:
+            self.remote_kv.loading.remove(req)
         else:
             leader = next(r for r in self.groups[req.parent_id] if req in r.pending_forks)
             leader.pending_forks.remove(req)
@@ -267,7 +282,7 @@ class Scheduler:
         """Ends req and frees its blocks; the caller takes it out of waiting/running."""
         if req.pending_forks:  # only on abort: the siblings have not forked yet and go on without the leader
             self._release_forks(req, at=0)
-        self.kv_cache_manager.free(req)
+        self.remote_kv.free_or_lease(req, reason)
         req.status, req.finish_reason = RequestStatus.FINISHED, reason
         del self.requests[req.req_id]
         del self.arrival_rank[req.req_id]

@@ -100,6 +100,7 @@ class FakeWorker:
     num_reqs_per_step: list[int] = field(default_factory=list)
     num_computed_by_req: Counter = field(default_factory=Counter)  # tokens each request id had computed, in total
     num_block_copies: int = 0
+    kv_source: "FakeWorker | None" = None  # disaggregated decode: the prefill worker that plan.kv_loads pull from
 
     def __post_init__(self) -> None:
         self.kv: list[tuple[int, int, str] | None] = [None] * (self.num_blocks * self.block_size)
@@ -137,11 +138,14 @@ class FakeWorker:
             scheduled.append((cached.req_id, cached.num_scheduled_tokens))
         assert len({req_id for req_id, _ in scheduled}) == len(scheduled), "a request scheduled twice"
         self._copy_blocks(plan.block_copies)
+        loaded, failed = self._load_remote(plan)
 
         holders = self._holders()
         self.num_scheduled_per_step.append(sum(n for _, n in scheduled))
         self.num_reqs_per_step.append(len(scheduled))
         result = StepResult(plan.step_id, 0, [], [])
+        result.kv_loaded_req_ids, result.kv_failed_req_ids = loaded, list(failed)
+        result.kv_failed_reasons = list(failed.values())
         for req_id, num_scheduled in scheduled:
             self.num_computed_by_req[req_id] += num_scheduled
             token = self._run(req_id, num_scheduled, holders)
@@ -154,6 +158,18 @@ class FakeWorker:
                 result.req_ids.append(req_id)
                 result.sampled_token_ids.append(token)
         return result
+
+    def _load_remote(self, plan: StepPlan) -> tuple[list[str], dict[str, str]]:
+        """Copies each load's remote blocks (the kv_source's slots) into its local blocks."""
+        loaded, failed, bs = [], {}, self.block_size
+        for load in plan.kv_loads:
+            if self.kv_source is None:
+                failed[load.req_id] = "no prefill worker"
+                continue
+            for src, dst in zip(load.remote.remote_block_ids, load.local_block_ids, strict=True):
+                self.kv[dst * bs:(dst + 1) * bs] = self.kv_source.kv[src * bs:(src + 1) * bs]
+            loaded.append(load.req_id)
+        return loaded, failed
 
     def _copy_blocks(self, pairs: list[list[int]]) -> None:
         bs = self.block_size

@@ -1,0 +1,172 @@
+"""Disaggregated prefill/decode in the scheduler (vLLM's KV connector contract, scheduler side).
+
+Prefill side: a request that came with kv_transfer.do_remote_decode does not free its blocks when it finishes: they go
+under a lease (KVLeases) until every worker reported that a decode worker took them (KVReleased), or until the lease
+runs out; its last output carries the KVTransferParams that tell a decode instance where to pull them from.
+
+Decode side: a request that came with kv_transfer.do_remote_prefill is admitted with blocks for its whole prompt and
+waits (RequestStatus.WAITING_FOR_REMOTE_KV) while a step's kv_loads has the workers pull the remote blocks into the
+first of them; once the result says they are in, it runs as if all but its last prompt token were computed (they
+count as cached tokens), so only that token is computed here, and it samples. A failed pull ends it with an error.
+"""
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from tinyvllm.protocol.messages import (ErrorKind, FinishReason, KVLoad, KVTransferParams, RequestOutput,
+                                        StepResult)
+from tinyvllm.scheduler.request import Request, RequestStatus
+from tinyvllm.scheduler.request_outputs import request_output
+
+if TYPE_CHECKING:
+    from tinyvllm.scheduler.scheduler import Scheduler
+
+
+class KVLeases:
+    """Blocks held for a decode instance to pull: req_id -> (deadline, block ids, ranks that still hold them)."""
+
+    def __init__(self, lease_s: float, world_size: int = 1, clock=time.monotonic):
+        self.lease_s, self.world_size, self.clock = lease_s, world_size, clock
+        self._leases: OrderedDict[str, tuple[float, list[int], set[int]]] = OrderedDict()  # oldest first
+        self.num_expired = 0
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+    def __contains__(self, req_id: str) -> bool:
+        return req_id in self._leases
+
+    def block_tables(self) -> list[list[int]]:
+        return [block_ids for _, block_ids, _ in self._leases.values()]
+
+    def hold(self, req_id: str, block_ids: list[int]) -> list[int]:
+        """Leases block_ids under req_id; returns the blocks of an earlier lease under the same id (to free)."""
+        old = self._leases.pop(req_id, None)
+        self._leases[req_id] = (self.clock() + self.lease_s, list(block_ids), set(range(self.world_size)))
+        return old[1] if old else []
+
+    def release(self, req_id: str, rank: int) -> list[int]:
+        """Rank `rank` is done with req_id's blocks; returns them once every rank is (else [])."""
+        lease = self._leases.get(req_id)
+        if lease is None:
+            return []
+        lease[2].discard(rank)
+        if lease[2]:
+            return []
+        del self._leases[req_id]
+        return lease[1]
+
+    def expire(self) -> list[int]:
+        """The blocks of every lease past its deadline (each lease is as long, so the oldest go first)."""
+        now, freed = self.clock(), []
+        while self._leases and next(iter(self._leases.values()))[0] <= now:
+            _, (_, block_ids, _) = self._leases.popitem(last=False)
+            freed += block_ids
+            self.num_expired += 1
+        return freed
+
+
+class RemoteKV:
+    def __init__(self, sched: "Scheduler", lease_s: float = 30.0, world_size: int = 1):
+        self.sched = sched
+        self.leases = KVLeases(lease_s, world_size)
+        self.side_channel: KVTransferParams | None = None  # engine id, host, port, tp size of this prefill engine
+        self.loading: list[Request] = []  # WAITING_FOR_REMOTE_KV, in admission order
+        self._new_loads: list[KVLoad] = []  # for the next plan
+        self.num_remote_tokens = 0  # cumulative: prompt tokens whose KV came from a prefill instance
+
+    # ---- admission -----------------------------------------------------------------------------------
+
+    def admission_error(self, req: Request) -> str | None:
+        kv = req.kv_transfer
+        if kv is None:
+            return None
+        if kv.do_remote_decode and self.side_channel is None:
+            return "kv_transfer_params.do_remote_decode: this instance has no KV side channel (serve --role prefill)"
+        if (kv.do_remote_decode or kv.do_remote_prefill) and req.sampling.n > 1:
+            return "kv_transfer_params with n > 1 is not supported"
+        if kv.do_remote_prefill:
+            bs = self.sched.config.block_size
+            if kv.remote_num_tokens != req.num_prompt_tokens - 1:
+                return (f"kv_transfer_params: the remote KV holds {kv.remote_num_tokens} tokens, this prompt needs "
+                        f"{req.num_prompt_tokens - 1} (not the prompt the prefill instance computed?)")
+            if len(kv.remote_block_ids) != -(-kv.remote_num_tokens // bs):
+                return (f"kv_transfer_params: {len(kv.remote_block_ids)} remote blocks for {kv.remote_num_tokens} tokens "
+                        f"in blocks of {bs} (a different block size on the prefill instance?)")
+            if not kv.remote_host or not kv.remote_port:
+                return "kv_transfer_params: remote_host and remote_port are required with do_remote_prefill"
+        return None
+
+    def needs_load(self, req: Request) -> bool:
+        kv = req.kv_transfer
+        return (kv is not None and kv.do_remote_prefill and kv.remote_num_tokens > 0 and req.num_computed_tokens == 0
+                and not req.output_token_ids and req.num_preemptions == 0)
+
+    def start_load(self, req: Request) -> bool:
+        """Admits a waiting request whose prompt KV is remote: blocks for the whole prompt, and a load for the next
+        plan. False when the blocks are not free (it stays first in the queue)."""
+        if not self.sched.kv_cache_manager.admit(req, [], req.num_prompt_tokens):
+            return False
+        kv = req.kv_transfer
+        req.status = RequestStatus.WAITING_FOR_REMOTE_KV
+        if req.queue_time_s is None and req.arrival_time > 0:
+            req.queue_time_s = max(0.0, time.time() - req.arrival_time)
+        self.loading.append(req)
+        self._new_loads.append(KVLoad(req.req_id, req.block_ids[:len(kv.remote_block_ids)], kv))
+        return True
+
+    def take_new_loads(self) -> list[KVLoad]:
+        loads, self._new_loads = self._new_loads, []
+        return [load for load in loads if load.req_id in self.sched.requests]
+
+    # ---- results -------------------------------------------------------------------------------------
+
+    def apply_loads(self, result: StepResult) -> list[RequestOutput]:
+        """The requests whose KV arrived start running; those whose pull failed end with an error."""
+        by_id = {req.req_id: req for req in self.loading}
+        for req_id in result.kv_loaded_req_ids:
+            if (req := by_id.get(req_id)) is None:
+                continue  # aborted meanwhile
+            self.loading.remove(req)
+            n = req.kv_transfer.remote_num_tokens
+            req.status, req.num_computed_tokens, req.num_cached_tokens = RequestStatus.RUNNING, n, n
+            self.num_remote_tokens += n
+            self.sched.kv_cache_manager.cache_computed_blocks(req)
+            self.sched._insert_running(req)
+        outputs = []
+        for req_id, reason in zip(result.kv_failed_req_ids, result.kv_failed_reasons):
+            if (req := by_id.get(req_id)) is None:
+                continue
+            self.loading.remove(req)
+            self.sched.finish(req, FinishReason.ERROR)
+            outputs.append(request_output(req, [], FinishReason.ERROR, f"pulling the prompt's KV failed: {reason}",
+                                          ErrorKind.ENGINE_FAILURE))
+        return outputs
+
+    # ---- finish and leases ---------------------------------------------------------------------------
+
+    def free_or_lease(self, req: Request, reason: str) -> None:
+        """Frees req's blocks, unless it is a finished prefill for a remote decode: those go under a lease and its
+        outputs from now on carry where to pull them from."""
+        kv_mgr = self.sched.kv_cache_manager
+        kv = req.kv_transfer
+        if (kv is None or not kv.do_remote_decode or self.side_channel is None
+                or reason not in (FinishReason.STOP, FinishReason.LENGTH) or req.num_prompt_tokens < 2):
+            kv_mgr.free(req)
+            return
+        n = req.num_prompt_tokens - 1
+        num_blocks = -(-n // self.sched.config.block_size)
+        sc = self.side_channel
+        req.kv_transfer_out = KVTransferParams(False, True, req.block_ids[:num_blocks], sc.remote_engine_id,
+                                               sc.remote_host, sc.remote_port, req.req_id, sc.tp_size, n)
+        kv_mgr.pool.release(reversed(req.block_ids[num_blocks:]))  # the rest (the last token's) is not pulled
+        kv_mgr.pool.release(reversed(self.leases.hold(req.req_id, req.block_ids[:num_blocks])))
+        req.block_ids, req.num_registered_blocks = [], 0
+
+    def release(self, req_ids: list[str], rank: int) -> None:
+        for req_id in req_ids:
+            self.sched.kv_cache_manager.pool.release(reversed(self.leases.release(req_id, rank)))
+
+    def expire_leases(self) -> None:
+        if len(self.leases):
+            self.sched.kv_cache_manager.pool.release(reversed(self.leases.expire()))

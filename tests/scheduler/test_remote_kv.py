@@ -1,0 +1,127 @@
+"""Disaggregated prefill/decode in the scheduler (scheduler/remote_kv.py), with fake workers: a prefill scheduler
+leases a finished prompt's blocks, a decode scheduler pulls them (the fake decode worker copies the fake prefill
+worker's KV slots, which record each position's token history) and computes only the last prompt token."""
+from fake_worker import make_request, make_scheduler, run_to_completion, step, tokens_of
+from tinyvllm.protocol.messages import ErrorKind, FinishReason, KVTransferParams
+from tinyvllm.scheduler.invariants import check_scheduler_invariants
+from tinyvllm.scheduler.remote_kv import KVLeases
+from tinyvllm.scheduler.request import RequestStatus
+
+SIDE = KVTransferParams(remote_engine_id="engine-p", remote_host="127.0.0.1", remote_port=5600, tp_size=1)
+
+
+def prefill_scheduler(**kw):
+    sched, worker = make_scheduler(**kw)
+    sched.remote_kv.side_channel = SIDE
+    return sched, worker
+
+
+def prefill(sched, worker, req_id="p", prompt_len=10):
+    req = make_request(req_id, prompt_len, max_tokens=1)
+    req.kv_transfer = KVTransferParams(do_remote_decode=True)
+    sched.add_request(req)
+    outputs = run_to_completion(sched, worker)
+    (out,) = outputs[req_id]
+    return req, out
+
+
+def test_lease_expires_and_releases():
+    now = [0.0]
+    leases = KVLeases(30.0, world_size=2, clock=lambda: now[0])
+    leases.hold("a", [1, 2])
+    now[0] = 10.0
+    leases.hold("b", [3])
+    assert leases.release("a", 0) == [] and leases.release("a", 1) == [1, 2] and "a" not in leases
+    assert leases.expire() == []
+    now[0] = 40.0
+    assert leases.expire() == [3] and len(leases) == 0 and leases.num_expired == 1
+    assert leases.release("unknown", 0) == []
+
+
+def test_prefill_leases_the_prompt_blocks_and_answers_where_they_are():
+    sched, worker = prefill_scheduler(num_blocks=16, block_size=4)
+    req, out = prefill(sched, worker, prompt_len=10)
+    assert out.finish_reason == FinishReason.LENGTH and len(out.new_token_ids) == 1
+    kv = out.kv_transfer
+    assert kv.do_remote_prefill and not kv.do_remote_decode and kv.remote_request_id == "p"
+    assert kv.remote_num_tokens == 9 and len(kv.remote_block_ids) == 3 and kv.remote_port == 5600
+    assert sched.kv_cache_manager.num_free_blocks == 16 - 3  # the last token's block went back at once
+    check_scheduler_invariants(sched)
+    sched.remote_kv.release(["p"], rank=0)
+    assert sched.kv_cache_manager.num_free_blocks == 16
+    check_scheduler_invariants(sched)
+
+
+def test_an_unreleased_lease_runs_out():
+    sched, worker = prefill_scheduler(num_blocks=16)
+    now = [0.0]
+    sched.remote_kv.leases.clock = lambda: now[0]
+    prefill(sched, worker)
+    assert sched.kv_cache_manager.num_free_blocks < 16
+    now[0] = 31.0
+    assert sched.schedule() is None and sched.kv_cache_manager.num_free_blocks == 16
+
+
+def test_do_remote_decode_without_a_side_channel_is_refused():
+    sched, _ = make_scheduler()
+    req = make_request("x", 5, max_tokens=1)
+    req.kv_transfer = KVTransferParams(do_remote_decode=True)
+    assert not sched.add_request(req)
+    (out,) = sched.take_pending_outputs()
+    assert out.finish_reason == FinishReason.ERROR and "side channel" in out.error
+
+
+def test_decode_pulls_the_prompt_and_computes_only_its_last_token():
+    p_sched, p_worker = prefill_scheduler(num_blocks=16, block_size=4)
+    both_sched, both_worker = make_scheduler(num_blocks=16, block_size=4)
+    prompt_len = 10
+    _, p_out = prefill(p_sched, p_worker, prompt_len=prompt_len)
+
+    d_sched, d_worker = make_scheduler(num_blocks=16, block_size=4)
+    d_worker.kv_source = p_worker
+    req = make_request("p", prompt_len, max_tokens=6)
+    req.kv_transfer = p_out.kv_transfer
+    d_sched.add_request(req)
+    plan, _ = step(d_sched, d_worker)  # the pull alone: no token computed yet
+    assert [load.req_id for load in plan.kv_loads] == ["p"] and not plan.new_reqs
+    assert req.status is RequestStatus.RUNNING and req.num_computed_tokens == prompt_len - 1
+    outputs = run_to_completion(d_sched, d_worker)
+    assert d_worker.num_computed_by_req["p"] == 1 + 5  # the last prompt token, then the decodes
+    assert outputs["p"][0].num_cached_tokens == prompt_len - 1 and d_sched.remote_kv.num_remote_tokens == 9
+
+    both_sched.add_request(make_request("p", prompt_len, max_tokens=6))
+    assert tokens_of(outputs["p"]) == tokens_of(run_to_completion(both_sched, both_worker)["p"])
+    assert d_sched.kv_cache_manager.num_free_blocks == 16
+
+
+def test_a_failed_pull_ends_the_request_with_an_error():
+    p_sched, p_worker = prefill_scheduler()
+    _, p_out = prefill(p_sched, p_worker)
+    d_sched, d_worker = make_scheduler()  # no kv_source: the fake worker fails the load
+    req = make_request("p", 10, max_tokens=4)
+    req.kv_transfer = p_out.kv_transfer
+    d_sched.add_request(req)
+    _, outs = step(d_sched, d_worker)
+    assert outs["p"].finish_reason == FinishReason.ERROR and "no prefill worker" in outs["p"].error
+    assert outs["p"].error_kind == ErrorKind.ENGINE_FAILURE and not d_sched.has_unfinished()
+    assert d_sched.kv_cache_manager.num_free_blocks == 64
+
+
+def test_abort_while_pulling_and_wrong_shapes():
+    p_sched, p_worker = prefill_scheduler()
+    _, p_out = prefill(p_sched, p_worker)
+    d_sched, d_worker = make_scheduler()
+    d_worker.kv_source = p_worker
+    req = make_request("p", 10, max_tokens=4)
+    req.kv_transfer = p_out.kv_transfer
+    d_sched.add_request(req)
+    plan = d_sched.schedule()
+    d_sched.abort(["p"])
+    check_scheduler_invariants(d_sched)
+    assert d_sched.update_from_output(plan, d_worker.execute(plan)) == []
+    assert d_sched.kv_cache_manager.num_free_blocks == 64 and not d_sched.has_unfinished()
+
+    other = make_request("q", 7, max_tokens=4)  # not the prompt the remote KV was computed for
+    other.kv_transfer = p_out.kv_transfer
+    assert not d_sched.add_request(other)
+    assert "remote KV holds 9 tokens" in d_sched.take_pending_outputs()[-1].error
