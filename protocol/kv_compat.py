@@ -1,0 +1,29 @@
+"""The compatibility hash of a KV side channel: two workers may exchange KV blocks only when the bytes of a block
+mean the same on both (vLLM's NixlConnector compatibility_hash). It covers the tinyvllm version, the model's
+fingerprint (protocol/compatibility.py), the cache's dtype, block size, layers, KV heads and head dim (per rank), and
+the tensor-parallel size."""
+import hashlib
+import json
+
+
+def kv_compat_fields(model_fingerprint: str, dtype: str, block_size: int, n_layers: int, n_kv_heads: int,
+                     head_dim: int, tp_size: int) -> dict:
+    from tinyvllm.protocol.compatibility import tinyvllm_version
+    return {"version": tinyvllm_version(), "model": model_fingerprint, "dtype": dtype, "block_size": block_size,
+            "layers": n_layers, "kv_heads": n_kv_heads, "head_dim": head_dim, "tp_size": tp_size}
+
+
+def kv_compat_hash(fields: dict) -> str:
+    """A short hash of the fields, with the fields themselves after it so that a refusal can say what differs."""
+    text = json.dumps(fields, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16] + " " + text
+
+
+def describe_mismatch(mine: str, theirs: str) -> str:
+    try:
+        a, b = json.loads(mine.split(" ", 1)[1]), json.loads(theirs.split(" ", 1)[1])
+        diff = {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
+        what = ", ".join(f"{k}: {x!r} here, {y!r} there" for k, (x, y) in diff.items())
+    except (IndexError, ValueError, AttributeError):
+        what = "unreadable compatibility fields"
+    return f"incompatible KV caches ({what})"

@@ -1,0 +1,108 @@
+"""The KV side channel (workers/kv_side_channel.py) between two in-process endpoints: a decode cache pulls blocks of
+a prefill cache, bit-exact, into other block ids; a compatibility mismatch and a silent peer are explicit errors; the
+puller's release reaches the prefill side. The prefill side is served from a thread with the blocks read beforehand
+(tinygrad runs in one thread: in a worker the channel is served between steps)."""
+import threading
+
+import numpy as np
+import pytest
+import zmq
+from tinygrad import Tensor
+
+from tests.workers.test_paged_attention import CFG
+from tinyvllm.protocol.kv_compat import kv_compat_fields, kv_compat_hash
+from tinyvllm.protocol.messages import KVLoad, KVTransferParams
+from tinyvllm.workers.kv_block_io import KVBlockIO
+from tinyvllm.workers.kv_cache import PagedKVCache
+from tinyvllm.workers.kv_side_channel import KVPullError, KVSideChannel, pull_blocks
+
+HASH = kv_compat_hash(kv_compat_fields("model-a", "float32", 4, CFG.n_layers, CFG.n_kv_heads, CFG.head_dim, 1))
+
+
+class PrereadBlocks:
+    def __init__(self, io: KVBlockIO, block_ids):
+        self.nbytes, self.blocks = io.nbytes, {b: io.read(b) for b in block_ids}
+
+    def read(self, block_id):
+        if block_id not in self.blocks:
+            raise ValueError(f"block {block_id} is out of range")
+        return self.blocks[block_id]
+
+
+@pytest.fixture
+def prefill_side():
+    cache = PagedKVCache(CFG, num_blocks=8, block_size=4)
+    rng = np.random.default_rng(1)
+    for layer in cache.layers:
+        layer.assign(Tensor(rng.random(layer.shape, dtype=np.float32))).realize()
+    ctx = zmq.Context()
+    released = []
+    channel = KVSideChannel(ctx, "tcp://127.0.0.1:0", PrereadBlocks(KVBlockIO(cache), range(8)), HASH, released.append)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            if channel.sock.poll(20):
+                channel.handle()
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield cache, channel, released, ctx
+    stop.set()
+    thread.join()
+    channel.close()
+    ctx.destroy(linger=0)
+
+
+def load_for(channel, remote_blocks, local_blocks, request_id="r1"):
+    port = int(channel.address.rsplit(":", 1)[1])
+    params = KVTransferParams(do_remote_prefill=True, remote_block_ids=remote_blocks, remote_host="127.0.0.1",
+                              remote_port=port, remote_request_id=request_id)
+    return KVLoad("local-id", local_blocks, params)
+
+
+def wait_for(cond):
+    for _ in range(200):
+        if cond():
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError("timed out")
+
+
+def test_blocks_arrive_bit_exact_and_the_release_reaches_the_prefill_side(prefill_side):
+    p_cache, channel, released, ctx = prefill_side
+    d_cache = PagedKVCache(CFG, num_blocks=6, block_size=4)
+    before = [layer.numpy().copy() for layer in d_cache.layers]
+    remote, local = [5, 2, 7], [0, 3, 4]
+    pull_blocks(ctx, load_for(channel, remote, local), KVBlockIO(d_cache), HASH)
+    bs = 4
+    for p_layer, d_layer, old in zip(p_cache.layers, d_cache.layers, before):
+        p, d = p_layer.numpy(), d_layer.numpy()
+        for src, dst in zip(remote, local):
+            assert np.array_equal(d[dst * bs:dst * bs + bs], p[src * bs:src * bs + bs])
+        for untouched in (1, 2, 5, 6):  # 6 is the scratch block
+            assert np.array_equal(d[untouched * bs:untouched * bs + bs], old[untouched * bs:untouched * bs + bs])
+    wait_for(lambda: released == ["r1"])
+    assert channel.num_blocks_sent == 3
+
+
+def test_a_compatibility_mismatch_is_refused_with_what_differs(prefill_side):
+    _, channel, released, ctx = prefill_side
+    other = kv_compat_hash(kv_compat_fields("model-a", "float32", 16, CFG.n_layers, CFG.n_kv_heads, CFG.head_dim, 1))
+    d_cache = PagedKVCache(CFG, num_blocks=6, block_size=4)
+    with pytest.raises(KVPullError, match="block_size: 4 here, 16 there"):
+        pull_blocks(ctx, load_for(channel, [1], [0]), KVBlockIO(d_cache), other)
+    wait_for(lambda: released == ["r1"])  # released anyway: the prefill side need not wait for its lease
+
+
+def test_a_block_out_of_range_and_a_silent_peer_are_errors(prefill_side):
+    _, channel, _, ctx = prefill_side
+    d_io = KVBlockIO(PagedKVCache(CFG, num_blocks=6, block_size=4))
+    with pytest.raises(KVPullError, match="out of range"):
+        pull_blocks(ctx, load_for(channel, [1, 99], [0, 1]), d_io, HASH)
+    silent = ctx.socket(zmq.ROUTER)
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    load = load_for(channel, [1], [0])
+    load.remote.remote_port = port
+    with pytest.raises(KVPullError, match="no answer"):
+        pull_blocks(ctx, load, d_io, HASH, timeout_s=0.3)
+    silent.close(linger=0)
