@@ -74,6 +74,19 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "known (the worker fills in the token it sampled), so the worker need not wait for the "
                              "scheduler between steps; only with one worker (tensor- and pipeline-parallel size 1), "
                              "ignored otherwise (default: on)")
+    pd = parser.add_argument_group("disaggregated prefill/decode (docs/DEPLOY.md)")
+    pd.add_argument("--role", choices=("both", "prefill", "decode"), default="both",
+                    help="both: serve whole requests (default); prefill: compute prompts sent with kv_transfer_params "
+                         "{do_remote_decode: true} and hold their KV blocks for a decode instance to pull; decode: "
+                         "continue requests sent with the kv_transfer_params a prefill instance returned")
+    pd.add_argument("--kv-host", default="127.0.0.1",
+                    help="prefill role: the address the workers' KV side channel binds and that decode instances "
+                         "are told to pull from")
+    pd.add_argument("--kv-port", type=int, default=0,
+                    help="prefill role: the KV side channel's port (worker rank r: port + r); 0: a free port")
+    pd.add_argument("--kv-lease-seconds", dest="kv_lease_s", type=float, default=30.0,
+                    help="prefill role: how long a finished prompt's KV blocks wait for a decode instance to pull "
+                         "them before they go back to the pool")
     parser.add_argument("--cpu-kernels", choices=CPU_KERNEL_SETS, default=None,
                         help="the kernels the model runs: c, hand-written C kernels and a C graph executor (tinygrad's "
                              "CPU backend only), or tinygrad, tinygrad's own kernels (what GPUs run); default: c on "
@@ -90,7 +103,9 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
                       tensor_parallel_size=args.tensor_parallel_size,
                       pipeline_parallel_size=args.pipeline_parallel_size,
                       data_parallel_size=args.data_parallel_size, step_timeout_s=args.step_timeout_s,
-                      async_scheduling=args.async_scheduling)
+                      async_scheduling=args.async_scheduling, role=getattr(args, "role", "both"),
+                      kv_host=getattr(args, "kv_host", "127.0.0.1"), kv_port=getattr(args, "kv_port", 0),
+                      kv_lease_s=getattr(args, "kv_lease_s", 30.0))
 
 
 def add_limit_args(serve: argparse.ArgumentParser) -> None:

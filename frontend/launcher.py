@@ -25,6 +25,7 @@ from tinyvllm.scheduler.main import SchedulerArgs
 log = logging.getLogger("tinyvllm.frontend")
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30
+WORKER_ROLES = {"both": "mixed", "prefill": "prefill", "decode": "decode"}  # protocol.messages.WorkerRole
 CPU_KERNEL_SETS = ("c", "tinygrad")  # workers/kernel_set.py's KERNEL_SETS, named here without importing tinygrad
 
 
@@ -54,6 +55,12 @@ class EngineArgs:
     step_timeout_s: float = 120.0
     # Plan each step while the one before runs (vLLM's --async-scheduling); only with one worker (world size 1).
     async_scheduling: bool = True
+    # Disaggregated prefill/decode (docs/ARCHITECTURE.md): a prefill engine's workers serve their KV blocks on a side
+    # channel at kv_host:kv_port (+ rank; 0: a free port each), leased for kv_lease_s after each prompt.
+    role: str = "both"
+    kv_host: str = "127.0.0.1"
+    kv_port: int = 0
+    kv_lease_s: float = 30.0
 
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size",
@@ -76,6 +83,14 @@ class EngineArgs:
         if self.worker_address and not self.worker_address.startswith(("tcp://", "ipc://")):
             raise ValueError(f"--worker-address must be tcp://HOST:PORT or ipc://PATH, not {self.worker_address!r}")
         require_secret_beyond_loopback(self.worker_secret, worker_address=self.worker_address or "")
+        if self.role not in ("both", "prefill", "decode"):
+            raise ValueError(f"--role must be both, prefill or decode, not {self.role!r}")
+        if self.role != "both" and self.pipeline_parallel_size > 1:
+            raise ValueError("--role prefill|decode needs --pipeline-parallel-size 1 (for now)")
+        if self.role == "prefill" and self.kv_port == 0 and self.world_size * self.data_parallel_size > 1:
+            raise ValueError("--role prefill with several workers needs --kv-port (rank r serves at kv-port + r)")
+        if self.kv_lease_s <= 0:
+            raise ValueError("--kv-lease-seconds must be positive")
 
     @property
     def world_size(self) -> int:
@@ -120,7 +135,8 @@ class EngineProcesses:
                                    model_fingerprint=model_fingerprint(self.model_path),
                                    # each pipeline stage busy with its own step; or the next step planned meanwhile
                                    max_steps_in_flight=2 if async_scheduling else pp,
-                                   async_scheduling=async_scheduling)
+                                   async_scheduling=async_scheduling, kv_lease_s=args.kv_lease_s,
+                                   kv_host=args.kv_host)
         # tcp on loopback is open to every local user: the launcher's workers then prove a secret of its own
         secret = args.worker_secret or (secrets.token_hex(32) if args.transport == "tcp" and not args.external_workers
                                         else "")
@@ -132,13 +148,21 @@ class EngineProcesses:
             return
         worker_args = [WorkerArgs(str(self.model_path), rank, args.world_size, jit_warmup=args.jit_warmup, beam=args.beam,
                                   kernels=args.cpu_kernels, tp_size=tp, pp_size=pp,
-                                  stage_address=self.endpoints.stage_input(rank) if rank >= tp else "")
+                                  stage_address=self.endpoints.stage_input(rank) if rank >= tp else "",
+                                  role=WORKER_ROLES[args.role], kv_address=self.kv_address(args, replica, rank))
                        for rank in range(args.world_size)]
         self.processes += [ChildProcess(f"tinyvllm-worker{a.rank}", "tinyvllm.workers.main", self.endpoints.workers, a,
                                         env={**device_placement(replica * args.world_size + a.rank,
                                                                 args.data_parallel_size * args.world_size),
                                              **secret_env})
                            for a in worker_args]
+
+    @staticmethod
+    def kv_address(args: EngineArgs, replica: int, rank: int) -> str:
+        """Where a prefill worker binds its KV side channel (others have none)."""
+        if args.role != "prefill":
+            return ""
+        return f"tcp://{args.kv_host}:{args.kv_port + replica * args.world_size + rank if args.kv_port else 0}"
 
     def start(self) -> None:
         for p in self.processes:

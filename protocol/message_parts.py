@@ -43,6 +43,8 @@ def split_step_result(result: StepResult) -> list[StepResult]:
                                   "(fewer prompt_logprobs or logprobs would fit)")
     for part in parts[:-1]:
         part.more_parts = True
+    parts[0].kv_loaded_req_ids, parts[0].kv_failed_req_ids = result.kv_loaded_req_ids, result.kv_failed_req_ids
+    parts[0].kv_failed_reasons = result.kv_failed_reasons
     return parts
 
 
@@ -63,4 +65,7 @@ def merge_step_results(parts: list[StepResult]) -> StepResult:
             merged.prompt_logprobs += part.prompt_logprobs or [None] * len(part.req_ids)
         merged.pooled_req_ids += part.pooled_req_ids
         merged.embeddings += part.embeddings
+        merged.kv_loaded_req_ids += part.kv_loaded_req_ids
+        merged.kv_failed_req_ids += part.kv_failed_req_ids
+        merged.kv_failed_reasons += part.kv_failed_reasons
     return merged

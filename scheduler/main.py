@@ -6,6 +6,7 @@ StepOutputs), ROUTER to the workers (hello/init/ready handshake, StepPlan out, S
 import logging
 import sys
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, replace
 
@@ -13,8 +14,8 @@ import zmq
 
 from tinyvllm.protocol.codec import CodecError
 from tinyvllm.protocol.message_parts import merge_step_results
-from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, Shutdown, StepPlan, StepResult,
-                                        WorkerError)
+from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, KVReleased, KVTransferParams, Shutdown,
+                                        StepPlan, StepResult, WorkerError)
 from tinyvllm.protocol.transport import Endpoints, make_socket, recv, send
 from tinyvllm.scheduler.request import Request
 from tinyvllm.scheduler.config import SchedulerConfig
@@ -44,12 +45,15 @@ class SchedulerArgs:
     model_fingerprint: str = ""
     max_steps_in_flight: int = 1  # plans sent before the oldest one's result is awaited (P stages: P; async: 2)
     async_scheduling: bool = False  # plan requests again while in flight (scheduler/async_scheduling.py)
+    kv_lease_s: float = 30.0  # disaggregated prefill: how long finished prompts' blocks wait to be pulled
+    kv_host: str = "127.0.0.1"  # the host decode instances are told to pull from (the workers' side channel)
 
 
 def scheduler_config(a: SchedulerArgs, num_blocks: int) -> SchedulerConfig:
     """Async scheduling only where one worker samples and knows every token: a world of one."""
     return SchedulerConfig(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len, a.block_size, num_blocks,
-                           a.enable_prefix_caching, a.max_steps_in_flight, a.async_scheduling and a.world_size == 1)
+                           a.enable_prefix_caching, a.max_steps_in_flight, a.async_scheduling and a.world_size == 1,
+                           a.kv_lease_s, a.world_size)
 
 
 class SchedulerLoop:
@@ -72,6 +76,12 @@ class SchedulerLoop:
                         num_blocks, a.block_size, a.max_model_len, pool_tokens)
             a = self.args = replace(a, max_model_len=pool_tokens)
         self.scheduler = Scheduler(scheduler_config(a, num_blocks))
+        if kv_address := self.workers.kv_addresses.get(0):  # a prefill engine: its workers serve their blocks
+            port = int(kv_address.rsplit(":", 1)[1])
+            self.scheduler.remote_kv.side_channel = KVTransferParams(
+                remote_engine_id=f"tinyvllm-{uuid.uuid4().hex[:12]}", remote_host=a.kv_host, remote_port=port,
+                tp_size=a.tp_size)
+            log.info("KV side channel at %s:%d, leases of %.0f s", a.kv_host, port, a.kv_lease_s)
         send(self.to_frontend, EngineReady(num_blocks, a.block_size, a.max_model_len, a.max_num_seqs, a.world_size,
                                                [self.workers.weight_bytes[r] for r in range(a.world_size)]))
         log.info("scheduler ready: %d KV blocks of %d tokens, up to %d steps in flight%s", num_blocks, a.block_size,
@@ -86,7 +96,20 @@ class SchedulerLoop:
             self.running = False
 
     def drain_frontend(self, timeout_ms: int) -> bool:
-        """Handles every frontend message that is waiting (waiting up to timeout_ms for the first)."""
+        """Handles every frontend message that is waiting (waiting up to timeout_ms for the first); meanwhile takes
+        the workers' KVReleased (a prefill engine between steps)."""
+        if timeout_ms and self.scheduler.remote_kv.side_channel is not None:
+            poller = zmq.Poller()
+            poller.register(self.from_frontend, zmq.POLLIN)
+            poller.register(self.workers.sock, zmq.POLLIN)
+            if self.workers.sock in dict(poller.poll(timeout_ms)):
+                _, msg = self.workers.recv(time.monotonic() + 1)
+                if isinstance(msg, KVReleased):
+                    self.scheduler.remote_kv.release(msg.req_ids, msg.rank)
+                elif isinstance(msg, WorkerError):
+                    raise RuntimeError(f"worker {msg.rank} failed: {msg.message}")
+                return True
+            timeout_ms = 0
         got = False
         while self.from_frontend.poll(timeout_ms):
             try:
@@ -111,6 +134,8 @@ class SchedulerLoop:
                 _, msg = self.workers.recv(time.monotonic() + 1)
                 if isinstance(msg, WorkerError):
                     raise RuntimeError(f"worker {msg.rank} failed: {msg.message}")
+                if isinstance(msg, KVReleased):
+                    self.scheduler.remote_kv.release(msg.req_ids, msg.rank)
                 if isinstance(msg, StepResult) and msg.step_id == plan.step_id and msg.rank == self.workers.output_rank:
                     parts.append(msg)
                     if not msg.more_parts:
@@ -134,8 +159,10 @@ class SchedulerLoop:
         """Keeps up to max_steps_in_flight plans sent (workers run them in order), then waits for the oldest."""
         sched = self.scheduler
         sent: deque[StepPlan] = deque()
+        stepped = False
         while self.running:
-            changed = self.drain_frontend(0 if sched.has_unfinished() or sent else 100)
+            # nothing planned last time (say, requests that wait for leased blocks): wait for news, do not spin
+            changed = self.drain_frontend(0 if (sched.has_unfinished() and stepped) or sent else 100)
             outputs = sched.take_pending_outputs()
             while self.running and len(sent) < sched.config.max_steps_in_flight:
                 if (plan := sched.schedule()) is None:

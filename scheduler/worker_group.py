@@ -35,6 +35,7 @@ class WorkerGroup:
         self.output_rank = 0  # whose StepResult counts
         self.weight_bytes: dict[int, int] = {}  # by rank, as the workers reported them
         self.ignored_peers: set[bytes] = set()
+        self.kv_addresses: dict[int, str] = {}  # by rank: a prefill worker's KV side channel
 
     def handshake(self, args) -> int:
         """Returns the number of KV blocks every worker can hold."""
@@ -69,6 +70,8 @@ class WorkerGroup:
             if isinstance(msg, WorkerReady):
                 ready[msg.rank] = msg
                 self.weight_bytes[msg.rank] = msg.weight_bytes
+                if msg.kv_address:
+                    self.kv_addresses[msg.rank] = msg.kv_address
                 log.info("worker rank %d ready: %.1f MB of weights, %d KV blocks", msg.rank, msg.weight_bytes / 1e6,
                          msg.num_blocks)
         return min(r.num_blocks for r in ready.values())

@@ -52,6 +52,7 @@ class WorkerArgs:
     tp_size: int = 1
     pp_size: int = 1
     stage_address: str = ""  # where this worker receives the previous pipeline stage's output (not on the first)
+    kv_address: str = ""  # a prefill worker: where its KV side channel binds (workers/kv_side_channel.py)
 
     @property
     def spec(self):
@@ -135,7 +136,7 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
     link = None
     if args.pp_size > 1:  # a later stage listens for its input (by default on a free loopback port)
         link = StageLink(ctx, None if args.spec.first_stage else args.stage_address or "tcp://127.0.0.1:0")
-    runner, steps = None, 0
+    runner, steps, kv = None, 0, None
     try:
         hello = worker_hello(args, Device.DEFAULT, link.address if link is not None else "")
         watch = SchedulerWatch(sock)  # also while waiting for the other workers: a scheduler may die meanwhile
@@ -146,13 +147,19 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
         while True:
             if isinstance(msg, InitWorker):
                 runner = build_runner(args, msg, link)
+                from tinyvllm.workers.worker_kv import WorkerKV
+                kv = WorkerKV(ctx, args, runner, sock)
+                if kv.side_channel is not None:
+                    watch.serve_also(kv.side_channel.sock, kv.side_channel.handle)
                 log.info("rank %d (tp %d/%d, pp %d/%d): %.1f MB of weights, %d KV blocks", args.rank,
                          args.spec.tp_rank, args.tp_size, args.spec.pp_rank, args.pp_size,
                          runner.model.weight_nbytes / 1e6, runner.cache.num_blocks)
                 send(sock, WorkerReady(args.rank, runner.cache.num_blocks, runner.cache.block_size, msg.max_model_len,
-                                       runner.model.weight_nbytes))
+                                       runner.model.weight_nbytes, kv.address))
             elif isinstance(msg, StepPlan):
-                send_step_result(sock, runner.execute(msg, args.rank))
+                result = runner.execute(msg, args.rank)  # the plan's kv_loads are for requests it does not compute
+                kv.load(msg, result)
+                send_step_result(sock, result)
                 steps += 1
             elif isinstance(msg, Shutdown):
                 break
@@ -171,6 +178,8 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
             log_exchange_cost(args.rank, runner, steps)
         if runner is not None and runner.group is not None:
             runner.group.close()
+        if kv is not None:
+            kv.close()
         ctx.destroy(linger=200)
     return 0
 

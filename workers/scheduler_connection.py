@@ -44,12 +44,23 @@ class SchedulerWatch:
         self.poller = zmq.Poller()
         self.poller.register(sock, zmq.POLLIN)
         self.poller.register(self.monitor, zmq.POLLIN)
+        self.others: dict[zmq.Socket, object] = {}
+
+    def serve_also(self, sock: zmq.Socket, handler) -> None:
+        """While waiting for the scheduler, call handler() whenever sock has messages (the KV side channel)."""
+        self.others[sock] = handler
+        self.poller.register(sock, zmq.POLLIN)
 
     def recv(self):
         while True:
             ready = dict(self.poller.poll())
+            for sock, handler in self.others.items():
+                if sock in ready:
+                    handler()
             if self.sock in ready:
                 return recv(self.sock)
+            if self.monitor not in ready:
+                continue
             recv_monitor_message(self.monitor)
             if not self.sock.poll(0):  # what the scheduler sent before it went (a Shutdown) comes first
                 raise NoScheduler("the connection to the scheduler dropped")

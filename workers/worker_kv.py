@@ -1,0 +1,54 @@
+"""A worker's part in disaggregated prefill/decode: a prefill worker serves its KV blocks on the side channel between
+steps and tells its scheduler when a decode worker is done with a request's blocks; any worker performs a plan's
+kv_loads (pulls remote blocks into its own) before the step. workers/kv_side_channel.py has the wire protocol."""
+import logging
+
+import zmq
+
+from tinyvllm.protocol.compatibility import model_fingerprint
+from tinyvllm.protocol.kv_compat import kv_compat_fields, kv_compat_hash
+from tinyvllm.protocol.messages import KVReleased, StepPlan, StepResult
+from tinyvllm.protocol.transport import send
+from tinyvllm.workers.kv_block_io import KVBlockIO
+from tinyvllm.workers.kv_side_channel import KVPullError, KVSideChannel, pull_blocks
+
+log = logging.getLogger("tinyvllm.worker")
+
+
+class WorkerKV:
+    def __init__(self, ctx: zmq.Context, args, runner, scheduler_sock: zmq.Socket):
+        """args: WorkerArgs (a prefill worker has kv_address: where its side channel binds)."""
+        self.ctx, self.rank, self.tp_rank = ctx, args.rank, args.spec.tp_rank
+        self.scheduler_sock = scheduler_sock
+        cache = runner.cache
+        layer = cache.layers[0]
+        self.compat_hash = kv_compat_hash(kv_compat_fields(
+            model_fingerprint(args.model), "float32", cache.block_size, len(cache.layers), layer.shape[2],
+            layer.shape[3], args.tp_size))
+        self.block_io = KVBlockIO(cache)
+        self.side_channel = None
+        if args.kv_address:
+            self.side_channel = KVSideChannel(ctx, args.kv_address, self.block_io, self.compat_hash, self._released)
+            log.info("rank %d: KV side channel at %s", args.rank, self.side_channel.address)
+
+    @property
+    def address(self) -> str:
+        return self.side_channel.address if self.side_channel is not None else ""
+
+    def _released(self, request_id: str) -> None:
+        send(self.scheduler_sock, KVReleased(self.rank, [request_id]))
+
+    def load(self, plan: StepPlan, result: StepResult) -> None:
+        """Pulls each of plan.kv_loads; records in result which arrived and which failed (and why)."""
+        for load in plan.kv_loads:
+            try:
+                pull_blocks(self.ctx, load, self.block_io, self.compat_hash, self.tp_rank)
+                result.kv_loaded_req_ids.append(load.req_id)
+            except KVPullError as e:
+                log.warning("rank %d: request %s: %s", self.rank, load.req_id, e)
+                result.kv_failed_req_ids.append(load.req_id)
+                result.kv_failed_reasons.append(str(e))
+
+    def close(self) -> None:
+        if self.side_channel is not None:
+            self.side_channel.close()
