@@ -69,7 +69,10 @@ def response_body(result: CompletionResult, is_chat: bool, request_id: str, mode
                                                                                api.completion_body)
     choices = [make_choice(c.index, c.text, c.finish_reason, c.stop_reason, c.logprobs) for c in result.choices]
     usage = api.usage_body(result.num_prompt_tokens, result.num_generated_tokens, result.num_cached_tokens)
-    return make_body(request_id, model, choices, usage, created)
+    body = make_body(request_id, model, choices, usage, created)
+    if result.kv_transfer_params is not None:  # a prefill instance's answer (vLLM's contract)
+        body["kv_transfer_params"] = result.kv_transfer_params
+    return body
 
 
 def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_root: str | None = None,

@@ -6,7 +6,7 @@ from typing import Any
 
 from tinyvllm.frontend.openai_requests import ChatMessage, ChatRequest, CompletionRequest
 from tinyvllm.frontend.request_models import RequestInvalid, RequestModel, validate
-from tinyvllm.protocol.sampling import SamplingParams
+from tinyvllm.protocol.sampling import KVTransferParams, SamplingParams
 
 
 class APIError(Exception):
@@ -84,6 +84,11 @@ def _generation(req: CompletionRequest | ChatRequest, is_chat: bool) -> Generati
         frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
         min_tokens=req.min_tokens, logprobs=logprobs, prompt_logprobs=logprobs if echo and not is_chat else None)
     sampling.set_logit_bias(_logit_bias(req.logit_bias))
+    if (kv := req.kv_transfer_params) is not None and (kv.do_remote_decode or kv.do_remote_prefill):
+        sampling.kv_transfer = KVTransferParams(
+            kv.do_remote_decode, kv.do_remote_prefill, list(kv.remote_block_ids or []), kv.remote_engine_id or "",
+            kv.remote_host or "", kv.remote_port or 0, kv.remote_request_id or "", kv.tp_size or 1,
+            kv.remote_num_tokens or 0)
     try:
         sampling.validate()
     except ValueError as e:

@@ -29,6 +29,19 @@ class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
+class KVTransferParamsBody(RequestModel):
+    """vLLM's kv_transfer_params (disaggregated prefill/decode); unknown keys are accepted and ignored."""
+    do_remote_decode: bool = False
+    do_remote_prefill: bool = False
+    remote_block_ids: Annotated[list[Annotated[int, Field(ge=0)]] | None, Field(max_length=1 << 20)] = None
+    remote_engine_id: str | None = None
+    remote_host: str | None = None
+    remote_port: Annotated[int | None, Field(ge=0, le=65535)] = None
+    remote_request_id: str | None = None
+    tp_size: Annotated[int | None, Field(ge=1)] = None
+    remote_num_tokens: Annotated[int | None, Field(ge=0)] = None
+
+
 class SamplingFields(RequestModel):
     """What completions and chat share."""
     model_config = ConfigDict(json_schema_extra={"dependentSchemas": _STREAM_OPTIONS_NEED_STREAM})
@@ -67,6 +80,9 @@ class SamplingFields(RequestModel):
     echo: bool = Field(False, description="completions: the prompt before the output; chat: the last message's "
                                           "content, when it is the assistant's")
     user: str | None = Field(None, description="accepted and ignored")
+    kv_transfer_params: KVTransferParamsBody | None = Field(
+        None, description="disaggregated prefill/decode (vLLM's contract): {do_remote_decode: true} to a prefill "
+                          "instance; what it answers, to a decode instance")
 
 
 class CompletionRequest(SamplingFields):

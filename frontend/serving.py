@@ -1,5 +1,6 @@
 """Per-request glue: prompt -> token ids -> engine.generate -> incremental text per choice (with stop strings)."""
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
@@ -27,6 +28,7 @@ class TextDelta:
     num_generated_tokens: int = 0  # cumulative over all choices
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     logprobs: dict | None = None  # this delta's tokens, in the endpoint's format (frontend/logprobs.py)
+    kv_transfer_params: dict | None = None  # a prefill instance's last delta: where the prompt's KV waits
 
 
 @dataclass(slots=True)
@@ -44,6 +46,7 @@ class CompletionResult:
     num_prompt_tokens: int
     num_generated_tokens: int  # over all choices
     num_cached_tokens: int
+    kv_transfer_params: dict | None = None
 
 
 async def _maybe_in_thread(size: int, fn: Callable, *args: Any) -> Any:
@@ -139,13 +142,14 @@ class RequestServing:
                     for _ in range(sp.n)]
         echo = [self.echo_text(req, prompt_ids)] * sp.n  # each choice's, until its first delta takes it
         p, generated, cached, errored = len(prompt_ids), 0, 0, False
+        kv_params = None
 
         def delta(choice: ChoiceText, text: str, final: bool) -> TextDelta:
             i = choice.index
             text, echo[i] = echo[i] + text, ""
             body = logprobs[i].take() if logprobs[i] is not None else None
             return TextDelta(text, i, choice.finish_reason if final else None, choice.stop_reason if final else None,
-                             p, generated, cached, body)
+                             p, generated, cached, body, kv_params if final else None)
 
         start = time.monotonic()
         outputs = self.engine.generate(req_id, prompt_ids, req.sampling, self.tokenizer.eos_token_ids)
@@ -162,6 +166,8 @@ class RequestServing:
                 if generated == 0 and out.new_token_ids and self.metrics:
                     self.metrics.record_first_token(time.monotonic() - start)
                 generated += len(out.new_token_ids)
+                if out.kv_transfer is not None:
+                    kv_params = dataclasses.asdict(out.kv_transfer)
                 if out.index == 0:
                     cached = out.num_cached_tokens  # the leader's: it looked the prompt up in the prefix cache
                 if (choice_lps := logprobs[out.index]) is not None:
@@ -201,4 +207,5 @@ async def collect(deltas: AsyncIterator[TextDelta], n: int) -> CompletionResult:
                 choices[last.index].stop_reason = last.stop_reason
     for choice, pieces in zip(choices, texts):
         choice.text = "".join(pieces)
-    return CompletionResult(choices, last.num_prompt_tokens, last.num_generated_tokens, last.num_cached_tokens)
+    return CompletionResult(choices, last.num_prompt_tokens, last.num_generated_tokens, last.num_cached_tokens,
+                            last.kv_transfer_params)

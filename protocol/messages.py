@@ -10,7 +10,7 @@ Worker <-> worker:      KVPull -> KVBlockData... (decode pulls a prefill worker'
 """
 from dataclasses import dataclass, field
 
-from tinyvllm.protocol.sampling import SamplingParams
+from tinyvllm.protocol.sampling import KVTransferParams, SamplingParams  # noqa: F401 (KVTransferParams: re-exported)
 
 
 class FinishReason:
@@ -37,29 +37,12 @@ class WorkerRole:
 # ---- frontend <-> scheduler -------------------------------------------------
 
 @dataclass(slots=True)
-class KVTransferParams:
-    """vLLM's request-level contract for disaggregated prefill/decode (the body's `kv_transfer_params`).
-    To a prefill instance: do_remote_decode (compute the prompt, keep its blocks under a lease). Back from it, and
-    on to a decode instance: do_remote_prefill plus where the blocks are (the prefill worker's side channel)."""
-    do_remote_decode: bool = False
-    do_remote_prefill: bool = False
-    remote_block_ids: list[int] = field(default_factory=list)
-    remote_engine_id: str = ""
-    remote_host: str = ""
-    remote_port: int = 0
-    remote_request_id: str = ""
-    tp_size: int = 1
-    remote_num_tokens: int = 0  # how many prompt tokens the remote blocks hold (all but the last)
-
-
-@dataclass(slots=True)
 class AddRequest:
     req_id: str
     prompt_token_ids: list[int]
     sampling: SamplingParams
     eos_token_ids: list[int] = field(default_factory=list)
     arrival_time: float = 0.0
-    kv_transfer: KVTransferParams | None = None  # disaggregated prefill/decode (scheduler/remote_kv.py)
 
 
 @dataclass(slots=True)

@@ -10,6 +10,22 @@ MAX_LOGPROB_ENTRIES = 1_000_000
 
 
 @dataclass(slots=True)
+class KVTransferParams:
+    """vLLM's request-level contract for disaggregated prefill/decode (the body's `kv_transfer_params`).
+    To a prefill instance: do_remote_decode (compute the prompt, keep its blocks under a lease). Back from it, and
+    on to a decode instance: do_remote_prefill plus where the blocks are (the prefill worker's side channel)."""
+    do_remote_decode: bool = False
+    do_remote_prefill: bool = False
+    remote_block_ids: list[int] = field(default_factory=list)
+    remote_engine_id: str = ""
+    remote_host: str = ""
+    remote_port: int = 0
+    remote_request_id: str = ""
+    tp_size: int = 1
+    remote_num_tokens: int = 0  # how many prompt tokens the remote blocks hold (all but the last)
+
+
+@dataclass(slots=True)
 class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
@@ -30,6 +46,8 @@ class SamplingParams:
     logprobs: int | None = None  # per sampled token: its logprob and the top-k (k = this) logprobs
     prompt_logprobs: int | None = None  # the same for every prompt token after the first
     embed: bool = False  # a pooling request: the worker returns the prompt's embedding and samples nothing
+    # Disaggregated prefill/decode (scheduler/remote_kv.py); vLLM carries it in SamplingParams.extra_args too.
+    kv_transfer: KVTransferParams | None = None
 
     @property
     def greedy(self) -> bool:

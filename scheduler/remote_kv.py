@@ -87,6 +87,7 @@ class RemoteKV:
             return "kv_transfer_params with n > 1 is not supported"
         if kv.do_remote_prefill:
             bs = self.sched.config.block_size
+            kv.remote_num_tokens = kv.remote_num_tokens or req.num_prompt_tokens - 1  # not given: all but the last
             if kv.remote_num_tokens != req.num_prompt_tokens - 1:
                 return (f"kv_transfer_params: the remote KV holds {kv.remote_num_tokens} tokens, this prompt needs "
                         f"{req.num_prompt_tokens - 1} (not the prompt the prefill instance computed?)")

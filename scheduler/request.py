@@ -48,7 +48,7 @@ class Request:
     @classmethod
     def from_add_request(cls, msg: AddRequest) -> "Request":
         req = cls(msg.req_id, list(msg.prompt_token_ids), msg.sampling, list(msg.eos_token_ids), msg.arrival_time)
-        req.kv_transfer = msg.kv_transfer
+        req.kv_transfer = msg.sampling.kv_transfer
         return req
 
     @property

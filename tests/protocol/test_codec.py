@@ -39,7 +39,7 @@ EXAMPLES = [
     m.KVBlockData("cmpl-1", 2, 3),
     m.KVBlockData("cmpl-1", 0, 3, "incompatible KV caches"),
     m.KVRelease("cmpl-1"),
-    m.AddRequest("r9", [1, 2], SP, [2], 0.0, m.KVTransferParams(True)),
+    m.AddRequest("r9", [1, 2], SamplingParams(max_tokens=1, kv_transfer=m.KVTransferParams(True)), [2], 0.0),
     m.StepPlan(4, [], [], [], [], [m.KVLoad("r9", [7, 8], m.KVTransferParams(False, True, [1, 2], "e", "10.0.0.1", 5600,
                                                                            "r9", 1, 20))]),
     m.WorkerReady(0, 128, 16, 2048, 1, "tcp://127.0.0.1:5600"),
