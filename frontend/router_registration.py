@@ -25,7 +25,7 @@ log = logging.getLogger("tinyvllm.frontend")
 ROUTER_SECRET_ENV = "TINYVLLM_ROUTER_SECRET"
 HEARTBEAT_INTERVAL_S = 2.0
 HEARTBEAT_PATH, DEREGISTER_PATH = "/instances/heartbeat", "/instances/deregister"
-ROLE = "both"  # prefill and decode in one instance, the only kind there is yet
+ROLE = "both"  # prefill and decode in one instance (serve --role: both, prefill or decode)
 REQUEST_TIMEOUT_S = 5.0
 
 
@@ -88,8 +88,9 @@ class RouterHeartbeat:
 
     def __init__(self, registration: Registration, model: str, stats: Callable[[], SchedulerStats],
                  serving: Callable[[], bool], draining: Callable[[], bool],
-                 interval_s: float = HEARTBEAT_INTERVAL_S, transport: httpx.AsyncBaseTransport | None = None):
-        self.registration, self.model, self.interval_s = registration, model, interval_s
+                 interval_s: float = HEARTBEAT_INTERVAL_S, transport: httpx.AsyncBaseTransport | None = None,
+                 role: str = ROLE):
+        self.registration, self.model, self.interval_s, self.role = registration, model, interval_s, role
         self._stats, self._serving, self._draining = stats, serving, draining
         headers = {"Authorization": f"Bearer {registration.secret}"} if registration.secret else {}
         self._client = httpx.AsyncClient(base_url=registration.router_url, headers=headers, transport=transport,
@@ -132,7 +133,7 @@ class RouterHeartbeat:
 
     async def _beat(self) -> None:
         stats = self._stats()
-        report = {"url": self.registration.advertise_url, "role": ROLE, "model": self.model,
+        report = {"url": self.registration.advertise_url, "role": self.role, "model": self.model,
                   "running": stats.num_running, "waiting": stats.num_waiting, "kv_usage": stats.kv_usage,
                   "draining": self._draining()}
         try:

@@ -76,7 +76,7 @@ async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: 
         drain_on_signals(stop_asked, gate, server)
         if server_args.registration is not None and server.started:
             heartbeat = RouterHeartbeat(server_args.registration, name, lambda: engine.stats,
-                                        lambda: engine.dead_reason is None, stop_asked.is_set)
+                                        lambda: engine.dead_reason is None, stop_asked.is_set, role=engine_args.role)
             heartbeat.start()
         stopping = asyncio.create_task(stop_asked.wait())
         await asyncio.wait((serving, given_up, stopping), return_when=asyncio.FIRST_COMPLETED)

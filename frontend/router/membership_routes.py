@@ -34,7 +34,7 @@ class InstanceURL(RequestModel):
 
 
 class Heartbeat(InstanceURL):
-    role: Literal["both"] = "both"
+    role: Literal["both", "prefill", "decode"] = "both"
     model: str = ""
     running: Annotated[int, Field(ge=0)] = 0
     waiting: Annotated[int, Field(ge=0)] = 0

@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from tinyvllm.frontend.http_json import DEFAULT_MAX_BODY_BYTES, read_bounded_body
 from tinyvllm.frontend.request_gate import current_ticket, send_error
+from tinyvllm.frontend.router import disaggregation as pd
 from tinyvllm.frontend.router import router_metrics as m
 from tinyvllm.frontend.router.instance_picker import InstancePicker
 from tinyvllm.frontend.router.instance_registry import Instance, InstanceRegistry
@@ -111,9 +112,20 @@ class UpstreamProxy:
             headers = [(k, v) for k, v in headers if k.lower() != b"authorization"]
             headers.append((b"authorization", self.instance_authorization))
         target = scope["path"] + (f"?{scope['query_string'].decode('latin-1')}" if scope["query_string"] else "")
-        tried, refused = set(), None
+        tried, refused, role = set(), None, None
+        if pd.disaggregates(scope["method"], scope["path"], self.registry.routable()) and \
+                (request := pd.parse_body(body)) is not None:
+            try:
+                kv = await pd.run_prefill(self, target, headers, request, hashes)
+            except pd.PrefillReply as e:
+                await send({"type": "http.response.start", "status": e.status, "headers": [
+                    *e.headers, (b"content-length", str(len(e.body)).encode())]})
+                await send({"type": "http.response.body", "body": e.body})
+                return
+            body, role = (pd.decode_body(request, kv) if kv else body), pd.DECODE
         for _ in range(1 + MAX_RETRIES):
-            choice = self.picker.pick([i for i in self.registry.routable() if i.url not in tried], hashes)
+            choice = self.picker.pick([i for i in self.registry.routable()
+                                       if i.url not in tried and role in (None, i.role)], hashes)
             if choice is None:
                 break
             instance, reason = choice

@@ -41,7 +41,7 @@ async def test_registration_listing_and_deregistration():
 
 async def test_bad_heartbeats_are_400s():
     async with running_router() as router, client() as c:
-        for body in ({**BEAT, "url": "10.0.0.1:8000"}, {**BEAT, "running": -1}, {**BEAT, "role": "prefill"},
+        for body in ({**BEAT, "url": "10.0.0.1:8000"}, {**BEAT, "running": -1}, {**BEAT, "role": "mixed"},
                      {**BEAT, "kv_usage": 2}, {"model": "tiny"}):
             reply = await c.post(router.url + "/instances/heartbeat", json=body)
             assert reply.status_code == 400, body
