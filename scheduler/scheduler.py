@@ -195,8 +195,10 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        """Queued requests, counting parallel-sampling children that wait for their leader to fork."""
-        return len(self.waiting) + sum(len(req.pending_forks) for req in itertools.chain(self.running, self.waiting))
+        """Queued requests, counting parallel-sampling children that wait for their leader to fork and requests
+        whose KV is being pulled from a prefill instance."""
+        return (len(self.waiting) + len(self.remote_kv.loading)  # those wait for their prompt's KV
+                + sum(len(req.pending_forks) for req in itertools.chain(self.running, self.waiting)))
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
