@@ -18,7 +18,7 @@ log = logging.getLogger("tinyvllm.worker")
 class WorkerKV:
     def __init__(self, ctx: zmq.Context, args, runner, scheduler_sock: zmq.Socket):
         """args: WorkerArgs (a prefill worker has kv_address: where its side channel binds)."""
-        self.ctx, self.rank, self.tp_rank = ctx, args.rank, args.spec.tp_rank
+        self.ctx, self.rank, self.tp_rank, self.samples = ctx, args.rank, args.spec.tp_rank, args.spec.samples
         self.scheduler_sock = scheduler_sock
         cache = runner.cache
         layer = cache.layers[0]
@@ -46,6 +46,8 @@ class WorkerKV:
                 result.kv_loaded_req_ids.append(load.req_id)
             except KVPullError as e:
                 log.warning("rank %d: request %s: %s", self.rank, load.req_id, e)
+                if not self.samples:  # the scheduler reads only the sampling rank's result: never decode on a hole
+                    raise RuntimeError(f"rank {self.rank} could not pull the KV of {load.req_id}: {e}") from None
                 result.kv_failed_req_ids.append(load.req_id)
                 result.kv_failed_reasons.append(str(e))
 
