@@ -11,7 +11,7 @@
 # i, its containers the tensor-parallel ranks TP_RANK 0..T-1 (deploy/kubernetes/leaderworkerset/). A worker whose
 # TINYVLLM_SCHEDULER names a host waits up to WAIT_FOR_SCHEDULER_S (300) seconds for the name to resolve: in a
 # LeaderWorkerSet the leader's DNS record may come after its workers start.
-# DEV (tinygrad's backend), TINYVLLM_API_KEY, TINYVLLM_WORKER_SECRET and TINYVLLM_ROUTER_SECRET stay in the
+# DEV (tinygrad's backend), TINYVLLM_API_KEY and the TINYVLLM_WORKER_, _ROUTER_ and _KV_SECRET stay in the
 # environment, where tinyvllm reads them: secrets never go on the command line, which `ps` shows to everyone.
 # It execs tinyvllm, so the SIGTERM of a pod's termination reaches tinyvllm itself, which drains
 # (--shutdown-timeout, 30 s; keep terminationGracePeriodSeconds above it).

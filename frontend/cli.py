@@ -7,6 +7,7 @@ import sys
 from tinyvllm.frontend import router_registration, worker_command
 from tinyvllm.frontend.launcher import CPU_KERNEL_SETS, DEFAULT_KV_CACHE_BYTES, EngineArgs
 from tinyvllm.frontend.ollama.model_store import default_models_dir
+from tinyvllm.protocol.kv_auth import resolve_kv_secret
 from tinyvllm.protocol.worker_auth import resolve_worker_secret
 
 API_KEY_ENV = "TINYVLLM_API_KEY"
@@ -87,6 +88,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     pd.add_argument("--kv-lease-seconds", dest="kv_lease_s", type=float, default=30.0,
                     help="prefill role: how long a finished prompt's KV blocks wait for a decode instance to pull "
                          "them before they go back to the pool")
+    pd.add_argument("--kv-secret", default=None,
+                    help="prefill and decode roles: a secret shared by every instance whose workers exchange KV "
+                         "blocks, required for a --kv-host other machines reach (default: $TINYVLLM_KV_SECRET)")
     parser.add_argument("--cpu-kernels", choices=CPU_KERNEL_SETS, default=None,
                         help="the kernels the model runs: c, hand-written C kernels and a C graph executor (tinygrad's "
                              "CPU backend only), or tinygrad, tinygrad's own kernels (what GPUs run); default: c on "
@@ -193,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             engine_args = engine_args_from(args)
             engine_args.external_workers, engine_args.worker_address = args.external_workers, args.worker_address
             engine_args.worker_secret = resolve_worker_secret(args.worker_secret, os.environ)
+            engine_args.kv_secret = resolve_kv_secret(args.kv_secret, os.environ)
             registration = router_registration.registration_from(args.register_with, args.advertise_url,
                                                                  args.register_secret, args.host, args.port,
                                                                  os.environ)

@@ -19,6 +19,7 @@ from tinyvllm.protocol.model_config import read_model_config
 from tinyvllm.protocol.model_path import resolve_model_path
 from tinyvllm.protocol.parallel_layout import check_parallel_sizes
 from tinyvllm.protocol.transport import Endpoints
+from tinyvllm.protocol.kv_auth import KV_SECRET_ENV, require_kv_secret_beyond_loopback
 from tinyvllm.protocol.worker_auth import SECRET_ENV, require_secret_beyond_loopback
 from tinyvllm.scheduler.main import SchedulerArgs
 
@@ -61,6 +62,7 @@ class EngineArgs:
     kv_host: str = "127.0.0.1"
     kv_port: int = 0
     kv_lease_s: float = 30.0
+    kv_secret: str = field(default="", repr=False)  # shared by every prefill and decode instance (protocol/kv_auth.py)
 
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size",
@@ -91,6 +93,8 @@ class EngineArgs:
             raise ValueError("--role prefill with several workers needs --kv-port (rank r serves at kv-port + r)")
         if self.kv_lease_s <= 0:
             raise ValueError("--kv-lease-seconds must be positive")
+        if self.role == "prefill":
+            require_kv_secret_beyond_loopback(self.kv_secret, self.kv_host)
 
     @property
     def world_size(self) -> int:
@@ -141,6 +145,8 @@ class EngineProcesses:
         secret = args.worker_secret or (secrets.token_hex(32) if args.transport == "tcp" and not args.external_workers
                                         else "")
         secret_env = {SECRET_ENV: secret} if secret else {}  # never on a command line
+        if args.kv_secret:
+            secret_env[KV_SECRET_ENV] = args.kv_secret
         self.processes = [ChildProcess("tinyvllm-scheduler", "tinyvllm.scheduler.main", self.endpoints, sched_args,
                                        env=secret_env)]
         self.external_workers = args.world_size if args.external_workers else 0

@@ -6,10 +6,13 @@ Worker -> scheduler:    WorkerHello, WorkerProof (handshake), WorkerReady, StepR
 Scheduler -> worker:    SchedulerChallenge, WorkerRefused (handshake), InitWorker, StepPlan, Shutdown
 Worker -> scheduler:    KVReleased (a prefill worker: a decode worker took a request's KV, or gave up on it)
 Worker <-> worker:      KVPull -> KVBlockData... (decode pulls a prefill worker's blocks), KVRelease (the side
-                        channel, workers/kv_side_channel.py; each KVBlockData is followed by one raw frame)
+                        channel, workers/kv_side_channel.py; each KVBlockData is followed by one raw frame); a decode
+                        scheduler sends KVRelease too, for a request that ended before its pull
 """
 from dataclasses import dataclass, field
 
+from tinyvllm.protocol.kv_messages import (KVBlockData, KVLease, KVLoad, KVPull, KVRelease,  # noqa: F401 (re-exported)
+                                           KVReleased)
 from tinyvllm.protocol.sampling import KVTransferParams, SamplingParams  # noqa: F401 (KVTransferParams: re-exported)
 
 
@@ -222,15 +225,11 @@ class StepPlan:
     # this order, before computing the step (after applying finished_req_ids).
     block_copies: list[list[int]] = field(default_factory=list)
     # Disaggregated decode: KV to pull from prefill workers into local blocks, before computing the step.
-    kv_loads: list["KVLoad"] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class KVLoad:
-    """Pull the remote blocks of a request's prompt into local_block_ids (same length, same order)."""
-    req_id: str
-    local_block_ids: list[int]
-    remote: KVTransferParams
+    kv_loads: list[KVLoad] = field(default_factory=list)
+    # Disaggregated prefill: blocks this step's prompts leave for decode instances to pull (a worker's side channel
+    # serves only those), and leases that ended since the last plan (released, expired, or never taken).
+    kv_leases: list[KVLease] = field(default_factory=list)
+    kv_leases_ended: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -260,37 +259,3 @@ class StepResult:
 class WorkerError:
     rank: int
     message: str
-
-
-# ---- disaggregated prefill/decode ------------------------------------------
-
-@dataclass(slots=True)
-class KVReleased:
-    """A prefill worker to its scheduler: these requests' leased blocks may go back to the pool."""
-    rank: int
-    req_ids: list[str]
-
-
-@dataclass(slots=True)
-class KVPull:
-    """A decode worker to a prefill worker's side channel: send me these blocks of that request."""
-    request_id: str
-    block_ids: list[int]
-    compat_hash: str  # protocol/kv_compat.py: must equal the prefill worker's, or the pull is refused
-    tp_rank: int = 0
-
-
-@dataclass(slots=True)
-class KVBlockData:
-    """One answer to a KVPull per block (in the pull's order), each followed by a raw frame of the block's keys and
-    values in every layer ([layers, block_size, 2, kv_heads, head_dim] float32); or one with the error and no frame."""
-    request_id: str
-    index: int
-    num_blocks: int
-    error: str = ""
-
-
-@dataclass(slots=True)
-class KVRelease:
-    """A decode worker to the side channel: done with that request's blocks (taken, or given up): free them."""
-    request_id: str

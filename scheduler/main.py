@@ -4,6 +4,7 @@ Sockets: PULL from the frontend (AddRequest, AbortRequests, Shutdown), PUSH to t
 StepOutputs), ROUTER to the workers (hello/init/ready handshake, StepPlan out, StepResult back).
 """
 import logging
+import os
 import sys
 import time
 import uuid
@@ -13,6 +14,8 @@ from dataclasses import dataclass, replace
 import zmq
 
 from tinyvllm.protocol.codec import CodecError
+from tinyvllm.protocol.kv_auth import KV_SECRET_ENV
+from tinyvllm.protocol.kv_release import release_remote_kv
 from tinyvllm.protocol.message_parts import merge_step_results
 from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, KVReleased, KVTransferParams, Shutdown,
                                         StepPlan, StepResult, WorkerError)
@@ -63,6 +66,7 @@ class SchedulerLoop:
         self.to_frontend = make_socket(self.ctx, zmq.PUSH, endpoints.frontend_output, bind=False)
         self.workers = WorkerGroup(make_socket(self.ctx, zmq.ROUTER, endpoints.workers, bind=True))
         self.args = args
+        self.kv_secret = os.environ.get(KV_SECRET_ENV, "")  # the launcher's --kv-secret
         self.scheduler: Scheduler | None = None
         self.running = True
 
@@ -163,6 +167,7 @@ class SchedulerLoop:
         while self.running:
             # nothing planned last time (say, requests that wait for leased blocks): wait for news, do not spin
             changed = self.drain_frontend(0 if (sched.has_unfinished() and stepped) or sent else 100)
+            changed |= sched.remote_kv.expire_leases()  # the stats must say so, also when nothing else happens
             outputs = sched.take_pending_outputs()
             while self.running and len(sent) < sched.config.max_steps_in_flight:
                 if (plan := sched.schedule()) is None:
@@ -175,6 +180,8 @@ class SchedulerLoop:
                 outputs += sched.take_pending_outputs()
             if outputs or changed or stepped:
                 send_step_outputs(self.to_frontend, sched, outputs)
+            for remote in sched.remote_kv.take_abandoned():
+                release_remote_kv(self.ctx, remote, self.kv_secret)
 
     def close(self) -> None:
         self.workers.broadcast(Shutdown("scheduler stopping"), skip_gone=True)

@@ -13,8 +13,8 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from tinyvllm.protocol.messages import (ErrorKind, FinishReason, KVLoad, KVTransferParams, RequestOutput,
-                                        StepResult)
+from tinyvllm.protocol.messages import (ErrorKind, FinishReason, KVLease, KVLoad, KVTransferParams, RequestOutput,
+                                        StepPlan, StepResult)
 from tinyvllm.scheduler.request import Request, RequestStatus
 from tinyvllm.scheduler.request_outputs import request_output
 
@@ -56,14 +56,14 @@ class KVLeases:
         del self._leases[req_id]
         return lease[1]
 
-    def expire(self) -> list[int]:
-        """The blocks of every lease past its deadline (each lease is as long, so the oldest go first)."""
-        now, freed = self.clock(), []
+    def expire(self) -> dict[str, list[int]]:
+        """req_id -> blocks of every lease past its deadline (each lease is as long, so the oldest go first)."""
+        now, expired = self.clock(), {}
         while self._leases and next(iter(self._leases.values()))[0] <= now:
-            _, (_, block_ids, _) = self._leases.popitem(last=False)
-            freed += block_ids
+            req_id, (_, block_ids, _) = self._leases.popitem(last=False)
+            expired[req_id] = block_ids
             self.num_expired += 1
-        return freed
+        return expired
 
 
 class RemoteKV:
@@ -74,6 +74,9 @@ class RemoteKV:
         self.loading: list[Request] = []  # WAITING_FOR_REMOTE_KV, in admission order
         self._new_loads: list[KVLoad] = []  # for the next plan
         self.num_remote_tokens = 0  # cumulative: prompt tokens whose KV came from a prefill instance
+        self._ended: list[str] = []  # leases the workers may hold and must drop (the next plan says so)
+        self._handed_out: set[str] = set()  # decode requests whose pull went to the workers (they release it)
+        self._abandoned: list[KVTransferParams] = []  # remote KV nobody will pull: scheduler/main.py releases it
 
     # ---- admission -----------------------------------------------------------------------------------
 
@@ -118,7 +121,13 @@ class RemoteKV:
 
     def take_new_loads(self) -> list[KVLoad]:
         loads, self._new_loads = self._new_loads, []
-        return [load for load in loads if load.req_id in self.sched.requests]
+        loads = [load for load in loads if load.req_id in self.sched.requests]
+        self._handed_out.update(load.req_id for load in loads)
+        return loads
+
+    def take_abandoned(self) -> list[KVTransferParams]:
+        abandoned, self._abandoned = self._abandoned, []
+        return abandoned
 
     # ---- results -------------------------------------------------------------------------------------
 
@@ -146,13 +155,30 @@ class RemoteKV:
 
     # ---- finish and leases ---------------------------------------------------------------------------
 
+    def leaves_kv(self, req: Request) -> bool:
+        kv = req.kv_transfer
+        return kv is not None and kv.do_remote_decode and self.side_channel is not None and req.num_prompt_tokens >= 2
+
+    def add_leases(self, plan: StepPlan, scheduled: list[tuple[Request, int, int]]) -> None:
+        """The workers serve a prompt's blocks once the step that completes it ran (before its result, and so its
+        output, exists); the plan's kv_leases_ended makes them stop before any later step writes those blocks."""
+        bs = self.sched.config.block_size
+        for req, start, num_new in scheduled:
+            if self.leaves_kv(req) and start < req.num_prompt_tokens <= start + num_new:
+                plan.kv_leases.append(KVLease(req.req_id, req.block_ids[:-(-(req.num_prompt_tokens - 1) // bs)]))
+        plan.kv_leases_ended, self._ended = self._ended, []
+
     def free_or_lease(self, req: Request, reason: str) -> None:
         """Frees req's blocks, unless it is a finished prefill for a remote decode: those go under a lease and its
         outputs from now on carry where to pull them from."""
         kv_mgr = self.sched.kv_cache_manager
         kv = req.kv_transfer
-        if (kv is None or not kv.do_remote_decode or self.side_channel is None
-                or reason not in (FinishReason.STOP, FinishReason.LENGTH) or req.num_prompt_tokens < 2):
+        if kv is not None and kv.do_remote_prefill and req.req_id not in self._handed_out and kv.remote_num_tokens:
+            self._abandoned.append(kv)  # ended (say, aborted) while it waited for its pull
+        self._handed_out.discard(req.req_id)
+        if not self.leaves_kv(req) or reason not in (FinishReason.STOP, FinishReason.LENGTH):
+            if self.leaves_kv(req):
+                self._ended.append(req.req_id)
             kv_mgr.free(req)
             return
         n = req.num_prompt_tokens - 1
@@ -166,8 +192,13 @@ class RemoteKV:
 
     def release(self, req_ids: list[str], rank: int) -> None:
         for req_id in req_ids:
-            self.sched.kv_cache_manager.pool.release(reversed(self.leases.release(req_id, rank)))
+            if freed := self.leases.release(req_id, rank):
+                self._ended.append(req_id)
+                self.sched.kv_cache_manager.pool.release(reversed(freed))
 
-    def expire_leases(self) -> None:
-        if len(self.leases):
-            self.sched.kv_cache_manager.pool.release(reversed(self.leases.expire()))
+    def expire_leases(self) -> bool:
+        """True when leases ran out (their blocks are free now)."""
+        expired = self.leases.expire() if len(self.leases) else {}
+        self._ended += expired.keys()
+        self.sched.kv_cache_manager.pool.release(reversed([b for blocks in expired.values() for b in blocks]))
+        return bool(expired)

@@ -176,6 +176,7 @@ class Scheduler:
         self.steps_in_flight.add(self._step_id, [(req, num_new) for req, _, num_new in scheduled])
         plan = self.worker_view.make_plan(self._step_id, scheduled, kv.take_block_copies())
         plan.kv_loads = kv_loads
+        self.remote_kv.add_leases(plan, scheduled)
         return plan
 
     def update_from_output(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:

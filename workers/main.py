@@ -157,6 +157,7 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
                 send(sock, WorkerReady(args.rank, runner.cache.num_blocks, runner.cache.block_size, msg.max_model_len,
                                        runner.model.weight_nbytes, kv.address))
             elif isinstance(msg, StepPlan):
+                kv.update_leases(msg)
                 result = runner.execute(msg, args.rank)  # the plan's kv_loads are for requests it does not compute
                 kv.load(msg, result)
                 send_step_result(sock, result)

@@ -2,10 +2,12 @@
 steps and tells its scheduler when a decode worker is done with a request's blocks; any worker performs a plan's
 kv_loads (pulls remote blocks into its own) before the step. workers/kv_side_channel.py has the wire protocol."""
 import logging
+import os
 
 import zmq
 
 from tinyvllm.protocol.compatibility import model_fingerprint
+from tinyvllm.protocol.kv_auth import KV_SECRET_ENV
 from tinyvllm.protocol.kv_compat import kv_compat_fields, kv_compat_hash
 from tinyvllm.protocol.messages import KVReleased, StepPlan, StepResult
 from tinyvllm.protocol.transport import send
@@ -26,9 +28,11 @@ class WorkerKV:
             model_fingerprint(args.model), "float32", cache.block_size, len(cache.layers), layer.shape[2],
             layer.shape[3], args.tp_size))
         self.block_io = KVBlockIO(cache)
+        self.secret = os.environ.get(KV_SECRET_ENV, "")  # the launcher's --kv-secret
         self.side_channel = None
         if args.kv_address:
-            self.side_channel = KVSideChannel(ctx, args.kv_address, self.block_io, self.compat_hash, self._released)
+            self.side_channel = KVSideChannel(ctx, args.kv_address, self.block_io, self.compat_hash, self._released,
+                                              self.secret)
             log.info("rank %d: KV side channel at %s", args.rank, self.side_channel.address)
 
     @property
@@ -38,11 +42,19 @@ class WorkerKV:
     def _released(self, request_id: str) -> None:
         send(self.scheduler_sock, KVReleased(self.rank, [request_id]))
 
+    def update_leases(self, plan: StepPlan) -> None:
+        """Before the plan's step: what the side channel may serve (the blocks this step completes a prompt in are
+        not read before the step ran: the channel is served between steps)."""
+        if self.side_channel is not None:
+            for req_id in plan.kv_leases_ended:
+                self.side_channel.leases.pop(req_id, None)
+            self.side_channel.leases.update((lease.req_id, lease.block_ids) for lease in plan.kv_leases)
+
     def load(self, plan: StepPlan, result: StepResult) -> None:
         """Pulls each of plan.kv_loads; records in result which arrived and which failed (and why)."""
         for load in plan.kv_loads:
             try:
-                pull_blocks(self.ctx, load, self.block_io, self.compat_hash, self.tp_rank)
+                pull_blocks(self.ctx, load, self.block_io, self.compat_hash, self.tp_rank, secret=self.secret)
                 result.kv_loaded_req_ids.append(load.req_id)
             except KVPullError as e:
                 log.warning("rank %d: request %s: %s", self.rank, load.req_id, e)

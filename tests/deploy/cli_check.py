@@ -1,17 +1,11 @@
 """A container's `tinyvllm` command line, parsed by tinyvllm's own parser (tinyvllm.frontend.cli.build_parser), so a
-renamed or removed flag fails the manifests' tests; and the HTTP routes a probe or a scrape may name.
-
-serve's --role (prefill/decode instances, issue 15) is not built yet: until the parser has it, its value is checked
-against PENDING_SERVE_FLAGS; once it has it, the real parser takes over by itself, and the table should go."""
+renamed or removed flag fails the manifests' tests; and the HTTP routes a probe or a scrape may name."""
 import argparse
 import asyncio
-import re
 import sys
 
 from tests.deploy.kube import REPO
 from tinyvllm.frontend.cli import build_parser
-
-PENDING_SERVE_FLAGS = {"--role": re.compile(r"prefill|decode")}
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:
@@ -19,35 +13,12 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
     return action.choices
 
 
-def _take_pending(argv: list[str], known: set[str], table: dict) -> tuple[list[str], dict]:
-    """argv without the table's flags the parser does not know yet, and those flags' values (checked)."""
-    rest, pending, i = [], {}, 0
-    while i < len(argv):
-        flag = argv[i]
-        if flag in table and flag not in known:
-            value = argv[i + 1]
-            assert table[flag].fullmatch(value), f"{flag} {value!r} is not what the router branch takes"
-            pending[flag.lstrip("-").replace("-", "_")] = value
-            i += 2
-        else:
-            rest.append(flag)
-            i += 1
-    return rest, pending
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
     """argv (without the program name) as `tinyvllm` parses it; AssertionError when it refuses it."""
-    commands = subcommands()
-    pending = {}
-    if argv[0] == "serve":
-        argv, pending = _take_pending(argv, set(commands["serve"]._option_string_actions), PENDING_SERVE_FLAGS)
     try:
-        args = build_parser().parse_args(argv)
+        return build_parser().parse_args(argv)
     except SystemExit:
         raise AssertionError(f"tinyvllm refuses {argv} (its error is above)") from None
-    for name, value in pending.items():
-        setattr(args, name, value)
-    return args
 
 
 def serve_get(paths: set[str]) -> dict[str, tuple[int, str]]:

@@ -9,8 +9,8 @@ from tinyvllm.frontend.cli import engine_args_from
 from tinyvllm.frontend.server import ServerArgs
 
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
-SECRET_FLAGS = ("--api-key", "--worker-secret", "--register-secret")
-SECRET_KEYS = {"api-key", "worker-secret", "router-secret"}
+SECRET_FLAGS = ("--api-key", "--worker-secret", "--register-secret", "--kv-secret")
+SECRET_KEYS = {"api-key", "worker-secret", "router-secret", "kv-secret"}
 
 
 def test_every_container_runs_the_images_entrypoint(started):

@@ -17,13 +17,15 @@ READY_LINE = "tinyvllm router ready:"
 
 
 class RouterProcess:
-    def __init__(self, log_path, *extra_args: str):
+    def __init__(self, log_path, *extra_args: str, host: str = "127.0.0.1", command_prefix: tuple = ()):
+        """command_prefix: what runs the router, e.g. ("ip", "netns", "exec", name) (it must exec, keeping the pid)."""
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         self.log_path = log_path
         self._log_file = open(log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tinyvllm.frontend.cli", "router", "--port", str(self.port), *extra_args],
+            [*command_prefix, sys.executable, "-m", "tinyvllm.frontend.cli", "router", "--host", host,
+             "--port", str(self.port), *extra_args],
             cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=self._log_file, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -40,7 +42,8 @@ class RouterProcess:
 
     def routed_to(self, instance_url: str) -> float:
         return sum(read_metric(self.url, "tinyvllm_router:routing_decisions_total",
-                               f'instance="{instance_url}",reason="{reason}"') for reason in ("cache", "load"))
+                               f'instance="{instance_url}",reason="{reason}"')
+                   for reason in ("cache", "load", "prefill-cache", "prefill-load"))
 
     def stop(self) -> int | None:
         if self.proc.poll() is None:

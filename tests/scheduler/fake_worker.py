@@ -104,6 +104,7 @@ class FakeWorker:
 
     def __post_init__(self) -> None:
         self.kv: list[tuple[int, int, str] | None] = [None] * (self.num_blocks * self.block_size)
+        self.leases: dict[str, list[int]] = {}  # what a prefill worker's side channel would serve
 
     def execute(self, plan: StepPlan) -> StepResult:
         assert plan.step_id == self.step_id + 1, f"step {plan.step_id} after {self.step_id}"
@@ -137,6 +138,9 @@ class FakeWorker:
             req.sampled = []
             scheduled.append((cached.req_id, cached.num_scheduled_tokens))
         assert len({req_id for req_id, _ in scheduled}) == len(scheduled), "a request scheduled twice"
+        for req_id in plan.kv_leases_ended:
+            self.leases.pop(req_id, None)
+        self.leases.update((lease.req_id, lease.block_ids) for lease in plan.kv_leases)
         self._copy_blocks(plan.block_copies)
         loaded, failed = self._load_remote(plan)
 
@@ -165,6 +169,9 @@ class FakeWorker:
         for load in plan.kv_loads:
             if self.kv_source is None:
                 failed[load.req_id] = "no prefill worker"
+                continue
+            if self.kv_source.leases.get(load.remote.remote_request_id) != load.remote.remote_block_ids:
+                failed[load.req_id] = "no lease"
                 continue
             for src, dst in zip(load.remote.remote_block_ids, load.local_block_ids, strict=True):
                 self.kv[dst * bs:(dst + 1) * bs] = self.kv_source.kv[src * bs:(src + 1) * bs]
@@ -196,6 +203,8 @@ class FakeWorker:
         for block_index in range(start // self.block_size, (end - 1) // self.block_size + 1):
             block_id = req.block_ids[block_index]
             assert holders[block_id] == {req_id}, f"{req_id} writes block {block_id}, shared with {holders[block_id]}"
+            leased_to = {other for other, blocks in self.leases.items() if block_id in blocks} - {req_id}
+            assert not leased_to, f"{req_id} writes block {block_id}, leased to {leased_to}"
         for pos in range(start, end):
             self.kv[self._slot(req, pos)] = (pos, hashes[pos], req_id)
         for pos in range(end):  # attention reads every earlier position

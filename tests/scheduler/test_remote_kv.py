@@ -32,9 +32,9 @@ def test_lease_expires_and_releases():
     now[0] = 10.0
     leases.hold("b", [3])
     assert leases.release("a", 0) == [] and leases.release("a", 1) == [1, 2] and "a" not in leases
-    assert leases.expire() == []
+    assert leases.expire() == {}
     now[0] = 40.0
-    assert leases.expire() == [3] and len(leases) == 0 and leases.num_expired == 1
+    assert leases.expire() == {"b": [3]} and len(leases) == 0 and leases.num_expired == 1
     assert leases.release("unknown", 0) == []
 
 
@@ -125,3 +125,48 @@ def test_abort_while_pulling_and_wrong_shapes():
     other.kv_transfer = p_out.kv_transfer
     assert not d_sched.add_request(other)
     assert "remote KV holds 9 tokens" in d_sched.take_pending_outputs()[-1].error
+
+
+def test_workers_serve_only_leased_blocks_until_the_lease_ends():
+    """The plan that completes a prompt tells the workers which blocks they may serve under its id; a later plan
+    says when that ended (released, expired or never leased), before any step writes those blocks again."""
+    sched, worker = prefill_scheduler(num_blocks=16, block_size=4)
+    now = [0.0]
+    sched.remote_kv.leases.clock = lambda: now[0]
+    _, out = prefill(sched, worker, req_id="released")
+    assert worker.leases == {"released": out.kv_transfer.remote_block_ids}
+    _, expiring = prefill(sched, worker, req_id="expiring")
+    sched.remote_kv.release(["released"], rank=0)
+    now[0] = 31.0
+    aborted = make_request("aborted", 10, max_tokens=1)
+    aborted.kv_transfer = KVTransferParams(do_remote_decode=True)
+    sched.add_request(aborted)
+    plan = sched.schedule()
+    assert plan.kv_leases_ended == ["released", "expiring"] and [lease.req_id for lease in plan.kv_leases] == ["aborted"]
+    result = worker.execute(plan)
+    sched.abort(["aborted"])
+    sched.update_from_output(plan, result)
+    assert worker.leases == {"aborted": plan.kv_leases[0].block_ids}
+    sched.add_request(make_request("next", 40, max_tokens=2))  # reuses every block: the fake worker checks leases
+    run_to_completion(sched, worker)
+    assert worker.leases == {} and expiring.kv_transfer.remote_request_id == "expiring"
+
+
+def test_a_decode_request_that_ends_before_its_pull_gives_the_lease_back():
+    """Aborted before any plan carried its load: nobody would pull, so the scheduler releases it (scheduler/main.py);
+    aborted after: the worker's pull releases it."""
+    p_sched, p_worker = prefill_scheduler()
+    _, p_out = prefill(p_sched, p_worker)
+    d_sched, d_worker = make_scheduler()
+    d_worker.kv_source = p_worker
+    for req_id in ("early", "late"):
+        req = make_request(req_id, 10, max_tokens=4)
+        req.kv_transfer = p_out.kv_transfer
+        d_sched.add_request(req)
+    d_sched.abort(["early"])
+    plan = d_sched.schedule()
+    assert [load.req_id for load in plan.kv_loads] == ["late"]
+    d_sched.abort(["late"])
+    d_sched.update_from_output(plan, d_worker.execute(plan))
+    assert d_sched.remote_kv.take_abandoned() == [p_out.kv_transfer] and d_sched.remote_kv.take_abandoned() == []
+    assert d_sched.kv_cache_manager.num_free_blocks == 64 and not d_sched.has_unfinished()

@@ -1,6 +1,6 @@
 """The KV side channel (workers/kv_side_channel.py) between two in-process endpoints: a decode cache pulls blocks of
-a prefill cache, bit-exact, into other block ids; a compatibility mismatch and a silent peer are explicit errors; the
-puller's release reaches the prefill side. The prefill side is served from a thread with the blocks read beforehand
+a prefill cache, bit-exact, into other block ids; a compatibility mismatch, a pull of blocks not leased, another KV
+secret, a silent peer and one that is gone are explicit errors; the puller's release reaches the prefill side. The prefill side is served from a thread with the blocks read beforehand
 (tinygrad runs in one thread: in a worker the channel is served between steps)."""
 import threading
 
@@ -14,8 +14,10 @@ from tinyvllm.protocol.kv_compat import kv_compat_fields, kv_compat_hash
 from tinyvllm.protocol.messages import KVLoad, KVTransferParams
 from tinyvllm.workers.kv_block_io import KVBlockIO
 from tinyvllm.workers.kv_cache import PagedKVCache
+from tinyvllm.protocol.kv_release import release_remote_kv
 from tinyvllm.workers.kv_side_channel import KVPullError, KVSideChannel, pull_blocks
 
+SECRET = "s" * 32
 HASH = kv_compat_hash(kv_compat_fields("model-a", "float32", 4, CFG.n_layers, CFG.n_kv_heads, CFG.head_dim, 1))
 
 
@@ -37,7 +39,8 @@ def prefill_side():
         layer.assign(Tensor(rng.random(layer.shape, dtype=np.float32))).realize()
     ctx = zmq.Context()
     released = []
-    channel = KVSideChannel(ctx, "tcp://127.0.0.1:0", PrereadBlocks(KVBlockIO(cache), range(8)), HASH, released.append)
+    channel = KVSideChannel(ctx, "tcp://127.0.0.1:0", PrereadBlocks(KVBlockIO(cache), range(8)), HASH, released.append,
+                            SECRET)
     stop = threading.Event()
 
     def serve():
@@ -53,7 +56,10 @@ def prefill_side():
     ctx.destroy(linger=0)
 
 
-def load_for(channel, remote_blocks, local_blocks, request_id="r1"):
+def load_for(channel, remote_blocks, local_blocks, request_id="r1", leased=True):
+    """A load of remote_blocks, which the prefill side leased under request_id (as a StepPlan's kv_leases would)."""
+    if leased:
+        channel.leases[request_id] = list(remote_blocks)
     port = int(channel.address.rsplit(":", 1)[1])
     params = KVTransferParams(do_remote_prefill=True, remote_block_ids=remote_blocks, remote_host="127.0.0.1",
                               remote_port=port, remote_request_id=request_id)
@@ -73,7 +79,7 @@ def test_blocks_arrive_bit_exact_and_the_release_reaches_the_prefill_side(prefil
     d_cache = PagedKVCache(CFG, num_blocks=6, block_size=4)
     before = [layer.numpy().copy() for layer in d_cache.layers]
     remote, local = [5, 2, 7], [0, 3, 4]
-    pull_blocks(ctx, load_for(channel, remote, local), KVBlockIO(d_cache), HASH)
+    pull_blocks(ctx, load_for(channel, remote, local), KVBlockIO(d_cache), HASH, secret=SECRET)
     bs = 4
     for p_layer, d_layer, old in zip(p_cache.layers, d_cache.layers, before):
         p, d = p_layer.numpy(), d_layer.numpy()
@@ -82,7 +88,9 @@ def test_blocks_arrive_bit_exact_and_the_release_reaches_the_prefill_side(prefil
         for untouched in (1, 2, 5, 6):  # 6 is the scratch block
             assert np.array_equal(d[untouched * bs:untouched * bs + bs], old[untouched * bs:untouched * bs + bs])
     wait_for(lambda: released == ["r1"])
-    assert channel.num_blocks_sent == 3
+    assert channel.num_blocks_sent == 3 and "r1" not in channel.leases
+    with pytest.raises(KVPullError, match="no lease on these blocks for r1"):  # a replay reads nothing
+        pull_blocks(ctx, load_for(channel, remote, local, leased=False), KVBlockIO(d_cache), HASH, secret=SECRET)
 
 
 def test_a_compatibility_mismatch_is_refused_with_what_differs(prefill_side):
@@ -90,7 +98,7 @@ def test_a_compatibility_mismatch_is_refused_with_what_differs(prefill_side):
     other = kv_compat_hash(kv_compat_fields("model-a", "float32", 16, CFG.n_layers, CFG.n_kv_heads, CFG.head_dim, 1))
     d_cache = PagedKVCache(CFG, num_blocks=6, block_size=4)
     with pytest.raises(KVPullError, match="block_size: 4 here, 16 there"):
-        pull_blocks(ctx, load_for(channel, [1], [0]), KVBlockIO(d_cache), other)
+        pull_blocks(ctx, load_for(channel, [1], [0]), KVBlockIO(d_cache), other, secret=SECRET)
     wait_for(lambda: released == ["r1"])  # released anyway: the prefill side need not wait for its lease
 
 
@@ -98,11 +106,45 @@ def test_a_block_out_of_range_and_a_silent_peer_are_errors(prefill_side):
     _, channel, _, ctx = prefill_side
     d_io = KVBlockIO(PagedKVCache(CFG, num_blocks=6, block_size=4))
     with pytest.raises(KVPullError, match="out of range"):
-        pull_blocks(ctx, load_for(channel, [1, 99], [0, 1]), d_io, HASH)
+        pull_blocks(ctx, load_for(channel, [1, 99], [0, 1]), d_io, HASH, secret=SECRET)
     silent = ctx.socket(zmq.ROUTER)
     port = silent.bind_to_random_port("tcp://127.0.0.1")
     load = load_for(channel, [1], [0])
     load.remote.remote_port = port
     with pytest.raises(KVPullError, match="no answer"):
-        pull_blocks(ctx, load, d_io, HASH, timeout_s=0.3)
+        pull_blocks(ctx, load, d_io, HASH, timeout_s=0.3, secret=SECRET)
     silent.close(linger=0)
+
+
+def test_blocks_not_leased_and_strangers_are_refused(prefill_side):
+    _, channel, released, ctx = prefill_side
+    d_io = KVBlockIO(PagedKVCache(CFG, num_blocks=6, block_size=4))
+    channel.leases["r1"] = [1, 2]
+    with pytest.raises(KVPullError, match="no lease on these blocks"):  # other blocks than the lease's
+        pull_blocks(ctx, load_for(channel, [1, 3], [0, 1], leased=False), d_io, HASH, secret=SECRET)
+    with pytest.raises(KVPullError, match="no lease on these blocks for r2"):
+        pull_blocks(ctx, load_for(channel, [1, 2], [0, 1], "r2", leased=False), d_io, HASH, secret=SECRET)
+    with pytest.raises(KVPullError, match="same --kv-secret"):
+        pull_blocks(ctx, load_for(channel, [1, 2], [0, 1]), d_io, HASH, secret="t" * 32)
+    wait_for(lambda: released == ["r1", "r2"])  # the right secret's releases count, the stranger's is dropped
+    assert channel.leases == {"r1": [1, 2]} and channel.num_blocks_sent == 0
+
+
+def test_a_prefill_worker_that_is_gone_fails_the_pull_at_once(prefill_side):
+    _, channel, _, ctx = prefill_side
+    gone = ctx.socket(zmq.ROUTER)
+    port = gone.bind_to_random_port("tcp://127.0.0.1")
+    gone.close(linger=0)
+    load = load_for(channel, [1], [0])
+    load.remote.remote_port = port
+    with pytest.raises(KVPullError, match="nothing listens there"):
+        pull_blocks(ctx, load, KVBlockIO(PagedKVCache(CFG, num_blocks=6, block_size=4)), HASH, timeout_s=600,
+                    secret=SECRET)
+
+
+def test_a_decode_request_that_ends_before_its_pull_releases_the_lease(prefill_side):
+    _, channel, released, ctx = prefill_side
+    remote = load_for(channel, [4, 5], [0, 1], "r3").remote
+    release_remote_kv(ctx, remote, SECRET)
+    wait_for(lambda: released == ["r3"])
+    assert "r3" not in channel.leases

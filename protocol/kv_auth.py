@@ -1,0 +1,52 @@
+"""Who may use a KV side channel: a secret shared by every prefill and decode instance of a deployment
+(--kv-secret or $TINYVLLM_KV_SECRET), proved by an HMAC on each message, never sent.
+
+  decode -> prefill:  KVPull{..., nonce, mac=HMAC("kv pull" | request id | block ids | compat hash | rank | nonce)}
+  prefill -> decode:  KVBlockData{..., mac=HMAC("kv block" | pull nonce | request id | index | error)}  (a real
+                      prefill worker, answering this pull)
+  decode -> prefill:  KVRelease{request id, nonce, mac=HMAC("kv release" | request id | nonce)}
+
+A pull also needs a lease: the prefill worker serves only the blocks its scheduler leased under that request id
+(workers/kv_side_channel.py), so a replayed pull reads nothing once the lease is over. Nothing is encrypted (as
+protocol/worker_auth.py). Without a secret (side channels on loopback) the same MACs use an empty key.
+"""
+import hashlib
+import hmac
+
+from tinyvllm.protocol.worker_auth import is_loopback, new_nonce, resolve_secret
+
+KV_SECRET_ENV = "TINYVLLM_KV_SECRET"
+__all__ = ["KV_SECRET_ENV", "new_nonce", "pull_mac", "block_mac", "release_mac", "same_mac", "resolve_kv_secret",
+           "require_kv_secret_beyond_loopback"]
+
+
+def resolve_kv_secret(flag: str | None, environ) -> str:
+    return resolve_secret(flag, environ, KV_SECRET_ENV, "KV secret")
+
+
+def require_kv_secret_beyond_loopback(secret: str, kv_host: str) -> None:
+    if not secret and not is_loopback(f"tcp://{kv_host}:0"):
+        raise ValueError(f"--kv-host {kv_host} is reachable from other machines: set a shared secret in "
+                         f"{KV_SECRET_ENV} (or --kv-secret), the same for every prefill and decode instance")
+
+
+def _mac(secret: str, *parts) -> bytes:
+    data = b"\0".join(p if isinstance(p, bytes) else str(p).encode() for p in parts)
+    return hmac.digest(secret.encode(), data, hashlib.sha256)
+
+
+def pull_mac(secret: str, request_id: str, block_ids: list[int], compat_hash: str, tp_rank: int,
+             nonce: bytes) -> bytes:
+    return _mac(secret, b"kv pull", request_id, ",".join(map(str, block_ids)), compat_hash, tp_rank, nonce)
+
+
+def block_mac(secret: str, nonce: bytes, request_id: str, index: int, error: str) -> bytes:
+    return _mac(secret, b"kv block", nonce, request_id, index, error)
+
+
+def release_mac(secret: str, request_id: str, nonce: bytes) -> bytes:
+    return _mac(secret, b"kv release", request_id, nonce)
+
+
+def same_mac(a: bytes, b: bytes) -> bool:
+    return hmac.compare_digest(a, b)
