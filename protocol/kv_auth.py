@@ -1,10 +1,11 @@
 """Who may use a KV side channel: a secret shared by every prefill and decode instance of a deployment
 (--kv-secret or $TINYVLLM_KV_SECRET), proved by an HMAC on each message, never sent.
 
-  decode -> prefill:  KVPull{..., nonce, mac=HMAC("kv pull" | request id | block ids | compat hash | rank | nonce)}
+  decode -> prefill:  KVPull{..., nonce, mac=HMAC("kv pull" | request id | block ids | compat hash | rank | nonce |
+                      heads)}
   prefill -> decode:  KVBlockData{..., mac=HMAC("kv block" | pull nonce | request id | index | error)}  (a real
                       prefill worker, answering this pull)
-  decode -> prefill:  KVRelease{request id, nonce, mac=HMAC("kv release" | request id | nonce)}
+  decode -> prefill:  KVRelease{request id, nonce, mac=HMAC("kv release" | request id | nonce | num_releases)}
 
 A pull also needs a lease: the prefill worker serves only the blocks its scheduler leased under that request id
 (workers/kv_side_channel.py), so a replayed pull reads nothing once the lease is over. Nothing is encrypted (as
@@ -35,17 +36,18 @@ def _mac(secret: str, *parts) -> bytes:
     return hmac.digest(secret.encode(), data, hashlib.sha256)
 
 
-def pull_mac(secret: str, request_id: str, block_ids: list[int], compat_hash: str, tp_rank: int,
-             nonce: bytes) -> bytes:
-    return _mac(secret, b"kv pull", request_id, ",".join(map(str, block_ids)), compat_hash, tp_rank, nonce)
+def pull_mac(secret: str, request_id: str, block_ids: list[int], compat_hash: str, tp_rank: int, nonce: bytes,
+             head_start: int = 0, head_stop: int = 0) -> bytes:
+    return _mac(secret, b"kv pull", request_id, ",".join(map(str, block_ids)), compat_hash, tp_rank, nonce,
+                head_start, head_stop)
 
 
 def block_mac(secret: str, nonce: bytes, request_id: str, index: int, error: str) -> bytes:
     return _mac(secret, b"kv block", nonce, request_id, index, error)
 
 
-def release_mac(secret: str, request_id: str, nonce: bytes) -> bytes:
-    return _mac(secret, b"kv release", request_id, nonce)
+def release_mac(secret: str, request_id: str, nonce: bytes, num_releases: int = 1) -> bytes:
+    return _mac(secret, b"kv release", request_id, nonce, num_releases)
 
 
 def same_mac(a: bytes, b: bytes) -> bool:

@@ -1,16 +1,17 @@
 """The compatibility hash of a KV side channel: two workers may exchange KV blocks only when the bytes of a block
 mean the same on both (vLLM's NixlConnector compatibility_hash). It covers the tinyvllm version, the model's
-fingerprint (protocol/compatibility.py), the cache's dtype, block size, layers, KV heads and head dim (per rank), and
-the tensor-parallel size."""
+fingerprint (protocol/compatibility.py), the cache's dtype, block size, layers, the model's KV heads and head dim
+(not the tensor-parallel sizes: they may differ)."""
 import hashlib
 import json
 
 
 def kv_compat_fields(model_fingerprint: str, dtype: str, block_size: int, n_layers: int, n_kv_heads: int,
-                     head_dim: int, tp_size: int) -> dict:
+                     head_dim: int) -> dict:
+    """n_kv_heads: the model's, not one rank's: each decode rank pulls the heads it holds (workers/kv_pull.py)."""
     from tinyvllm.protocol.compatibility import tinyvllm_version
     return {"version": tinyvllm_version(), "model": model_fingerprint, "dtype": dtype, "block_size": block_size,
-            "layers": n_layers, "kv_heads": n_kv_heads, "head_dim": head_dim, "tp_size": tp_size}
+            "layers": n_layers, "kv_heads": n_kv_heads, "head_dim": head_dim}
 
 
 def kv_compat_hash(fields: dict) -> str:

@@ -37,12 +37,15 @@ class KVPull:
     tp_rank: int = 0
     nonce: bytes = b""
     mac: bytes = b""  # protocol/kv_auth.py
+    head_start: int = 0  # which of the prefill worker's KV heads (start == stop: all)
+    head_stop: int = 0
 
 
 @dataclass(slots=True)
 class KVBlockData:
     """One answer to a KVPull per block (in the pull's order), each followed by a raw frame of the block's keys and
-    values in every layer ([layers, block_size, 2, kv_heads, head_dim] float32); or one with the error and no frame."""
+    values in every layer ([layers, block_size, 2, the pull's heads, head_dim] float32); or one with the error and no
+    frame."""
     request_id: str
     index: int
     num_blocks: int
@@ -57,3 +60,4 @@ class KVRelease:
     request_id: str
     nonce: bytes = b""
     mac: bytes = b""  # protocol/kv_auth.py
+    num_releases: int = 1  # the lease ends with this many releases (one per decode rank that pulled from this rank)

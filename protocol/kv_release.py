@@ -17,12 +17,13 @@ def release_remote_kv(ctx: zmq.Context, remote: KVTransferParams, secret: str = 
         send_release(make_socket(ctx, zmq.DEALER, endpoint, bind=False), remote.remote_request_id, secret)
 
 
-def send_release(sock: zmq.Socket, request_id: str, secret: str) -> None:
+def send_release(sock: zmq.Socket, request_id: str, secret: str, num_releases: int = 1) -> None:
     """Sends a KVRelease on a DEALER connected to a side channel and closes it: ZMQ delivers it within LINGER if
-    anyone listens there, in the background."""
+    anyone listens there, in the background. num_releases: how many releases end the lease there (1: this one)."""
     nonce = new_nonce()
     try:
-        sock.send(encode(KVRelease(request_id, nonce, release_mac(secret, request_id, nonce))), zmq.NOBLOCK)
+        sock.send(encode(KVRelease(request_id, nonce, release_mac(secret, request_id, nonce, num_releases),
+                                   num_releases)), zmq.NOBLOCK)
     except zmq.ZMQError:
         pass
     sock.close(linger=1000)

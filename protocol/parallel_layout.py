@@ -39,6 +39,16 @@ def check_parallel_sizes(cfg: ModelConfig, tp_size: int, pp_size: int) -> None:
         raise ValueError(f"--pipeline-parallel-size must be between 1 and the model's {cfg.n_layers} layers")
 
 
+def kv_head_range(n_kv_heads: int, tp_rank: int, tp_size: int) -> range:
+    """The KV heads (global indices) tensor-parallel rank tp_rank holds: an equal share, or, with fewer KV heads
+    than ranks, the one head it replicates."""
+    if n_kv_heads < tp_size:
+        first = tp_rank * n_kv_heads // tp_size
+        return range(first, first + 1)
+    per_rank = n_kv_heads // tp_size
+    return range(tp_rank * per_rank, (tp_rank + 1) * per_rank)
+
+
 def stage_layers(n_layers: int, pp_rank: int, pp_size: int) -> range:
     """The contiguous layers of stage pp_rank; the last stage also takes the remainder."""
     per_stage = n_layers // pp_size

@@ -61,6 +61,7 @@ class WorkerArgs:
 
 
 def build_runner(args: WorkerArgs, init: InitWorker, link=None):
+    """(the model runner, the model's KV heads: this worker's cache may hold some of them only)."""
     from tinygrad import Device
     from tinyvllm.protocol.parallel_layout import check_parallel_sizes
     from tinyvllm.workers.kernel_set import configure_device, default_kernel_set
@@ -72,6 +73,7 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
     spec = args.spec
     cfg, weights = load_weights(args.model)
     check_parallel_sizes(cfg, spec.tp_size, spec.pp_size)
+    n_kv_heads = cfg.n_kv_heads
     vocab_start = None
     if spec.world_size > 1:
         cfg, weights, vocab_start = shard_weights(cfg, weights, spec)
@@ -98,7 +100,7 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
             group.busy_s = 0.0
         if link is not None:
             link.transfer_s = 0.0
-    return runner
+    return runner, n_kv_heads
 
 
 def log_exchange_cost(rank: int, runner, steps: int) -> None:
@@ -146,9 +148,9 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
                       stage_link_key(secret, msg.group_id, args.rank + args.tp_size))
         while True:
             if isinstance(msg, InitWorker):
-                runner = build_runner(args, msg, link)
+                runner, n_kv_heads = build_runner(args, msg, link)
                 from tinyvllm.workers.worker_kv import WorkerKV
-                kv = WorkerKV(ctx, args, runner, sock)
+                kv = WorkerKV(ctx, args, runner, sock, n_kv_heads)
                 if kv.side_channel is not None:
                     watch.serve_also(kv.side_channel.sock, kv.side_channel.handle)
                 log.info("rank %d (tp %d/%d, pp %d/%d): %.1f MB of weights, %d KV blocks", args.rank,

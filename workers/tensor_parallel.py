@@ -15,7 +15,7 @@ import re
 import numpy as np
 
 from tinyvllm.protocol.model_config import ModelConfig
-from tinyvllm.protocol.parallel_layout import ShardSpec
+from tinyvllm.protocol.parallel_layout import ShardSpec, kv_head_range
 from tinyvllm.workers.quantized_weight import QuantizedArray
 
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
@@ -61,11 +61,10 @@ def head_ranges(cfg: ModelConfig, spec: ShardSpec) -> dict[str, range]:
     and MLP units, in elements."""
     t, r, hd = spec.tp_size, spec.tp_rank, cfg.head_dim
     q_heads = cfg.n_heads // t
-    kv_heads = max(1, cfg.n_kv_heads // t)
-    first_kv = r * cfg.n_kv_heads // t if cfg.n_kv_heads < t else r * kv_heads
+    kv = kv_head_range(cfg.n_kv_heads, r, t)
     ffn = cfg.ffn_dim // t
     return {"q": range(r * q_heads * hd, (r + 1) * q_heads * hd),
-            "kv": range(first_kv * hd, (first_kv + kv_heads) * hd), "ffn": range(r * ffn, (r + 1) * ffn)}
+            "kv": range(kv.start * hd, kv.stop * hd), "ffn": range(r * ffn, (r + 1) * ffn)}
 
 
 def shard_weights(cfg: ModelConfig, weights: dict, spec: ShardSpec) -> tuple[ModelConfig, dict, int]:

@@ -12,21 +12,23 @@ from tinyvllm.protocol.kv_compat import kv_compat_fields, kv_compat_hash
 from tinyvllm.protocol.messages import KVReleased, StepPlan, StepResult
 from tinyvllm.protocol.transport import send
 from tinyvllm.workers.kv_block_io import KVBlockIO
-from tinyvllm.workers.kv_side_channel import KVPullError, KVSideChannel, pull_blocks
+from tinyvllm.workers.kv_pull import KVPullError, pull_blocks
+from tinyvllm.workers.kv_side_channel import KVSideChannel
 
 log = logging.getLogger("tinyvllm.worker")
 
 
 class WorkerKV:
-    def __init__(self, ctx: zmq.Context, args, runner, scheduler_sock: zmq.Socket):
-        """args: WorkerArgs (a prefill worker has kv_address: where its side channel binds)."""
-        self.ctx, self.rank, self.tp_rank, self.samples = ctx, args.rank, args.spec.tp_rank, args.spec.samples
+    def __init__(self, ctx: zmq.Context, args, runner, scheduler_sock: zmq.Socket, n_kv_heads: int):
+        """args: WorkerArgs (a prefill worker has kv_address: where its side channel binds); n_kv_heads: the
+        model's (this rank's cache holds some of them)."""
+        self.ctx, self.rank, self.samples = ctx, args.rank, args.spec.samples
+        self.tp_rank, self.tp_size, self.n_kv_heads = args.spec.tp_rank, args.spec.tp_size, n_kv_heads
         self.scheduler_sock = scheduler_sock
         cache = runner.cache
-        layer = cache.layers[0]
         self.compat_hash = kv_compat_hash(kv_compat_fields(
-            model_fingerprint(args.model), "float32", cache.block_size, len(cache.layers), layer.shape[2],
-            layer.shape[3], args.tp_size))
+            model_fingerprint(args.model), "float32", cache.block_size, len(cache.layers), n_kv_heads,
+            cache.layers[0].shape[3]))
         self.block_io = KVBlockIO(cache)
         self.secret = os.environ.get(KV_SECRET_ENV, "")  # the launcher's --kv-secret
         self.side_channel = None
@@ -47,14 +49,15 @@ class WorkerKV:
         not read before the step ran: the channel is served between steps)."""
         if self.side_channel is not None:
             for req_id in plan.kv_leases_ended:
-                self.side_channel.leases.pop(req_id, None)
+                self.side_channel.end_lease(req_id)
             self.side_channel.leases.update((lease.req_id, lease.block_ids) for lease in plan.kv_leases)
 
     def load(self, plan: StepPlan, result: StepResult) -> None:
         """Pulls each of plan.kv_loads; records in result which arrived and which failed (and why)."""
         for load in plan.kv_loads:
             try:
-                pull_blocks(self.ctx, load, self.block_io, self.compat_hash, self.tp_rank, secret=self.secret)
+                pull_blocks(self.ctx, load, self.block_io, self.compat_hash, self.n_kv_heads, self.tp_rank,
+                            self.tp_size, secret=self.secret)
                 result.kv_loaded_req_ids.append(load.req_id)
             except KVPullError as e:
                 log.warning("rank %d: request %s: %s", self.rank, load.req_id, e)

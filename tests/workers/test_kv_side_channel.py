@@ -15,15 +15,16 @@ from tinyvllm.protocol.messages import KVLoad, KVTransferParams
 from tinyvllm.workers.kv_block_io import KVBlockIO
 from tinyvllm.workers.kv_cache import PagedKVCache
 from tinyvllm.protocol.kv_release import release_remote_kv
-from tinyvllm.workers.kv_side_channel import KVPullError, KVSideChannel, pull_blocks
+from tinyvllm.workers.kv_pull import KVPullError, pull_blocks
+from tinyvllm.workers.kv_side_channel import KVSideChannel
 
 SECRET = "s" * 32
-HASH = kv_compat_hash(kv_compat_fields("model-a", "float32", 4, CFG.n_layers, CFG.n_kv_heads, CFG.head_dim, 1))
+HASH = kv_compat_hash(kv_compat_fields("model-a", "float32", 4, CFG.n_layers, CFG.n_kv_heads, CFG.head_dim))
 
 
 class PrereadBlocks:
     def __init__(self, io: KVBlockIO, block_ids):
-        self.nbytes, self.blocks = io.nbytes, {b: io.read(b) for b in block_ids}
+        self.nbytes, self.shape, self.blocks = io.nbytes, io.shape, {b: io.read(b) for b in block_ids}
 
     def read(self, block_id):
         if block_id not in self.blocks:
@@ -79,7 +80,7 @@ def test_blocks_arrive_bit_exact_and_the_release_reaches_the_prefill_side(prefil
     d_cache = PagedKVCache(CFG, num_blocks=6, block_size=4)
     before = [layer.numpy().copy() for layer in d_cache.layers]
     remote, local = [5, 2, 7], [0, 3, 4]
-    pull_blocks(ctx, load_for(channel, remote, local), KVBlockIO(d_cache), HASH, secret=SECRET)
+    pull_blocks(ctx, load_for(channel, remote, local), KVBlockIO(d_cache), HASH, CFG.n_kv_heads, secret=SECRET)
     bs = 4
     for p_layer, d_layer, old in zip(p_cache.layers, d_cache.layers, before):
         p, d = p_layer.numpy(), d_layer.numpy()
@@ -90,15 +91,15 @@ def test_blocks_arrive_bit_exact_and_the_release_reaches_the_prefill_side(prefil
     wait_for(lambda: released == ["r1"])
     assert channel.num_blocks_sent == 3 and "r1" not in channel.leases
     with pytest.raises(KVPullError, match="no lease on these blocks for r1"):  # a replay reads nothing
-        pull_blocks(ctx, load_for(channel, remote, local, leased=False), KVBlockIO(d_cache), HASH, secret=SECRET)
+        pull_blocks(ctx, load_for(channel, remote, local, leased=False), KVBlockIO(d_cache), HASH, CFG.n_kv_heads, secret=SECRET)
 
 
 def test_a_compatibility_mismatch_is_refused_with_what_differs(prefill_side):
     _, channel, released, ctx = prefill_side
-    other = kv_compat_hash(kv_compat_fields("model-a", "float32", 16, CFG.n_layers, CFG.n_kv_heads, CFG.head_dim, 1))
+    other = kv_compat_hash(kv_compat_fields("model-a", "float32", 16, CFG.n_layers, CFG.n_kv_heads, CFG.head_dim))
     d_cache = PagedKVCache(CFG, num_blocks=6, block_size=4)
     with pytest.raises(KVPullError, match="block_size: 4 here, 16 there"):
-        pull_blocks(ctx, load_for(channel, [1], [0]), KVBlockIO(d_cache), other, secret=SECRET)
+        pull_blocks(ctx, load_for(channel, [1], [0]), KVBlockIO(d_cache), other, CFG.n_kv_heads, secret=SECRET)
     wait_for(lambda: released == ["r1"])  # released anyway: the prefill side need not wait for its lease
 
 
@@ -106,13 +107,13 @@ def test_a_block_out_of_range_and_a_silent_peer_are_errors(prefill_side):
     _, channel, _, ctx = prefill_side
     d_io = KVBlockIO(PagedKVCache(CFG, num_blocks=6, block_size=4))
     with pytest.raises(KVPullError, match="out of range"):
-        pull_blocks(ctx, load_for(channel, [1, 99], [0, 1]), d_io, HASH, secret=SECRET)
+        pull_blocks(ctx, load_for(channel, [1, 99], [0, 1]), d_io, HASH, CFG.n_kv_heads, secret=SECRET)
     silent = ctx.socket(zmq.ROUTER)
     port = silent.bind_to_random_port("tcp://127.0.0.1")
     load = load_for(channel, [1], [0])
     load.remote.remote_port = port
     with pytest.raises(KVPullError, match="no answer"):
-        pull_blocks(ctx, load, d_io, HASH, timeout_s=0.3, secret=SECRET)
+        pull_blocks(ctx, load, d_io, HASH, CFG.n_kv_heads, timeout_s=0.3, secret=SECRET)
     silent.close(linger=0)
 
 
@@ -121,11 +122,11 @@ def test_blocks_not_leased_and_strangers_are_refused(prefill_side):
     d_io = KVBlockIO(PagedKVCache(CFG, num_blocks=6, block_size=4))
     channel.leases["r1"] = [1, 2]
     with pytest.raises(KVPullError, match="no lease on these blocks"):  # other blocks than the lease's
-        pull_blocks(ctx, load_for(channel, [1, 3], [0, 1], leased=False), d_io, HASH, secret=SECRET)
+        pull_blocks(ctx, load_for(channel, [1, 3], [0, 1], leased=False), d_io, HASH, CFG.n_kv_heads, secret=SECRET)
     with pytest.raises(KVPullError, match="no lease on these blocks for r2"):
-        pull_blocks(ctx, load_for(channel, [1, 2], [0, 1], "r2", leased=False), d_io, HASH, secret=SECRET)
+        pull_blocks(ctx, load_for(channel, [1, 2], [0, 1], "r2", leased=False), d_io, HASH, CFG.n_kv_heads, secret=SECRET)
     with pytest.raises(KVPullError, match="same --kv-secret"):
-        pull_blocks(ctx, load_for(channel, [1, 2], [0, 1]), d_io, HASH, secret="t" * 32)
+        pull_blocks(ctx, load_for(channel, [1, 2], [0, 1]), d_io, HASH, CFG.n_kv_heads, secret="t" * 32)
     wait_for(lambda: released == ["r1", "r2"])  # the right secret's releases count, the stranger's is dropped
     assert channel.leases == {"r1": [1, 2]} and channel.num_blocks_sent == 0
 
@@ -138,7 +139,7 @@ def test_a_prefill_worker_that_is_gone_fails_the_pull_at_once(prefill_side):
     load = load_for(channel, [1], [0])
     load.remote.remote_port = port
     with pytest.raises(KVPullError, match="nothing listens there"):
-        pull_blocks(ctx, load, KVBlockIO(PagedKVCache(CFG, num_blocks=6, block_size=4)), HASH, timeout_s=600,
+        pull_blocks(ctx, load, KVBlockIO(PagedKVCache(CFG, num_blocks=6, block_size=4)), HASH, CFG.n_kv_heads, timeout_s=600,
                     secret=SECRET)
 
 
