@@ -95,6 +95,12 @@ class EngineArgs:
             raise ValueError("--kv-lease-seconds must be positive")
         if self.role == "prefill":
             require_kv_secret_beyond_loopback(self.kv_secret, self.kv_host)
+            if self.external_workers:
+                raise ValueError("--role prefill starts its own workers (their KV side channel): not with "
+                                 "--external-workers")
+            if self.kv_host in ("0.0.0.0", "::", ""):
+                raise ValueError(f"--kv-host {self.kv_host!r} is not an address: give the one decode instances reach "
+                                 f"(it is what they are told to pull from)")
 
     @property
     def world_size(self) -> int:
@@ -140,7 +146,7 @@ class EngineProcesses:
                                    # each pipeline stage busy with its own step; or the next step planned meanwhile
                                    max_steps_in_flight=2 if async_scheduling else pp,
                                    async_scheduling=async_scheduling, kv_lease_s=args.kv_lease_s,
-                                   kv_host=args.kv_host)
+                                   kv_host=args.kv_host, role=args.role)
         # tcp on loopback is open to every local user: the launcher's workers then prove a secret of its own
         secret = args.worker_secret or (secrets.token_hex(32) if args.transport == "tcp" and not args.external_workers
                                         else "")

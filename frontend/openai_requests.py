@@ -34,11 +34,11 @@ class KVTransferParamsBody(RequestModel):
     do_remote_decode: bool = False
     do_remote_prefill: bool = False
     remote_block_ids: Annotated[list[Annotated[int, Field(ge=0)]] | None, Field(max_length=1 << 20)] = None
-    remote_engine_id: str | None = None
-    remote_host: str | None = None
+    remote_engine_id: Annotated[str | None, Field(max_length=256)] = None
+    remote_host: Annotated[str | None, Field(max_length=253, pattern=r"^[A-Za-z0-9.:\-\[\]]+$")] = None
     remote_port: Annotated[int | None, Field(ge=0, le=65535)] = None
-    remote_request_id: str | None = None
-    tp_size: Annotated[int | None, Field(ge=1)] = None
+    remote_request_id: Annotated[str | None, Field(max_length=256)] = None
+    tp_size: Annotated[int | None, Field(ge=1, le=256)] = None
     remote_num_tokens: Annotated[int | None, Field(ge=0)] = None
 
 

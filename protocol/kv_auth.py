@@ -2,17 +2,20 @@
 (--kv-secret or $TINYVLLM_KV_SECRET), proved by an HMAC on each message, never sent.
 
   decode -> prefill:  KVPull{..., nonce, mac=HMAC("kv pull" | request id | block ids | compat hash | rank | nonce |
-                      heads)}
-  prefill -> decode:  KVBlockData{..., mac=HMAC("kv block" | pull nonce | request id | index | error)}  (a real
-                      prefill worker, answering this pull)
+                      heads | tokens hash)}
+  prefill -> decode:  KVBlockData{..., mac=HMAC("kv block" | pull nonce | request id | index | error | SHA-256 of
+                      the block's bytes)}  (a real prefill worker, answering this pull, these bytes)
   decode -> prefill:  KVRelease{request id, nonce, mac=HMAC("kv release" | request id | nonce | num_releases)}
 
 A pull also needs a lease: the prefill worker serves only the blocks its scheduler leased under that request id
-(workers/kv_side_channel.py), so a replayed pull reads nothing once the lease is over. Nothing is encrypted (as
+(workers/kv_side_channel.py) and computed for the same tokens, so a replayed pull reads nothing once the lease is
+over. A decode worker pulls from a host beyond loopback only with a secret (else anyone could answer it). Nothing is encrypted (as
 protocol/worker_auth.py). Without a secret (side channels on loopback) the same MACs use an empty key.
 """
 import hashlib
 import hmac
+
+import msgpack
 
 from tinyvllm.protocol.worker_auth import is_loopback, new_nonce, resolve_secret
 
@@ -32,18 +35,19 @@ def require_kv_secret_beyond_loopback(secret: str, kv_host: str) -> None:
 
 
 def _mac(secret: str, *parts) -> bytes:
-    data = b"\0".join(p if isinstance(p, bytes) else str(p).encode() for p in parts)
-    return hmac.digest(secret.encode(), data, hashlib.sha256)
+    """Over the parts msgpacked as one list: every part keeps its bounds (no two part lists give the same bytes)."""
+    return hmac.digest(secret.encode(), msgpack.packb(list(parts), use_bin_type=True), hashlib.sha256)
 
 
-def pull_mac(secret: str, request_id: str, block_ids: list[int], compat_hash: str, tp_rank: int, nonce: bytes,
-             head_start: int = 0, head_stop: int = 0) -> bytes:
-    return _mac(secret, b"kv pull", request_id, ",".join(map(str, block_ids)), compat_hash, tp_rank, nonce,
-                head_start, head_stop)
+def pull_mac(secret: str, pull) -> bytes:
+    """pull: a KVPull (its mac field aside)."""
+    return _mac(secret, b"kv pull", pull.request_id, pull.block_ids, pull.compat_hash, pull.tp_rank, pull.nonce,
+                pull.head_start, pull.head_stop, pull.tokens_hash)
 
 
-def block_mac(secret: str, nonce: bytes, request_id: str, index: int, error: str) -> bytes:
-    return _mac(secret, b"kv block", nonce, request_id, index, error)
+def block_mac(secret: str, nonce: bytes, request_id: str, index: int, error: str, data: bytes = b"") -> bytes:
+    """Over the block's bytes too: an attacker on the path cannot swap them."""
+    return _mac(secret, b"kv block", nonce, request_id, index, error, hashlib.sha256(data).digest())
 
 
 def release_mac(secret: str, request_id: str, nonce: bytes, num_releases: int = 1) -> bytes:

@@ -20,6 +20,12 @@ def kv_compat_hash(fields: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16] + " " + text
 
 
+def tokens_hash(token_ids: list[int]) -> str:
+    """Names the tokens a remote KV was computed for: a pull for other tokens (another prompt of the same length) is
+    refused, so no decode instance caches KV under the wrong tokens."""
+    return hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()[:32]
+
+
 def describe_mismatch(mine: str, theirs: str) -> str:
     try:
         a, b = json.loads(mine.split(" ", 1)[1]), json.loads(theirs.split(" ", 1)[1])

@@ -11,6 +11,7 @@ from tinyvllm.protocol.sampling import KVTransferParams
 class KVLease:
     req_id: str
     block_ids: list[int]
+    tokens_hash: str = ""  # protocol/kv_compat.tokens_hash of the tokens those blocks hold
 
 
 @dataclass(slots=True)
@@ -19,6 +20,7 @@ class KVLoad:
     req_id: str
     local_block_ids: list[int]
     remote: KVTransferParams
+    tokens_hash: str = ""  # of the prompt tokens whose KV is pulled: the prefill worker checks it against its lease
 
 
 @dataclass(slots=True)
@@ -39,6 +41,7 @@ class KVPull:
     mac: bytes = b""  # protocol/kv_auth.py
     head_start: int = 0  # which of the prefill worker's KV heads (start == stop: all)
     head_stop: int = 0
+    tokens_hash: str = ""  # must be the lease's (protocol/kv_compat.tokens_hash)
 
 
 @dataclass(slots=True)

@@ -10,11 +10,16 @@ from tinyvllm.protocol.messages import KVRelease, KVTransferParams
 from tinyvllm.protocol.transport import make_socket
 
 
+def endpoint_of(remote: KVTransferParams, prefill_rank: int) -> str:
+    """Rank q of a prefill engine serves its side channel at remote_port + q."""
+    return f"tcp://{remote.remote_host}:{remote.remote_port + prefill_rank}"
+
+
 def release_remote_kv(ctx: zmq.Context, remote: KVTransferParams, secret: str = "") -> None:
-    """To every rank of the prefill engine (rank r's side channel is at remote_port + r)."""
+    """To every rank of the prefill engine."""
     for rank in range(max(1, remote.tp_size)):
-        endpoint = f"tcp://{remote.remote_host}:{remote.remote_port + rank}"
-        send_release(make_socket(ctx, zmq.DEALER, endpoint, bind=False), remote.remote_request_id, secret)
+        send_release(make_socket(ctx, zmq.DEALER, endpoint_of(remote, rank), bind=False), remote.remote_request_id,
+                     secret)
 
 
 def send_release(sock: zmq.Socket, request_id: str, secret: str, num_releases: int = 1) -> None:

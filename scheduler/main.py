@@ -50,6 +50,7 @@ class SchedulerArgs:
     async_scheduling: bool = False  # plan requests again while in flight (scheduler/async_scheduling.py)
     kv_lease_s: float = 30.0  # disaggregated prefill: how long finished prompts' blocks wait to be pulled
     kv_host: str = "127.0.0.1"  # the host decode instances are told to pull from (the workers' side channel)
+    role: str = "both"  # serve --role: only a decode engine takes requests whose prompt's KV is remote
 
 
 def scheduler_config(a: SchedulerArgs, num_blocks: int) -> SchedulerConfig:
@@ -80,6 +81,7 @@ class SchedulerLoop:
                         num_blocks, a.block_size, a.max_model_len, pool_tokens)
             a = self.args = replace(a, max_model_len=pool_tokens)
         self.scheduler = Scheduler(scheduler_config(a, num_blocks))
+        self.scheduler.remote_kv.takes_remote_prefill = a.role == "decode"
         if kv_address := self.workers.kv_addresses.get(0):  # a prefill engine: its workers serve their blocks
             port = int(kv_address.rsplit(":", 1)[1])
             self.scheduler.remote_kv.side_channel = KVTransferParams(
@@ -181,7 +183,10 @@ class SchedulerLoop:
             if outputs or changed or stepped:
                 send_step_outputs(self.to_frontend, sched, outputs)
             for remote in sched.remote_kv.take_abandoned():
-                release_remote_kv(self.ctx, remote, self.kv_secret)
+                try:
+                    release_remote_kv(self.ctx, remote, self.kv_secret)
+                except Exception as e:  # a host ZMQ cannot parse, say: the lease runs out on its own
+                    log.warning("could not release the remote KV of %s: %r", remote.remote_request_id, e)
 
     def close(self) -> None:
         self.workers.broadcast(Shutdown("scheduler stopping"), skip_gone=True)

@@ -13,6 +13,7 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from tinyvllm.protocol.kv_compat import tokens_hash
 from tinyvllm.protocol.messages import (ErrorKind, FinishReason, KVLease, KVLoad, KVTransferParams, RequestOutput,
                                         StepPlan, StepResult)
 from tinyvllm.scheduler.request import Request, RequestStatus
@@ -71,6 +72,7 @@ class RemoteKV:
         self.sched = sched
         self.leases = KVLeases(lease_s, world_size)
         self.side_channel: KVTransferParams | None = None  # engine id, host, port, tp size of this prefill engine
+        self.takes_remote_prefill = False  # a decode engine (serve --role decode)
         self.loading: list[Request] = []  # WAITING_FOR_REMOTE_KV, in admission order
         self._new_loads: list[KVLoad] = []  # for the next plan
         self.num_remote_tokens = 0  # cumulative: prompt tokens whose KV came from a prefill instance
@@ -86,8 +88,14 @@ class RemoteKV:
             return None
         if kv.do_remote_decode and self.side_channel is None:
             return "kv_transfer_params.do_remote_decode: this instance has no KV side channel (serve --role prefill)"
+        if kv.do_remote_decode and req.sampling.max_tokens != 1:
+            return "kv_transfer_params.do_remote_decode needs max_tokens 1: the decode instance generates the rest"
+        if kv.do_remote_prefill and not self.takes_remote_prefill:
+            return "kv_transfer_params.do_remote_prefill: this instance does not pull KV (serve --role decode)"
         if (kv.do_remote_decode or kv.do_remote_prefill) and req.sampling.n > 1:
             return "kv_transfer_params with n > 1 is not supported"
+        if kv.do_remote_prefill and req.needs_every_position:
+            return "kv_transfer_params.do_remote_prefill with prompt logprobs: they need the prompt computed here"
         if kv.do_remote_prefill:
             bs = self.sched.config.block_size
             kv.remote_num_tokens = kv.remote_num_tokens or req.num_prompt_tokens - 1  # not given: all but the last
@@ -99,7 +107,22 @@ class RemoteKV:
                         f"in blocks of {bs} (a different block size on the prefill instance?)")
             if not kv.remote_host or not kv.remote_port:
                 return "kv_transfer_params: remote_host and remote_port are required with do_remote_prefill"
+            if kv.remote_port + max(1, kv.tp_size) - 1 > 65535:
+                return "kv_transfer_params: remote_port + tp_size - 1 is past port 65535"
         return None
+
+    def refused(self, req: Request) -> None:
+        """req was refused at admission: if it came for remote KV, nobody will pull that (release it now)."""
+        kv = req.kv_transfer
+        if kv is not None and kv.do_remote_prefill and self.takes_remote_prefill and kv.remote_host and \
+                kv.remote_port and kv.remote_port + max(1, kv.tp_size) - 1 <= 65535:
+            self._abandoned.append(kv)
+
+    def preempted(self, req: Request) -> None:
+        """A preempted prefill's blocks go back to the pool: the workers must stop serving them (a plan may have
+        leased them already); the step that completes its prompt again leases its new blocks."""
+        if self.leaves_kv(req):
+            self._ended.append(req.req_id)
 
     def needs_load(self, req: Request) -> bool:
         kv = req.kv_transfer
@@ -116,7 +139,8 @@ class RemoteKV:
         if req.queue_time_s is None and req.arrival_time > 0:
             req.queue_time_s = max(0.0, time.time() - req.arrival_time)
         self.loading.append(req)
-        self._new_loads.append(KVLoad(req.req_id, req.block_ids[:len(kv.remote_block_ids)], kv))
+        self._new_loads.append(KVLoad(req.req_id, req.block_ids[:len(kv.remote_block_ids)], kv,
+                                      tokens_hash(req.prompt_token_ids[:kv.remote_num_tokens])))
         return True
 
     def take_new_loads(self) -> list[KVLoad]:
@@ -165,7 +189,9 @@ class RemoteKV:
         bs = self.sched.config.block_size
         for req, start, num_new in scheduled:
             if self.leaves_kv(req) and start < req.num_prompt_tokens <= start + num_new:
-                plan.kv_leases.append(KVLease(req.req_id, req.block_ids[:-(-(req.num_prompt_tokens - 1) // bs)]))
+                n = req.num_prompt_tokens - 1
+                plan.kv_leases.append(KVLease(req.req_id, req.block_ids[:-(-n // bs)],
+                                              tokens_hash(req.prompt_token_ids[:n])))
         plan.kv_leases_ended, self._ended = self._ended, []
 
     def free_or_lease(self, req: Request, reason: str) -> None:

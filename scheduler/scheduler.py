@@ -58,6 +58,7 @@ class Scheduler:
         error = (admission_error(req, self._live_ids(), c.max_model_len, c.block_size, c.num_blocks)
                  or self.remote_kv.admission_error(req))
         if error is not None:
+            self.remote_kv.refused(req)
             req.status, req.finish_reason = RequestStatus.FINISHED, FinishReason.ERROR
             self._pending_outputs.append(request_output(req, [], FinishReason.ERROR, error, ErrorKind.INVALID_REQUEST))
             return False
@@ -262,6 +263,7 @@ class Scheduler:
     def _preempt(self, req: Request) -> None:
         """Frees req's blocks and requeues it at the front; it resumes through the prefix cache and recomputes
         the rest of prompt + outputs so far."""
+        self.remote_kv.preempted(req)
         self.kv_cache_manager.free(req)
         req.status = RequestStatus.WAITING
         req.num_computed_tokens = 0

@@ -24,6 +24,9 @@ from tinyvllm.protocol.messages import KVBlockData, KVPull, KVRelease
 from tinyvllm.protocol.transport import make_socket
 
 log = logging.getLogger("tinyvllm.kv_side_channel")
+MAX_REQUEST_BYTES = 1 << 20  # a pull names at most the pool's blocks; bigger messages are dropped by ZMQ unread
+MAX_MESSAGES_PER_CALL = 64  # then the worker's next step: a flood of pulls never starves it
+SEND_TIMEOUT_MS = 5000  # a puller that stops reading loses its pull, it does not stall this worker
 
 
 class KVSideChannel:
@@ -32,10 +35,11 @@ class KVSideChannel:
 
     def __init__(self, ctx: zmq.Context, address: str, block_io, compat_hash: str,
                  on_release: Callable[[str], None], secret: str = ""):
-        self.sock = make_socket(ctx, zmq.ROUTER, address, bind=True)
+        self.sock = make_socket(ctx, zmq.ROUTER, address, bind=True,
+                                options={zmq.MAXMSGSIZE: MAX_REQUEST_BYTES, zmq.SNDTIMEO: SEND_TIMEOUT_MS})
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.block_io, self.compat_hash, self.on_release, self.secret = block_io, compat_hash, on_release, secret
-        self.leases: dict[str, list[int]] = {}  # request id -> the blocks a puller may read
+        self.leases: dict[str, tuple[list[int], str]] = {}  # request id -> (the blocks a puller may read, tokens hash)
         self.releases: dict[str, int] = {}  # request id -> releases so far, of a lease that needs several
         if block_io.nbytes > MAX_SEND_BYTES:  # would need a split per layer: not done yet
             raise ValueError(f"one KV block is {block_io.nbytes} bytes, over the {MAX_SEND_BYTES}-byte message bound")
@@ -46,8 +50,10 @@ class KVSideChannel:
         self.releases.pop(request_id, None)
 
     def handle(self) -> None:
-        """Serves every message waiting on the socket."""
-        while self.sock.poll(0):
+        """Serves the messages waiting on the socket (up to MAX_MESSAGES_PER_CALL)."""
+        for _ in range(MAX_MESSAGES_PER_CALL):
+            if not self.sock.poll(0):
+                return
             frames = self.sock.recv_multipart()
             if len(frames) != 2:
                 continue
@@ -67,21 +73,23 @@ class KVSideChannel:
             log.warning("dropped a KV release for %s with a wrong MAC (another --kv-secret?)", msg.request_id)
             return
         done = self.releases.get(msg.request_id, 0) + 1
-        if done < msg.num_releases and msg.request_id in self.leases:
+        if done < min(msg.num_releases, 1024) and msg.request_id in self.leases:
             self.releases[msg.request_id] = done
             return
         self.end_lease(msg.request_id)
         self.on_release(msg.request_id)
 
     def _refusal(self, pull: KVPull) -> str:
-        if not same_mac(pull.mac, pull_mac(self.secret, pull.request_id, pull.block_ids, pull.compat_hash,
-                                           pull.tp_rank, pull.nonce, pull.head_start, pull.head_stop)):
+        lease = self.leases.get(pull.request_id)
+        if lease is None or lease[0] != pull.block_ids:  # first, as it is cheap: no MAC over junk
+            return (f"no lease on these blocks for {pull.request_id} (expired after --kv-lease-seconds, released, "
+                    f"or never held)")
+        if not same_mac(pull.mac, pull_mac(self.secret, pull)):
             return "the pull's MAC does not match: prefill and decode instances need the same --kv-secret"
         if pull.compat_hash != self.compat_hash:
             return describe_mismatch(self.compat_hash, pull.compat_hash)
-        if self.leases.get(pull.request_id) != pull.block_ids:
-            return (f"no lease on these blocks for {pull.request_id} (expired after --kv-lease-seconds, released, "
-                    f"or never held)")
+        if pull.tokens_hash != lease[1]:
+            return f"the KV of {pull.request_id} was computed for other tokens than this prompt's"
         if not 0 <= pull.head_start <= pull.head_stop <= self.block_io.shape[3]:
             return f"KV heads {pull.head_start}..{pull.head_stop} asked of a worker that holds {self.block_io.shape[3]}"
         return ""
@@ -102,16 +110,19 @@ class KVSideChannel:
             if some_heads:
                 block = np.frombuffer(data, np.float32).reshape(self.block_io.shape)
                 data = np.ascontiguousarray(block[:, :, :, pull.head_start:pull.head_stop]).tobytes()
-            self._send(identity, pull, KVBlockData(pull.request_id, i, n), data)
+            if not self._send(identity, pull, KVBlockData(pull.request_id, i, n), data):
+                return
             self.num_blocks_sent += 1
 
-    def _send(self, identity: bytes, pull: KVPull, header: KVBlockData, data: bytes | None = None) -> None:
-        header.mac = block_mac(self.secret, pull.nonce, header.request_id, header.index, header.error)
+    def _send(self, identity: bytes, pull: KVPull, header: KVBlockData, data: bytes | None = None) -> bool:
+        header.mac = block_mac(self.secret, pull.nonce, header.request_id, header.index, header.error, data or b"")
         frames = [identity, encode(header)] + ([data] if data is not None else [])
         try:
             self.sock.send_multipart(frames, copy=False)
-        except zmq.ZMQError as e:  # the puller went away (ROUTER_MANDATORY): its request failed on its side
+            return True
+        except zmq.ZMQError as e:  # the puller went away (ROUTER_MANDATORY) or stopped reading: its pull fails there
             log.warning("could not answer a KV pull for %s: %s", header.request_id, e)
+            return False
 
     def close(self) -> None:
         self.sock.close(linger=0)

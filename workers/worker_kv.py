@@ -3,7 +3,9 @@ steps and tells its scheduler when a decode worker is done with a request's bloc
 kv_loads (pulls remote blocks into its own) before the step. workers/kv_side_channel.py has the wire protocol."""
 import logging
 import os
+import time
 
+import numpy as np
 import zmq
 
 from tinyvllm.protocol.compatibility import model_fingerprint
@@ -12,7 +14,7 @@ from tinyvllm.protocol.kv_compat import kv_compat_fields, kv_compat_hash
 from tinyvllm.protocol.messages import KVReleased, StepPlan, StepResult
 from tinyvllm.protocol.transport import send
 from tinyvllm.workers.kv_block_io import KVBlockIO
-from tinyvllm.workers.kv_pull import KVPullError, pull_blocks
+from tinyvllm.workers.kv_pull import DEFAULT_PULL_TIMEOUT_S, PULL_TIMEOUT_ENV, KVPullError, pull_blocks
 from tinyvllm.workers.kv_side_channel import KVSideChannel
 
 log = logging.getLogger("tinyvllm.worker")
@@ -22,7 +24,7 @@ class WorkerKV:
     def __init__(self, ctx: zmq.Context, args, runner, scheduler_sock: zmq.Socket, n_kv_heads: int):
         """args: WorkerArgs (a prefill worker has kv_address: where its side channel binds); n_kv_heads: the
         model's (this rank's cache holds some of them)."""
-        self.ctx, self.rank, self.samples = ctx, args.rank, args.spec.samples
+        self.ctx, self.rank, self.group = ctx, args.rank, runner.group
         self.tp_rank, self.tp_size, self.n_kv_heads = args.spec.tp_rank, args.spec.tp_size, n_kv_heads
         self.scheduler_sock = scheduler_sock
         cache = runner.cache
@@ -50,21 +52,36 @@ class WorkerKV:
         if self.side_channel is not None:
             for req_id in plan.kv_leases_ended:
                 self.side_channel.end_lease(req_id)
-            self.side_channel.leases.update((lease.req_id, lease.block_ids) for lease in plan.kv_leases)
+            self.side_channel.leases.update((lease.req_id, (lease.block_ids, lease.tokens_hash))
+                                            for lease in plan.kv_leases)
 
     def load(self, plan: StepPlan, result: StepResult) -> None:
-        """Pulls each of plan.kv_loads; records in result which arrived and which failed (and why)."""
+        """Pulls each of plan.kv_loads (all within one deadline); records in result which arrived and which failed
+        (and why). Tensor-parallel ranks agree first: a load that failed on any rank fails on all (the scheduler reads
+        the sampling rank's result, and no rank may decode on a hole)."""
+        if not plan.kv_loads:
+            return
+        deadline = time.monotonic() + float(os.environ.get(PULL_TIMEOUT_ENV) or DEFAULT_PULL_TIMEOUT_S)
+        failed: dict[str, str] = {}
         for load in plan.kv_loads:
             try:
                 pull_blocks(self.ctx, load, self.block_io, self.compat_hash, self.n_kv_heads, self.tp_rank,
-                            self.tp_size, secret=self.secret)
-                result.kv_loaded_req_ids.append(load.req_id)
+                            self.tp_size, deadline, self.secret)
             except KVPullError as e:
                 log.warning("rank %d: request %s: %s", self.rank, load.req_id, e)
-                if not self.samples:  # the scheduler reads only the sampling rank's result: never decode on a hole
-                    raise RuntimeError(f"rank {self.rank} could not pull the KV of {load.req_id}: {e}") from None
+                failed[load.req_id] = str(e)
+        if self.group is not None:
+            flags = np.array([load.req_id in failed for load in plan.kv_loads], np.float32)
+            anywhere = self.group.all_reduce(flags)
+            for load, count in zip(plan.kv_loads, anywhere):
+                if count and load.req_id not in failed:
+                    failed[load.req_id] = "another tensor-parallel rank could not pull its KV heads (see its log)"
+        for load in plan.kv_loads:
+            if load.req_id in failed:
                 result.kv_failed_req_ids.append(load.req_id)
-                result.kv_failed_reasons.append(str(e))
+                result.kv_failed_reasons.append(failed[load.req_id])
+            else:
+                result.kv_loaded_req_ids.append(load.req_id)
 
     def close(self) -> None:
         if self.side_channel is not None:

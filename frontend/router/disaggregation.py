@@ -5,7 +5,8 @@ goes first to a prefill instance as a copy with max_tokens=1, stream=false, no m
 {do_remote_decode: true}; the kv_transfer_params of its answer (where the prompt's KV blocks wait) are added to the
 original request, which then goes to a decode instance and is answered from there as usual (streamed or not). A
 prefill answer other than 200 goes back to the client as it came; one without kv_transfer_params (a one-token prompt)
-leaves the original request as it was.
+leaves the original request as it was. A client's own kv_transfer_params are dropped; requests one instance must
+serve whole (n > 1, the prompt's logprobs) are routed as usual.
 """
 import json
 import logging
@@ -31,11 +32,18 @@ def disaggregates(method: str, path: str, routable: list[Instance]) -> bool:
 
 
 def parse_body(body: bytes) -> dict | None:
+    """The request, without any kv_transfer_params of the client's (the router's own go to the instances); None when
+    it is not JSON, or is a request one instance must serve whole: several choices (n), or the prompt's logprobs
+    (prompt_logprobs, or echo with logprobs)."""
     try:
         parsed = json.loads(body)
     except ValueError:
         return None
-    return parsed if isinstance(parsed, dict) else None
+    if not isinstance(parsed, dict) or (isinstance(parsed.get("n"), int) and parsed["n"] > 1) \
+            or parsed.get("prompt_logprobs") is not None or (parsed.get("echo") and parsed.get("logprobs")):
+        return None
+    parsed.pop("kv_transfer_params", None)
+    return parsed
 
 
 def prefill_body(request: dict) -> bytes:
@@ -44,8 +52,8 @@ def prefill_body(request: dict) -> bytes:
     return json.dumps(body).encode()
 
 
-def decode_body(request: dict, kv_transfer_params: dict) -> bytes:
-    return json.dumps({**request, "kv_transfer_params": kv_transfer_params}).encode()
+def decode_body(request: dict, kv_transfer_params: dict | None) -> bytes:
+    return json.dumps({**request, "kv_transfer_params": kv_transfer_params} if kv_transfer_params else request).encode()
 
 
 class PrefillReply(Exception):

@@ -122,7 +122,7 @@ class UpstreamProxy:
                     *e.headers, (b"content-length", str(len(e.body)).encode())]})
                 await send({"type": "http.response.body", "body": e.body})
                 return
-            body, role = (pd.decode_body(request, kv) if kv else body), pd.DECODE
+            body, role = pd.decode_body(request, kv), pd.DECODE
         for _ in range(1 + MAX_RETRIES):
             choice = self.picker.pick([i for i in self.registry.routable()
                                        if i.url not in tried and role in (None, i.role)], hashes)

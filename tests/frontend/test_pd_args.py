@@ -16,6 +16,8 @@ SECRET = "kv-test-secret-0123456789"
     ({"role": "prefill", "kv_host": "0.0.0.0"}, "TINYVLLM_KV_SECRET"),
     ({"role": "prefill", "kv_lease_s": 0}, "--kv-lease-seconds must be positive"),
     ({"role": "prefill", "tensor_parallel_size": 2}, "needs --kv-port"),
+    ({"role": "prefill", "kv_host": "0.0.0.0", "kv_secret": SECRET}, "is not an address"),
+    ({"role": "prefill", "external_workers": True, "worker_address": "tcp://127.0.0.1:7000"}, "own workers"),
 ])
 def test_engine_args_refuse(change, message):
     with pytest.raises(ValueError, match=message):
@@ -43,3 +45,15 @@ def test_the_launcher_gives_the_kv_secret_to_its_children_in_their_environment(t
         assert json.loads(worker.command[-1])[1]["kv_address"] == "tcp://127.0.0.1:0"
     finally:
         procs.stop()
+
+
+@pytest.mark.parametrize("kv", [{"remote_host": "bad host"}, {"remote_host": "a/b"}, {"tp_size": 100000},
+                                {"remote_request_id": "x" * 300}])
+def test_kv_transfer_params_a_client_may_not_send(kv):
+    from pydantic import ValidationError
+
+    from tinyvllm.frontend.openai_requests import CompletionRequest
+    with pytest.raises(ValidationError):
+        CompletionRequest.model_validate({"model": "m", "prompt": "hi", "kv_transfer_params": kv})
+    CompletionRequest.model_validate({"model": "m", "prompt": "hi", "kv_transfer_params": {
+        "remote_host": "10.0.0.5", "tp_size": 2, "do_remote_prefill": True}})

@@ -52,3 +52,11 @@ async def test_a_failed_prefill_goes_back_as_it_came():
         response = await c.post(router.url + "/v1/completions", json={"model": "tiny", "prompt": "x"})
         assert response.status_code == 400 and response.json()["error"]["message"] == "prompt too long"
         assert not d.exchanges
+
+
+def test_what_goes_prefill_then_decode():
+    from tinyvllm.frontend.router.disaggregation import parse_body
+    assert parse_body(json.dumps({**CHAT, "kv_transfer_params": KV}).encode()) == CHAT  # the client's are dropped
+    for whole in ({"n": 2}, {"prompt_logprobs": 1}, {"echo": True, "logprobs": 2}):  # one instance serves these
+        assert parse_body(json.dumps({**CHAT, **whole}).encode()) is None
+    assert parse_body(b"[1, 2]") is None and parse_body(b"{") is None

@@ -140,7 +140,7 @@ class FakeWorker:
         assert len({req_id for req_id, _ in scheduled}) == len(scheduled), "a request scheduled twice"
         for req_id in plan.kv_leases_ended:
             self.leases.pop(req_id, None)
-        self.leases.update((lease.req_id, lease.block_ids) for lease in plan.kv_leases)
+        self.leases.update((lease.req_id, (lease.block_ids, lease.tokens_hash)) for lease in plan.kv_leases)
         self._copy_blocks(plan.block_copies)
         loaded, failed = self._load_remote(plan)
 
@@ -170,7 +170,8 @@ class FakeWorker:
             if self.kv_source is None:
                 failed[load.req_id] = "no prefill worker"
                 continue
-            if self.kv_source.leases.get(load.remote.remote_request_id) != load.remote.remote_block_ids:
+            if self.kv_source.leases.get(load.remote.remote_request_id) != (load.remote.remote_block_ids,
+                                                                            load.tokens_hash):
                 failed[load.req_id] = "no lease"
                 continue
             for src, dst in zip(load.remote.remote_block_ids, load.local_block_ids, strict=True):
@@ -203,7 +204,7 @@ class FakeWorker:
         for block_index in range(start // self.block_size, (end - 1) // self.block_size + 1):
             block_id = req.block_ids[block_index]
             assert holders[block_id] == {req_id}, f"{req_id} writes block {block_id}, shared with {holders[block_id]}"
-            leased_to = {other for other, blocks in self.leases.items() if block_id in blocks} - {req_id}
+            leased_to = {other for other, (blocks, _) in self.leases.items() if block_id in blocks} - {req_id}
             assert not leased_to, f"{req_id} writes block {block_id}, leased to {leased_to}"
         for pos in range(start, end):
             self.kv[self._slot(req, pos)] = (pos, hashes[pos], req_id)

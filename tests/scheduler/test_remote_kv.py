@@ -16,6 +16,12 @@ def prefill_scheduler(**kw):
     return sched, worker
 
 
+def decode_scheduler(**kw):
+    sched, worker = make_scheduler(**kw)
+    sched.remote_kv.takes_remote_prefill = True
+    return sched, worker
+
+
 def prefill(sched, worker, req_id="p", prompt_len=10):
     req = make_request(req_id, prompt_len, max_tokens=1)
     req.kv_transfer = KVTransferParams(do_remote_decode=True)
@@ -77,7 +83,7 @@ def test_decode_pulls_the_prompt_and_computes_only_its_last_token():
     prompt_len = 10
     _, p_out = prefill(p_sched, p_worker, prompt_len=prompt_len)
 
-    d_sched, d_worker = make_scheduler(num_blocks=16, block_size=4)
+    d_sched, d_worker = decode_scheduler(num_blocks=16, block_size=4)
     d_worker.kv_source = p_worker
     req = make_request("p", prompt_len, max_tokens=6)
     req.kv_transfer = p_out.kv_transfer
@@ -97,7 +103,7 @@ def test_decode_pulls_the_prompt_and_computes_only_its_last_token():
 def test_a_failed_pull_ends_the_request_with_an_error():
     p_sched, p_worker = prefill_scheduler()
     _, p_out = prefill(p_sched, p_worker)
-    d_sched, d_worker = make_scheduler()  # no kv_source: the fake worker fails the load
+    d_sched, d_worker = decode_scheduler()  # no kv_source: the fake worker fails the load
     req = make_request("p", 10, max_tokens=4)
     req.kv_transfer = p_out.kv_transfer
     d_sched.add_request(req)
@@ -110,7 +116,7 @@ def test_a_failed_pull_ends_the_request_with_an_error():
 def test_abort_while_pulling_and_wrong_shapes():
     p_sched, p_worker = prefill_scheduler()
     _, p_out = prefill(p_sched, p_worker)
-    d_sched, d_worker = make_scheduler()
+    d_sched, d_worker = decode_scheduler()
     d_worker.kv_source = p_worker
     req = make_request("p", 10, max_tokens=4)
     req.kv_transfer = p_out.kv_transfer
@@ -134,7 +140,7 @@ def test_workers_serve_only_leased_blocks_until_the_lease_ends():
     now = [0.0]
     sched.remote_kv.leases.clock = lambda: now[0]
     _, out = prefill(sched, worker, req_id="released")
-    assert worker.leases == {"released": out.kv_transfer.remote_block_ids}
+    assert worker.leases["released"][0] == out.kv_transfer.remote_block_ids
     _, expiring = prefill(sched, worker, req_id="expiring")
     sched.remote_kv.release(["released"], rank=0)
     now[0] = 31.0
@@ -146,7 +152,7 @@ def test_workers_serve_only_leased_blocks_until_the_lease_ends():
     result = worker.execute(plan)
     sched.abort(["aborted"])
     sched.update_from_output(plan, result)
-    assert worker.leases == {"aborted": plan.kv_leases[0].block_ids}
+    assert list(worker.leases) == ["aborted"]
     sched.add_request(make_request("next", 40, max_tokens=2))  # reuses every block: the fake worker checks leases
     run_to_completion(sched, worker)
     assert worker.leases == {} and expiring.kv_transfer.remote_request_id == "expiring"
@@ -157,7 +163,7 @@ def test_a_decode_request_that_ends_before_its_pull_gives_the_lease_back():
     aborted after: the worker's pull releases it."""
     p_sched, p_worker = prefill_scheduler()
     _, p_out = prefill(p_sched, p_worker)
-    d_sched, d_worker = make_scheduler()
+    d_sched, d_worker = decode_scheduler()
     d_worker.kv_source = p_worker
     for req_id in ("early", "late"):
         req = make_request(req_id, 10, max_tokens=4)
@@ -170,3 +176,36 @@ def test_a_decode_request_that_ends_before_its_pull_gives_the_lease_back():
     d_sched.update_from_output(plan, d_worker.execute(plan))
     assert d_sched.remote_kv.take_abandoned() == [p_out.kv_transfer] and d_sched.remote_kv.take_abandoned() == []
     assert d_sched.kv_cache_manager.num_free_blocks == 64 and not d_sched.has_unfinished()
+
+
+def test_what_a_prefill_or_decode_instance_refuses():
+    p_sched, p_worker = prefill_scheduler()
+    _, p_out = prefill(p_sched, p_worker)
+    both, _ = make_scheduler()  # not --role decode
+    longer = make_request("x", 5, max_tokens=2)
+    longer.kv_transfer = KVTransferParams(do_remote_decode=True)
+    logprobs = make_request("y", 10, max_tokens=2)
+    logprobs.sampling.prompt_logprobs = 1
+    logprobs.kv_transfer = p_out.kv_transfer
+    remote = make_request("z", 10, max_tokens=2)
+    remote.kv_transfer = p_out.kv_transfer
+    d_sched, _ = decode_scheduler()
+    for sched, req, error in ((p_sched, longer, "needs max_tokens 1"), (both, remote, "serve --role decode"),
+                              (d_sched, logprobs, "prompt logprobs")):
+        assert not sched.add_request(req)
+        assert error in sched.take_pending_outputs()[-1].error
+    # refused at admission: the decode scheduler gives the lease back at once; the other one never pulls anything
+    assert d_sched.remote_kv.take_abandoned() == [p_out.kv_transfer] and both.remote_kv.take_abandoned() == []
+
+
+def test_a_preempted_prefill_stops_its_workers_serving_blocks_it_lost():
+    sched, worker = prefill_scheduler(num_blocks=16, block_size=4)
+    req = make_request("p", 10, max_tokens=1)
+    req.kv_transfer = KVTransferParams(do_remote_decode=True)
+    sched.add_request(req)
+    plan = sched.schedule()
+    assert [lease.req_id for lease in plan.kv_leases] == ["p"]
+    sched._unqueue(req)
+    sched._preempt(req)  # as the scheduler would before the step's result, under memory pressure
+    sched.update_from_output(plan, worker.execute(plan))
+    assert sched.schedule().kv_leases_ended[:1] == ["p"]

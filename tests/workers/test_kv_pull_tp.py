@@ -11,7 +11,7 @@ import zmq
 from tinygrad import Tensor
 
 from tests.workers.test_paged_attention import CFG
-from tinyvllm.protocol.kv_compat import kv_compat_fields, kv_compat_hash
+from tinyvllm.protocol.kv_compat import kv_compat_fields, kv_compat_hash, tokens_hash
 from tinyvllm.protocol.messages import KVLoad, KVTransferParams
 from tinyvllm.workers.kv_block_io import KVBlockIO
 from tinyvllm.workers.kv_cache import PagedKVCache
@@ -20,6 +20,7 @@ from tinyvllm.workers.kv_side_channel import KVSideChannel
 
 SECRET = "tp-test-secret-0123456789"
 HASH = kv_compat_hash(kv_compat_fields("model-a", "float32", 4, CFG.n_layers, CFG.n_kv_heads, CFG.head_dim))
+TOKENS = tokens_hash(list(range(7)))
 REMOTE, LOCAL = [5, 2], [1, 3]
 
 
@@ -27,6 +28,8 @@ def test_which_prefill_ranks_each_decode_rank_pulls_from():
     assert kv_sources(2, 1, 2, 1) == [KVSource(0, range(1, 2), range(0, 1))]
     assert kv_sources(2, 2, 1, 0) == [KVSource(0, range(0, 1), range(0, 1)), KVSource(1, range(0, 1), range(1, 2))]
     assert kv_sources(4, 2, 1, 0) == [KVSource(0, range(0, 2), range(0, 2)), KVSource(1, range(0, 2), range(2, 4))]
+    with pytest.raises(ValueError, match="cannot hold 4 KV heads"):
+        kv_sources(4, 3, 1, 0)
     assert release_ranks(2, 1, 2) == {0: [0, 1]}
     # 2 KV heads on 4 prefill ranks: ranks 1 and 3 replicate what 0 and 2 hold; nobody pulls them, one releases them
     assert [s.prefill_rank for s in kv_sources(2, 4, 1, 0)] == [0, 2]
@@ -65,7 +68,7 @@ class PrefillEngine:
                                        "read": staticmethod({b: io.read(b) for b in REMOTE}.__getitem__)})
         channel = KVSideChannel(ctx, f"tcp://127.0.0.1:{port}", preread, HASH,
                                 lambda rid, q=q: self.released.append((q, rid)), SECRET)
-        channel.leases["r1"] = list(REMOTE)
+        channel.leases["r1"] = (list(REMOTE), TOKENS)
         return channel
 
     def _serve(self):
@@ -96,7 +99,7 @@ def ctx():
 def load(engine: PrefillEngine, tp: int) -> KVLoad:
     return KVLoad("d1", list(LOCAL), KVTransferParams(do_remote_prefill=True, remote_block_ids=list(REMOTE),
                                                        remote_host="127.0.0.1", remote_port=engine.port,
-                                                       remote_request_id="r1", tp_size=tp))
+                                                       remote_request_id="r1", tp_size=tp), TOKENS)
 
 
 def pulled(cache: PagedKVCache) -> list[np.ndarray]:

@@ -3,6 +3,7 @@ a prefill cache, bit-exact, into other block ids; a compatibility mismatch, a pu
 secret, a silent peer and one that is gone are explicit errors; the puller's release reaches the prefill side. The prefill side is served from a thread with the blocks read beforehand
 (tinygrad runs in one thread: in a worker the channel is served between steps)."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import zmq
 from tinygrad import Tensor
 
 from tests.workers.test_paged_attention import CFG
-from tinyvllm.protocol.kv_compat import kv_compat_fields, kv_compat_hash
+from tinyvllm.protocol.kv_compat import kv_compat_fields, kv_compat_hash, tokens_hash
 from tinyvllm.protocol.messages import KVLoad, KVTransferParams
 from tinyvllm.workers.kv_block_io import KVBlockIO
 from tinyvllm.workers.kv_cache import PagedKVCache
@@ -19,6 +20,7 @@ from tinyvllm.workers.kv_pull import KVPullError, pull_blocks
 from tinyvllm.workers.kv_side_channel import KVSideChannel
 
 SECRET = "s" * 32
+TOKENS = tokens_hash([5, 6, 7])
 HASH = kv_compat_hash(kv_compat_fields("model-a", "float32", 4, CFG.n_layers, CFG.n_kv_heads, CFG.head_dim))
 
 
@@ -60,15 +62,15 @@ def prefill_side():
 def load_for(channel, remote_blocks, local_blocks, request_id="r1", leased=True):
     """A load of remote_blocks, which the prefill side leased under request_id (as a StepPlan's kv_leases would)."""
     if leased:
-        channel.leases[request_id] = list(remote_blocks)
+        channel.leases[request_id] = (list(remote_blocks), TOKENS)
     port = int(channel.address.rsplit(":", 1)[1])
     params = KVTransferParams(do_remote_prefill=True, remote_block_ids=remote_blocks, remote_host="127.0.0.1",
                               remote_port=port, remote_request_id=request_id)
-    return KVLoad("local-id", local_blocks, params)
+    return KVLoad("local-id", local_blocks, params, TOKENS)
 
 
 def wait_for(cond):
-    for _ in range(200):
+    for _ in range(1000):
         if cond():
             return
         threading.Event().wait(0.01)
@@ -113,14 +115,15 @@ def test_a_block_out_of_range_and_a_silent_peer_are_errors(prefill_side):
     load = load_for(channel, [1], [0])
     load.remote.remote_port = port
     with pytest.raises(KVPullError, match="no answer"):
-        pull_blocks(ctx, load, d_io, HASH, CFG.n_kv_heads, timeout_s=0.3, secret=SECRET)
+        pull_blocks(ctx, load, d_io, HASH, CFG.n_kv_heads, deadline=time.monotonic() + 0.3,
+                    secret=SECRET)
     silent.close(linger=0)
 
 
 def test_blocks_not_leased_and_strangers_are_refused(prefill_side):
     _, channel, released, ctx = prefill_side
     d_io = KVBlockIO(PagedKVCache(CFG, num_blocks=6, block_size=4))
-    channel.leases["r1"] = [1, 2]
+    channel.leases["r1"] = ([1, 2], TOKENS)
     with pytest.raises(KVPullError, match="no lease on these blocks"):  # other blocks than the lease's
         pull_blocks(ctx, load_for(channel, [1, 3], [0, 1], leased=False), d_io, HASH, CFG.n_kv_heads, secret=SECRET)
     with pytest.raises(KVPullError, match="no lease on these blocks for r2"):
@@ -128,7 +131,7 @@ def test_blocks_not_leased_and_strangers_are_refused(prefill_side):
     with pytest.raises(KVPullError, match="same --kv-secret"):
         pull_blocks(ctx, load_for(channel, [1, 2], [0, 1]), d_io, HASH, CFG.n_kv_heads, secret="t" * 32)
     wait_for(lambda: released == ["r1", "r2"])  # the right secret's releases count, the stranger's is dropped
-    assert channel.leases == {"r1": [1, 2]} and channel.num_blocks_sent == 0
+    assert channel.leases == {"r1": ([1, 2], TOKENS)} and channel.num_blocks_sent == 0
 
 
 def test_a_prefill_worker_that_is_gone_fails_the_pull_at_once(prefill_side):
@@ -139,8 +142,8 @@ def test_a_prefill_worker_that_is_gone_fails_the_pull_at_once(prefill_side):
     load = load_for(channel, [1], [0])
     load.remote.remote_port = port
     with pytest.raises(KVPullError, match="nothing listens there"):
-        pull_blocks(ctx, load, KVBlockIO(PagedKVCache(CFG, num_blocks=6, block_size=4)), HASH, CFG.n_kv_heads, timeout_s=600,
-                    secret=SECRET)
+        pull_blocks(ctx, load, KVBlockIO(PagedKVCache(CFG, num_blocks=6, block_size=4)), HASH, CFG.n_kv_heads,
+                    deadline=time.monotonic() + 600, secret=SECRET)
 
 
 def test_a_decode_request_that_ends_before_its_pull_releases_the_lease(prefill_side):
@@ -149,3 +152,25 @@ def test_a_decode_request_that_ends_before_its_pull_releases_the_lease(prefill_s
     release_remote_kv(ctx, remote, SECRET)
     wait_for(lambda: released == ["r3"])
     assert "r3" not in channel.leases
+
+
+def test_other_tokens_a_stranger_host_and_junk_are_refused(prefill_side):
+    _, channel, _, ctx = prefill_side
+    d_io = KVBlockIO(PagedKVCache(CFG, num_blocks=6, block_size=4))
+    other = load_for(channel, [1, 2], [0, 1])
+    other.tokens_hash = tokens_hash([5, 6, 8])  # another prompt of the same length
+    with pytest.raises(KVPullError, match="computed for other tokens"):
+        pull_blocks(ctx, other, d_io, HASH, CFG.n_kv_heads, secret=SECRET)
+    far = load_for(channel, [1, 2], [0, 1])
+    far.remote.remote_host = "10.0.0.9"
+    with pytest.raises(KVPullError, match="needs a KV secret"):  # anyone there could answer
+        pull_blocks(ctx, far, d_io, HASH, CFG.n_kv_heads, secret="")
+    bad = load_for(channel, [1, 2], [0, 1])
+    bad.remote.remote_host = "bad host"
+    with pytest.raises(KVPullError, match="bad host"):  # a failed request, not a failed worker
+        pull_blocks(ctx, bad, d_io, HASH, CFG.n_kv_heads, secret=SECRET)
+    junk = ctx.socket(zmq.DEALER)
+    junk.connect(channel.address)
+    junk.send(b"x" * (2 << 20))  # over the channel's message bound: ZMQ drops it (and this peer)
+    pull_blocks(ctx, load_for(channel, [1, 2], [0, 1]), d_io, HASH, CFG.n_kv_heads, secret=SECRET)  # still serving
+    junk.close(linger=0)
