@@ -92,6 +92,9 @@ async def run_prefill(proxy, target: str, headers: list, request: dict, hashes: 
             continue
         if reply.status_code != 200:
             raise PrefillReply(reply.status_code, [(b"content-type", b"application/json")], reply.content)
-        answer = parse_body(reply.content) or {}
-        return answer.get("kv_transfer_params")
+        try:
+            answer = json.loads(reply.content)
+        except ValueError:
+            return None
+        return answer.get("kv_transfer_params") if isinstance(answer, dict) else None
     return None
