@@ -109,11 +109,7 @@ class SchedulerLoop:
             poller.register(self.from_frontend, zmq.POLLIN)
             poller.register(self.workers.sock, zmq.POLLIN)
             if self.workers.sock in dict(poller.poll(timeout_ms)):
-                _, msg = self.workers.recv(time.monotonic() + 1)
-                if isinstance(msg, KVReleased):
-                    self.scheduler.remote_kv.release(msg.req_ids, msg.rank)
-                elif isinstance(msg, WorkerError):
-                    raise RuntimeError(f"worker {msg.rank} failed: {msg.message}")
+                self.recv_from_workers()
                 return True
             timeout_ms = 0
         got = False
@@ -124,6 +120,15 @@ class SchedulerLoop:
                 log.warning("dropped a malformed message: %s", e)
             got, timeout_ms = True, 0
         return got
+
+    def recv_from_workers(self):
+        """The next worker message; a WorkerError raises, a KVReleased (a prefill engine) is applied here."""
+        _, msg = self.workers.recv(time.monotonic() + 1)
+        if isinstance(msg, WorkerError):
+            raise RuntimeError(f"worker {msg.rank} failed: {msg.message}")
+        if isinstance(msg, KVReleased):
+            self.scheduler.remote_kv.release(msg.req_ids, msg.rank)
+        return msg
 
     def finish_step(self, plan: StepPlan) -> list:
         """Waits for the result of `plan`, the oldest plan sent, from the rank that samples (workers.output_rank;
@@ -137,11 +142,7 @@ class SchedulerLoop:
         while True:
             events = dict(poller.poll(1000))
             if self.workers.sock in events:
-                _, msg = self.workers.recv(time.monotonic() + 1)
-                if isinstance(msg, WorkerError):
-                    raise RuntimeError(f"worker {msg.rank} failed: {msg.message}")
-                if isinstance(msg, KVReleased):
-                    self.scheduler.remote_kv.release(msg.req_ids, msg.rank)
+                msg = self.recv_from_workers()
                 if isinstance(msg, StepResult) and msg.step_id == plan.step_id and msg.rank == self.workers.output_rank:
                     parts.append(msg)
                     if not msg.more_parts:

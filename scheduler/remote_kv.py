@@ -102,7 +102,7 @@ class RemoteKV:
             if kv.remote_num_tokens != req.num_prompt_tokens - 1:
                 return (f"kv_transfer_params: the remote KV holds {kv.remote_num_tokens} tokens, this prompt needs "
                         f"{req.num_prompt_tokens - 1} (not the prompt the prefill instance computed?)")
-            if len(kv.remote_block_ids) != -(-kv.remote_num_tokens // bs):
+            if len(kv.remote_block_ids) != self.sched.kv_cache_manager.blocks_for_tokens(kv.remote_num_tokens):
                 return (f"kv_transfer_params: {len(kv.remote_block_ids)} remote blocks for {kv.remote_num_tokens} tokens "
                         f"in blocks of {bs} (a different block size on the prefill instance?)")
             if not kv.remote_host or not kv.remote_port:
@@ -186,11 +186,11 @@ class RemoteKV:
     def add_leases(self, plan: StepPlan, scheduled: list[tuple[Request, int, int]]) -> None:
         """The workers serve a prompt's blocks once the step that completes it ran (before its result, and so its
         output, exists); the plan's kv_leases_ended makes them stop before any later step writes those blocks."""
-        bs = self.sched.config.block_size
+        kv_mgr = self.sched.kv_cache_manager
         for req, start, num_new in scheduled:
             if self.leaves_kv(req) and start < req.num_prompt_tokens <= start + num_new:
                 n = req.num_prompt_tokens - 1
-                plan.kv_leases.append(KVLease(req.req_id, req.block_ids[:-(-n // bs)],
+                plan.kv_leases.append(KVLease(req.req_id, req.block_ids[:kv_mgr.blocks_for_tokens(n)],
                                               tokens_hash(req.prompt_token_ids[:n])))
         plan.kv_leases_ended, self._ended = self._ended, []
 
@@ -208,7 +208,7 @@ class RemoteKV:
             kv_mgr.free(req)
             return
         n = req.num_prompt_tokens - 1
-        num_blocks = -(-n // self.sched.config.block_size)
+        num_blocks = kv_mgr.blocks_for_tokens(n)
         sc = self.side_channel
         req.kv_transfer_out = KVTransferParams(False, True, req.block_ids[:num_blocks], sc.remote_engine_id,
                                                sc.remote_host, sc.remote_port, req.req_id, sc.tp_size, n)

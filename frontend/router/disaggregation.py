@@ -9,13 +9,11 @@ leaves the original request as it was. A client's own kv_transfer_params are dro
 serve whole (n > 1, the prompt's logprobs) are routed as usual.
 """
 import json
-import logging
 
 import httpx
 
+from tinyvllm.frontend.router import router_metrics as m
 from tinyvllm.frontend.router.instance_registry import Instance
-
-log = logging.getLogger("tinyvllm.router")
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 PREFILL, DECODE = "prefill", "decode"
@@ -80,15 +78,16 @@ async def run_prefill(proxy, target: str, headers: list, request: dict, hashes: 
             reply = await proxy.client.post(instance.url + target, headers=headers, content=content)
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             proxy.registry.unreachable(instance)
-            log.warning("prefill instance %s: unreachable (%r)", instance.url, e)
+            proxy._failed(instance, m.CONNECT_FAILED, e)
             continue
         except httpx.TransportError as e:
-            log.warning("prefill instance %s: %r", instance.url, e)
+            proxy._failed(instance, m.DROPPED, e)
             continue
         finally:
             proxy.registry.closed(instance)
             proxy.picker.closed(instance)
         if reply.status_code == 503:
+            proxy._failed(instance, m.UNAVAILABLE, None)
             continue
         if reply.status_code != 200:
             raise PrefillReply(reply.status_code, [(b"content-type", b"application/json")], reply.content)
