@@ -40,6 +40,10 @@ def add_arguments(router: argparse.ArgumentParser) -> None:
     router.add_argument("--port", type=int, default=8080, help="HTTP port")
     router.add_argument("--instances", nargs="+", default=[], metavar="URL",
                         help="instances to route to from the start (checked with GET /health every 2 s)")
+    router.add_argument("--prefill", nargs="+", default=[], metavar="URL",
+                        help="`serve --role prefill` instances, from the start: with --decode ones, completions and "
+                             "chat go prefill then decode")
+    router.add_argument("--decode", nargs="+", default=[], metavar="URL", help="`serve --role decode` instances")
     router.add_argument("--discover-dns", default=None, metavar="NAME:PORT",
                         help="resolve NAME (e.g. a Kubernetes headless Service) periodically; every address is an "
                              "instance http://ADDRESS:PORT")
@@ -77,6 +81,8 @@ class RouterArgs:
     register_secret: str = ""
     max_waiting_requests: int = 512
     shutdown_timeout_s: float = 30.0
+    prefill: list[str] = field(default_factory=list)
+    decode: list[str] = field(default_factory=list)
 
 
 def router_args_from(args: argparse.Namespace, environ) -> RouterArgs:
@@ -97,7 +103,9 @@ def router_args_from(args: argparse.Namespace, environ) -> RouterArgs:
                       parse_target(args.discover_dns) if args.discover_dns else None, args.discover_interval_s,
                       args.heartbeat_timeout_s, resolve_api_key(args.api_key, environ),
                       args.instance_api_key or environ.get(INSTANCE_API_KEY_ENV) or None, secret,
-                      args.max_waiting_requests, args.shutdown_timeout_s)
+                      args.max_waiting_requests, args.shutdown_timeout_s,
+                      [http_base_url(url, "--prefill") for url in args.prefill],
+                      [http_base_url(url, "--decode") for url in args.decode])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,8 +126,9 @@ async def serve_router(a: RouterArgs) -> int:
     """Routes until SIGTERM or SIGINT (then drains: 0), or until the HTTP server could not start (1)."""
     registry = InstanceRegistry(a.heartbeat_timeout_s, forget_after_s=max(a.heartbeat_timeout_s,
                                                                            3 * a.discover_interval_s))
-    for url in a.instances:
-        registry.add(url, STATIC)
+    for role, urls in (("both", a.instances), ("prefill", a.prefill), ("decode", a.decode)):
+        for url in urls:
+            registry.add(url, STATIC, role)
     gate, shutdown = RequestGate(a.max_waiting_requests), Shutdown()
     # trust_env=False: instance traffic never goes through an HTTP_PROXY from the environment
     async with httpx.AsyncClient(timeout=httpx.Timeout(CONNECT_TIMEOUT_S, read=None, pool=None), trust_env=False,
@@ -133,7 +142,7 @@ async def serve_router(a: RouterArgs) -> int:
         try:
             if not server.started:
                 return 1
-            print(f"tinyvllm router ready: routing at http://{a.host}:{a.port} ({len(a.instances)} static instances"
+            print(f"tinyvllm router ready: routing at http://{a.host}:{a.port} ({len(a.instances) + len(a.prefill) + len(a.decode)} static instances"
                   f"{f', discovering {a.dns_target[0]}' if a.dns_target else ''})", flush=True)
             stop_asked = asyncio.Event()
             drain_on_signals(stop_asked, gate, server)

@@ -63,13 +63,13 @@ class InstanceRegistry:
     def all(self) -> list[Instance]:
         return list(self._instances.values())
 
-    def add(self, url: str, source: str) -> Instance | None:
+    def add(self, url: str, source: str, role: str = "both") -> Instance | None:
         """A static or DNS instance (not routable until a health check passes); None if it is refused."""
         if url in self._instances:
             return self._instances[url]
         if self._refused(url):
             return None
-        self._instances[url] = instance = Instance(url, source)
+        self._instances[url] = instance = Instance(url, source, role)
         return instance
 
     def heartbeat(self, url: str, role: str, model: str, load: Load) -> bool:

@@ -27,6 +27,12 @@ def test_router_flags_and_environment():
                        environ={"TINYVLLM_ROUTER_SECRET": SECRET, "TINYVLLM_API_KEY": "client-key",
                                 "TINYVLLM_INSTANCE_API_KEY": "instance-key"})
     assert args.instances == ["http://10.0.0.2:8000", "http://10.0.0.3:8000"]
+    assert (args.prefill, args.decode) == ([], [])
+    pd = router_args("--prefill", "http://10.0.0.4:8000/", "--decode", "http://10.0.0.5:8000", "http://10.0.0.6:8000")
+    assert (pd.prefill, pd.decode) == (["http://10.0.0.4:8000"], ["http://10.0.0.5:8000", "http://10.0.0.6:8000"])
+    from tinyvllm.frontend.router.instance_registry import STATIC, InstanceRegistry
+    registry = InstanceRegistry()
+    assert registry.add(pd.prefill[0], STATIC, "prefill").role == "prefill"  # as serve_router adds them
     assert args.dns_target == ("tinyvllm.default.svc.cluster.local", 8000)
     assert (args.register_secret, args.api_key, args.instance_api_key) == (SECRET, "client-key", "instance-key")
 
