@@ -7,9 +7,11 @@ import pathlib
 
 from tinyvllm.protocol.gguf_file import GGUFFile
 from tinyvllm.protocol.model_path import is_gguf
+from tinyvllm.protocol.rope_scaling import check_rope_scaling
 
-SUPPORTED_ARCHS = ("llama", "qwen2")
-_HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
+_HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+             "MistralForCausalLM": "llama"}  # Mistral is Llama's layers, with a sliding window we refuse (for now)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,13 +29,15 @@ class ModelConfig:
     max_context: int
     tie_embeddings: bool
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
-    rope_scaling: dict | None = None  # not supported yet; set so that a model can refuse it
+    rope_scaling: dict | None = None  # protocol/rope_scaling.py: what it computes, or refused here
+    qk_norm: bool = False  # an RMSNorm over each head's queries and keys before RoPE (Qwen3)
 
     def __post_init__(self):
         if self.arch not in SUPPORTED_ARCHS:
             raise ValueError(f"unsupported model architecture {self.arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        check_rope_scaling(self.rope_scaling)
 
     @classmethod
     def from_gguf_metadata(cls, md: dict, tensor_names=None) -> "ModelConfig":
@@ -51,7 +55,8 @@ class ModelConfig:
         scaling_type = md.get(f"{arch}.rope.scaling.type", "none")
         rope_scaling = None
         if scaling_type != "none":
-            rope_scaling = {"rope_type": scaling_type, "factor": md.get(f"{arch}.rope.scaling.factor")}
+            rope_scaling = {"rope_type": scaling_type, "factor": md.get(f"{arch}.rope.scaling.factor"),
+                            "original_max_position_embeddings": md.get(f"{arch}.rope.scaling.original_context_length")}
         return cls(
             arch=arch,
             vocab_size=int(md.get(f"{arch}.vocab_size") or len(md["tokenizer.ggml.tokens"])),
@@ -64,13 +69,17 @@ class ModelConfig:
             max_context=int(get("context_length")),
             tie_embeddings=names is None or "output.weight" not in names,
             attention_bias=arch == "qwen2" or (names is not None and "blk.0.attn_q.bias" in names),
-            rope_scaling=rope_scaling,
+            rope_scaling=rope_scaling, qk_norm=arch == "qwen3",
         )
 
     @classmethod
     def from_hf_config(cls, cfg: dict) -> "ModelConfig":
         hf_arch = (cfg.get("architectures") or [""])[0]
         arch = _HF_ARCHS.get(hf_arch) or cfg.get("model_type")
+        window, context = cfg.get("sliding_window"), int(cfg.get("max_position_embeddings", 2048))
+        if window is not None and cfg.get("use_sliding_window", True) and int(window) < context:
+            raise ValueError(f"sliding-window attention (a window of {window} tokens in a context of {context}) is "
+                             f"not supported yet: only models whose window covers the whole context")
         dim, n_heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
         rope = cfg.get("rope_parameters") or {}  # transformers v5 moved rope_theta in here
         rope_scaling = cfg.get("rope_scaling") or rope
@@ -87,7 +96,7 @@ class ModelConfig:
             max_context=int(cfg.get("max_position_embeddings", 2048)),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
-            rope_scaling=rope_scaling,
+            rope_scaling=rope_scaling, qk_norm=arch == "qwen3",
         )
 
 

@@ -15,6 +15,7 @@ from tinygrad.function import function
 from tinyvllm.workers.cpu_matmul import cpu_linear
 from tinyvllm.workers.kernel_set import check_kernel_set, default_kernel_set
 from tinyvllm.protocol.model_config import ModelConfig
+from tinyvllm.protocol.rope_scaling import rope_frequencies
 from tinyvllm.workers.quantized_weight import DeviceWeight
 
 
@@ -22,11 +23,13 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * weight
 
 
-def rope_tables(cfg: ModelConfig, max_positions: int) -> tuple[Tensor, Tensor]:
-    half = cfg.head_dim // 2
-    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(half, dtype=np.float64) * 2 / cfg.head_dim))
+def rope_tables(cfg: ModelConfig, max_positions: int, freq_factors=None) -> tuple[Tensor, Tensor]:
+    """cos and sin [max_positions, head_dim / 2], RoPE scaling included (protocol/rope_scaling.py); freq_factors:
+    a GGUF's rope_freqs.weight."""
+    inv_freq, factor = rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_context, freq_factors)
     angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
-    return (Tensor(np.cos(angles).astype(np.float32)).realize(), Tensor(np.sin(angles).astype(np.float32)).realize())
+    return (Tensor((np.cos(angles) * factor).astype(np.float32)).realize(),
+            Tensor((np.sin(angles) * factor).astype(np.float32)).realize())
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -43,6 +46,7 @@ class Layer:
         self.attn_norm, self.ffn_norm = w[p + "attn_norm.weight"].dequantized(), w[p + "ffn_norm.weight"].dequantized()
         self.wq, self.wk, self.wv, self.wo = (w[p + f"attn_{n}.weight"] for n in ("q", "k", "v", "output"))
         self.biases = tuple(b.dequantized() for n in ("q", "k", "v") if (b := w.get(p + f"attn_{n}.bias")) is not None)
+        self.qk_norms = tuple(x.dequantized() for n in ("q", "k") if (x := w.get(p + f"attn_{n}_norm.weight")) is not None)
         self.w_gate, self.w_up, self.w_down = (w[p + f"ffn_{n}.weight"] for n in ("gate", "up", "down"))
 
 
@@ -68,13 +72,17 @@ def make_layer_functions(cfg: ModelConfig, max_fused_rows: int = FUSED_DEQUANT_M
         return linear(h, w, max_fused_rows, cpu_kernels)
 
     @function(precompile=True, allow_implicit=cpu_kernels)
-    def qkv(x, cos, sin, norm, wq, wk, wv, *biases):
+    def qkv(x, cos, sin, norm, wq, wk, wv, *extras):
+        """extras: the q, k and v biases (cfg.attention_bias), then the q and k norms (cfg.qk_norm)."""
         T, h = x.shape[0], rms_norm(x, norm, cfg.rms_eps).contiguous()  # else each output recomputes the norm
         q, k, v = (lin(h, w) for w in (wq, wk, wv))
-        if biases:
-            q, k, v = q + biases[0], k + biases[1], v + biases[2]
-        q = apply_rope(q.reshape(T, cfg.n_heads, cfg.head_dim), cos, sin)
-        k = apply_rope(k.reshape(T, cfg.n_kv_heads, cfg.head_dim), cos, sin)
+        if cfg.attention_bias:
+            q, k, v = q + extras[0], k + extras[1], v + extras[2]
+        q, k = q.reshape(T, cfg.n_heads, cfg.head_dim), k.reshape(T, cfg.n_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q_norm, k_norm = extras[-2:]
+            q, k = rms_norm(q, q_norm, cfg.rms_eps), rms_norm(k, k_norm, cfg.rms_eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return q.contiguous(), Tensor.stack(k, v.reshape(T, cfg.n_kv_heads, cfg.head_dim), dim=1).contiguous()
 
     @function(precompile=True, allow_implicit=cpu_kernels)
@@ -106,7 +114,7 @@ class Transformer:
         self.norm = w["output_norm.weight"].dequantized() if "output_norm.weight" in w else None  # last stage only
         self.weight_nbytes = sum(x.nbytes for x in w.values())  # bytes of weights on the device
         self.layers = [Layer(w, i) for i in range(cfg.n_layers)]
-        self.cos, self.sin = rope_tables(cfg, max_positions)
+        self.cos, self.sin = rope_tables(cfg, max_positions, weights.get("rope_freqs.weight"))
         self._qkv, self._attn_out, self._mlp = make_layer_functions(cfg, cpu_kernels=self.cpu_kernels)
 
     @property
@@ -136,7 +144,7 @@ class Transformer:
     def attention(self, i: int, x: Tensor, rope: tuple[Tensor, Tensor], attend) -> Tensor:
         """Layer i's attention output projection of x (a partial sum on a tensor-parallel rank)."""
         layer = self.layers[i]
-        q, kv = self._qkv(x, *rope, layer.attn_norm, layer.wq, layer.wk, layer.wv, *layer.biases)
+        q, kv = self._qkv(x, *rope, layer.attn_norm, layer.wq, layer.wk, layer.wv, *layer.biases, *layer.qk_norms)
         return self._attn_out(attend(i, q, kv), layer.wo)
 
     def mlp(self, i: int, x: Tensor) -> Tensor:
