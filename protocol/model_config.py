@@ -9,9 +9,9 @@ from tinyvllm.protocol.gguf_file import GGUFFile
 from tinyvllm.protocol.model_path import is_gguf
 from tinyvllm.protocol.rope_scaling import check_rope_scaling
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "phi3")
 _HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-             "MistralForCausalLM": "llama"}  # Mistral is Llama's layers, with a sliding window we refuse (for now)
+             "MistralForCausalLM": "llama", "Phi3ForCausalLM": "phi3"}  # Mistral is Llama's layers, with a sliding window we refuse (for now)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,7 @@ _HF_LAYER_NAMES = {
     "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.bias": "attn_v.bias",
     "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_gate_up.weight",  # Phi-3
     "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
@@ -95,10 +96,31 @@ def _load_hf(folder: pathlib.Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     return config, weights
 
 
+def split_fused(config: ModelConfig, weights: dict) -> dict:
+    """Phi-3's fused projections as the separate ones every other model has: attn_qkv into q, k and v (rows in that
+    order), and gate_up (HF) or a GGUF's ffn_up of twice the MLP width into gate and up (gate first)."""
+    from tinyvllm.workers.tensor_parallel import take_rows
+    q_rows, kv_rows, ffn = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim, config.ffn_dim
+    for i in range(config.n_layers):
+        p = f"blk.{i}."
+        if (qkv := weights.pop(p + "attn_qkv.weight", None)) is not None:
+            for name, start, stop in (("q", 0, q_rows), ("k", q_rows, q_rows + kv_rows),
+                                      ("v", q_rows + kv_rows, q_rows + 2 * kv_rows)):
+                weights[p + f"attn_{name}.weight"] = take_rows(qkv, start, stop)
+        gate_up = weights.pop(p + "ffn_gate_up.weight", None)
+        if gate_up is None and p + "ffn_gate.weight" not in weights and weights[p + "ffn_up.weight"].shape[0] == 2 * ffn:
+            gate_up = weights.pop(p + "ffn_up.weight")
+        if gate_up is not None:
+            weights[p + "ffn_gate.weight"], weights[p + "ffn_up.weight"] = take_rows(gate_up, 0, ffn), \
+                take_rows(gate_up, ffn, 2 * ffn)
+    return weights
+
+
 def load_weights(path: str | pathlib.Path | None, keep_quantized: bool = True) -> tuple[ModelConfig, dict]:
     """(config, {GGUF name: float32 array or QuantizedArray}); see the module docstring."""
     path = resolve_model_path(None if path is None else str(path))
     config, weights = _load_gguf(path, keep_quantized) if is_gguf(path) else _load_hf(path)
+    weights = split_fused(config, weights)
     vocab = weights["token_embd.weight"].shape[0]  # the embedding is the truth (configs may pad or not)
     if vocab != config.vocab_size:
         config = dataclasses.replace(config, vocab_size=vocab)

@@ -1,7 +1,8 @@
 """Architectures beyond Llama and Qwen2, each a tiny random-weight model made and saved by transformers: tinyvllm
 loads the folder and its prompt log-probabilities over a prompt equal transformers' float32 ones, under both kernel
 sets. Qwen3: an RMSNorm over each head's queries and keys before RoPE, and a head_dim that is not hidden/heads.
-Mistral: Llama's layers; a sliding window shorter than the context is refused at load (not supported yet)."""
+Mistral: Llama's layers; a sliding window shorter than the context is refused at load (not supported yet). Phi-3:
+fused qkv and gate_up projections, split at load."""
 import pathlib
 
 import numpy as np
@@ -26,7 +27,16 @@ def mistral(sliding_window=None):
                                             sliding_window=sliding_window))
 
 
-ARCHITECTURES = {"qwen3": qwen3, "mistral": mistral}
+def phi3():
+    from transformers import Phi3Config, Phi3ForCausalLM
+    return Phi3ForCausalLM(Phi3Config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=96, max_position_embeddings=256,
+                                      original_max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-5,
+                                      sliding_window=None, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                      tie_word_embeddings=False))
+
+
+ARCHITECTURES = {"qwen3": qwen3, "mistral": mistral, "phi3": phi3}
 
 
 def tinyvllm_prompt_logprobs(folder: pathlib.Path, prompt: list[int], kernels: str) -> tuple[np.ndarray, int]:
@@ -71,3 +81,4 @@ def test_a_sliding_window_shorter_than_the_context_is_refused_not_run_wrong(tmp_
     (tmp_path / "tokenizer.json").touch()
     with pytest.raises(ValueError, match="sliding-window attention .* is not supported yet"):
         load_weights(tmp_path)
+
