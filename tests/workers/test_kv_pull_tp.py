@@ -10,6 +10,7 @@ import pytest
 import zmq
 from tinygrad import Tensor
 
+from tests.e2e.server_process import wait_until
 from tests.workers.test_paged_attention import CFG
 from tinyvllm.protocol.kv_compat import kv_compat_fields, kv_compat_hash, tokens_hash
 from tinyvllm.protocol.messages import KVLoad, KVTransferParams
@@ -106,14 +107,6 @@ def pulled(cache: PagedKVCache) -> list[np.ndarray]:
     return [np.concatenate([layer.numpy()[b * 4:b * 4 + 4] for b in LOCAL]) for layer in cache.layers]
 
 
-def wait_for(cond):
-    for _ in range(300):
-        if cond():
-            return
-        threading.Event().wait(0.01)
-    raise AssertionError("timed out")
-
-
 def test_two_prefill_ranks_into_one_decode_rank(ctx):
     engine = PrefillEngine(ctx, tp=2)
     try:
@@ -121,7 +114,7 @@ def test_two_prefill_ranks_into_one_decode_rank(ctx):
         pull_blocks(ctx, load(engine, 2), KVBlockIO(decode), HASH, CFG.n_kv_heads, 0, 1, secret=SECRET)
         for got, want in zip(pulled(decode), engine.heads()):
             assert np.array_equal(got, want)
-        wait_for(lambda: sorted(engine.released) == [(0, "r1"), (1, "r1")])
+        assert wait_until(lambda: sorted(engine.released) == [(0, "r1"), (1, "r1")], 3)
     finally:
         engine.close()
 
@@ -131,10 +124,10 @@ def test_one_prefill_rank_into_two_decode_ranks_and_the_lease_waits_for_both(ctx
     try:
         halves = [PagedKVCache(dataclasses.replace(CFG, n_kv_heads=1), num_blocks=6, block_size=4) for _ in range(2)]
         pull_blocks(ctx, load(engine, 1), KVBlockIO(halves[0]), HASH, CFG.n_kv_heads, 0, 2, secret=SECRET)
-        wait_for(lambda: engine.channels[0].releases == {"r1": 1})
+        assert wait_until(lambda: engine.channels[0].releases == {"r1": 1}, 3)
         assert engine.released == [] and "r1" in engine.channels[0].leases  # rank 1 has not pulled yet
         pull_blocks(ctx, load(engine, 1), KVBlockIO(halves[1]), HASH, CFG.n_kv_heads, 1, 2, secret=SECRET)
-        wait_for(lambda: engine.released == [(0, "r1")])
+        assert wait_until(lambda: engine.released == [(0, "r1")], 3)
         whole = engine.heads()
         for rank, half in enumerate(halves):
             for got, want in zip(pulled(half), whole):

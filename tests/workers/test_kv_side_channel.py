@@ -10,6 +10,7 @@ import pytest
 import zmq
 from tinygrad import Tensor
 
+from tests.e2e.server_process import wait_until
 from tests.workers.test_paged_attention import CFG
 from tinyvllm.protocol.kv_compat import kv_compat_fields, kv_compat_hash, tokens_hash
 from tinyvllm.protocol.messages import KVLoad, KVTransferParams
@@ -69,14 +70,6 @@ def load_for(channel, remote_blocks, local_blocks, request_id="r1", leased=True)
     return KVLoad("local-id", local_blocks, params, TOKENS)
 
 
-def wait_for(cond):
-    for _ in range(1000):
-        if cond():
-            return
-        threading.Event().wait(0.01)
-    raise AssertionError("timed out")
-
-
 def test_blocks_arrive_bit_exact_and_the_release_reaches_the_prefill_side(prefill_side):
     p_cache, channel, released, ctx = prefill_side
     d_cache = PagedKVCache(CFG, num_blocks=6, block_size=4)
@@ -90,7 +83,7 @@ def test_blocks_arrive_bit_exact_and_the_release_reaches_the_prefill_side(prefil
             assert np.array_equal(d[dst * bs:dst * bs + bs], p[src * bs:src * bs + bs])
         for untouched in (1, 2, 5, 6):  # 6 is the scratch block
             assert np.array_equal(d[untouched * bs:untouched * bs + bs], old[untouched * bs:untouched * bs + bs])
-    wait_for(lambda: released == ["r1"])
+    assert wait_until(lambda: released == ["r1"], 10)
     assert channel.num_blocks_sent == 3 and "r1" not in channel.leases
     with pytest.raises(KVPullError, match="no lease on these blocks for r1"):  # a replay reads nothing
         pull_blocks(ctx, load_for(channel, remote, local, leased=False), KVBlockIO(d_cache), HASH, CFG.n_kv_heads, secret=SECRET)
@@ -102,7 +95,7 @@ def test_a_compatibility_mismatch_is_refused_with_what_differs(prefill_side):
     d_cache = PagedKVCache(CFG, num_blocks=6, block_size=4)
     with pytest.raises(KVPullError, match="block_size: 4 here, 16 there"):
         pull_blocks(ctx, load_for(channel, [1], [0]), KVBlockIO(d_cache), other, CFG.n_kv_heads, secret=SECRET)
-    wait_for(lambda: released == ["r1"])  # released anyway: the prefill side need not wait for its lease
+    assert wait_until(lambda: released == ["r1"], 10)  # released anyway: the prefill side need not wait for its lease
 
 
 def test_a_block_out_of_range_and_a_silent_peer_are_errors(prefill_side):
@@ -129,7 +122,7 @@ def test_blocks_not_leased_and_strangers_are_refused(prefill_side):
     with pytest.raises(KVPullError, match="no lease on these blocks for r2"):
         pull_blocks(ctx, load_for(channel, [1, 2], [0, 1], "r2", leased=False), d_io, HASH, CFG.n_kv_heads,
                     secret=SECRET)
-    wait_for(lambda: released == ["r1", "r2"])  # a failed pull releases too (r1's lease ended with it)
+    assert wait_until(lambda: released == ["r1", "r2"], 10)  # a failed pull releases too (r1's lease ended with it)
     with pytest.raises(KVPullError, match="same --kv-secret"):
         pull_blocks(ctx, load_for(channel, [1, 2], [0, 1]), d_io, HASH, CFG.n_kv_heads, secret="t" * 32)
     time.sleep(0.3)  # the stranger's release arrives meanwhile, and is dropped
@@ -152,7 +145,7 @@ def test_a_decode_request_that_ends_before_its_pull_releases_the_lease(prefill_s
     _, channel, released, ctx = prefill_side
     remote = load_for(channel, [4, 5], [0, 1], "r3").remote
     release_remote_kv(ctx, remote, SECRET)
-    wait_for(lambda: released == ["r3"])
+    assert wait_until(lambda: released == ["r3"], 10)
     assert "r3" not in channel.leases
 
 
@@ -163,7 +156,7 @@ def test_other_tokens_a_stranger_host_and_junk_are_refused(prefill_side):
     other.tokens_hash = tokens_hash([5, 6, 8])  # another prompt of the same length
     with pytest.raises(KVPullError, match="computed for other tokens"):
         pull_blocks(ctx, other, d_io, HASH, CFG.n_kv_heads, secret=SECRET)
-    wait_for(lambda: released == ["r1"])  # that pull's release ended the lease: the last pull below leases anew
+    assert wait_until(lambda: released == ["r1"], 10)  # that release ended the lease: the pull below leases anew
     far = load_for(channel, [1, 2], [0, 1])
     far.remote.remote_host = "10.0.0.9"
     with pytest.raises(KVPullError, match="needs a KV secret"):  # anyone there could answer
