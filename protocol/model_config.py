@@ -9,9 +9,11 @@ from tinyvllm.protocol.gguf_file import GGUFFile
 from tinyvllm.protocol.model_path import is_gguf
 from tinyvllm.protocol.rope_scaling import check_rope_scaling
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "phi3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
 _HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-             "MistralForCausalLM": "llama", "Phi3ForCausalLM": "phi3"}  # Mistral is Llama's layers, with a sliding window we refuse (for now)
+             "MistralForCausalLM": "llama", "Phi3ForCausalLM": "phi3",  # Mistral: Llama's layers and a sliding window
+             "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3"}
+GEMMA_ARCHS = ("gemma2", "gemma3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +32,15 @@ class ModelConfig:
     tie_embeddings: bool
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
     rope_scaling: dict | None = None  # protocol/rope_scaling.py: what it computes, or refused here
-    qk_norm: bool = False  # an RMSNorm over each head's queries and keys before RoPE (Qwen3)
+    qk_norm: bool = False  # an RMSNorm over each head's queries and keys before RoPE (Qwen3, Gemma 3)
+    # Per layer, the positions a token attends back to, itself included (0: the whole context); () when all are 0.
+    layer_windows: tuple[int, ...] = ()
+    attention_scale: float = 0.0  # scores = q.k * this (0: head_dim ** -0.5; Gemma: query_pre_attn_scalar ** -0.5)
+    attn_softcap: float = 0.0  # scores = cap * tanh(scores / cap) (Gemma 2); 0: none
+    final_softcap: float = 0.0  # the same on the logits
+    embed_scale: float = 1.0  # embeddings are multiplied by this (Gemma: sqrt(dim))
+    hidden_act: str = "silu"  # the MLP's gate activation: silu, or gelu_tanh (Gemma's GeGLU)
+    rope_local_theta: float = 0.0  # the RoPE base of sliding-window layers, without scaling (Gemma 3); 0: as the rest
 
     def __post_init__(self):
         if self.arch not in SUPPORTED_ARCHS:
@@ -38,6 +48,22 @@ class ModelConfig:
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         check_rope_scaling(self.rope_scaling)
+        if self.layer_windows and len(self.layer_windows) != self.n_layers:
+            raise ValueError(f"{len(self.layer_windows)} layer windows for {self.n_layers} layers")
+        if self.hidden_act not in ("silu", "gelu_tanh"):
+            raise ValueError(f"unsupported MLP activation {self.hidden_act!r} (supported: silu, gelu_tanh)")
+
+    def window(self, layer: int) -> int:
+        return self.layer_windows[layer] if self.layer_windows else 0
+
+    @property
+    def scale(self) -> float:
+        return self.attention_scale or self.head_dim ** -0.5
+
+    def layers_slice(self, layers: range) -> "ModelConfig":
+        """The config of a pipeline stage holding `layers` (numbered from 0 there)."""
+        windows = self.layer_windows[layers.start:layers.stop] if self.layer_windows else ()
+        return dataclasses.replace(self, n_layers=len(layers), layer_windows=windows)
 
     @classmethod
     def from_gguf_metadata(cls, md: dict, tensor_names=None) -> "ModelConfig":
@@ -69,19 +95,17 @@ class ModelConfig:
             max_context=int(get("context_length")),
             tie_embeddings=names is None or "output.weight" not in names,
             attention_bias=arch == "qwen2" or (names is not None and "blk.0.attn_q.bias" in names),
-            rope_scaling=rope_scaling, qk_norm=arch == "qwen3",
+            rope_scaling=rope_scaling, qk_norm=arch in ("qwen3", "gemma3"),
+            **(_gemma_gguf(md, arch, dim, n_heads) if arch in GEMMA_ARCHS else {}),
         )
 
     @classmethod
     def from_hf_config(cls, cfg: dict) -> "ModelConfig":
         hf_arch = (cfg.get("architectures") or [""])[0]
-        arch = _HF_ARCHS.get(hf_arch) or cfg.get("model_type")
-        window, context = cfg.get("sliding_window"), int(cfg.get("max_position_embeddings", 2048))
-        if window is not None and cfg.get("use_sliding_window", True) and int(window) < context:
-            raise ValueError(f"sliding-window attention (a window of {window} tokens in a context of {context}) is "
-                             f"not supported yet: only models whose window covers the whole context")
+        arch = _HF_ARCHS.get(hf_arch) or {"gemma3_text": "gemma3"}.get(cfg.get("model_type"), cfg.get("model_type"))
         dim, n_heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
         rope = cfg.get("rope_parameters") or {}  # transformers v5 moved rope_theta in here
+        rope = rope.get("full_attention", rope)  # Gemma 3 under v5: one set per layer type (the local: _gemma_hf)
         rope_scaling = cfg.get("rope_scaling") or rope
         if rope_scaling.get("rope_type", rope_scaling.get("type", "default")) == "default":
             rope_scaling = None
@@ -96,8 +120,63 @@ class ModelConfig:
             max_context=int(cfg.get("max_position_embeddings", 2048)),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
-            rope_scaling=rope_scaling, qk_norm=arch == "qwen3",
+            rope_scaling=rope_scaling, qk_norm=arch in ("qwen3", "gemma3"),
+            layer_windows=_hf_layer_windows(cfg, arch), **(_gemma_hf(cfg, dim) if arch in GEMMA_ARCHS else {}),
         )
+
+
+def _windows(n_layers: int, window: int, context: int, sliding) -> tuple[int, ...]:
+    """Per-layer windows, () when no layer's window is shorter than the context; sliding(i): whether layer i slides."""
+    windows = tuple(window if window and window < context and sliding(i) else 0 for i in range(n_layers))
+    return windows if any(windows) else ()
+
+
+def _hf_layer_windows(cfg: dict, arch: str) -> tuple[int, ...]:
+    n, context = int(cfg["num_hidden_layers"]), int(cfg.get("max_position_embeddings", 2048))
+    window = int(cfg.get("sliding_window") or 0) if cfg.get("use_sliding_window", True) else 0
+    if types := cfg.get("layer_types"):
+        return _windows(n, window, context, lambda i: types[i] == "sliding_attention")
+    if arch in ("qwen2", "qwen3") and window:  # without layer_types: the layers from max_window_layers on slide
+        return _windows(n, window, context, lambda i: i >= int(cfg.get("max_window_layers", n)))
+    return _windows(n, window, context, lambda i: _gemma_sliding(arch, i, cfg.get("sliding_window_pattern", 6)))
+
+
+def _gemma_sliding(arch: str, layer: int, pattern: int = 6) -> bool:
+    """Gemma 2 alternates local and global layers, local first; Gemma 3 has `pattern - 1` local layers per global
+    one; every layer of any other model with a window slides (Mistral)."""
+    if arch == "gemma2":
+        return layer % 2 == 0
+    if arch == "gemma3":
+        return (layer + 1) % int(pattern) != 0
+    return True
+
+
+def _gemma_hf(cfg: dict, dim: int) -> dict:
+    local = ((cfg.get("rope_parameters") or {}).get("sliding_attention") or {}).get("rope_theta")
+    return dict(attention_scale=float(cfg.get("query_pre_attn_scalar", 256)) ** -0.5,
+                attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
+                final_softcap=float(cfg.get("final_logit_softcapping") or 0.0), embed_scale=dim ** 0.5,
+                hidden_act=_activation(cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"),
+                rope_local_theta=float(cfg.get("rope_local_base_freq") or local or 0.0))
+
+
+def _gemma_gguf(md: dict, arch: str, dim: int, n_heads: int) -> dict:
+    """llama.cpp's reading of a Gemma GGUF: the 27B models scale queries by hidden/heads (their
+    query_pre_attn_scalar), the others by the head size; Gemma 3's local layers use RoPE base 10000."""
+    n_layers, head_dim = int(md[f"{arch}.block_count"]), int(md.get(f"{arch}.attention.key_length", dim // n_heads))
+    big = n_layers == (46 if arch == "gemma2" else 62)
+    context, window = int(md[f"{arch}.context_length"]), int(md.get(f"{arch}.attention.sliding_window", 0))
+    return dict(attention_scale=(dim / n_heads if big else head_dim) ** -0.5,
+                attn_softcap=float(md.get(f"{arch}.attn_logit_softcapping", 0.0)),
+                final_softcap=float(md.get(f"{arch}.final_logit_softcapping", 0.0)), embed_scale=dim ** 0.5,
+                hidden_act="gelu_tanh", rope_local_theta=10000.0 if arch == "gemma3" else 0.0,
+                layer_windows=_windows(n_layers, window, context, lambda i: _gemma_sliding(arch, i)))
+
+
+def _activation(name: str) -> str:
+    if name in ("gelu_pytorch_tanh", "gelu_tanh"):
+        return "gelu_tanh"
+    raise ValueError(f"unsupported MLP activation {name!r} (supported: silu, gelu_pytorch_tanh)")
 
 
 def _f32_to_decimal(x: float) -> float:

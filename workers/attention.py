@@ -8,19 +8,23 @@ Decodes and prompt chunks of many requests are the same thing here: tokens. Writ
 """
 from tinygrad import Tensor, UOp, dtypes
 
+from tinyvllm.workers.attention_spec import AttentionSpec
 from tinyvllm.workers.cpu_attention import cpu_paged_attention
 from tinyvllm.workers.cpu_attention import supports as supports_cpu_attention
 from tinyvllm.workers.kv_cache import PagedKVCache
 from tinyvllm.workers.kv_write import token_slots, write_kv
 
 
-def gqa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+def gqa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, spec: AttentionSpec | None = None) -> Tensor:
     """q [B, T, H, D]; k, v [B, S, KVH, D]; mask [B, T, S] (True = attend) -> [B, T, H*D]."""
     B, T, H, D = q.shape
     KVH = k.shape[2]
     q = q.reshape(B, T, KVH, H // KVH, D).permute(0, 2, 3, 1, 4)  # [B, KVH, G, T, D]
     k, v = k.permute(0, 2, 1, 3).unsqueeze(2), v.permute(0, 2, 1, 3).unsqueeze(2)  # [B, KVH, 1, S, D]
-    scores = (q @ k.transpose(-1, -2)) * (1.0 / D ** 0.5)
+    spec = spec or AttentionSpec(D ** -0.5)
+    scores = (q @ k.transpose(-1, -2)) * spec.scale
+    if spec.softcap:
+        scores = (scores / spec.softcap).tanh() * spec.softcap
     scores = mask.reshape(B, 1, 1, T, mask.shape[-1]).where(scores, -float("inf"))
     out = scores.softmax(-1) @ v  # [B, KVH, G, T, D]
     return out.permute(0, 3, 1, 2, 4).reshape(B, T, H * D)
@@ -35,22 +39,28 @@ def block_slots(block_table: Tensor, block_size: int) -> Tensor:
 class PagedAttention:
     """One step's attention: tables [R, max_blocks] int32 (a row per sequence), token_rows/positions [T] int32, of
     which the first n_valid ([1] int32) tokens are real (the padding writes to the scratch block); every position
-    attended lies in the first nb blocks of its row. cpu_kernels: workers/cpu_attention.py's kernel."""
+    attended lies in the first nb blocks of its row. specs: each layer's AttentionSpec (default: plain attention).
+    cpu_kernels: workers/cpu_attention.py's kernel."""
 
     def __init__(self, cache: PagedKVCache, tables: Tensor, token_rows: Tensor, positions: Tensor, n_valid: Tensor,
-                 nb: UOp, cpu_kernels: bool = False):
+                 nb: UOp, cpu_kernels: bool = False, specs: list[AttentionSpec] | None = None):
         self.cache, self.tables, self.token_rows, self.positions = cache, tables, token_rows, positions
+        self.specs = specs
         self.cpu_kernels = cpu_kernels
         self.write_slots = token_slots(tables, token_rows, positions, n_valid, cache.block_size, cache.scratch_slot)
         self.nb = nb
 
     def __call__(self, layer: int, q: Tensor, kv: Tensor) -> Tensor:
         cache, bs = write_kv(self.cache.layers[layer], kv, self.write_slots), self.cache.block_size
+        spec = self.specs[layer] if self.specs else AttentionSpec(q.shape[2] ** -0.5)
         if self.cpu_kernels and supports_cpu_attention(q.shape[1], kv.shape[2], q.shape[2]):
-            return cpu_paged_attention(q, cache, self.tables, self.token_rows, self.positions, bs)
+            return cpu_paged_attention(q, cache, self.tables, self.token_rows, self.positions, bs, spec)
         # tinygrad's kernels: each token gathers its sequence's first nb blocks and masks the positions after its own
         slots = block_slots(self.tables[self.token_rows][:, :self.nb], bs)  # [T, S]
         ctx = cache[slots]  # [T, S, 2, KVH, D]
         S = slots.shape[1]
-        mask = Tensor.arange(S, dtype=dtypes.int32).reshape(1, 1, S) <= self.positions.reshape(-1, 1, 1)
-        return gqa_attention(q.unsqueeze(1), ctx[:, :, 0], ctx[:, :, 1], mask).squeeze(1)
+        key_positions, positions = Tensor.arange(S, dtype=dtypes.int32).reshape(1, 1, S), self.positions.reshape(-1, 1, 1)
+        mask = key_positions <= positions
+        if spec.window:
+            mask = mask & (key_positions > positions - spec.window)
+        return gqa_attention(q.unsqueeze(1), ctx[:, :, 0], ctx[:, :, 1], mask, spec).squeeze(1)

@@ -14,6 +14,7 @@ from tinygrad import Tensor, dtypes
 from tinygrad.helpers import NUM_CPU_THREADS
 from tinygrad.renderer import Estimates
 
+from tinyvllm.workers.attention_spec import AttentionSpec
 from tinyvllm.workers.c_kernel import c_kernel, c_source
 
 
@@ -21,21 +22,26 @@ def supports(heads: int, kv_heads: int, head_dim: int) -> bool:
     return head_dim % 16 == 0 and heads % kv_heads == 0
 
 
-def _program(tokens: int, heads: int, kv_heads: int, head_dim: int, block_size: int, max_blocks: int):
+def _program(tokens: int, heads: int, kv_heads: int, head_dim: int, block_size: int, max_blocks: int,
+             spec: AttentionSpec):
     cores = max(1, min(NUM_CPU_THREADS.value, tokens * kv_heads))
-    name = f"paged_attention_{tokens}_{heads}_{kv_heads}_{head_dim}_{block_size}_{max_blocks}_c{cores}"
+    variant = f"_w{spec.window}_cap{spec.softcap:g}_s{spec.scale:.9g}" if spec != AttentionSpec(head_dim ** -0.5) else ""
+    name = f"paged_attention_{tokens}_{heads}_{kv_heads}_{head_dim}_{block_size}_{max_blocks}_c{cores}{variant}"
     source = c_source("attention.c", dict(T=tokens, H=heads, KVH=kv_heads, D=head_dim, BS=block_size, MAXB=max_blocks,
-                                          CORES=cores, SCALE=f"{float(head_dim) ** -0.5!r}f"))
+                                          CORES=cores, SCALE=f"{float(spec.scale)!r}f", WINDOW=spec.window,
+                                          SOFTCAP=f"{float(spec.softcap)!r}f"))
     return c_kernel(name, source, cores, Estimates(ops=4 * tokens * heads * head_dim))
 
 
 def cpu_paged_attention(q: Tensor, cache: Tensor, tables: Tensor, token_rows: Tensor, positions: Tensor,
-                        block_size: int) -> Tensor:
+                        block_size: int, spec: AttentionSpec | None = None) -> Tensor:
     """q [T, H, D]; cache [slots, 2, KVH, D] (workers/kv_cache.py); tables [R, max_blocks] int32; token_rows and
-    positions [T] int32: token t attends to positions 0..positions[t] of table row token_rows[t] -> [T, H * D]."""
+    positions [T] int32: token t attends to positions 0..positions[t] of table row token_rows[t] (the last
+    spec.window of them, if set) -> [T, H * D]."""
     tokens, heads, head_dim = q.shape
     out = Tensor.empty(tokens, heads * head_dim, dtype=dtypes.float32, device=q.device)
-    fxn = _program(tokens, heads, cache.shape[2], head_dim, block_size, tables.shape[-1])
+    spec = spec or AttentionSpec(head_dim ** -0.5)
+    fxn = _program(tokens, heads, cache.shape[2], head_dim, block_size, tables.shape[-1], spec)
     return out.custom_kernel(q.float().contiguous(), cache, tables.cast(dtypes.int32).contiguous(),
                              token_rows.cast(dtypes.int32).contiguous(), positions.cast(dtypes.int32).contiguous(),
                              fxn=fxn)[0]

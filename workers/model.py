@@ -1,4 +1,4 @@
-"""A Llama-family transformer (Llama, SmolLM2, Qwen2) in tinygrad, reading and writing a paged KV cache.
+"""A Llama-family transformer (Llama, SmolLM2, Qwen2/3, Mistral, Phi-3, Gemma 2/3) in tinygrad, reading and writing a paged KV cache.
 
 A step is one flat batch of tokens (decodes and prompt chunks of many sequences alike); how a layer's attention
 reaches the cache, workers/attention.py supplies. Each layer has two reduction points, the outputs of the attention
@@ -12,6 +12,7 @@ import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.function import function
 
+from tinyvllm.workers.attention_spec import AttentionSpec
 from tinyvllm.workers.cpu_matmul import cpu_linear
 from tinyvllm.workers.kernel_set import check_kernel_set, default_kernel_set
 from tinyvllm.protocol.model_config import ModelConfig
@@ -23,10 +24,11 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * weight
 
 
-def rope_tables(cfg: ModelConfig, max_positions: int, freq_factors=None) -> tuple[Tensor, Tensor]:
+def rope_tables(cfg: ModelConfig, max_positions: int, freq_factors=None, local: bool = False) -> tuple[Tensor, Tensor]:
     """cos and sin [max_positions, head_dim / 2], RoPE scaling included (protocol/rope_scaling.py); freq_factors:
-    a GGUF's rope_freqs.weight."""
-    inv_freq, factor = rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_context, freq_factors)
+    a GGUF's rope_freqs.weight. local: the tables of sliding-window layers with a base of their own (Gemma 3)."""
+    theta, scaling = (cfg.rope_local_theta, None) if local else (cfg.rope_theta, cfg.rope_scaling)
+    inv_freq, factor = rope_frequencies(cfg.head_dim, theta, scaling, cfg.max_context, None if local else freq_factors)
     angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
     return (Tensor((np.cos(angles) * factor).astype(np.float32)).realize(),
             Tensor((np.sin(angles) * factor).astype(np.float32)).realize())
@@ -48,6 +50,9 @@ class Layer:
         self.biases = tuple(b.dequantized() for n in ("q", "k", "v") if (b := w.get(p + f"attn_{n}.bias")) is not None)
         self.qk_norms = tuple(x.dequantized() for n in ("q", "k") if (x := w.get(p + f"attn_{n}_norm.weight")) is not None)
         self.w_gate, self.w_up, self.w_down = (w[p + f"ffn_{n}.weight"] for n in ("gate", "up", "down"))
+        # Gemma's norms of the attention and MLP outputs, before each joins the residual stream
+        self.post_attn_norm, self.post_ffn_norm = (tuple(x.dequantized() for x in [w.get(p + name)] if x is not None)
+                                                   for name in ("post_attention_norm.weight", "post_ffw_norm.weight"))
 
 
 FUSED_DEQUANT_MAX_ROWS = 8  # with tinygrad's own CPU kernels fused beat the scratch copy up to 8 rows, ~1.4x slower at 16
@@ -85,14 +90,19 @@ def make_layer_functions(cfg: ModelConfig, max_fused_rows: int = FUSED_DEQUANT_M
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return q.contiguous(), Tensor.stack(k, v.reshape(T, cfg.n_kv_heads, cfg.head_dim), dim=1).contiguous()
 
-    @function(precompile=True, allow_implicit=cpu_kernels)
-    def attn_out(attn, wo):
-        return lin(attn, wo)
+    def post_norm(x: Tensor, post: tuple) -> Tensor:
+        return rms_norm(x, post[0], cfg.rms_eps) if post else x
 
     @function(precompile=True, allow_implicit=cpu_kernels)
-    def mlp(x, norm, w_gate, w_up, w_down):
+    def attn_out(attn, wo, *post):
+        return post_norm(lin(attn, wo), post)
+
+    @function(precompile=True, allow_implicit=cpu_kernels)
+    def mlp(x, norm, w_gate, w_up, w_down, *post):
         h = rms_norm(x, norm, cfg.rms_eps).contiguous()
-        return lin(lin(h, w_gate).silu() * lin(h, w_up), w_down)
+        gate = lin(h, w_gate)
+        gate = gate.gelu() if cfg.hidden_act == "gelu_tanh" else gate.silu()  # tinygrad's gelu: the tanh form
+        return post_norm(lin(gate * lin(h, w_up), w_down), post)
 
     return qkv, attn_out, mlp
 
@@ -115,6 +125,8 @@ class Transformer:
         self.weight_nbytes = sum(x.nbytes for x in w.values())  # bytes of weights on the device
         self.layers = [Layer(w, i) for i in range(cfg.n_layers)]
         self.cos, self.sin = rope_tables(cfg, max_positions, weights.get("rope_freqs.weight"))
+        self.local_rope = rope_tables(cfg, max_positions, local=True) if cfg.rope_local_theta else None
+        self.attention_specs = [AttentionSpec(cfg.scale, cfg.window(i), cfg.attn_softcap) for i in range(cfg.n_layers)]
         self._qkv, self._attn_out, self._mlp = make_layer_functions(cfg, cpu_kernels=self.cpu_kernels)
 
     @property
@@ -133,24 +145,29 @@ class Transformer:
     def embed(self, tokens: Tensor) -> Tensor:
         """[T, dim]; with a vocabulary shard, the rows of the tokens it holds and zeros elsewhere (a partial sum)."""
         if self.vocab_start is None:
-            return self.tok_embeddings.rows(tokens)
+            rows = self.tok_embeddings.rows(tokens)
+            return rows * self.cfg.embed_scale if self.cfg.embed_scale != 1.0 else rows
         local = tokens - self.vocab_start
         inside = (local >= 0) & (local < self.tok_embeddings.shape[0])
-        return self.tok_embeddings.rows(inside.where(local, 0)) * inside.unsqueeze(-1).cast(dtypes.float32)
+        return self.tok_embeddings.rows(inside.where(local, 0)) * (inside.unsqueeze(-1).cast(dtypes.float32) *
+                                                                   self.cfg.embed_scale)
 
-    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        return self.cos[positions], self.sin[positions]
+    def rope(self, positions: Tensor) -> dict[bool, tuple[Tensor, Tensor]]:
+        """The cos and sin of the positions, by whether a layer is a sliding-window one."""
+        full = self.cos[positions], self.sin[positions]
+        local = full if self.local_rope is None else (self.local_rope[0][positions], self.local_rope[1][positions])
+        return {False: full, True: local}
 
-    def attention(self, i: int, x: Tensor, rope: tuple[Tensor, Tensor], attend) -> Tensor:
+    def attention(self, i: int, x: Tensor, rope: dict, attend) -> Tensor:
         """Layer i's attention output projection of x (a partial sum on a tensor-parallel rank)."""
-        layer = self.layers[i]
-        q, kv = self._qkv(x, *rope, layer.attn_norm, layer.wq, layer.wk, layer.wv, *layer.biases, *layer.qk_norms)
-        return self._attn_out(attend(i, q, kv), layer.wo)
+        layer, cos_sin = self.layers[i], rope[self.cfg.window(i) > 0]
+        q, kv = self._qkv(x, *cos_sin, layer.attn_norm, layer.wq, layer.wk, layer.wv, *layer.biases, *layer.qk_norms)
+        return self._attn_out(attend(i, q, kv), layer.wo, *layer.post_attn_norm)
 
     def mlp(self, i: int, x: Tensor) -> Tensor:
         """Layer i's MLP output for x (a partial sum on a tensor-parallel rank)."""
         layer = self.layers[i]
-        return self._mlp(x, layer.ffn_norm, layer.w_gate, layer.w_up, layer.w_down)
+        return self._mlp(x, layer.ffn_norm, layer.w_gate, layer.w_up, layer.w_down, *layer.post_ffn_norm)
 
     def run_layers(self, x: Tensor, positions: Tensor, attend) -> Tensor:
         """This model's layers over the residual stream x, without the final norm (a pipeline stage's work)."""
@@ -166,4 +183,6 @@ class Transformer:
     def logits(self, hidden: Tensor) -> Tensor:
         """[R, V] (a tensor-parallel rank: its vocabulary shard's columns)."""
         # always fused: the scratch float32 copy of a tied embedding would be vocab x dim x 4 bytes per jitted step
-        return linear(hidden, self.output, max_fused_rows=hidden.shape[0], cpu_kernels=self.cpu_kernels)
+        logits = linear(hidden, self.output, max_fused_rows=hidden.shape[0], cpu_kernels=self.cpu_kernels)
+        cap = self.cfg.final_softcap
+        return (logits / cap).tanh() * cap if cap else logits

@@ -84,7 +84,8 @@ class ModelRunner:
                  sample_index: Tensor, nb: UOp) -> tuple[Tensor, Tensor] | Tensor:
         """-> (the logits of the sampling rows [R, V], the final hidden states [T, dim]); a pipeline stage before
         the last takes the previous stage's residual stream instead of tokens and returns its own."""
-        attend = PagedAttention(self.cache, tables, token_rows, positions, n_valid, nb, self.model.cpu_kernels)
+        attend = PagedAttention(self.cache, tables, token_rows, positions, n_valid, nb, self.model.cpu_kernels,
+                                self.model.attention_specs)
         x = self.model.embed(tokens_or_x) if self.spec.first_stage else tokens_or_x
         x = self.model.run_layers(x, positions.clip(0, self.max_model_len - 1), attend)
         if not self.spec.last_stage:

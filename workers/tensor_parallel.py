@@ -70,6 +70,9 @@ def head_ranges(cfg: ModelConfig, spec: ShardSpec) -> dict[str, range]:
 def shard_weights(cfg: ModelConfig, weights: dict, spec: ShardSpec) -> tuple[ModelConfig, dict, int]:
     """(the config this worker's model sees, its weights under GGUF names with its layers numbered from 0, the
     first vocabulary id of its embedding/head shard)."""
+    if spec.tp_size > 1 and any(name.startswith("blk.0.post_") for name in weights):
+        raise ValueError(f"{cfg.arch}: norms of the attention and MLP outputs (Gemma) are not supported with "
+                         f"--tensor-parallel-size > 1 yet (they would need the all-reduced sums)")
     layers = spec.layers(cfg.n_layers)
     ranges = head_ranges(cfg, spec)
     vocab = vocab_shard(cfg.vocab_size, spec)
@@ -97,6 +100,6 @@ def shard_weights(cfg: ModelConfig, weights: dict, spec: ShardSpec) -> tuple[Mod
                 local[name] = w
         else:
             local[name] = w
-    local_cfg = dataclasses.replace(cfg, n_layers=len(layers), n_heads=cfg.n_heads // spec.tp_size,
+    local_cfg = dataclasses.replace(cfg.layers_slice(layers), n_heads=cfg.n_heads // spec.tp_size,
                                     n_kv_heads=len(ranges["kv"]) // cfg.head_dim, ffn_dim=len(ranges["ffn"]))
     return local_cfg, local, vocab.start

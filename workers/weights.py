@@ -18,7 +18,7 @@ import re
 import numpy as np
 
 from tinyvllm.protocol.gguf_file import GGUFFile
-from tinyvllm.protocol.model_config import ModelConfig
+from tinyvllm.protocol.model_config import GEMMA_ARCHS, ModelConfig
 from tinyvllm.protocol.model_path import is_gguf, resolve_model_path
 from tinyvllm.workers.gguf_dequantize import dequantize_tensor
 from tinyvllm.workers.quantized_weight import QuantizedArray
@@ -34,17 +34,22 @@ _HF_LAYER_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
+# Gemma 2/3 norm the attention and MLP outputs too: its post_attention_layernorm is one of those, not the MLP's input's
+_GEMMA_LAYER_NAMES = {**_HF_LAYER_NAMES, "post_attention_layernorm.weight": "post_attention_norm.weight",
+                      "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                      "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
 _HF_TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                  "lm_head.weight": "output.weight"}
 _HF_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
 
-def hf_to_gguf_name(name: str) -> str | None:
+def hf_to_gguf_name(name: str, arch: str = "llama") -> str | None:
     """Canonical name for a HF tensor name; None for tensors we do not use (rotary caches)."""
+    layer_names = _GEMMA_LAYER_NAMES if arch in GEMMA_ARCHS else _HF_LAYER_NAMES
     if name in _HF_TOP_NAMES:
         return _HF_TOP_NAMES[name]
-    if (m := _HF_LAYER_RE.fullmatch(name)) and m.group(2) in _HF_LAYER_NAMES:
-        return f"blk.{m.group(1)}.{_HF_LAYER_NAMES[m.group(2)]}"
+    if (m := _HF_LAYER_RE.fullmatch(name)) and m.group(2) in layer_names:
+        return f"blk.{m.group(1)}.{layer_names[m.group(2)]}"
     if name.endswith("rotary_emb.inv_freq"):
         return None
     raise ValueError(f"unexpected tensor {name!r} in checkpoint")
@@ -87,8 +92,10 @@ def _load_hf(folder: pathlib.Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     config = ModelConfig.from_hf_config(json.loads((folder / "config.json").read_text()))
     weights = {}
     for name, array in read_safetensors_folder(folder).items():
-        if (canonical := hf_to_gguf_name(name)) is not None:
-            weights[canonical] = array
+        if (canonical := hf_to_gguf_name(name, config.arch)) is not None:
+            # Gemma's RMSNorm multiplies by 1 + weight; GGUF files (llama.cpp's conversion) store the sum, as here
+            shift = config.arch in GEMMA_ARCHS and canonical.endswith("norm.weight")
+            weights[canonical] = array + np.float32(1.0) if shift else array
     if config.tie_embeddings:
         weights.pop("output.weight", None)
     elif "output.weight" not in weights:

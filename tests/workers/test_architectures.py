@@ -1,14 +1,18 @@
 """Architectures beyond Llama and Qwen2, each a tiny random-weight model made and saved by transformers: tinyvllm
 loads the folder and its prompt log-probabilities over a prompt equal transformers' float32 ones, under both kernel
-sets. Qwen3: an RMSNorm over each head's queries and keys before RoPE, and a head_dim that is not hidden/heads.
-Mistral: Llama's layers; a sliding window shorter than the context is refused at load (not supported yet). Phi-3:
-fused qkv and gate_up projections, split at load."""
+sets. The prompt is longer than every sliding window and soft-capped scores and logits exceed their caps.
+Qwen3: an RMSNorm over each head's queries and keys before RoPE, and a head_dim that is not hidden/heads.
+Mistral: Llama's layers with a sliding window. Phi-3: fused qkv and gate_up projections, split at load.
+Gemma 2: alternating local (windowed) and global layers, soft-capped attention scores and logits, the embedding
+scale, GeGLU, norms of the attention and MLP outputs, queries scaled by query_pre_attn_scalar. Gemma 3: Gemma 2
+without the caps, with q/k norms, local layers on a RoPE base of their own and global ones with linear scaling."""
 import pathlib
 
 import numpy as np
 import pytest
 
 VOCAB = 128
+CONTEXT, PROMPT, WINDOW = 512, 300, 37  # a window that is no multiple of the block size (4)
 
 
 def qwen3():
@@ -19,12 +23,12 @@ def qwen3():
                                         tie_word_embeddings=True))
 
 
-def mistral(sliding_window=None):
+def mistral():
     from transformers import MistralConfig, MistralForCausalLM
     return MistralForCausalLM(MistralConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
                                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
-                                            max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-5,
-                                            sliding_window=sliding_window))
+                                            max_position_embeddings=CONTEXT, rope_theta=10000.0, rms_norm_eps=1e-5,
+                                            sliding_window=WINDOW))
 
 
 def phi3():
@@ -36,7 +40,34 @@ def phi3():
                                       tie_word_embeddings=False))
 
 
-ARCHITECTURES = {"qwen3": qwen3, "mistral": mistral, "phi3": phi3}
+def gemma2():
+    import torch
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+    model = Gemma2ForCausalLM(Gemma2Config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                          num_key_value_heads=2, head_dim=16, intermediate_size=96,
+                                          max_position_embeddings=CONTEXT, sliding_window=WINDOW,
+                                          query_pre_attn_scalar=24, attn_logit_softcapping=0.5,
+                                          final_logit_softcapping=0.3, pad_token_id=0, bos_token_id=1, eos_token_id=2))
+    model.set_attn_implementation("eager")  # sdpa ignores the soft cap
+    with torch.no_grad():  # scores well past the cap
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight *= 8
+            layer.self_attn.k_proj.weight *= 8
+    return model
+
+
+def gemma3():
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}
+    return Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=96, max_position_embeddings=CONTEXT, sliding_window=WINDOW,
+        query_pre_attn_scalar=24, rope_parameters=rope, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"]))
+
+
+ARCHITECTURES = {"qwen3": qwen3, "mistral": mistral, "phi3": phi3, "gemma2": gemma2, "gemma3": gemma3}
 
 
 def tinyvllm_prompt_logprobs(folder: pathlib.Path, prompt: list[int], kernels: str) -> tuple[np.ndarray, int]:
@@ -48,8 +79,8 @@ def tinyvllm_prompt_logprobs(folder: pathlib.Path, prompt: list[int], kernels: s
     from tinyvllm.workers.weights import load_weights
     (folder / "tokenizer.json").touch()  # a model folder has one; the weights do not need it
     cfg, weights = load_weights(folder)
-    runner = ModelRunner(Transformer(cfg, weights, 128, kernels=kernels), PagedKVCache(cfg, 32, 4),
-                         max_num_seqs=1, max_model_len=128, max_num_batched_tokens=128)
+    runner = ModelRunner(Transformer(cfg, weights, CONTEXT, kernels=kernels), PagedKVCache(cfg, CONTEXT // 4, 4),
+                         max_num_seqs=1, max_model_len=CONTEXT, max_num_batched_tokens=CONTEXT)
     sp = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
     result = runner.execute(StepPlan(1, [NewRequestData("p", prompt, sp, list(range(-(-len(prompt) // 4))), 0,
                                                         len(prompt))], [], []))
@@ -68,17 +99,28 @@ def test_prompt_logprobs_equal_transformers(arch, module_kernel_set, tmp_path):
     torch.manual_seed(0)
     model = ARCHITECTURES[arch]().float().eval()
     model.save_pretrained(tmp_path)
-    prompt = np.random.default_rng(1).integers(0, VOCAB, 100).tolist()
+    prompt = np.random.default_rng(1).integers(0, VOCAB, PROMPT).tolist()
     expected = transformers_logprobs(model, prompt)
     got, sampled = tinyvllm_prompt_logprobs(tmp_path, prompt, module_kernel_set)
     np.testing.assert_allclose(got, expected[np.arange(len(prompt) - 1), prompt[1:]], rtol=1e-4, atol=1e-4)
     assert sampled == int(expected[-1].argmax())
 
 
-def test_a_sliding_window_shorter_than_the_context_is_refused_not_run_wrong(tmp_path):
-    from tinyvllm.workers.weights import load_weights
-    mistral(sliding_window=16).save_pretrained(tmp_path)
-    (tmp_path / "tokenizer.json").touch()
-    with pytest.raises(ValueError, match="sliding-window attention .* is not supported yet"):
-        load_weights(tmp_path)
-
+def test_the_gemma2_comparison_sees_its_caps_and_windows():
+    """Without its soft caps, or without its sliding windows, the test model answers differently: the comparison
+    above would catch a cap or window tinyvllm ignored."""
+    import torch
+    torch.manual_seed(0)
+    model = gemma2().float().eval()
+    prompt = np.random.default_rng(1).integers(0, VOCAB, PROMPT).tolist()
+    reference = transformers_logprobs(model, prompt)
+    model.config.final_logit_softcapping = None
+    assert np.abs(transformers_logprobs(model, prompt) - reference).max() > 0.1
+    model.config.final_logit_softcapping = 0.3
+    for layer in model.model.layers:
+        layer.self_attn.attn_logit_softcapping = None
+    assert np.abs(transformers_logprobs(model, prompt) - reference).max() > 0.1
+    for layer in model.model.layers:
+        layer.self_attn.attn_logit_softcapping, layer.self_attn.sliding_window = 0.5, None
+    model.config.layer_types = ["full_attention"] * 3
+    assert np.abs(transformers_logprobs(model, prompt) - reference).max() > 0.1

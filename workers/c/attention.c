@@ -1,6 +1,7 @@
 // Paged attention over the KV cache in place (workers/cpu_attention.py), run as a tinygrad PROGRAM.
 // Specialised by defines: T tokens, H query heads, KVH kv heads, D head dim, BS block size, MAXB blocks per
-// table row, CORES, SCALE (a float literal, 1/sqrt(D)).
+// table row, CORES, SCALE (a float literal: the scores' scale), WINDOW (attend to the last WINDOW positions only;
+// 0: all), SOFTCAP (scores become SOFTCAP * tanh(scores / SOFTCAP); 0.0f: not capped).
 #include "kernel.h"
 
 #define G (H / KVH)
@@ -27,6 +28,12 @@ ALWAYS_INLINE float exp_nonpositive(float x) {
   return p * scale;
 }
 
+// SOFTCAP * tanh(s / SOFTCAP), tanh from exp_nonpositive: tanh|x| = (1 - e^-2|x|) / (1 + e^-2|x|)
+ALWAYS_INLINE float soft_cap(float s) {
+  const float x = s / SOFTCAP, e = exp_nonpositive(-2.0f * (x < 0 ? -x : x)), t = (1.0f - e) / (1.0f + e);
+  return SOFTCAP * (x < 0 ? -t : t);
+}
+
 // the cache slot of position p of a sequence with block table `table`
 ALWAYS_INLINE long slot_at(const int *restrict table, int p) { return (long)table[p / BS] * BS + p % BS; }
 
@@ -48,6 +55,7 @@ void paged_attention(float *restrict out, const float *restrict q, const float *
     const int *table = tables + (long)rows[b] * MAXB;
     int n = positions[b] + 1;
     n = n < 0 ? 0 : (n > MAXB * BS ? MAXB * BS : n);
+    const int first = WINDOW > 0 && n > WINDOW ? n - WINDOW : 0;
     v16 qv[G][DV], acc[G][DV];
     for (int g = 0; g < G; g++)
       for (int c = 0; c < DV; c++) {
@@ -56,13 +64,13 @@ void paged_attention(float *restrict out, const float *restrict q, const float *
       }
     float max_score[G];
     for (int g = 0; g < G; g++) max_score[g] = -__builtin_inff();
-    for (int p = 0; p < n; p++) {
+    for (int p = first; p < n; p++) {
       const float *key = cache + (slot_at(table, p) * 2 * KVH + kvh) * D;
       prefetch_position(cache, table, p + PF, n, 0, kvh);
       for (int g = 0; g < G; g++) {
         v16 dot = qv[g][0] * *(const v16 *)key;
         for (int c = 1; c < DV; c++) dot += qv[g][c] * *(const v16 *)(key + c * 16);
-        const float s = lane_sum(dot);
+        const float s = SOFTCAP > 0.0f ? soft_cap(lane_sum(dot)) : lane_sum(dot);
         scores[g][p] = s;
         max_score[g] = s > max_score[g] ? s : max_score[g];
       }
@@ -70,10 +78,10 @@ void paged_attention(float *restrict out, const float *restrict q, const float *
     float denom[G];
     for (int g = 0; g < G; g++) {
       float sum = 0.0f;
-      for (int p = 0; p < n; p++) sum += (scores[g][p] = exp_nonpositive(scores[g][p] - max_score[g]));
+      for (int p = first; p < n; p++) sum += (scores[g][p] = exp_nonpositive(scores[g][p] - max_score[g]));
       denom[g] = sum > 0.0f ? sum : 1.0f;
     }
-    for (int p = 0; p < n; p++) {
+    for (int p = first; p < n; p++) {
       const float *value = cache + (slot_at(table, p) * 2 * KVH + KVH + kvh) * D;
       prefetch_position(cache, table, p + PF, n, 1, kvh);
       for (int g = 0; g < G; g++)
