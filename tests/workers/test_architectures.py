@@ -40,13 +40,13 @@ def phi3():
                                       tie_word_embeddings=False))
 
 
-def gemma2():
+def gemma2(query_scalar=24):
     import torch
     from transformers import Gemma2Config, Gemma2ForCausalLM
     model = Gemma2ForCausalLM(Gemma2Config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
                                           num_key_value_heads=2, head_dim=16, intermediate_size=96,
                                           max_position_embeddings=CONTEXT, sliding_window=WINDOW,
-                                          query_pre_attn_scalar=24, attn_logit_softcapping=0.5,
+                                          query_pre_attn_scalar=query_scalar, attn_logit_softcapping=0.5,
                                           final_logit_softcapping=0.3, pad_token_id=0, bos_token_id=1, eos_token_id=2))
     model.set_attn_implementation("eager")  # sdpa ignores the soft cap
     with torch.no_grad():  # scores well past the cap
@@ -56,29 +56,33 @@ def gemma2():
     return model
 
 
-def gemma3():
+def gemma3(query_scalar=24, layer_types=("sliding_attention", "full_attention", "sliding_attention")):
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
     rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}
     return Gemma3ForCausalLM(Gemma3TextConfig(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, intermediate_size=96, max_position_embeddings=CONTEXT, sliding_window=WINDOW,
-        query_pre_attn_scalar=24, rope_parameters=rope, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"]))
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=len(layer_types), num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, intermediate_size=96, max_position_embeddings=CONTEXT,
+        sliding_window=WINDOW, query_pre_attn_scalar=query_scalar, rope_parameters=rope, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2, layer_types=list(layer_types)))
 
 
 ARCHITECTURES = {"qwen3": qwen3, "mistral": mistral, "phi3": phi3, "gemma2": gemma2, "gemma3": gemma3}
+# As llama.cpp reads a GGUF: Gemma's queries scaled by the head size, Gemma 3 with a global layer every sixth
+GGUF_ARCHITECTURES = {"qwen3": qwen3, "phi3": phi3, "gemma2": lambda: gemma2(query_scalar=16),
+                      "gemma3": lambda: gemma3(16, ["sliding_attention"] * 5 + ["full_attention"])}
 
 
-def tinyvllm_prompt_logprobs(folder: pathlib.Path, prompt: list[int], kernels: str) -> tuple[np.ndarray, int]:
+def tinyvllm_prompt_logprobs(path: pathlib.Path, prompt: list[int], kernels: str) -> tuple[np.ndarray, int]:
     from tinyvllm.protocol.messages import NewRequestData, StepPlan
     from tinyvllm.protocol.sampling import SamplingParams
     from tinyvllm.workers.kv_cache import PagedKVCache
     from tinyvllm.workers.model import Transformer
     from tinyvllm.workers.model_runner import ModelRunner
     from tinyvllm.workers.weights import load_weights
-    (folder / "tokenizer.json").touch()  # a model folder has one; the weights do not need it
-    cfg, weights = load_weights(folder)
+    if path.is_dir():
+        (path / "tokenizer.json").touch()  # a model folder has one; the weights do not need it
+    cfg, weights = load_weights(path)
     runner = ModelRunner(Transformer(cfg, weights, CONTEXT, kernels=kernels), PagedKVCache(cfg, CONTEXT // 4, 4),
                          max_num_seqs=1, max_model_len=CONTEXT, max_num_batched_tokens=CONTEXT)
     sp = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
@@ -93,17 +97,29 @@ def transformers_logprobs(model, prompt: list[int]) -> np.ndarray:
         return torch.log_softmax(model(torch.tensor([prompt])).logits[0].double(), -1).numpy()
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_prompt_logprobs_equal_transformers(arch, module_kernel_set, tmp_path):
+def check_against_transformers(factory, save, kernels: str) -> None:
     import torch
     torch.manual_seed(0)
-    model = ARCHITECTURES[arch]().float().eval()
-    model.save_pretrained(tmp_path)
+    model = factory().float().eval()
+    path = save(model)
     prompt = np.random.default_rng(1).integers(0, VOCAB, PROMPT).tolist()
     expected = transformers_logprobs(model, prompt)
-    got, sampled = tinyvllm_prompt_logprobs(tmp_path, prompt, module_kernel_set)
+    got, sampled = tinyvllm_prompt_logprobs(path, prompt, kernels)
     np.testing.assert_allclose(got, expected[np.arange(len(prompt) - 1), prompt[1:]], rtol=1e-4, atol=1e-4)
     assert sampled == int(expected[-1].argmax())
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_prompt_logprobs_equal_transformers(arch, module_kernel_set, tmp_path):
+    check_against_transformers(ARCHITECTURES[arch], lambda model: model.save_pretrained(tmp_path) or tmp_path,
+                               module_kernel_set)
+
+
+@pytest.mark.parametrize("arch", GGUF_ARCHITECTURES)
+def test_gguf_conversion_equals_transformers(arch, module_kernel_set, tmp_path):
+    from tests.helpers.hf_to_gguf import write_model_gguf
+    check_against_transformers(GGUF_ARCHITECTURES[arch], lambda model: write_model_gguf(model, arch, tmp_path / "m.gguf"),
+                               module_kernel_set)
 
 
 def test_the_gemma2_comparison_sees_its_caps_and_windows():

@@ -6,6 +6,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from tests.helpers.gguf_writer import write_gguf
+from tests.helpers.hf_to_gguf import llama_cpp_permute
 from tinyvllm.protocol import model_path
 from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.protocol.model_path import resolve_model_path
@@ -14,17 +15,6 @@ from tinyvllm.workers.weights import load_weights, unpermute_rope_rows
 
 DIMS = dict(vocab=96, dim=64, layers=2, heads=4, kv_heads=2, ffn=96)
 HEAD_DIM = DIMS["dim"] // DIMS["heads"]
-
-
-def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """HF rotate_half row order -> llama.cpp's interleaved one.
-
-    Per head, rows [a0 .. a(h/2-1), b0 .. b(h/2-1)] become [a0, b0, a1, b1, ...].
-    """
-    head_dim = w.shape[0] // n_heads
-    order = [h * head_dim + half * (head_dim // 2) + j
-             for h in range(n_heads) for j in range(head_dim // 2) for half in (0, 1)]
-    return w[order]
 
 
 def random_hf_weights(rng, arch: str, tied: bool) -> dict[str, np.ndarray]:
@@ -144,6 +134,45 @@ def test_from_hf_config_variants():
     assert qwen.arch == "qwen2" and qwen.attention_bias and qwen.tie_embeddings and qwen.rope_scaling["factor"] == 4
     with pytest.raises(ValueError, match="unsupported model architecture"):
         ModelConfig.from_hf_config({"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", **base})
+
+
+def test_sliding_windows_and_gemma_configs():
+    base = {"vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 12, "num_attention_heads": 4,
+            "intermediate_size": 128, "max_position_embeddings": 8192}
+    # Gemma 3 as transformers 4.x saved it: no layer_types, a pattern, the local base beside the global scaling
+    gemma3 = ModelConfig.from_hf_config({"model_type": "gemma3_text", **base, "sliding_window": 512,
+                                         "sliding_window_pattern": 6, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+                                         "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+                                         "query_pre_attn_scalar": 256, "hidden_activation": "gelu_pytorch_tanh"})
+    assert gemma3.arch == "gemma3" and gemma3.qk_norm and gemma3.hidden_act == "gelu_tanh"
+    assert gemma3.layer_windows == (512,) * 5 + (0,) + (512,) * 5 + (0,)
+    assert (gemma3.rope_theta, gemma3.rope_local_theta, gemma3.rope_scaling["factor"]) == (1e6, 1e4, 8.0)
+    assert gemma3.scale == 256 ** -0.5 and gemma3.embed_scale == 8.0
+    assert gemma3.layers_slice(range(4, 8)).layer_windows == (512, 0, 512, 512)
+    gemma2 = ModelConfig.from_hf_config({"architectures": ["Gemma2ForCausalLM"], **base, "sliding_window": 4096,
+                                         "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0})
+    assert gemma2.layer_windows == (4096, 0) * 6 and (gemma2.attn_softcap, gemma2.final_softcap) == (50.0, 30.0)
+    # Mistral slides in every layer; a window covering the context is no window; Qwen's is off unless asked for
+    mistral = ModelConfig.from_hf_config({"architectures": ["MistralForCausalLM"], **base, "sliding_window": 4096})
+    assert mistral.arch == "llama" and mistral.layer_windows == (4096,) * 12 and mistral.window(3) == 4096
+    assert ModelConfig.from_hf_config({"architectures": ["MistralForCausalLM"], **base,
+                                       "sliding_window": 8192}).layer_windows == ()
+    assert ModelConfig.from_hf_config({"architectures": ["Qwen2ForCausalLM"], **base, "sliding_window": 4096,
+                                       "use_sliding_window": False}).layer_windows == ()
+    assert ModelConfig.from_hf_config({"architectures": ["Qwen2ForCausalLM"], **base, "sliding_window": 4096,
+                                       "use_sliding_window": True, "max_window_layers": 10}).layer_windows == \
+        (0,) * 10 + (4096,) * 2
+    with pytest.raises(ValueError, match="unsupported MLP activation 'relu'"):
+        ModelConfig.from_hf_config({"architectures": ["Gemma2ForCausalLM"], **base, "hidden_activation": "relu"})
+
+
+def test_gemma_output_norms_are_refused_under_tensor_parallelism():
+    from tinyvllm.protocol.parallel_layout import ShardSpec
+    from tinyvllm.workers.tensor_parallel import shard_weights
+    cfg = ModelConfig.from_hf_config({"architectures": ["Gemma2ForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+                                      "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128})
+    with pytest.raises(ValueError, match="not supported with --tensor-parallel-size > 1"):
+        shard_weights(cfg, {"blk.0.post_ffw_norm.weight": np.ones(64, np.float32)}, ShardSpec.of_rank(0, 2, 1))
 
 
 def test_resolve_model_path(tmp_path, monkeypatch):
