@@ -146,7 +146,8 @@ class EngineProcesses:
                                    # each pipeline stage busy with its own step; or the next step planned meanwhile
                                    max_steps_in_flight=2 if async_scheduling else pp,
                                    async_scheduling=async_scheduling, kv_lease_s=args.kv_lease_s,
-                                   kv_host=args.kv_host, role=args.role)
+                                   kv_host=args.kv_host, role=args.role,
+                                   sliding_window=self.model_config.sliding_window_everywhere)
         # tcp on loopback is open to every local user: the launcher's workers then prove a secret of its own
         secret = args.worker_secret or (secrets.token_hex(32) if args.transport == "tcp" and not args.external_workers
                                         else "")

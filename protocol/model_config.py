@@ -57,6 +57,11 @@ class ModelConfig:
         return self.layer_windows[layer] if self.layer_windows else 0
 
     @property
+    def sliding_window_everywhere(self) -> int:
+        """The window, where every layer has one (Mistral): the scheduler frees the blocks behind it. 0 otherwise."""
+        return min(self.layer_windows) if self.layer_windows and all(self.layer_windows) else 0
+
+    @property
     def scale(self) -> float:
         return self.attention_scale or self.head_dim ** -0.5
 

@@ -5,8 +5,10 @@ from tinyvllm.scheduler.request import Request
 MAX_TOKEN_ID = 2**31 - 1  # workers hold token ids as int32
 
 
-def admission_error(req: Request, ids_in_use, max_model_len: int, block_size: int, num_blocks: int) -> str | None:
-    """Why req must be refused, or None. ids_in_use: a container of every request and parent id still live."""
+def admission_error(req: Request, ids_in_use, max_model_len: int, block_size: int, num_blocks: int,
+                    blocks_per_request: int | None = None) -> str | None:
+    """Why req must be refused, or None. ids_in_use: a container of every request and parent id still live.
+    blocks_per_request: the most a request holds at once, if less than its length needs (a sliding window)."""
     try:
         req.sampling.validate()
     except ValueError as e:
@@ -25,7 +27,10 @@ def admission_error(req: Request, ids_in_use, max_model_len: int, block_size: in
         return (f"the prompt has {num_prompt} tokens but max_model_len is {max_model_len}, "
                 f"which leaves no room to generate")
     num_needed = -(-num_prompt // block_size)
-    if num_needed > num_blocks:
+    if blocks_per_request is not None and blocks_per_request > num_blocks:
+        return (f"a request may hold {blocks_per_request} KV cache blocks of {block_size} tokens at once (its sliding "
+                f"window and a chunk of new tokens), but the whole cache only has {num_blocks} blocks")
+    if num_needed > num_blocks and blocks_per_request is None:
         return (f"the prompt has {num_prompt} tokens and needs {num_needed} KV cache blocks of {block_size} tokens, "
                 f"but the whole cache only has {num_blocks} blocks ({num_blocks * block_size} tokens)")
     return None

@@ -17,9 +17,18 @@ class SchedulerConfig:
     async_scheduling: bool = False
     kv_lease_s: float = 30.0  # disaggregated prefill: how long finished prompts' blocks wait for a decode to pull them
     world_size: int = 1  # workers that each release a lease (scheduler/remote_kv.py)
+    sliding_window: int = 0  # every layer of the model attends to this many last positions only (0: all of them)
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_blocks",
                      "max_steps_in_flight"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+    @property
+    def blocks_per_request(self) -> int | None:
+        """With a sliding window, the most blocks a request ever holds at once (its window and a chunk of new
+        tokens, one block more for the alignment); None: its whole length."""
+        if not self.sliding_window:
+            return None
+        return -(-(self.sliding_window - 1 + self.max_num_batched_tokens) // self.block_size) + 1

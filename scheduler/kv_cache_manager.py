@@ -6,6 +6,8 @@ The scheduler owns this; workers only ever see block ids (and the block copies o
   being admitted (new or resumed after preemption) takes the longest run of cached blocks matching its
   tokens and starts computing after them. The hit stops before the last token so the worker still
   computes a position and produces logits.
+- Sliding windows (every layer of the model attends to the last `window` positions only): blocks wholly behind a
+  request's window go back to the pool as it advances; their table entries become FREED (workers never read them).
 - Copy-on-write: blocks can be shared (cache hits, parallel-sampling forks). Before a request writes
   into a block someone else also holds, it gets a private copy: the copy (src, dst) goes into the next
   StepPlan and the worker performs it before computing the step.
@@ -15,6 +17,13 @@ from collections.abc import Iterable
 from tinyvllm.scheduler.block_hash import BlockHash, HashFn, hash_block, root_hash
 from tinyvllm.scheduler.block_pool import BlockPool
 from tinyvllm.scheduler.request import Request
+
+FREED = -1  # a block table entry whose block went back to the pool: it lies wholly behind a sliding window
+
+
+def held_blocks(req: Request) -> list[int]:
+    """The blocks req holds: its table without the FREED entries (a prefix of it)."""
+    return req.block_ids[req.num_freed_blocks:]
 
 
 class KVCacheManager:
@@ -123,16 +132,30 @@ class KVCacheManager:
         """child shares every block of parent (it has the same tokens); copy-on-write separates them later."""
         assert not child.block_ids, f"{child.req_id} forks while holding blocks"
         child.block_ids = list(parent.block_ids)
-        self.pool.hold(child.block_ids)
+        child.num_freed_blocks = parent.num_freed_blocks
+        self.pool.hold(held_blocks(child))
         child.block_hashes = list(parent.block_hashes)
         child.num_registered_blocks = parent.num_registered_blocks
 
     def free(self, req: Request) -> None:
         """Drops req's hold on its blocks. Its tail goes first into the free queue, so it is evicted first:
         the tail of a sequence is the part least likely to be shared."""
-        self.pool.release(reversed(req.block_ids))
+        self.pool.release(reversed(held_blocks(req)))
         req.block_ids = []
-        req.num_registered_blocks = 0
+        req.num_registered_blocks = req.num_freed_blocks = 0
+
+    def free_behind_window(self, req: Request, window: int) -> None:
+        """Gives back req's blocks that none of its next tokens can see: those wholly before the last `window`
+        positions of the next one (full and computed, so in the prefix cache already, where they stay until
+        evicted). A step in flight may still read them: a block is only written again in a later plan, after it."""
+        num_behind = max(0, (req.num_computed_tokens - window + 1) // self.block_size)
+        if num_behind <= req.num_freed_blocks:
+            return
+        table = req.block_ids
+        assert not self.enable_caching or num_behind <= req.num_registered_blocks, f"{req.req_id}: unregistered"
+        self.pool.release(table[req.num_freed_blocks:num_behind])
+        table[req.num_freed_blocks:num_behind] = [FREED] * (num_behind - req.num_freed_blocks)
+        req.num_freed_blocks = num_behind
 
     def take_block_copies(self) -> list[list[int]]:
         """The step's copies, in order. A copy whose destination was freed again meanwhile is dropped."""
@@ -143,10 +166,11 @@ class KVCacheManager:
     def check_invariants(self, holders: Iterable[Request], other_tables: Iterable[list[int]] = ()) -> None:
         """For tests: every request holding blocks must be in holders, every other holder's table in other_tables."""
         holders = list(holders)
-        self.pool.check_invariants([*(req.block_ids for req in holders), *other_tables])
+        self.pool.check_invariants([*(held_blocks(req) for req in holders), *other_tables])
         for req in holders:
             assert req.num_registered_blocks <= len(req.block_ids)
-            for i in range(req.num_registered_blocks):
+            assert req.block_ids[:req.num_freed_blocks] == [FREED] * req.num_freed_blocks and FREED not in held_blocks(req)
+            for i in range(req.num_freed_blocks, req.num_registered_blocks):
                 block = self.pool.blocks[req.block_ids[i]]
                 assert not self.enable_caching or block.block_hash is None or block.block_hash == req.block_hashes[i], (
                     f"{req.req_id}: block {block.block_id} is cached under another prefix")

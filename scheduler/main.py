@@ -51,13 +51,14 @@ class SchedulerArgs:
     kv_lease_s: float = 30.0  # disaggregated prefill: how long finished prompts' blocks wait to be pulled
     kv_host: str = "127.0.0.1"  # the host decode instances are told to pull from (the workers' side channel)
     role: str = "both"  # serve --role: only a decode engine takes requests whose prompt's KV is remote
+    sliding_window: int = 0  # the model's, where every layer has one: blocks behind it are freed
 
 
 def scheduler_config(a: SchedulerArgs, num_blocks: int) -> SchedulerConfig:
     """Async scheduling only where one worker samples and knows every token: a world of one."""
     return SchedulerConfig(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len, a.block_size, num_blocks,
                            a.enable_prefix_caching, a.max_steps_in_flight, a.async_scheduling and a.world_size == 1,
-                           a.kv_lease_s, a.world_size)
+                           a.kv_lease_s, a.world_size, a.sliding_window)
 
 
 class SchedulerLoop:
@@ -74,8 +75,9 @@ class SchedulerLoop:
     def start(self) -> None:
         num_blocks = self.workers.handshake(self.args)
         a = self.args
-        if (pool_tokens := num_blocks * a.block_size) < a.max_model_len:
-            # one request must fit the whole pool: longer prompts are then refused up front with the usual 400
+        if (pool_tokens := num_blocks * a.block_size) < a.max_model_len and not a.sliding_window:
+            # one request must fit the whole pool (unless it only ever holds its window): longer prompts are then
+            # refused up front with the usual 400
             log.warning("the KV cache holds %d tokens (%d blocks of %d), fewer than max_model_len %d: serving "
                         "max_model_len %d (give the cache more memory with --kv-cache-memory)", pool_tokens,
                         num_blocks, a.block_size, a.max_model_len, pool_tokens)

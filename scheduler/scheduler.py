@@ -35,7 +35,8 @@ class Scheduler:
         self.kv_cache_manager = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         # The longest a request may grow. Besides max_model_len, the whole pool caps it, so that a request
         # alone always fits and preemption always ends; the newest token needs no slot until it is fed back.
-        self.max_len = min(config.max_model_len, config.num_blocks * config.block_size + 1)
+        self.max_len = min(config.max_model_len, config.num_blocks * config.block_size + 1
+                           if config.blocks_per_request is None else config.max_model_len)
         self.requests: dict[str, Request] = {}  # every unfinished request by its own id (children: "parent#i")
         self.groups: dict[str, list[Request]] = {}  # parent id -> its children, while any is unfinished (n > 1)
         self.waiting: deque[Request] = deque()  # preempted requests go back to the front
@@ -55,7 +56,8 @@ class Scheduler:
         """Queues req (n > 1: its children); False if it can never be served, with one ERROR output (index 0)
         waiting in take_pending_outputs()."""
         c = self.config
-        error = (admission_error(req, self._live_ids(), c.max_model_len, c.block_size, c.num_blocks)
+        error = (admission_error(req, self._live_ids(), c.max_model_len, c.block_size, c.num_blocks,
+                                 c.blocks_per_request)
                  or self.remote_kv.admission_error(req))
         if error is not None:
             self.remote_kv.refused(req)

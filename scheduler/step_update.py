@@ -22,6 +22,8 @@ def apply_step_result(sched: "Scheduler", step: Step, result: StepResult) -> lis
         if req.status is RequestStatus.RUNNING:
             req.num_computed_tokens += num_new
             sched.kv_cache_manager.cache_computed_blocks(req)
+            if sched.config.sliding_window and not (req.kv_transfer and req.kv_transfer.do_remote_decode):
+                sched.kv_cache_manager.free_behind_window(req, sched.config.sliding_window)  # a prefill's are leased
             if req.pending_forks and req.num_computed_tokens == req.num_prompt_tokens - 1:
                 sched.fork(req)
 

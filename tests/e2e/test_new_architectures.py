@@ -1,7 +1,9 @@
-"""Gemma 2 (a HF folder) and Gemma 3 (a GGUF) served by `tinyvllm serve`: over a 300-token prompt, past every
-sliding window and soft cap, the prompt log-probabilities the server echoes equal transformers' float32 ones and
-its greedy tokens are transformers' (a difference allowed only where transformers' top two are a near-tie). The
-tiny random models carry the default model's tokenizer, so the server tokenizes and detokenizes for real."""
+"""Gemma 2 and Mistral (HF folders) and Gemma 3 (a GGUF) served by `tinyvllm serve`: over a 300-token prompt, past
+every sliding window and soft cap, the prompt log-probabilities the server echoes equal transformers' float32 ones
+and its greedy tokens are transformers' (a difference allowed only where transformers' top two are a near-tie). The
+tiny random models carry the default model's tokenizer, so the server tokenizes and detokenizes for real. Mistral
+runs in a KV cache of 8 blocks of 16 tokens, less than its prompt needs: every layer slides, so the blocks behind
+the window go back to the pool as the prompt advances."""
 import httpx
 import numpy as np
 import pytest
@@ -12,19 +14,21 @@ from tests.helpers.tiny_model import VOCAB_SIZE, tokenizer_metadata
 from tests.workers import test_architectures as archs
 
 PROMPT, MAX_TOKENS, NEAR_TIE = 300, 8, 1e-3
+SERVE_ARGS = {"mistral": ("--num-kv-blocks", "8", "--block-size", "16", "--max-num-batched-tokens", "64")}
 
 
 def served_model(arch: str, folder):
-    """(the transformers model, the path to serve): Gemma 2 saved by transformers with a tokenizer.json, Gemma 3
-    converted to a GGUF with the tokenizer's metadata."""
+    """(the transformers model, the path to serve): Gemma 2 and Mistral saved by transformers with a tokenizer.json,
+    Gemma 3 converted to a GGUF with the tokenizer's metadata."""
     import torch
     from tinyvllm.frontend.tokenizer import _tokenizer_from_gguf_metadata
     torch.manual_seed(0)
     archs.VOCAB = VOCAB_SIZE  # the factories read it: the real tokenizer's vocabulary
     try:
-        if arch == "gemma2":
-            model = archs.gemma2().float().eval()
-            model.config.final_logit_softcapping = 5.0  # capped, yet not so hard that 49k logits crowd together
+        if arch in ("gemma2", "mistral"):
+            model = archs.ARCHITECTURES[arch]().float().eval()
+            if arch == "gemma2":
+                model.config.final_logit_softcapping = 5.0  # capped, yet not so hard that 49k logits crowd together
             model.save_pretrained(folder)
             _tokenizer_from_gguf_metadata(tokenizer_metadata()).save(str(folder / "tokenizer.json"))
             return model, folder
@@ -49,13 +53,13 @@ def transformers_greedy(model, prompt: list[int]) -> tuple[np.ndarray, list[int]
     return prompt_lps, ids[len(prompt):], gaps
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "mistral"])
 def test_served_gemma_equals_transformers(arch, tmp_path):
     from tinyvllm.frontend.tokenizer import Tokenizer
     model, path = served_model(arch, tmp_path)
     prompt = np.random.default_rng(2).integers(100, VOCAB_SIZE - 100, PROMPT).tolist()
     expected_lps, expected_tokens, gaps = transformers_greedy(model, prompt)
-    server = start_server(path, tmp_path / "server.log", "--max-model-len", "512")
+    server = start_server(path, tmp_path / "server.log", "--max-model-len", "512", *SERVE_ARGS.get(arch, ()))
     try:
         body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "echo": True,
                 "logprobs": 0}

@@ -101,6 +101,7 @@ class FakeWorker:
     num_computed_by_req: Counter = field(default_factory=Counter)  # tokens each request id had computed, in total
     num_block_copies: int = 0
     kv_source: "FakeWorker | None" = None  # disaggregated decode: the prefill worker that plan.kv_loads pull from
+    window: int = 0  # a sliding window: a position attends to the last `window` positions only (0: all)
 
     def __post_init__(self) -> None:
         self.kv: list[tuple[int, int, str] | None] = [None] * (self.num_blocks * self.block_size)
@@ -186,11 +187,16 @@ class FakeWorker:
             self.kv[dst * bs:(dst + 1) * bs] = self.kv[src * bs:(src + 1) * bs]
             self.num_block_copies += 1
 
+    def _first_visible(self, position: int) -> int:
+        return max(0, position - self.window + 1) if self.window else 0
+
     def _holders(self) -> dict[int, set[str]]:
+        """Who holds each block: every block of a request's table that its next tokens can still see."""
         holders: dict[int, set[str]] = defaultdict(set)
         for req_id, req in self.reqs.items():
-            assert len(set(req.block_ids)) == len(req.block_ids), f"{req_id} holds a block twice"
-            for block_id in req.block_ids:
+            live = req.block_ids[self._first_visible(req.num_computed_tokens) // self.block_size:]
+            assert len(set(live)) == len(live), f"{req_id} holds a block twice"
+            for block_id in live:
                 assert 0 <= block_id < self.num_blocks, f"{req_id}: block {block_id} out of range"
                 holders[block_id].add(req_id)
         return holders
@@ -208,7 +214,7 @@ class FakeWorker:
             assert not leased_to, f"{req_id} writes block {block_id}, leased to {leased_to}"
         for pos in range(start, end):
             self.kv[self._slot(req, pos)] = (pos, hashes[pos], req_id)
-        for pos in range(end):  # attention reads every earlier position
+        for pos in range(self._first_visible(start), end):  # attention reads every earlier position (in the window)
             slot = self.kv[self._slot(req, pos)]
             assert slot is not None and slot[:2] == (pos, hashes[pos]), (
                 f"{req_id}: KV at position {pos} is not its own history (written by {slot and slot[2]})")
@@ -276,10 +282,12 @@ def make_request(req_id: str, prompt_len: int, max_tokens: int = 16, arrival_tim
 def make_scheduler(max_num_seqs: int = 8, max_num_batched_tokens: int = 64, max_model_len: int = 128,
                    block_size: int = 4, num_blocks: int = 64, token_fn: TokenFn = default_token_fn,
                    enable_prefix_caching: bool = True, sample_fn: SampleFn | None = None,
-                   max_steps_in_flight: int = 1, async_scheduling: bool = False) -> tuple[Scheduler, FakeWorker]:
+                   max_steps_in_flight: int = 1, async_scheduling: bool = False,
+                   sliding_window: int = 0) -> tuple[Scheduler, FakeWorker]:
     config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, block_size, num_blocks,
-                             enable_prefix_caching, max_steps_in_flight, async_scheduling)
-    return Scheduler(config), FakeWorker(num_blocks, block_size, token_fn, sample_fn)
+                             enable_prefix_caching, max_steps_in_flight, async_scheduling,
+                             sliding_window=sliding_window)
+    return Scheduler(config), FakeWorker(num_blocks, block_size, token_fn, sample_fn, window=sliding_window)
 
 
 def step(scheduler: Scheduler, worker: FakeWorker):

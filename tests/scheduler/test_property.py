@@ -1,6 +1,7 @@
 """Property-based: random mixes of arrivals, shared prefixes, n > 1, aborts (also of requests in flight), tiny
 pools, prefix caching on and off, 1 to 3 steps in flight, async scheduling on and off (with it a request is planned
-again while in flight, the fake worker appending its own sampled token for a placeholder). After every plan and
+again while in flight, the fake worker appending its own sampled token for a placeholder), sliding windows (blocks
+behind a request's window go back to the pool: the fake worker reads only the window and checks those). After every plan and
 every result the scheduler's and the pool's invariants hold (no leaked or doubly freed block, ref counts equal
 holders, cached free blocks have none, a request's steps in flight follow one another) and the fake worker has
 checked every KV read and every token a plan brings; in the end every request finished or was aborted, each with
@@ -43,7 +44,8 @@ events = st.one_of(st.tuples(st.just("add"), specs), st.tuples(st.just("step"), 
                    st.tuples(st.just("plan"), st.just(0)))
 configs = st.fixed_dictionaries(dict(
     block_size=st.sampled_from([1, 2, 4]), num_blocks=st.integers(2, 24), max_num_seqs=st.integers(1, 6),
-    max_num_batched_tokens=st.integers(1, 24), max_model_len=st.integers(8, 48)))
+    max_num_batched_tokens=st.integers(1, 24), max_model_len=st.integers(8, 48),
+    sliding_window=st.sampled_from([0, 0, 1, 3, 7])))
 
 
 def build_request(req_id: str, spec: Spec):
@@ -142,13 +144,15 @@ def run_script(config: dict, script: list, caching: bool, steps_in_flight: int, 
     kv = sched.kv_cache_manager
     assert kv.num_free_blocks == kv.num_total_blocks and all(block.ref_count == 0 for block in kv.pool.blocks)
 
-    max_len = min(config["max_model_len"], config["num_blocks"] * config["block_size"] + 1)
+    per_request = sched.config.blocks_per_request
+    max_len = sched.max_len
     for req_id, req in reqs.items():
         if (req_id, 0) in outputs and outputs[(req_id, 0)][-1].finish_reason == FinishReason.ERROR:
             (error,) = outputs[(req_id, 0)]
             assert error.error and error.new_token_ids == []
-            assert (req.num_prompt_tokens == 0 or req.num_prompt_tokens >= config["max_model_len"]
-                    or -(-req.num_prompt_tokens // config["block_size"]) > config["num_blocks"])
+            too_long = (-(-req.num_prompt_tokens // config["block_size"]) > config["num_blocks"] if per_request is None
+                        else per_request > config["num_blocks"])
+            assert req.num_prompt_tokens == 0 or req.num_prompt_tokens >= config["max_model_len"] or too_long
             continue
         for index in range(req.sampling.n):
             outs = outputs.get((req_id, index))
