@@ -21,6 +21,7 @@ def apply_step_result(sched: "Scheduler", step: Step, result: StepResult) -> lis
     for req, num_new in step.values():
         if req.status is RequestStatus.RUNNING:
             req.num_computed_tokens += num_new
+            sched.num_tokens_computed += num_new
             sched.kv_cache_manager.cache_computed_blocks(req)
             if req.pending_forks and req.num_computed_tokens == req.num_prompt_tokens - 1:
                 sched.fork(req)

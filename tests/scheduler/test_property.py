@@ -1,8 +1,9 @@
 """Property-based: random mixes of arrivals, shared prefixes, n > 1, aborts (also of requests in flight), tiny
 pools, prefix caching on and off, 1 to 3 steps in flight, async scheduling on and off (with it a request is planned
-again while in flight, the fake worker appending its own sampled token for a placeholder). After every plan and
-every result the scheduler's and the pool's invariants hold (no leaked or doubly freed block, ref counts equal
-holders, cached free blocks have none, a request's steps in flight follow one another) and the fake worker has
+again while in flight, the fake worker appending its own sampled token for a placeholder), CPU swap off, tight or
+roomy (a preempted request swapped out or recomputed). After every plan and every result the scheduler's and the
+pool's invariants hold (no leaked or doubly freed block or swap slot, ref counts equal holders, cached free blocks
+have none, a request's steps in flight follow one another) and the fake worker has
 checked every KV read and every token a plan brings; in the end every request finished or was aborted, each with
 exactly what an unpressured run would produce."""
 import zlib
@@ -43,7 +44,8 @@ events = st.one_of(st.tuples(st.just("add"), specs), st.tuples(st.just("step"), 
                    st.tuples(st.just("plan"), st.just(0)))
 configs = st.fixed_dictionaries(dict(
     block_size=st.sampled_from([1, 2, 4]), num_blocks=st.integers(2, 24), max_num_seqs=st.integers(1, 6),
-    max_num_batched_tokens=st.integers(1, 24), max_model_len=st.integers(8, 48)))
+    max_num_batched_tokens=st.integers(1, 24), max_model_len=st.integers(8, 48),
+    num_swap_slots=st.sampled_from([0, 0, 2, 6, 24]), swap_min_tokens=st.integers(1, 8)))
 
 
 def build_request(req_id: str, spec: Spec):
@@ -141,6 +143,7 @@ def run_script(config: dict, script: list, caching: bool, steps_in_flight: int, 
     assert not sched.has_unfinished() and not sched.groups, "requests left unfinished"
     kv = sched.kv_cache_manager
     assert kv.num_free_blocks == kv.num_total_blocks and all(block.ref_count == 0 for block in kv.pool.blocks)
+    assert sched.swap.num_free_slots == sched.swap.num_slots
 
     max_len = min(config["max_model_len"], config["num_blocks"] * config["block_size"] + 1)
     for req_id, req in reqs.items():
