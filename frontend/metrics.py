@@ -44,7 +44,8 @@ class _EngineStatsCollector(Collector):
             ("vllm:num_requests_running", "Number of requests in model execution batches.", "num_running"),
             ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "num_waiting"),
             ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "kv_usage"),
-            ("vllm:cpu_cache_usage_perc", "CPU KV-cache usage (--swap-space). 1 means 100 percent usage.", "swap_usage"),
+            ("vllm:cpu_cache_usage_perc", "CPU KV-cache usage (--swap-space). 1 means 100 percent usage.",
+             "swap_usage"),
         )
         # The scheduler keeps these cumulative, so they are counters even though they are read, not incremented.
         counters = (

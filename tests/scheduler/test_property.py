@@ -1,11 +1,11 @@
-"""Property-based: random mixes of arrivals, shared prefixes, n > 1, aborts (also of requests in flight), tiny
-pools, prefix caching on and off, 1 to 3 steps in flight, async scheduling on and off (with it a request is planned
-again while in flight, the fake worker appending its own sampled token for a placeholder), CPU swap off, tight or
-roomy (a preempted request swapped out or recomputed). After every plan and every result the scheduler's and the
-pool's invariants hold (no leaked or doubly freed block or swap slot, ref counts equal holders, cached free blocks
-have none, a request's steps in flight follow one another) and the fake worker has
-checked every KV read and every token a plan brings; in the end every request finished or was aborted, each with
-exactly what an unpressured run would produce."""
+"""Property-based: random mixes of arrivals, shared prefixes, n > 1, aborts (also of requests in flight or swapped
+out), tiny pools, prefix caching on and off, 1 to 3 steps in flight, async scheduling on and off (with it a request
+is planned again while in flight, the fake worker appending its own sampled token for a placeholder), CPU swap off,
+tight or roomy (a preempted request swapped out or recomputed). After every plan and every result the scheduler's
+and the pool's invariants hold (no leaked or doubly freed block or swap slot, ref counts equal holders, cached free
+blocks have none, a request's steps in flight follow one another) and the fake worker has checked every KV read and
+every token a plan brings; in the end every request finished or was aborted, each with exactly what an unpressured
+run would produce."""
 import zlib
 from dataclasses import dataclass
 
@@ -40,7 +40,7 @@ specs = st.builds(Spec, st.integers(-1, len(PREFIXES) - 1), st.integers(0, 16), 
                   st.booleans())
 # "plan" only plans (up to the steps in flight): requests added before the next one go into steps of their own.
 events = st.one_of(st.tuples(st.just("add"), specs), st.tuples(st.just("step"), st.integers(1, 4)),
-                   st.tuples(st.sampled_from(["abort", "abort_in_flight"]), st.integers(0, 20)),
+                   st.tuples(st.sampled_from(["abort", "abort_in_flight", "abort_swapped"]), st.integers(0, 20)),
                    st.tuples(st.just("plan"), st.just(0)))
 configs = st.fixed_dictionaries(dict(
     block_size=st.sampled_from([1, 2, 4]), num_blocks=st.integers(2, 24), max_num_seqs=st.integers(1, 6),
@@ -108,6 +108,17 @@ def run_script(config: dict, script: list, caching: bool, steps_in_flight: int, 
             assert len(rows) <= config["max_num_seqs"]
             assert sum(r.num_scheduled_tokens for r in rows) <= config["max_num_batched_tokens"]
 
+    swap_aborts: list[int] = []  # aborts that wait for a request (or one child) to be swapped out
+
+    def abort_swapped():
+        swapped = [req for req in sched.waiting if req.swap_slots]
+        if swapped and swap_aborts:
+            victim = swapped[swap_aborts.pop() % len(swapped)]
+            aborted.add(victim.output_id)
+            sched.abort([victim.req_id])  # its slots must be free at once
+            collect(sched.take_pending_outputs())
+            check_scheduler_invariants(sched)
+
     def run_step(abort_mid_step: int | None = None) -> bool:
         """Plans up to steps_in_flight steps, then takes the oldest one's result; False if none was outstanding."""
         plan()
@@ -118,6 +129,7 @@ def run_script(config: dict, script: list, caching: bool, steps_in_flight: int, 
             collect(driver.finish_oldest())
         collect(sched.take_pending_outputs())
         check_scheduler_invariants(sched)
+        abort_swapped()
         return stepped
 
     for kind, arg in script:
@@ -130,6 +142,9 @@ def run_script(config: dict, script: list, caching: bool, steps_in_flight: int, 
             abort(arg)
             collect(sched.take_pending_outputs())
             check_scheduler_invariants(sched)
+        elif kind == "abort_swapped":
+            swap_aborts.append(arg)
+            abort_swapped()
         elif kind == "abort_in_flight":
             run_step(abort_mid_step=arg)
         elif kind == "plan":
