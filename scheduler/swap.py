@@ -13,6 +13,9 @@ and values. Only a short request is cheaper to recompute: its few tokens ride al
 each block copy is a transfer of its own. So: swap when the request has computed at least swap_min_tokens and
 the free slots hold all its computed blocks; else recompute. Requests that need every prompt position (prompt
 logprobs, embeddings) keep worker state a resume would lose: they are always recomputed.
+
+Every computed block is copied, shared ones too (prefix-cache hits, forks), and a resumed request takes fresh blocks
+for all of them: a shared block costs a copy more, but no block is ever held by a request that is not running.
 """
 from tinyvllm.scheduler.kv_cache_manager import KVCacheManager
 from tinyvllm.scheduler.request import Request
