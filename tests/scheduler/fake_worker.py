@@ -1,17 +1,16 @@
 """A deterministic stand-in for a model worker that checks every StepPlan it is given.
 
-It keeps what a real worker keeps (each request's tokens and block table) and a fake KV cache: a written
-slot records (position, prefix hash, writer), the prefix hash standing for every token up to and including
-that position, which is exactly what real keys and values depend on. Before "attending", a request checks
-that every position up to its newest holds what its own token history would have written: a block handed
-to two live requests, a lost block, a wrong cache hit, a skipped recompute or a missed copy all fail loudly,
-while a prefix shared with another request (cache hit, fork) legitimately passes. The plan's block copies
-are performed first (after the plan's swap-outs, which copy blocks into host swap slots, and before its swap-ins,
-which copy slots back), and writing into a block that another request the worker holds also holds fails
-(copy-on-write must have happened). The worker learns its sampled tokens from the next plan that schedules the
-request (with async scheduling it appends its newest one itself where the plan says append_sampled): exactly
-those, never one twice. A sampled token is a pure function of the request and its position
-(token_fn), or of the row's contents and sampling parameters (sample_fn), so outputs do not depend on
+It keeps what a real worker keeps (each request's tokens and block table) and a fake KV cache: a written slot
+records (position, prefix hash, writer), the prefix hash standing for every token up to and including that
+position, which is exactly what real keys and values depend on. Before "attending", a request checks that every
+position up to its newest holds what its own token history would have written: a block handed to two live
+requests, a lost block, a wrong cache hit, a skipped recompute or a missed copy all fail loudly, while a prefix
+shared with another request (cache hit, fork) legitimately passes. The plan's block copies are performed first
+(between its swap-outs and swap-ins: fake_host_swap.py), and writing into a block that another request the worker
+holds also holds fails (copy-on-write must have happened). The worker learns its sampled tokens from the next plan
+that schedules the request (with async scheduling it appends its newest one itself where the plan says
+append_sampled): exactly those, never one twice. A sampled token is a pure function of the request and its
+position (token_fn), or of the row's contents and sampling parameters (sample_fn), so outputs do not depend on
 batching, chunking, caching or preemption.
 """
 import zlib
@@ -19,6 +18,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fake_host_swap import FakeHostSwap
 from tinyvllm.protocol.messages import StepPlan, StepResult
 from tinyvllm.protocol.sampling import SamplingParams
 from tinyvllm.scheduler.request import Request
@@ -101,14 +101,12 @@ class FakeWorker:
     num_reqs_per_step: list[int] = field(default_factory=list)
     num_computed_by_req: Counter = field(default_factory=Counter)  # tokens each request id had computed, in total
     num_block_copies: int = 0
-    num_swapped_out_blocks: int = 0
-    num_swapped_in_blocks: int = 0
     kv_source: "FakeWorker | None" = None  # disaggregated decode: the prefill worker that plan.kv_loads pull from
 
     def __post_init__(self) -> None:
         self.kv: list[tuple[int, int, str] | None] = [None] * (self.num_blocks * self.block_size)
         self.leases: dict[str, list[int]] = {}  # what a prefill worker's side channel would serve
-        self.swap_slots: dict[int, list] = {}  # host swap space: slot -> one block's slots
+        self.host_swap = FakeHostSwap(self.block_size, self.num_blocks)
 
     def execute(self, plan: StepPlan) -> StepResult:
         assert plan.step_id == self.step_id + 1, f"step {plan.step_id} after {self.step_id}"
@@ -145,9 +143,9 @@ class FakeWorker:
         for req_id in plan.kv_leases_ended:
             self.leases.pop(req_id, None)
         self.leases.update((lease.req_id, (lease.block_ids, lease.tokens_hash)) for lease in plan.kv_leases)
-        self._swap_out(plan.swap_out)
+        self.host_swap.swap_out(self.kv, plan.swap_out)
         self._copy_blocks(plan.block_copies)
-        self._swap_in(plan.swap_in)
+        self.host_swap.swap_in(self.kv, plan.swap_in)
         loaded, failed = self._load_remote(plan)
 
         holders = self._holders()
@@ -191,20 +189,6 @@ class FakeWorker:
             assert src != dst and 0 <= src < self.num_blocks and 0 <= dst < self.num_blocks, f"bad copy {src} -> {dst}"
             self.kv[dst * bs:(dst + 1) * bs] = self.kv[src * bs:(src + 1) * bs]
             self.num_block_copies += 1
-
-    def _swap_out(self, pairs: list[list[int]]) -> None:
-        bs = self.block_size
-        for block, slot in pairs:
-            assert 0 <= block < self.num_blocks and slot >= 0, f"bad swap-out {block} -> slot {slot}"
-            self.swap_slots[slot] = self.kv[block * bs:(block + 1) * bs]
-            self.num_swapped_out_blocks += 1
-
-    def _swap_in(self, pairs: list[list[int]]) -> None:
-        bs = self.block_size
-        for slot, block in pairs:
-            assert slot in self.swap_slots and 0 <= block < self.num_blocks, f"bad swap-in slot {slot} -> {block}"
-            self.kv[block * bs:(block + 1) * bs] = self.swap_slots.pop(slot)
-            self.num_swapped_in_blocks += 1
 
     def _holders(self) -> dict[int, set[str]]:
         holders: dict[int, set[str]] = defaultdict(set)

@@ -41,7 +41,7 @@ def test_a_swapped_request_resumes_where_it_was_with_no_recompute():
     total = {name: 8 + 4 - 1 for name in "abc"}  # every prompt and output token once, but the last output
     assert dict(worker.num_computed_by_req) == total and sched.stats().num_tokens_computed == sum(total.values())
     stats = sched.stats()
-    assert stats.num_swapped_out_blocks == stats.num_swapped_in_blocks == worker.num_swapped_in_blocks == 2
+    assert stats.num_swapped_out_blocks == stats.num_swapped_in_blocks == worker.host_swap.num_swapped_in_blocks == 2
     assert stats.num_free_swap_slots == stats.num_swap_slots == 8 and stats.swap_usage == 0.0
     assert {r.req_id: r.output_token_ids for r in (a, b, c)} == unpressured_outputs()
 
@@ -55,7 +55,7 @@ def test_recompute_when_swap_is_off_full_or_not_worth_it(config, why):
     assert plan.finished_req_ids == ["c"] and plan.swap_out == [], why
     assert c.num_computed_tokens == 0 and c.swap_slots == []
     run_to_completion(sched, worker)
-    assert worker.num_computed_by_req["c"] > 8 + 4 - 1 and worker.num_swapped_out_blocks == 0
+    assert worker.num_computed_by_req["c"] > 8 + 4 - 1 and worker.host_swap.num_swapped_out_blocks == 0
     assert {r.req_id: r.output_token_ids for r in (a, b, c)} == unpressured_outputs()
 
 
