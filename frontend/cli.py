@@ -22,6 +22,11 @@ def parse_bytes(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
+def parse_gib(text: str) -> int:
+    """--swap-space: a bare number is GiB, as vLLM's flag ('4', '0.5'); with a unit, as parse_bytes ('512M')."""
+    return parse_bytes(text + "G" if re.fullmatch(r"\s*[0-9]*\.?[0-9]+\s*", text) else text)
+
+
 def resolve_api_key(flag: str | None, environ) -> str | None:
     """--api-key wins over $TINYVLLM_API_KEY; an empty flag is a mistake, an empty variable means no key."""
     if flag is not None:
@@ -47,6 +52,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                     help="memory for the KV cache, e.g. 512M or 2G; the number of blocks follows from it")
     kv.add_argument("--num-kv-blocks", type=int, default=0,
                     help="exact number of KV-cache blocks (overrides --kv-cache-memory)")
+    parser.add_argument("--swap-space", type=parse_gib, default=0,
+                        help="host memory per worker, in GiB (or e.g. 512M), for the KV blocks of requests preempted "
+                             "under KV-cache pressure: they are copied out and back when the request resumes instead "
+                             "of recomputed (vLLM V0's swap); default 0: always recompute")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="longest sequence (prompt + output) in tokens; default: the model's context length")
     parser.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
@@ -102,6 +111,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
     return EngineArgs(model=args.model, max_num_seqs=args.max_num_seqs,
                       max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
                       kv_cache_memory=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
+                      swap_space=args.swap_space,
                       max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
                       jit_warmup=args.jit_warmup, beam=args.beam, cpu_kernels=args.cpu_kernels,
                       tensor_parallel_size=args.tensor_parallel_size,

@@ -38,6 +38,7 @@ class EngineArgs:
     block_size: int = 16
     kv_cache_memory: int = DEFAULT_KV_CACHE_BYTES
     num_kv_blocks: int = 0  # overrides kv_cache_memory when set
+    swap_space: int = 0  # bytes of host memory per worker for preempted requests' KV blocks (scheduler/swap.py)
     max_model_len: int | None = None  # default: the model's context length
     enable_prefix_caching: bool = True
     jit_warmup: bool = False  # capture every batch bucket's jitted step before serving (the CLI turns it on)
@@ -79,6 +80,8 @@ class EngineArgs:
             raise ValueError(f"--cpu-kernels must be one of {', '.join(CPU_KERNEL_SETS)}")
         if self.num_kv_blocks < 0 or self.kv_cache_memory < 1:
             raise ValueError("the KV cache size must be positive")
+        if self.swap_space < 0:
+            raise ValueError("--swap-space must be 0 (off) or positive")
         if self.external_workers != bool(self.worker_address):
             raise ValueError("--external-workers and --worker-address go together: the workers connect to that "
                              "address (e.g. --worker-address tcp://0.0.0.0:7000)")
@@ -146,7 +149,7 @@ class EngineProcesses:
                                    # each pipeline stage busy with its own step; or the next step planned meanwhile
                                    max_steps_in_flight=2 if async_scheduling else pp,
                                    async_scheduling=async_scheduling, kv_lease_s=args.kv_lease_s,
-                                   kv_host=args.kv_host, role=args.role,
+                                   kv_host=args.kv_host, role=args.role, swap_space_bytes=args.swap_space,
                                    sliding_window=self.model_config.sliding_window_everywhere)
         # tcp on loopback is open to every local user: the launcher's workers then prove a secret of its own
         secret = args.worker_secret or (secrets.token_hex(32) if args.transport == "tcp" and not args.external_workers

@@ -44,6 +44,8 @@ class _EngineStatsCollector(Collector):
             ("vllm:num_requests_running", "Number of requests in model execution batches.", "num_running"),
             ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "num_waiting"),
             ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "kv_usage"),
+            ("vllm:cpu_cache_usage_perc", "CPU KV-cache usage (--swap-space). 1 means 100 percent usage.",
+             "swap_usage"),
         )
         # The scheduler keeps these cumulative, so they are counters even though they are read, not incremented.
         counters = (
@@ -51,6 +53,12 @@ class _EngineStatsCollector(Collector):
              "prefix_cache_queries"),
             ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", "prefix_cache_hits"),
             ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", "num_preemptions"),
+            ("tinyvllm:computed_tokens", "Tokens whose KV the workers computed: prompts, decodes and the recompute "
+             "of preempted requests.", "num_tokens_computed"),
+            ("tinyvllm:swapped_out_blocks", "KV blocks of preempted requests copied to CPU swap space.",
+             "num_swapped_out_blocks"),
+            ("tinyvllm:swapped_in_blocks", "KV blocks copied back from CPU swap space as their requests resumed.",
+             "num_swapped_in_blocks"),
         )
         for family_type, metrics in ((GaugeMetricFamily, gauges), (CounterMetricFamily, counters)):
             for name, doc, stat in metrics:

@@ -93,12 +93,24 @@ class SchedulerStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0  # cumulative
+    num_tokens_computed: int = 0  # cumulative: tokens whose KV the workers computed (prefill, recompute, decode)
+    # CPU swap (--swap-space): free and total host slots of one block each, and blocks copied out and back in.
+    num_free_swap_slots: int = 0
+    num_swap_slots: int = 0
+    num_swapped_out_blocks: int = 0  # cumulative
+    num_swapped_in_blocks: int = 0  # cumulative
 
     @property
     def kv_usage(self) -> float:
         if self.num_total_blocks == 0:
             return 0.0
         return 1.0 - self.num_free_blocks / self.num_total_blocks
+
+    @property
+    def swap_usage(self) -> float:
+        if self.num_swap_slots == 0:
+            return 0.0
+        return 1.0 - self.num_free_swap_slots / self.num_swap_slots
 
 
 @dataclass(slots=True)
@@ -173,6 +185,7 @@ class InitWorker:
     max_num_batched_tokens: int
     group_id: str = ""  # names the tensor-parallel groups' shared memory (each stage's group adds its stage)
     next_stage_address: str = ""  # where this worker sends its hidden states (a stage before the last)
+    swap_space_bytes: int = 0  # --swap-space: host memory for swapped-out KV blocks (this worker's shard of them)
 
 
 @dataclass(slots=True)
@@ -183,6 +196,7 @@ class WorkerReady:
     max_model_len: int
     weight_bytes: int = 0  # the weights this worker holds on its device (its shard)
     kv_address: str = ""  # a prefill worker's KV side channel, tcp://host:port (disaggregated serving)
+    num_swap_slots: int = 0  # blocks its swap space holds (swap_space_bytes over its shard of a block)
 
 
 @dataclass(slots=True)
@@ -230,6 +244,10 @@ class StepPlan:
     # serves only those), and leases that ended since the last plan (released, expired, or never taken).
     kv_leases: list[KVLease] = field(default_factory=list)
     kv_leases_ended: list[str] = field(default_factory=list)
+    # CPU swap (scheduler/swap.py): [block, slot] pairs copied to host memory before the block copies, and [slot,
+    # block] pairs copied back after them; both before computing the step.
+    swap_out: list[list[int]] = field(default_factory=list)
+    swap_in: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -18,6 +18,8 @@ class SchedulerConfig:
     kv_lease_s: float = 30.0  # disaggregated prefill: how long finished prompts' blocks wait for a decode to pull them
     world_size: int = 1  # workers that each release a lease (scheduler/remote_kv.py)
     sliding_window: int = 0  # every layer of the model attends to this many last positions only (0: all of them)
+    num_swap_slots: int = 0  # --swap-space: host slots of one KV block each (scheduler/swap.py); 0: always recompute
+    swap_min_tokens: int = 32  # a preempted request with fewer computed tokens is recomputed (scheduler/swap.py)
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_blocks",

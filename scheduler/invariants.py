@@ -15,8 +15,10 @@ def check_scheduler_invariants(sched: "Scheduler") -> None:
     assert sum(sched.seats(req) for req in sched.running) <= config.max_num_seqs, "more seats taken than max_num_seqs"
     ranks = [sched.arrival_rank[req.req_id] for req in sched.running]
     assert ranks == sorted(ranks), "running is out of arrival order"
-    for req in sched.waiting:
-        assert req.status is RequestStatus.WAITING and not req.block_ids and req.num_computed_tokens == 0
+    kv = sched.kv_cache_manager
+    for req in sched.waiting:  # a swapped-out request's slots hold the blocks of its computed tokens
+        assert req.status is RequestStatus.WAITING and not req.block_ids
+        assert len(req.swap_slots) == kv.blocks_for_tokens(req.num_computed_tokens), f"{req.req_id}: swap slots"
     for req in sched.running:
         assert req.status is RequestStatus.RUNNING
         assert len(req.block_ids) * config.block_size >= req.num_computed_tokens
@@ -42,4 +44,6 @@ def check_scheduler_invariants(sched: "Scheduler") -> None:
         assert sched.worker_view.knows(req.req_id), f"{req.req_id} is in flight but the workers dropped it"
         check_in_flight_request(req, steps, config.async_scheduling, config.block_size)
     sched.worker_view.check_invariants(sched.running)
-    sched.kv_cache_manager.check_invariants(queued, sched.remote_kv.leases.block_tables())
+    kv.check_invariants(queued, sched.remote_kv.leases.block_tables())
+    assert not any(req.swap_slots for req in queued if req.status is not RequestStatus.WAITING), "swap slots held"
+    sched.swap.check_invariants(queued)

@@ -52,13 +52,14 @@ class SchedulerArgs:
     kv_host: str = "127.0.0.1"  # the host decode instances are told to pull from (the workers' side channel)
     role: str = "both"  # serve --role: only a decode engine takes requests whose prompt's KV is remote
     sliding_window: int = 0  # the model's, where every layer has one: blocks behind it are freed
+    swap_space_bytes: int = 0  # --swap-space: each worker's host memory for swapped-out KV blocks (scheduler/swap.py)
 
 
-def scheduler_config(a: SchedulerArgs, num_blocks: int) -> SchedulerConfig:
+def scheduler_config(a: SchedulerArgs, num_blocks: int, num_swap_slots: int = 0) -> SchedulerConfig:
     """Async scheduling only where one worker samples and knows every token: a world of one."""
     return SchedulerConfig(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len, a.block_size, num_blocks,
                            a.enable_prefix_caching, a.max_steps_in_flight, a.async_scheduling and a.world_size == 1,
-                           a.kv_lease_s, a.world_size, a.sliding_window)
+                           a.kv_lease_s, a.world_size, num_swap_slots=num_swap_slots, sliding_window=a.sliding_window)
 
 
 class SchedulerLoop:
@@ -82,7 +83,7 @@ class SchedulerLoop:
                         "max_model_len %d (give the cache more memory with --kv-cache-memory)", pool_tokens,
                         num_blocks, a.block_size, a.max_model_len, pool_tokens)
             a = self.args = replace(a, max_model_len=pool_tokens)
-        self.scheduler = Scheduler(scheduler_config(a, num_blocks))
+        self.scheduler = Scheduler(scheduler_config(a, num_blocks, self.workers.num_swap_slots))
         self.scheduler.remote_kv.takes_remote_prefill = a.role == "decode"
         if kv_address := self.workers.kv_addresses.get(0):  # a prefill engine: its workers serve their blocks
             port = int(kv_address.rsplit(":", 1)[1])
@@ -92,8 +93,9 @@ class SchedulerLoop:
             log.info("KV side channel at %s:%d, leases of %.0f s", a.kv_host, port, a.kv_lease_s)
         send(self.to_frontend, EngineReady(num_blocks, a.block_size, a.max_model_len, a.max_num_seqs, a.world_size,
                                                [self.workers.weight_bytes[r] for r in range(a.world_size)]))
-        log.info("scheduler ready: %d KV blocks of %d tokens, up to %d steps in flight%s", num_blocks, a.block_size,
-                 a.max_steps_in_flight, ", async scheduling" if self.scheduler.config.async_scheduling else "")
+        log.info("scheduler ready: %d KV blocks of %d tokens, %d swap slots, up to %d steps in flight%s", num_blocks,
+                 a.block_size, self.workers.num_swap_slots, a.max_steps_in_flight,
+                 ", async scheduling" if self.scheduler.config.async_scheduling else "")
 
     def handle_frontend(self, msg) -> None:
         if isinstance(msg, AddRequest):

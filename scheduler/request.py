@@ -7,7 +7,7 @@ from tinyvllm.protocol.sampling import SamplingParams
 
 
 class RequestStatus(enum.Enum):
-    WAITING = "waiting"    # queued, or preempted and holding no blocks
+    WAITING = "waiting"    # queued, or preempted and holding no blocks (but maybe swap slots: scheduler/swap.py)
     WAITING_FOR_FORK = "waiting_for_fork"  # a parallel-sampling child: waits for its leader to prefill the prompt
     WAITING_FOR_REMOTE_KV = "waiting_for_remote_kv"  # holds blocks; its prompt's KV is being pulled (remote_kv.py)
     RUNNING = "running"    # admitted: holds blocks, scheduled every step until it finishes or is preempted
@@ -43,6 +43,7 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)
     num_registered_blocks: int = 0
     num_freed_blocks: int = 0  # leading entries of block_ids given back behind a sliding window (FREED)
+    swap_slots: list[int] = field(default_factory=list)  # preempted by swapping: host slots holding its computed KV
     kv_transfer: KVTransferParams | None = None  # disaggregated prefill/decode, as asked (scheduler/remote_kv.py)
     kv_transfer_out: KVTransferParams | None = None  # a prefill's answer: where its leased blocks are
 

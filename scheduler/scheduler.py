@@ -3,7 +3,8 @@
 Every request has num_computed_tokens chasing num_tokens; a step spends one token budget on closing
 those gaps, running requests first (oldest first), then waiting ones in FIFO order. A prefill is just a
 big gap, a decode a gap of 1, so both mix freely in one step and a long prompt is computed in chunks.
-A request being admitted (or resumed after preemption) starts past the longest cached prefix of its tokens.
+A request being admitted (or resumed after preemption) starts past the longest cached prefix of its tokens, or
+where it was if it was swapped out (swap.py).
 
 Up to max_steps_in_flight planned steps are outstanding (steps_in_flight.py), their results taken in plan
 order (step_update.py); a request in one of them is not preempted, nor planned again until its result is in
@@ -20,12 +21,13 @@ from tinyvllm.scheduler.async_scheduling import tokens_to_plan
 from tinyvllm.scheduler.config import SchedulerConfig
 from tinyvllm.scheduler.kv_cache_manager import KVCacheManager
 from tinyvllm.scheduler.parallel_sampling import child_id, make_children
-from tinyvllm.scheduler.preemption import choose_victim
+from tinyvllm.scheduler.preemption import choose_victim, preempt
 from tinyvllm.scheduler.remote_kv import RemoteKV
 from tinyvllm.scheduler.request import Request, RequestStatus
 from tinyvllm.scheduler.request_outputs import request_output, well_formed
 from tinyvllm.scheduler.step_update import apply_step_result
 from tinyvllm.scheduler.steps_in_flight import StepsInFlight
+from tinyvllm.scheduler.swap import SwapSpace
 from tinyvllm.scheduler.worker_view import WorkerView
 
 
@@ -47,7 +49,8 @@ class Scheduler:
         self._pending_outputs: list[RequestOutput] = []
         self._step_id = 0
         self.steps_in_flight = StepsInFlight(config.max_steps_in_flight)
-        self.prefix_cache_queries = self.prefix_cache_hits = self.num_preemptions = 0
+        self.prefix_cache_queries = self.prefix_cache_hits = self.num_preemptions = self.num_tokens_computed = 0
+        self.swap = SwapSpace(config.num_swap_slots, config.swap_min_tokens)
         self.remote_kv = RemoteKV(self, config.kv_lease_s, config.world_size)
 
     # ---- frontend side -----------------------------------------------------------------------------
@@ -149,8 +152,8 @@ class Scheduler:
                 self.waiting.popleft()
                 seats_taken += 1
                 continue
-            cached_block_ids = kv.find_cached_prefix(req)
-            num_cached = len(cached_block_ids) * self.config.block_size
+            cached_block_ids = [] if req.swap_slots else kv.find_cached_prefix(req)
+            num_cached = req.num_computed_tokens if req.swap_slots else len(cached_block_ids) * self.config.block_size
             if req.pending_forks and num_cached >= req.num_prompt_tokens - 1:
                 self._release_forks(req, at=1)  # the cache holds the shared prompt: each child looks it up itself
             if seats_taken + self.seats(req) > self.config.max_num_seqs:
@@ -159,14 +162,16 @@ class Scheduler:
             if not kv.admit(req, cached_block_ids, num_cached + num_new):
                 break  # strict FIFO: a later, smaller request may not overtake
             self.waiting.popleft()
+            if req.swap_slots:
+                self.swap.swap_in(req)
+            elif kv.enable_caching and not req.needs_every_position:  # those never look the cache up
+                self.prefix_cache_queries += req.num_tokens
+                self.prefix_cache_hits += num_cached
             req.status, req.num_computed_tokens = RequestStatus.RUNNING, num_cached
             if req.num_cached_tokens is None:
                 req.num_cached_tokens = num_cached
             if req.queue_time_s is None and req.arrival_time > 0:
                 req.queue_time_s = max(0.0, time.time() - req.arrival_time)
-            if kv.enable_caching and not req.needs_every_position:  # those never look the cache up
-                self.prefix_cache_queries += req.num_tokens
-                self.prefix_cache_hits += num_cached
             self._insert_running(req)
             seats_taken += self.seats(req)
             scheduled.append((req, num_cached, num_new))
@@ -179,6 +184,7 @@ class Scheduler:
         self.steps_in_flight.add(self._step_id, [(req, num_new) for req, _, num_new in scheduled])
         plan = self.worker_view.make_plan(self._step_id, scheduled, kv.take_block_copies())
         plan.kv_loads = kv_loads
+        plan.swap_out, plan.swap_in = self.swap.take_plan_lists()
         self.remote_kv.add_leases(plan, scheduled)
         return plan
 
@@ -209,8 +215,11 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         kv = self.kv_cache_manager
+        swap = self.swap
         return SchedulerStats(self.num_running, self.num_waiting, kv.num_free_blocks, kv.num_total_blocks, self._step_id,
-                              self.prefix_cache_queries, self.prefix_cache_hits, self.num_preemptions)
+                              self.prefix_cache_queries, self.prefix_cache_hits, self.num_preemptions,
+                              self.num_tokens_computed, swap.num_free_slots, swap.num_slots,
+                              swap.num_swapped_out_blocks, swap.num_swapped_in_blocks)
 
     def seats(self, req: Request) -> int:
         """max_num_seqs slots a request takes: a leader reserves seats for the siblings that will fork from it."""
@@ -231,7 +240,7 @@ class Scheduler:
             if victim is None:
                 return False
             self.running.remove(victim)
-            self._preempt(victim)
+            preempt(self, victim)
             if victim is req:
                 return False
         return True
@@ -262,18 +271,6 @@ class Scheduler:
     def _insert_running(self, req: Request) -> None:
         bisect.insort(self.running, req, key=lambda r: self.arrival_rank[r.req_id])
 
-    def _preempt(self, req: Request) -> None:
-        """Frees req's blocks and requeues it at the front; it resumes through the prefix cache and recomputes
-        the rest of prompt + outputs so far."""
-        self.remote_kv.preempted(req)
-        self.kv_cache_manager.free(req)
-        req.status = RequestStatus.WAITING
-        req.num_computed_tokens = 0
-        req.num_preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.appendleft(req)
-        self.worker_view.forget(req.req_id)
-
     def _unqueue(self, req: Request) -> None:
         if req.status is RequestStatus.WAITING:
             self.waiting.remove(req)
@@ -290,6 +287,7 @@ class Scheduler:
         if req.pending_forks:  # only on abort: the siblings have not forked yet and go on without the leader
             self._release_forks(req, at=0)
         self.remote_kv.free_or_lease(req, reason)
+        self.swap.release(req)
         req.status, req.finish_reason = RequestStatus.FINISHED, reason
         del self.requests[req.req_id]
         del self.arrival_rank[req.req_id]

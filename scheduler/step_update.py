@@ -21,6 +21,7 @@ def apply_step_result(sched: "Scheduler", step: Step, result: StepResult) -> lis
     for req, num_new in step.values():
         if req.status is RequestStatus.RUNNING:
             req.num_computed_tokens += num_new
+            sched.num_tokens_computed += num_new
             sched.kv_cache_manager.cache_computed_blocks(req)
             if sched.config.sliding_window and not (req.kv_transfer and req.kv_transfer.do_remote_decode):
                 sched.kv_cache_manager.free_behind_window(req, sched.config.sliding_window)  # a prefill's are leased

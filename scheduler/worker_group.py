@@ -36,6 +36,7 @@ class WorkerGroup:
         self.weight_bytes: dict[int, int] = {}  # by rank, as the workers reported them
         self.ignored_peers: set[bytes] = set()
         self.kv_addresses: dict[int, str] = {}  # by rank: a prefill worker's KV side channel
+        self.num_swap_slots = 0  # CPU swap: the slots every worker's swap space holds (scheduler/swap.py)
 
     def handshake(self, args) -> int:
         """Returns the number of KV blocks every worker can hold."""
@@ -60,7 +61,8 @@ class WorkerGroup:
             after = rank + tp_size  # the same tensor-parallel rank of the next stage
             next_address = hellos[after].stage_address if after < args.world_size else ""
             send(self.sock, InitWorker(args.num_kv_blocks, args.kv_cache_bytes, args.block_size, args.max_model_len,
-                                       args.max_num_seqs, args.max_num_batched_tokens, group_id, next_address),
+                                       args.max_num_seqs, args.max_num_batched_tokens, group_id, next_address,
+                                       args.swap_space_bytes),
                  identity)
         ready: dict[int, WorkerReady] = {}
         while len(ready) < len(self.identities):
@@ -74,6 +76,7 @@ class WorkerGroup:
                     self.kv_addresses[msg.rank] = msg.kv_address
                 log.info("worker rank %d ready: %.1f MB of weights, %d KV blocks", msg.rank, msg.weight_bytes / 1e6,
                          msg.num_blocks)
+        self.num_swap_slots = min(r.num_swap_slots for r in ready.values())
         return min(r.num_blocks for r in ready.values())
 
     def recv_frames(self, deadline: float) -> tuple[bytes, bytes, str]:

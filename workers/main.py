@@ -93,7 +93,7 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
     if link is not None and init.next_stage_address:
         link.connect_next(init.next_stage_address)
     runner = ModelRunner(model, cache, init.max_num_seqs, init.max_model_len, init.max_num_batched_tokens,
-                         spec, group, link)
+                         spec, group, link, init.swap_space_bytes)
     if args.jit_warmup:
         runner.warm_up(WarmupProgress(f"worker{args.rank}"))
         if group is not None:  # log_exchange_cost reports served steps, not the warm-up's waits for slower captures
@@ -157,7 +157,7 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
                          args.spec.tp_rank, args.tp_size, args.spec.pp_rank, args.pp_size,
                          runner.model.weight_nbytes / 1e6, runner.cache.num_blocks)
                 send(sock, WorkerReady(args.rank, runner.cache.num_blocks, runner.cache.block_size, msg.max_model_len,
-                                       runner.model.weight_nbytes, kv.address))
+                                       runner.model.weight_nbytes, kv.address, runner.host_swap.num_slots))
             elif isinstance(msg, StepPlan):
                 kv.update_leases(msg)
                 result = runner.execute(msg, args.rank)  # the plan's kv_loads are for requests it does not compute

@@ -19,6 +19,8 @@ from tinyvllm.workers.attention import PagedAttention
 from tinyvllm.workers.batch_state import BatchState, ScheduledChunk
 from tinyvllm.workers.device_input import device_tensor
 from tinyvllm.workers.flat_batch import FlatBatch, flatten, split_into_forwards
+from tinyvllm.workers.host_swap import HostSwap
+from tinyvllm.workers.kv_block_io import KVBlockIO
 from tinyvllm.workers.kv_cache import PagedKVCache
 from tinyvllm.workers.logprobs import logprobs_of, to_token_logprobs, top_count_bucket
 from tinyvllm.workers.model import Transformer
@@ -56,9 +58,11 @@ class StepWork:
 
 class ModelRunner:
     def __init__(self, model: Transformer, cache: PagedKVCache, max_num_seqs: int, max_model_len: int,
-                 max_num_batched_tokens: int, spec: ShardSpec = ShardSpec(), group=None, link: StageLink | None = None):
+                 max_num_batched_tokens: int, spec: ShardSpec = ShardSpec(), group=None, link: StageLink | None = None,
+                 swap_space_bytes: int = 0):
         """spec: this worker's place among the engine's workers; group (workers/collective.HostGroup): its
-        tensor-parallel peers; link: its pipeline neighbours. One worker alone needs none of them."""
+        tensor-parallel peers; link: its pipeline neighbours. One worker alone needs none of them.
+        swap_space_bytes: host memory for swapped-out KV blocks (workers/host_swap.py)."""
         self.model, self.cache = model, cache
         self.spec, self.group, self.link = spec, group, link
         self.max_blocks_per_seq = -(-max_model_len // cache.block_size)
@@ -73,6 +77,8 @@ class ModelRunner:
         self.sampler = BatchSampler(self.row_buckets)
         self.copy_vars = (UOp.variable("copy_src", 0, cache.num_blocks), UOp.variable("copy_dst", 0, cache.num_blocks))
         self.copy_jit = TinyJit(self._copy_block)
+        self.block_io = KVBlockIO(cache)  # one block of every layer to and from host bytes
+        self.host_swap = HostSwap(self.block_io, swap_space_bytes)
         self.batch = BatchState()
 
     def rows_for(self, tokens: int) -> int:
@@ -144,7 +150,9 @@ class ModelRunner:
         """Runs the plan's tokens through the model: the logits of the chunks that sample, the finished embeddings.
         With one forward (the usual case) work.logits is the jit's own output buffer, valid until the next step."""
         chunks = self.batch.apply(plan)
+        self.host_swap.swap_out(plan.swap_out)  # reads blocks before the copies and swap-ins may reuse them
         self.copy_blocks(plan.block_copies)
+        self.host_swap.swap_in(plan.swap_in)
         forwards = split_into_forwards(chunks, self.token_buckets[-1], self.max_rows)
         work, parts = StepWork(), []
         for pieces in forwards:

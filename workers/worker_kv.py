@@ -31,7 +31,7 @@ class WorkerKV:
         self.compat_hash = kv_compat_hash(kv_compat_fields(
             model_fingerprint(args.model), "float32", cache.block_size, len(cache.layers), n_kv_heads,
             cache.layers[0].shape[3]))
-        self.block_io = KVBlockIO(cache)
+        self.block_io: KVBlockIO = runner.block_io
         self.secret = os.environ.get(KV_SECRET_ENV, "")  # the launcher's --kv-secret
         self.side_channel = None
         if args.kv_address:

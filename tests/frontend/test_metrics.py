@@ -30,10 +30,12 @@ async def scrape(client) -> tuple[dict, dict]:
 async def test_every_family_has_vllms_name_and_type(served):
     client, _ = served
     _, types = await scrape(client)
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:cpu_cache_usage_perc"):
         assert types[name] == "gauge"
     for name in ("vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success", "vllm:prefix_cache_queries",
-                 "vllm:prefix_cache_hits", "vllm:num_preemptions"):
+                 "vllm:prefix_cache_hits", "vllm:num_preemptions", "tinyvllm:computed_tokens",
+                 "tinyvllm:swapped_out_blocks", "tinyvllm:swapped_in_blocks"):
         assert types[name] == "counter"
     for name in HISTOGRAMS:
         assert types[name] == "histogram"
@@ -90,3 +92,14 @@ def test_two_apps_keep_separate_registries():
     first.state.metrics.record_queue_time(1.0)
     text = second.state.metrics.render()[0].decode()
     assert 'vllm:request_queue_time_seconds_count{model_name="%s"} 0.0' % MODEL in text
+
+
+def test_swap_space_usage_and_swapped_blocks_are_exposed():
+    from types import SimpleNamespace
+    from tinyvllm.protocol.messages import SchedulerStats
+    stats = SchedulerStats(num_tokens_computed=90, num_free_swap_slots=1, num_swap_slots=4, num_swapped_out_blocks=7,
+                           num_swapped_in_blocks=4)
+    text = FrontendMetrics(SimpleNamespace(stats=stats), MODEL).render()[0].decode()
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples["vllm:cpu_cache_usage_perc"] == 0.75 and samples["tinyvllm:computed_tokens_total"] == 90
+    assert samples["tinyvllm:swapped_out_blocks_total"] == 7 and samples["tinyvllm:swapped_in_blocks_total"] == 4

@@ -1,16 +1,16 @@
 """A deterministic stand-in for a model worker that checks every StepPlan it is given.
 
-It keeps what a real worker keeps (each request's tokens and block table) and a fake KV cache: a written
-slot records (position, prefix hash, writer), the prefix hash standing for every token up to and including
-that position, which is exactly what real keys and values depend on. Before "attending", a request checks
-that every position up to its newest holds what its own token history would have written: a block handed
-to two live requests, a lost block, a wrong cache hit, a skipped recompute or a missed copy all fail loudly,
-while a prefix shared with another request (cache hit, fork) legitimately passes. The plan's block copies
-are performed first, and writing into a block that another request the worker holds also holds fails
-(copy-on-write must have happened). The worker learns its sampled tokens from the next plan that schedules the
-request (with async scheduling it appends its newest one itself where the plan says append_sampled): exactly
-those, never one twice. A sampled token is a pure function of the request and its position
-(token_fn), or of the row's contents and sampling parameters (sample_fn), so outputs do not depend on
+It keeps what a real worker keeps (each request's tokens and block table) and a fake KV cache: a written slot
+records (position, prefix hash, writer), the prefix hash standing for every token up to and including that
+position, which is exactly what real keys and values depend on. Before "attending", a request checks that every
+position up to its newest holds what its own token history would have written: a block handed to two live
+requests, a lost block, a wrong cache hit, a skipped recompute or a missed copy all fail loudly, while a prefix
+shared with another request (cache hit, fork) legitimately passes. The plan's block copies are performed first
+(between its swap-outs and swap-ins: fake_host_swap.py), and writing into a block that another request the worker
+holds also holds fails (copy-on-write must have happened). The worker learns its sampled tokens from the next plan
+that schedules the request (with async scheduling it appends its newest one itself where the plan says
+append_sampled): exactly those, never one twice. A sampled token is a pure function of the request and its
+position (token_fn), or of the row's contents and sampling parameters (sample_fn), so outputs do not depend on
 batching, chunking, caching or preemption.
 """
 import zlib
@@ -18,6 +18,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fake_host_swap import FakeHostSwap
 from tinyvllm.protocol.messages import StepPlan, StepResult
 from tinyvllm.protocol.sampling import SamplingParams
 from tinyvllm.scheduler.request import Request
@@ -106,6 +107,7 @@ class FakeWorker:
     def __post_init__(self) -> None:
         self.kv: list[tuple[int, int, str] | None] = [None] * (self.num_blocks * self.block_size)
         self.leases: dict[str, list[int]] = {}  # what a prefill worker's side channel would serve
+        self.host_swap = FakeHostSwap(self.block_size, self.num_blocks)
 
     def execute(self, plan: StepPlan) -> StepResult:
         assert plan.step_id == self.step_id + 1, f"step {plan.step_id} after {self.step_id}"
@@ -142,7 +144,9 @@ class FakeWorker:
         for req_id in plan.kv_leases_ended:
             self.leases.pop(req_id, None)
         self.leases.update((lease.req_id, (lease.block_ids, lease.tokens_hash)) for lease in plan.kv_leases)
+        self.host_swap.swap_out(self.kv, plan.swap_out)
         self._copy_blocks(plan.block_copies)
+        self.host_swap.swap_in(self.kv, plan.swap_in)
         loaded, failed = self._load_remote(plan)
 
         holders = self._holders()
@@ -282,10 +286,11 @@ def make_request(req_id: str, prompt_len: int, max_tokens: int = 16, arrival_tim
 def make_scheduler(max_num_seqs: int = 8, max_num_batched_tokens: int = 64, max_model_len: int = 128,
                    block_size: int = 4, num_blocks: int = 64, token_fn: TokenFn = default_token_fn,
                    enable_prefix_caching: bool = True, sample_fn: SampleFn | None = None,
-                   max_steps_in_flight: int = 1, async_scheduling: bool = False,
-                   sliding_window: int = 0) -> tuple[Scheduler, FakeWorker]:
+                   max_steps_in_flight: int = 1, async_scheduling: bool = False, num_swap_slots: int = 0,
+                   swap_min_tokens: int = 1, sliding_window: int = 0) -> tuple[Scheduler, FakeWorker]:
     config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, block_size, num_blocks,
                              enable_prefix_caching, max_steps_in_flight, async_scheduling,
+                             num_swap_slots=num_swap_slots, swap_min_tokens=swap_min_tokens,
                              sliding_window=sliding_window)
     return Scheduler(config), FakeWorker(num_blocks, block_size, token_fn, sample_fn, window=sliding_window)
 

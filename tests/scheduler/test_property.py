@@ -1,11 +1,12 @@
-"""Property-based: random mixes of arrivals, shared prefixes, n > 1, aborts (also of requests in flight), tiny
-pools, prefix caching on and off, 1 to 3 steps in flight, async scheduling on and off (with it a request is planned
-again while in flight, the fake worker appending its own sampled token for a placeholder), sliding windows (blocks
-behind a request's window go back to the pool: the fake worker reads only the window and checks those). After every plan and
-every result the scheduler's and the pool's invariants hold (no leaked or doubly freed block, ref counts equal
-holders, cached free blocks have none, a request's steps in flight follow one another) and the fake worker has
-checked every KV read and every token a plan brings; in the end every request finished or was aborted, each with
-exactly what an unpressured run would produce."""
+"""Property-based: random mixes of arrivals, shared prefixes, n > 1, aborts (also of requests in flight or swapped
+out), tiny pools, prefix caching on and off, 1 to 3 steps in flight, async scheduling on and off (with it a request
+is planned again while in flight, the fake worker appending its own sampled token for a placeholder), CPU swap off,
+tight or roomy (a preempted request swapped out or recomputed), sliding windows (blocks behind a request's window go
+back to the pool: the fake worker reads only the window, and checks it). After every plan and every result the
+scheduler's and the pool's invariants hold (no leaked or doubly freed block or swap slot, ref counts equal holders,
+cached free blocks have none, a request's steps in flight follow one another) and the fake worker has checked every
+KV read and every token a plan brings; in the end every request finished or was aborted, each with exactly what an
+unpressured run would produce."""
 import zlib
 from dataclasses import dataclass
 
@@ -40,11 +41,12 @@ specs = st.builds(Spec, st.integers(-1, len(PREFIXES) - 1), st.integers(0, 16), 
                   st.booleans())
 # "plan" only plans (up to the steps in flight): requests added before the next one go into steps of their own.
 events = st.one_of(st.tuples(st.just("add"), specs), st.tuples(st.just("step"), st.integers(1, 4)),
-                   st.tuples(st.sampled_from(["abort", "abort_in_flight"]), st.integers(0, 20)),
+                   st.tuples(st.sampled_from(["abort", "abort_in_flight", "abort_swapped"]), st.integers(0, 20)),
                    st.tuples(st.just("plan"), st.just(0)))
 configs = st.fixed_dictionaries(dict(
     block_size=st.sampled_from([1, 2, 4]), num_blocks=st.integers(2, 24), max_num_seqs=st.integers(1, 6),
     max_num_batched_tokens=st.integers(1, 24), max_model_len=st.integers(8, 48),
+    num_swap_slots=st.sampled_from([0, 0, 2, 6, 24]), swap_min_tokens=st.integers(1, 8),
     sliding_window=st.sampled_from([0, 0, 1, 3, 7])))
 
 
@@ -108,6 +110,17 @@ def run_script(config: dict, script: list, caching: bool, steps_in_flight: int, 
             assert len(rows) <= config["max_num_seqs"]
             assert sum(r.num_scheduled_tokens for r in rows) <= config["max_num_batched_tokens"]
 
+    swap_aborts: list[int] = []  # aborts that wait for a request (or one child) to be swapped out
+
+    def abort_swapped():
+        swapped = [req for req in sched.waiting if req.swap_slots]
+        if swapped and swap_aborts:
+            victim = swapped[swap_aborts.pop() % len(swapped)]
+            aborted.add(victim.output_id)
+            sched.abort([victim.req_id])  # its slots must be free at once
+            collect(sched.take_pending_outputs())
+            check_scheduler_invariants(sched)
+
     def run_step(abort_mid_step: int | None = None) -> bool:
         """Plans up to steps_in_flight steps, then takes the oldest one's result; False if none was outstanding."""
         plan()
@@ -118,6 +131,7 @@ def run_script(config: dict, script: list, caching: bool, steps_in_flight: int, 
             collect(driver.finish_oldest())
         collect(sched.take_pending_outputs())
         check_scheduler_invariants(sched)
+        abort_swapped()
         return stepped
 
     for kind, arg in script:
@@ -130,6 +144,9 @@ def run_script(config: dict, script: list, caching: bool, steps_in_flight: int, 
             abort(arg)
             collect(sched.take_pending_outputs())
             check_scheduler_invariants(sched)
+        elif kind == "abort_swapped":
+            swap_aborts.append(arg)
+            abort_swapped()
         elif kind == "abort_in_flight":
             run_step(abort_mid_step=arg)
         elif kind == "plan":
@@ -143,6 +160,7 @@ def run_script(config: dict, script: list, caching: bool, steps_in_flight: int, 
     assert not sched.has_unfinished() and not sched.groups, "requests left unfinished"
     kv = sched.kv_cache_manager
     assert kv.num_free_blocks == kv.num_total_blocks and all(block.ref_count == 0 for block in kv.pool.blocks)
+    assert sched.swap.num_free_slots == sched.swap.num_slots
 
     per_request = sched.config.blocks_per_request
     max_len = sched.max_len
