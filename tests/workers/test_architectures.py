@@ -6,6 +6,7 @@ Mistral: Llama's layers with a sliding window. Phi-3: fused qkv and gate_up proj
 Gemma 2: alternating local (windowed) and global layers, soft-capped attention scores and logits, the embedding
 scale, GeGLU, norms of the attention and MLP outputs, queries scaled by query_pre_attn_scalar. Gemma 3: Gemma 2
 without the caps, with q/k norms, local layers on a RoPE base of their own and global ones with linear scaling."""
+import copy
 import pathlib
 
 import numpy as np
@@ -113,6 +114,21 @@ def check_against_transformers(factory, save, kernels: str) -> None:
 def test_prompt_logprobs_equal_transformers(arch, module_kernel_set, tmp_path):
     check_against_transformers(ARCHITECTURES[arch], lambda model: model.save_pretrained(tmp_path) or tmp_path,
                                module_kernel_set)
+
+
+def test_sharded_bfloat16_checkpoint_loads_exactly(tmp_path):
+    """A bfloat16 checkpoint in several safetensors shards (with its index) loads to the same float32 values as
+    transformers computes with: the comparison holds at the same tolerance."""
+    import torch
+
+    def save(model):
+        # the reference computes with the bfloat16-rounded weights (but its RoPE tables stay float32)
+        model.load_state_dict({name: w.to(torch.bfloat16).float() for name, w in model.state_dict().items()})
+        copy.deepcopy(model).to(torch.bfloat16).save_pretrained(tmp_path, max_shard_size="100KB")
+        assert len(list(tmp_path.glob("model-*.safetensors"))) > 1 and (tmp_path / "model.safetensors.index.json").exists()
+        return tmp_path
+
+    check_against_transformers(ARCHITECTURES["gemma3"], save, "c")
 
 
 @pytest.mark.parametrize("arch", GGUF_ARCHITECTURES)
