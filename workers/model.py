@@ -1,4 +1,5 @@
-"""A Llama-family transformer (Llama, SmolLM2, Qwen2/3, Mistral, Phi-3, Gemma 2/3) in tinygrad, reading and writing a paged KV cache.
+"""A Llama-family transformer (Llama, SmolLM2, Qwen2/3, Mistral, Phi-3, Gemma 2/3) in tinygrad, reading and writing
+a paged KV cache.
 
 A step is one flat batch of tokens (decodes and prompt chunks of many sequences alike); how a layer's attention
 reaches the cache, workers/attention.py supplies. Each layer has two reduction points, the outputs of the attention
