@@ -42,6 +42,7 @@ class Request:
     # blocks of block_ids are known to be registered in the cache.
     block_hashes: list[bytes] = field(default_factory=list)
     num_registered_blocks: int = 0
+    looked_up_disk: bool = False  # the persistent prefix cache was asked once for its prefix (scheduler/disk_kv.py)
     kv_transfer: KVTransferParams | None = None  # disaggregated prefill/decode, as asked (scheduler/remote_kv.py)
     kv_transfer_out: KVTransferParams | None = None  # a prefill's answer: where its leased blocks are
 

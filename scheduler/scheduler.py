@@ -18,6 +18,7 @@ from tinyvllm.protocol.messages import ErrorKind, FinishReason, RequestOutput, S
 from tinyvllm.scheduler.admission import admission_error
 from tinyvllm.scheduler.async_scheduling import tokens_to_plan
 from tinyvllm.scheduler.config import SchedulerConfig
+from tinyvllm.scheduler.disk_kv import DiskKV
 from tinyvllm.scheduler.kv_cache_manager import KVCacheManager
 from tinyvllm.scheduler.parallel_sampling import child_id, make_children
 from tinyvllm.scheduler.preemption import choose_victim
@@ -48,6 +49,7 @@ class Scheduler:
         self.steps_in_flight = StepsInFlight(config.max_steps_in_flight)
         self.prefix_cache_queries = self.prefix_cache_hits = self.num_preemptions = 0
         self.remote_kv = RemoteKV(self, config.kv_lease_s, config.world_size)
+        self.disk_kv = DiskKV(self.kv_cache_manager)  # off until opened (--kv-cache-dir)
 
     # ---- frontend side -----------------------------------------------------------------------------
 
@@ -94,7 +96,6 @@ class Scheduler:
         failed = RequestOutput(output.req_id, [], FinishReason.ERROR, output.num_prompt_tokens,
                                output.num_cached_tokens, error, output.index)
         failed.queue_time_s, failed.error_kind = output.queue_time_s, ErrorKind.INVALID_REQUEST  # asked too much
-
         return failed
 
     def take_pending_outputs(self) -> list[RequestOutput]:
@@ -148,6 +149,8 @@ class Scheduler:
                 seats_taken += 1
                 continue
             cached_block_ids = kv.find_cached_prefix(req)
+            if self.disk_kv.holds_back(req, cached_block_ids):  # its prefix goes on on disk: load that first
+                break
             num_cached = len(cached_block_ids) * self.config.block_size
             if req.pending_forks and num_cached >= req.num_prompt_tokens - 1:
                 self._release_forks(req, at=1)  # the cache holds the shared prompt: each child looks it up itself
@@ -171,12 +174,13 @@ class Scheduler:
             budget -= num_new
 
         kv_loads = self.remote_kv.take_new_loads()
-        if not scheduled and not kv_loads:
+        disk_work = self.disk_kv.take_work(self._step_id + 1)
+        if not scheduled and not kv_loads and not any(disk_work):
             return None
         self._step_id += 1
         self.steps_in_flight.add(self._step_id, [(req, num_new) for req, _, num_new in scheduled])
         plan = self.worker_view.make_plan(self._step_id, scheduled, kv.take_block_copies())
-        plan.kv_loads = kv_loads
+        plan.kv_loads, (plan.kv_disk_saves, plan.kv_disk_deletes, plan.kv_disk_loads) = kv_loads, disk_work
         self.remote_kv.add_leases(plan, scheduled)
         return plan
 

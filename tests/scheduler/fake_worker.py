@@ -18,6 +18,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fake_disk import FakeDisk
 from tinyvllm.protocol.messages import StepPlan, StepResult
 from tinyvllm.protocol.sampling import SamplingParams
 from tinyvllm.scheduler.request import Request
@@ -101,6 +102,7 @@ class FakeWorker:
     num_computed_by_req: Counter = field(default_factory=Counter)  # tokens each request id had computed, in total
     num_block_copies: int = 0
     kv_source: "FakeWorker | None" = None  # disaggregated decode: the prefill worker that plan.kv_loads pull from
+    disk: FakeDisk = field(default_factory=FakeDisk)  # the persistent prefix cache's files
 
     def __post_init__(self) -> None:
         self.kv: list[tuple[int, int, str] | None] = [None] * (self.num_blocks * self.block_size)
@@ -109,6 +111,7 @@ class FakeWorker:
     def execute(self, plan: StepPlan) -> StepResult:
         assert plan.step_id == self.step_id + 1, f"step {plan.step_id} after {self.step_id}"
         self.step_id = plan.step_id
+        self.disk.before_step(self.kv, self.block_size, plan)
         for req_id in plan.finished_req_ids:
             assert req_id in self.reqs, f"finished {req_id} was never sent"
             dropped = self.reqs.pop(req_id)
@@ -161,6 +164,7 @@ class FakeWorker:
             else:
                 result.req_ids.append(req_id)
                 result.sampled_token_ids.append(token)
+        self.disk.after_step(self.kv, self.block_size, plan, result, {b for b, reqs in holders.items() if reqs})
         return result
 
     def _load_remote(self, plan: StepPlan) -> tuple[list[str], dict[str, str]]:
