@@ -91,10 +91,13 @@ class DiskKV:
         num = 0
         while first + num < last and req.block_hashes[first + num] in self.index:
             num += 1
-        num = min(num, self.kv.num_free_blocks)
-        if num == 0:
+        pool = self.kv.pool
+        pool.hold(cached_block_ids)  # so that the loads do not evict the cached part of its prefix
+        block_ids = pool.take_fresh(min(num, pool.num_free_blocks))
+        pool.release(reversed(cached_block_ids))
+        if not block_ids:
             return False
-        for i, block_id in zip(range(first, first + num), self.kv.pool.take_fresh(num)):
+        for i, block_id in zip(range(first, first + len(block_ids)), block_ids):
             self._loads.append(DiskLoad(block_id, req.block_hashes[i], self.kv.parent_hash(req, i),
                                         self.kv.block_tokens(req, i)))
             self.index.move_to_end(req.block_hashes[i])

@@ -114,3 +114,14 @@ def test_scan_finds_blocks_every_rank_wrote(tmp_path):
         (tmp_path / name).write_bytes(b"12345")
     assert scan_disk_dir(str(tmp_path), world_size=2) == [(full, 10)]
     assert scan_disk_dir(str(tmp_path / "missing"), world_size=1) == []
+
+
+def test_loads_into_a_tight_pool_keep_the_cached_part_of_the_prefix():
+    disk = FakeDisk()
+    sched, worker = engine(disk)
+    first, _ = serve(sched, worker, "a", SYSTEM)
+    sched, worker = engine(disk, num_blocks=127)  # the prompt and its outputs, hardly more
+    serve(sched, worker, "head", SYSTEM[:401])
+    serve(sched, worker, "other", make_prompt("other", 500))  # pushes the head's blocks towards eviction
+    again, cached = serve(sched, worker, "a2", SYSTEM)
+    assert again == first and cached == 999 // BLOCK * BLOCK

@@ -43,10 +43,10 @@ def saved(tmp_path):
     return [io.read(i + 1) for i in range(4)], store.dir
 
 
-def load_all(tmp_path, key: BlockFileKey = KEY) -> tuple[list[bytes], list[int]]:
+def load_all(tmp_path, key: BlockFileKey = KEY, group=None) -> tuple[list[bytes], list[int]]:
     """A fresh (zero) cache loads HASHES into blocks 4..7: (those blocks' bytes, the failed block ids)."""
     io = KVBlockIO(random_cache(seed=None))
-    store = KVDiskStore(str(tmp_path), key, io)
+    store = KVDiskStore(str(tmp_path), key, io, group)
     result = StepResult(1, 0, [], [])
     store.load(plan(kv_disk_loads=[KVDiskBlock(i + 4, h) for i, h in enumerate(HASHES)]), result)
     store.close()
@@ -88,3 +88,14 @@ def test_a_file_of_another_model_or_rank_is_refused(tmp_path, saved):
                 dst.write(src.read())
         _, failed = load_all(tmp_path, other)
         assert failed == [4, 5, 6, 7]
+
+
+class SecondLoadFailedElsewhere:
+    """The tensor-parallel group of a rank whose peer could not load the second block."""
+    def all_reduce(self, flags):
+        return flags + np.array([0, 1, 0, 0], np.float32)
+
+
+def test_a_block_another_rank_could_not_load_fails_on_every_rank(tmp_path, saved):
+    _, failed = load_all(tmp_path, group=SecondLoadFailedElsewhere())
+    assert failed == [5]
