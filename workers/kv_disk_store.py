@@ -30,6 +30,7 @@ class KVDiskStore:
         self.key, self.block_io, self.group = key, block_io, group
         self.dir = os.path.join(os.path.abspath(root), layout_dir_name(key.compat_hash, key.tp_size, key.pp_size))
         os.makedirs(self.dir, exist_ok=True)
+        self._remove_stale_temporary_files()
         self.file_bytes = HEADER_BYTES + block_io.nbytes
         self._pending: dict[str, bytes] = {}  # path -> file contents not written yet (a load may need them)
         self._pending_bytes = 0
@@ -38,6 +39,16 @@ class KVDiskStore:
         self._writer = threading.Thread(target=self._write_files, name="kv-disk-writer", daemon=True)
         self._writer.start()
         self.num_dropped = 0
+
+    def _remove_stale_temporary_files(self) -> None:
+        """What an earlier process of this rank left half-written (killed mid-write): only this rank writes them."""
+        mine = f".r{self.key.rank}.kv."
+        for name in os.listdir(self.dir):
+            if mine in name and name.endswith(".tmp"):
+                try:
+                    os.unlink(os.path.join(self.dir, name))
+                except OSError:
+                    pass
 
     def path(self, block_hash: bytes) -> str:
         return os.path.join(self.dir, block_file_name(block_hash, self.key.rank))

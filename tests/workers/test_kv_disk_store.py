@@ -56,8 +56,11 @@ def load_all(tmp_path, key: BlockFileKey = KEY, group=None) -> tuple[list[bytes]
 def test_a_saved_block_loads_bit_exact_into_another_cache(tmp_path, saved):
     blocks, folder = saved
     assert sorted(os.listdir(folder)) == sorted(f"{h.hex()}.r0.kv" for h in HASHES)  # no temporary file left
+    stale = os.path.join(folder, f"{HASHES[0].hex()}.r0.kv.999.tmp")  # a killed worker's half-written file
+    open(stale, "wb").close()
     loaded, failed = load_all(tmp_path)
     assert failed == [] and loaded == blocks
+    assert not os.path.exists(stale), "a stale temporary file was not removed at start"
 
 
 def test_bad_files_are_refused_and_leave_the_block_alone(tmp_path, saved):
