@@ -31,6 +31,8 @@ class KVDiskStore:
         self.dir = os.path.join(os.path.abspath(root), layout_dir_name(key.compat_hash, key.tp_size, key.pp_size))
         os.makedirs(self.dir, exist_ok=True)
         self._remove_stale_temporary_files()
+        for _ in range(2):  # TinyJit captures on the second call: the first load after a restart should not compile
+            block_io.write(0, block_io.read(0))
         self.file_bytes = HEADER_BYTES + block_io.nbytes
         self._pending: dict[str, bytes] = {}  # path -> file contents not written yet (a load may need them)
         self._pending_bytes = 0
