@@ -5,7 +5,7 @@ import re
 import sys
 
 from tinyvllm.frontend import router_registration, worker_command
-from tinyvllm.frontend.launcher import CPU_KERNEL_SETS, DEFAULT_KV_CACHE_BYTES, EngineArgs
+from tinyvllm.frontend.launcher import CPU_KERNEL_SETS, DEFAULT_KV_CACHE_BYTES, DEFAULT_KV_CACHE_DIR_BYTES, EngineArgs
 from tinyvllm.frontend.ollama.model_store import default_models_dir
 from tinyvllm.protocol.kv_auth import resolve_kv_secret
 from tinyvllm.protocol.worker_auth import resolve_worker_secret
@@ -56,6 +56,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="host memory per worker, in GiB (or e.g. 512M), for the KV blocks of requests preempted "
                              "under KV-cache pressure: they are copied out and back when the request resumes instead "
                              "of recomputed (vLLM V0's swap); default 0: always recompute")
+    parser.add_argument("--kv-cache-dir", default=None, metavar="DIR",
+                        help="keep full blocks of cached prefixes in this folder too (written in the background), so "
+                             "that after a restart a prompt seen before (say, a long system prompt) is loaded, not "
+                             "recomputed; a corrupt or foreign file is ignored with a warning. Default: none")
+    parser.add_argument("--kv-cache-dir-size", dest="kv_cache_dir_bytes", type=parse_bytes,
+                        default=DEFAULT_KV_CACHE_DIR_BYTES,
+                        help="most disk space --kv-cache-dir takes, e.g. 4G (the default); least recently used "
+                             "blocks are deleted first")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="longest sequence (prompt + output) in tokens; default: the model's context length")
     parser.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
@@ -119,7 +127,8 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
                       data_parallel_size=args.data_parallel_size, step_timeout_s=args.step_timeout_s,
                       async_scheduling=args.async_scheduling, role=getattr(args, "role", "both"),
                       kv_host=getattr(args, "kv_host", "127.0.0.1"), kv_port=getattr(args, "kv_port", 0),
-                      kv_lease_s=getattr(args, "kv_lease_s", 30.0))
+                      kv_lease_s=getattr(args, "kv_lease_s", 30.0), kv_cache_dir=args.kv_cache_dir,
+                      kv_cache_dir_bytes=args.kv_cache_dir_bytes)
 
 
 def add_limit_args(serve: argparse.ArgumentParser) -> None:

@@ -26,6 +26,7 @@ from tinyvllm.scheduler.main import SchedulerArgs
 log = logging.getLogger("tinyvllm.frontend")
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30
+DEFAULT_KV_CACHE_DIR_BYTES = 4 << 30
 WORKER_ROLES = {"both": "mixed", "prefill": "prefill", "decode": "decode"}  # protocol.messages.WorkerRole
 CPU_KERNEL_SETS = ("c", "tinygrad")  # workers/kernel_set.py's KERNEL_SETS, named here without importing tinygrad
 
@@ -64,6 +65,10 @@ class EngineArgs:
     kv_port: int = 0
     kv_lease_s: float = 30.0
     kv_secret: str = field(default="", repr=False)  # shared by every prefill and decode instance (protocol/kv_auth.py)
+    # The persistent prefix cache (scheduler/disk_kv.py): full blocks of cached prefixes kept in this folder, up to
+    # kv_cache_dir_bytes (least recently used files go first), and loaded after a restart.
+    kv_cache_dir: str | None = None
+    kv_cache_dir_bytes: int = DEFAULT_KV_CACHE_DIR_BYTES
 
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size",
@@ -94,6 +99,10 @@ class EngineArgs:
             raise ValueError("--role prefill|decode needs --pipeline-parallel-size 1 (for now)")
         if self.role == "prefill" and self.kv_port == 0 and self.world_size * self.data_parallel_size > 1:
             raise ValueError("--role prefill with several workers needs --kv-port (rank r serves at kv-port + r)")
+        if self.kv_cache_dir and (self.pipeline_parallel_size > 1 or not self.enable_prefix_caching):
+            raise ValueError("--kv-cache-dir needs prefix caching and --pipeline-parallel-size 1 (for now)")
+        if self.kv_cache_dir_bytes < 1:
+            raise ValueError("--kv-cache-dir-size must be positive")
         if self.kv_lease_s <= 0:
             raise ValueError("--kv-lease-seconds must be positive")
         if self.role == "prefill":
@@ -150,6 +159,7 @@ class EngineProcesses:
                                    max_steps_in_flight=2 if async_scheduling else pp,
                                    async_scheduling=async_scheduling, kv_lease_s=args.kv_lease_s,
                                    kv_host=args.kv_host, role=args.role, swap_space_bytes=args.swap_space,
+                                   kv_cache_dir_bytes=args.kv_cache_dir_bytes,
                                    sliding_window=self.model_config.sliding_window_everywhere)
         # tcp on loopback is open to every local user: the launcher's workers then prove a secret of its own
         secret = args.worker_secret or (secrets.token_hex(32) if args.transport == "tcp" and not args.external_workers
@@ -165,7 +175,8 @@ class EngineProcesses:
         worker_args = [WorkerArgs(str(self.model_path), rank, args.world_size, jit_warmup=args.jit_warmup, beam=args.beam,
                                   kernels=args.cpu_kernels, tp_size=tp, pp_size=pp,
                                   stage_address=self.endpoints.stage_input(rank) if rank >= tp else "",
-                                  role=WORKER_ROLES[args.role], kv_address=self.kv_address(args, replica, rank))
+                                  role=WORKER_ROLES[args.role], kv_address=self.kv_address(args, replica, rank),
+                                  kv_cache_dir=args.kv_cache_dir or "")
                        for rank in range(args.world_size)]
         self.processes += [ChildProcess(f"tinyvllm-worker{a.rank}", "tinyvllm.workers.main", self.endpoints.workers, a,
                                         env={**device_placement(replica * args.world_size + a.rank,

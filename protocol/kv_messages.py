@@ -24,6 +24,14 @@ class KVLoad:
 
 
 @dataclass(slots=True)
+class KVDiskBlock:
+    """One block of the persistent prefix cache (scheduler/disk_kv.py): a KV block and the chain hash that names its
+    file (scheduler/block_hash.py)."""
+    block_id: int
+    block_hash: bytes
+
+
+@dataclass(slots=True)
 class KVReleased:
     """A prefill worker to its scheduler: these requests' leased blocks may go back to the pool."""
     rank: int

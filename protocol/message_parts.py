@@ -45,6 +45,7 @@ def split_step_result(result: StepResult) -> list[StepResult]:
         part.more_parts = True
     parts[0].kv_loaded_req_ids, parts[0].kv_failed_req_ids = result.kv_loaded_req_ids, result.kv_failed_req_ids
     parts[0].kv_failed_reasons = result.kv_failed_reasons
+    parts[0].kv_disk_failed_block_ids = result.kv_disk_failed_block_ids
     return parts
 
 
@@ -68,4 +69,5 @@ def merge_step_results(parts: list[StepResult]) -> StepResult:
         merged.kv_loaded_req_ids += part.kv_loaded_req_ids
         merged.kv_failed_req_ids += part.kv_failed_req_ids
         merged.kv_failed_reasons += part.kv_failed_reasons
+        merged.kv_disk_failed_block_ids += part.kv_disk_failed_block_ids
     return merged

@@ -11,8 +11,8 @@ Worker <-> worker:      KVPull -> KVBlockData... (decode pulls a prefill worker'
 """
 from dataclasses import dataclass, field
 
-from tinyvllm.protocol.kv_messages import (KVBlockData, KVLease, KVLoad, KVPull, KVRelease,  # noqa: F401 (re-exported)
-                                           KVReleased)
+from tinyvllm.protocol.kv_messages import (KVBlockData, KVDiskBlock, KVLease, KVLoad, KVPull,  # noqa: F401 (re-exported)
+                                           KVRelease, KVReleased)
 from tinyvllm.protocol.sampling import KVTransferParams, SamplingParams  # noqa: F401 (KVTransferParams: re-exported)
 
 
@@ -197,6 +197,10 @@ class WorkerReady:
     weight_bytes: int = 0  # the weights this worker holds on its device (its shard)
     kv_address: str = ""  # a prefill worker's KV side channel, tcp://host:port (disaggregated serving)
     num_swap_slots: int = 0  # blocks its swap space holds (swap_space_bytes over its shard of a block)
+    # --kv-cache-dir: the folder this worker's block files go to (its model, dtype and parallel layout's), and the
+    # bytes of one block's file; "" and 0 without a persistent prefix cache.
+    kv_disk_dir: str = ""
+    kv_disk_block_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -248,6 +252,12 @@ class StepPlan:
     # block] pairs copied back after them; both before computing the step.
     swap_out: list[list[int]] = field(default_factory=list)
     swap_in: list[list[int]] = field(default_factory=list)
+    # Persistent prefix cache (--kv-cache-dir, scheduler/disk_kv.py): blocks to write to disk, read before the step
+    # (they are full and computed; the step may reuse them); files to delete, after those writes; blocks to fill from
+    # disk, after the step (no request of the step holds them).
+    kv_disk_saves: list[KVDiskBlock] = field(default_factory=list)
+    kv_disk_deletes: list[bytes] = field(default_factory=list)
+    kv_disk_loads: list[KVDiskBlock] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -271,6 +281,8 @@ class StepResult:
     kv_loaded_req_ids: list[str] = field(default_factory=list)
     kv_failed_req_ids: list[str] = field(default_factory=list)
     kv_failed_reasons: list[str] = field(default_factory=list)
+    # The step's kv_disk_loads that failed on any rank (a missing, corrupt or foreign file): not loaded.
+    kv_disk_failed_block_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

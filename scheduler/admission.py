@@ -1,6 +1,12 @@
-"""Whether a request can ever be served: checked once, when it arrives. Messages are fit for an HTTP 400."""
+"""Whether a request can ever be served: checked once, when it arrives (messages fit for an HTTP 400); and where
+it starts when it is admitted."""
+from typing import TYPE_CHECKING
+
 from tinyvllm.scheduler.parallel_sampling import child_id
 from tinyvllm.scheduler.request import Request
+
+if TYPE_CHECKING:
+    from tinyvllm.scheduler.scheduler import Scheduler
 
 MAX_TOKEN_ID = 2**31 - 1  # workers hold token ids as int32
 
@@ -34,3 +40,15 @@ def admission_error(req: Request, ids_in_use, max_model_len: int, block_size: in
         return (f"the prompt has {num_prompt} tokens and needs {num_needed} KV cache blocks of {block_size} tokens, "
                 f"but the whole cache only has {num_blocks} blocks ({num_blocks * block_size} tokens)")
     return None
+
+
+def admission_start(sched: "Scheduler", req: Request) -> tuple[list[int], int] | None:
+    """(the cached blocks req starts with, its tokens they hold): where it was if it was swapped out (swap.py), else
+    past its longest cached prefix. None: its prefix goes on in the persistent prefix cache, which loads it first
+    (disk_kv.py)."""
+    if req.swap_slots:
+        return [], req.num_computed_tokens
+    cached_block_ids = sched.kv_cache_manager.find_cached_prefix(req)
+    if sched.disk_kv.holds_back(req, cached_block_ids):
+        return None
+    return cached_block_ids, len(cached_block_ids) * sched.config.block_size

@@ -86,14 +86,15 @@ class BlockPool:
             return None
         return block.block_id
 
-    def register(self, block_id: int, block_hash: BlockHash, parent_hash: BlockHash, token_ids: tuple[int, ...]) -> None:
-        """Makes a full, computed block findable. A block already cached, or content already cached elsewhere
-        (two requests computed the same prefix at once), stays as it is: one copy in the cache is enough."""
+    def register(self, block_id: int, block_hash: BlockHash, parent_hash: BlockHash, token_ids: tuple[int, ...]) -> bool:
+        """Makes a full, computed block findable; False if it was not. A block already cached, or content already
+        cached elsewhere (two requests computed the same prefix at once), stays as it is: one copy is enough."""
         block = self.blocks[block_id]
         if block.block_hash is not None or block_hash in self._cached:
-            return
+            return False
         block.block_hash, block.parent_hash, block.token_ids = block_hash, parent_hash, token_ids
         self._cached[block_hash] = block
+        return True
 
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is not None:

@@ -44,6 +44,6 @@ def check_scheduler_invariants(sched: "Scheduler") -> None:
         assert sched.worker_view.knows(req.req_id), f"{req.req_id} is in flight but the workers dropped it"
         check_in_flight_request(req, steps, config.async_scheduling, config.block_size)
     sched.worker_view.check_invariants(sched.running)
-    kv.check_invariants(queued, sched.remote_kv.leases.block_tables())
+    kv.check_invariants(queued, [*sched.remote_kv.leases.block_tables(), *sched.disk_kv.block_tables()])
     assert not any(req.swap_slots for req in queued if req.status is not RequestStatus.WAITING), "swap slots held"
     sched.swap.check_invariants(queued)

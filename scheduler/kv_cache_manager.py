@@ -35,6 +35,8 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks)
         self._hash_fn = hash_fn
         self._block_copies: list[list[int]] = []  # [src, dst] pairs for the step being planned
+        # (block id, hash) of each block that entered the prefix cache, while someone takes them (scheduler/disk_kv.py)
+        self.newly_cached: list[tuple[int, BlockHash]] | None = None
 
     @property
     def num_total_blocks(self) -> int:
@@ -61,7 +63,7 @@ class KVCacheManager:
         self._hash_full_blocks(req, num_blocks)
         hits: list[int] = []
         for i in range(num_blocks):
-            block_id = self.pool.lookup(req.block_hashes[i], self._parent_hash(req, i), self._block_tokens(req, i))
+            block_id = self.pool.lookup(req.block_hashes[i], self.parent_hash(req, i), self.block_tokens(req, i))
             if block_id is None:
                 break
             hits.append(block_id)
@@ -74,20 +76,21 @@ class KVCacheManager:
             return
         self._hash_full_blocks(req, num_full)
         for i in range(req.num_registered_blocks, num_full):
-            self.pool.register(req.block_ids[i], req.block_hashes[i], self._parent_hash(req, i),
-                               self._block_tokens(req, i))
+            if self.pool.register(req.block_ids[i], req.block_hashes[i], self.parent_hash(req, i),
+                                  self.block_tokens(req, i)) and self.newly_cached is not None:
+                self.newly_cached.append((req.block_ids[i], req.block_hashes[i]))
         req.num_registered_blocks = num_full
 
     def _hash_full_blocks(self, req: Request, num_blocks: int) -> None:
         """Extends req.block_hashes to its first num_blocks blocks (a request's tokens never change, only grow)."""
         hashes = req.block_hashes
         for i in range(len(hashes), num_blocks):
-            hashes.append(self._hash_fn(self._parent_hash(req, i), self._block_tokens(req, i)))
+            hashes.append(self._hash_fn(self.parent_hash(req, i), self.block_tokens(req, i)))
 
-    def _parent_hash(self, req: Request, i: int) -> BlockHash:
+    def parent_hash(self, req: Request, i: int) -> BlockHash:
         return req.block_hashes[i - 1] if i else root_hash(req.cache_salt)
 
-    def _block_tokens(self, req: Request, i: int) -> tuple[int, ...]:
+    def block_tokens(self, req: Request, i: int) -> tuple[int, ...]:
         return tuple(req.token_ids_between(i * self.block_size, (i + 1) * self.block_size))
 
     # ---- allocation ----------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, 
 from tinyvllm.protocol.transport import Endpoints, make_socket, recv, send
 from tinyvllm.scheduler.request import Request
 from tinyvllm.scheduler.config import SchedulerConfig
+from tinyvllm.scheduler.disk_kv import scan_disk_dir
 from tinyvllm.scheduler.output_messages import send_step_outputs
 from tinyvllm.scheduler.scheduler import Scheduler
 from tinyvllm.scheduler.worker_group import WorkerGroup
@@ -53,6 +54,7 @@ class SchedulerArgs:
     role: str = "both"  # serve --role: only a decode engine takes requests whose prompt's KV is remote
     sliding_window: int = 0  # the model's, where every layer has one: blocks behind it are freed
     swap_space_bytes: int = 0  # --swap-space: each worker's host memory for swapped-out KV blocks (scheduler/swap.py)
+    kv_cache_dir_bytes: int = 0  # the persistent prefix cache's bound on disk (its workers have the folder)
 
 
 def scheduler_config(a: SchedulerArgs, num_blocks: int, num_swap_slots: int = 0) -> SchedulerConfig:
@@ -91,11 +93,19 @@ class SchedulerLoop:
                 remote_engine_id=f"tinyvllm-{uuid.uuid4().hex[:12]}", remote_host=a.kv_host, remote_port=port,
                 tp_size=a.tp_size)
             log.info("KV side channel at %s:%d, leases of %.0f s", a.kv_host, port, a.kv_lease_s)
+        if self.workers.kv_disk_dirs:  # every rank has its files in the same folder, named by rank
+            self.open_disk_cache(self.workers.kv_disk_dirs[0])
         send(self.to_frontend, EngineReady(num_blocks, a.block_size, a.max_model_len, a.max_num_seqs, a.world_size,
                                                [self.workers.weight_bytes[r] for r in range(a.world_size)]))
         log.info("scheduler ready: %d KV blocks of %d tokens, %d swap slots, up to %d steps in flight%s", num_blocks,
                  a.block_size, self.workers.num_swap_slots, a.max_steps_in_flight,
                  ", async scheduling" if self.scheduler.config.async_scheduling else "")
+
+    def open_disk_cache(self, folder: str) -> None:
+        a, disk = self.args, self.scheduler.disk_kv
+        disk.open(scan_disk_dir(folder, a.world_size), a.kv_cache_dir_bytes, self.workers.kv_disk_block_bytes)
+        log.info("persistent prefix cache in %s: %d blocks (%.1f MB) found, up to %.1f MB", folder, len(disk.index),
+                 disk.num_bytes / 1e6, a.kv_cache_dir_bytes / 1e6)
 
     def handle_frontend(self, msg) -> None:
         if isinstance(msg, AddRequest):

@@ -44,6 +44,7 @@ class Request:
     num_registered_blocks: int = 0
     num_freed_blocks: int = 0  # leading entries of block_ids given back behind a sliding window (FREED)
     swap_slots: list[int] = field(default_factory=list)  # preempted by swapping: host slots holding its computed KV
+    looked_up_disk: bool = False  # the persistent prefix cache was asked once for its prefix (scheduler/disk_kv.py)
     kv_transfer: KVTransferParams | None = None  # disaggregated prefill/decode, as asked (scheduler/remote_kv.py)
     kv_transfer_out: KVTransferParams | None = None  # a prefill's answer: where its leased blocks are
 

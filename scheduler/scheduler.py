@@ -16,9 +16,10 @@ import time
 from collections import deque
 
 from tinyvllm.protocol.messages import ErrorKind, FinishReason, RequestOutput, SchedulerStats, StepPlan, StepResult
-from tinyvllm.scheduler.admission import admission_error
+from tinyvllm.scheduler.admission import admission_error, admission_start
 from tinyvllm.scheduler.async_scheduling import tokens_to_plan
 from tinyvllm.scheduler.config import SchedulerConfig
+from tinyvllm.scheduler.disk_kv import DiskKV
 from tinyvllm.scheduler.kv_cache_manager import KVCacheManager
 from tinyvllm.scheduler.parallel_sampling import child_id, make_children
 from tinyvllm.scheduler.preemption import choose_victim, preempt
@@ -52,6 +53,7 @@ class Scheduler:
         self.prefix_cache_queries = self.prefix_cache_hits = self.num_preemptions = self.num_tokens_computed = 0
         self.swap = SwapSpace(config.num_swap_slots, config.swap_min_tokens)
         self.remote_kv = RemoteKV(self, config.kv_lease_s, config.world_size)
+        self.disk_kv = DiskKV(self.kv_cache_manager)  # off until opened (--kv-cache-dir)
 
     # ---- frontend side -----------------------------------------------------------------------------
 
@@ -99,7 +101,6 @@ class Scheduler:
         failed = RequestOutput(output.req_id, [], FinishReason.ERROR, output.num_prompt_tokens,
                                output.num_cached_tokens, error, output.index)
         failed.queue_time_s, failed.error_kind = output.queue_time_s, ErrorKind.INVALID_REQUEST  # asked too much
-
         return failed
 
     def take_pending_outputs(self) -> list[RequestOutput]:
@@ -152,8 +153,9 @@ class Scheduler:
                 self.waiting.popleft()
                 seats_taken += 1
                 continue
-            cached_block_ids = [] if req.swap_slots else kv.find_cached_prefix(req)
-            num_cached = req.num_computed_tokens if req.swap_slots else len(cached_block_ids) * self.config.block_size
+            if (start := admission_start(self, req)) is None:
+                break  # its prefix goes on on disk: that is loaded first
+            cached_block_ids, num_cached = start
             if req.pending_forks and num_cached >= req.num_prompt_tokens - 1:
                 self._release_forks(req, at=1)  # the cache holds the shared prompt: each child looks it up itself
             if seats_taken + self.seats(req) > self.config.max_num_seqs:
@@ -178,12 +180,13 @@ class Scheduler:
             budget -= num_new
 
         kv_loads = self.remote_kv.take_new_loads()
-        if not scheduled and not kv_loads:
+        disk_work = self.disk_kv.take_work(self._step_id + 1)
+        if not scheduled and not kv_loads and not any(disk_work):
             return None
         self._step_id += 1
         self.steps_in_flight.add(self._step_id, [(req, num_new) for req, _, num_new in scheduled])
         plan = self.worker_view.make_plan(self._step_id, scheduled, kv.take_block_copies())
-        plan.kv_loads = kv_loads
+        plan.kv_loads, (plan.kv_disk_saves, plan.kv_disk_deletes, plan.kv_disk_loads) = kv_loads, disk_work
         plan.swap_out, plan.swap_in = self.swap.take_plan_lists()
         self.remote_kv.add_leases(plan, scheduled)
         return plan
@@ -214,8 +217,7 @@ class Scheduler:
         return bool(self.requests)
 
     def stats(self) -> SchedulerStats:
-        kv = self.kv_cache_manager
-        swap = self.swap
+        kv, swap = self.kv_cache_manager, self.swap
         return SchedulerStats(self.num_running, self.num_waiting, kv.num_free_blocks, kv.num_total_blocks, self._step_id,
                               self.prefix_cache_queries, self.prefix_cache_hits, self.num_preemptions,
                               self.num_tokens_computed, swap.num_free_slots, swap.num_slots,

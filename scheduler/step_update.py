@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 def apply_step_result(sched: "Scheduler", step: Step, result: StepResult) -> list[RequestOutput]:
     """Applies `result`, the worker's answer to `step` (already taken off the steps in flight); returns one output
     per request that gained a token or an embedding, or ended."""
+    sched.disk_kv.apply(result)  # blocks filled from disk enter the prefix cache before anything is freed
     for req, num_new in step.values():
         if req.status is RequestStatus.RUNNING:
             req.num_computed_tokens += num_new

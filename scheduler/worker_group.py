@@ -37,6 +37,8 @@ class WorkerGroup:
         self.ignored_peers: set[bytes] = set()
         self.kv_addresses: dict[int, str] = {}  # by rank: a prefill worker's KV side channel
         self.num_swap_slots = 0  # CPU swap: the slots every worker's swap space holds (scheduler/swap.py)
+        self.kv_disk_dirs: dict[int, str] = {}  # by rank: the persistent prefix cache's folder (--kv-cache-dir)
+        self.kv_disk_block_bytes = 0  # one block's files, every rank's
 
     def handshake(self, args) -> int:
         """Returns the number of KV blocks every worker can hold."""
@@ -74,6 +76,9 @@ class WorkerGroup:
                 self.weight_bytes[msg.rank] = msg.weight_bytes
                 if msg.kv_address:
                     self.kv_addresses[msg.rank] = msg.kv_address
+                if msg.kv_disk_dir:
+                    self.kv_disk_dirs[msg.rank] = msg.kv_disk_dir
+                    self.kv_disk_block_bytes += msg.kv_disk_block_bytes
                 log.info("worker rank %d ready: %.1f MB of weights, %d KV blocks", msg.rank, msg.weight_bytes / 1e6,
                          msg.num_blocks)
         self.num_swap_slots = min(r.num_swap_slots for r in ready.values())

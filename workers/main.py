@@ -53,6 +53,7 @@ class WorkerArgs:
     pp_size: int = 1
     stage_address: str = ""  # where this worker receives the previous pipeline stage's output (not on the first)
     kv_address: str = ""  # a prefill worker: where its KV side channel binds (workers/kv_side_channel.py)
+    kv_cache_dir: str = ""  # the persistent prefix cache's folder (workers/kv_disk_store.py); "": none
 
     @property
     def spec(self):
@@ -157,10 +158,11 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
                          args.spec.tp_rank, args.tp_size, args.spec.pp_rank, args.pp_size,
                          runner.model.weight_nbytes / 1e6, runner.cache.num_blocks)
                 send(sock, WorkerReady(args.rank, runner.cache.num_blocks, runner.cache.block_size, msg.max_model_len,
-                                       runner.model.weight_nbytes, kv.address, runner.host_swap.num_slots))
+                                       runner.model.weight_nbytes, kv.address, runner.host_swap.num_slots,
+                                       *kv.disk_layout))
             elif isinstance(msg, StepPlan):
-                kv.update_leases(msg)
-                result = runner.execute(msg, args.rank)  # the plan's kv_loads are for requests it does not compute
+                kv.before_step(msg)
+                result = runner.execute(msg, args.rank)  # the plan's KV loads are for blocks it does not compute
                 kv.load(msg, result)
                 send_step_result(sock, result)
                 steps += 1

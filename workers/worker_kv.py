@@ -1,6 +1,7 @@
-"""A worker's part in disaggregated prefill/decode: a prefill worker serves its KV blocks on the side channel between
-steps and tells its scheduler when a decode worker is done with a request's blocks; any worker performs a plan's
-kv_loads (pulls remote blocks into its own) before the step. workers/kv_side_channel.py has the wire protocol."""
+"""A worker's KV side features: in disaggregated prefill/decode, a prefill worker serves its KV blocks on the side channel
+between steps and tells its scheduler when a decode worker is done with a request's blocks, and any worker performs a
+plan's kv_loads (pulls remote blocks into its own) after the step (workers/kv_side_channel.py has the wire protocol);
+with --kv-cache-dir, it saves and loads the plan's blocks to and from disk (workers/kv_disk_store.py)."""
 import logging
 import os
 import time
@@ -14,6 +15,8 @@ from tinyvllm.protocol.kv_compat import kv_compat_fields, kv_compat_hash
 from tinyvllm.protocol.messages import KVReleased, StepPlan, StepResult
 from tinyvllm.protocol.transport import send
 from tinyvllm.workers.kv_block_io import KVBlockIO
+from tinyvllm.workers.kv_disk_file import BlockFileKey
+from tinyvllm.workers.kv_disk_store import KVDiskStore
 from tinyvllm.workers.kv_pull import DEFAULT_PULL_TIMEOUT_S, PULL_TIMEOUT_ENV, KVPullError, pull_blocks
 from tinyvllm.workers.kv_side_channel import KVSideChannel
 
@@ -38,17 +41,30 @@ class WorkerKV:
             self.side_channel = KVSideChannel(ctx, args.kv_address, self.block_io, self.compat_hash, self._released,
                                               self.secret)
             log.info("rank %d: KV side channel at %s", args.rank, self.side_channel.address)
+        self.disk = None
+        if args.kv_cache_dir:
+            key = BlockFileKey(self.compat_hash, args.rank, args.spec.tp_size, args.spec.pp_size)
+            self.disk = KVDiskStore(args.kv_cache_dir, key, self.block_io, self.group)
+            log.info("rank %d: persistent prefix cache in %s", args.rank, self.disk.dir)
 
     @property
     def address(self) -> str:
         return self.side_channel.address if self.side_channel is not None else ""
 
+    @property
+    def disk_layout(self) -> tuple[str, int]:
+        """(the persistent prefix cache's folder, one block file's bytes), for WorkerReady; ("", 0) without one."""
+        return (self.disk.dir, self.disk.file_bytes) if self.disk is not None else ("", 0)
+
     def _released(self, request_id: str) -> None:
         send(self.scheduler_sock, KVReleased(self.rank, [request_id]))
 
-    def update_leases(self, plan: StepPlan) -> None:
-        """Before the plan's step: what the side channel may serve (the blocks this step completes a prompt in are
-        not read before the step ran: the channel is served between steps)."""
+    def before_step(self, plan: StepPlan) -> None:
+        """Saves the plan's blocks to disk (the step may reuse them), and updates what the side channel may serve (the
+        blocks this step completes a prompt in are not read before the step ran: the channel is served between
+        steps)."""
+        if self.disk is not None:
+            self.disk.save(plan)
         if self.side_channel is not None:
             for req_id in plan.kv_leases_ended:
                 self.side_channel.end_lease(req_id)
@@ -56,9 +72,11 @@ class WorkerKV:
                                             for lease in plan.kv_leases)
 
     def load(self, plan: StepPlan, result: StepResult) -> None:
-        """Pulls each of plan.kv_loads (all within one deadline); records in result which arrived and which failed
-        (and why). Tensor-parallel ranks agree first: a load that failed on any rank fails on all (the scheduler reads
-        the sampling rank's result, and no rank may decode on a hole)."""
+        """Fills the plan's kv_disk_loads from disk, and pulls each of plan.kv_loads (all within one deadline); records
+        in result which arrived and which failed (and why). Tensor-parallel ranks agree first: a load that failed on
+        any rank fails on all (the scheduler reads the sampling rank's result, and no rank may decode on a hole)."""
+        if self.disk is not None:
+            self.disk.load(plan, result)
         if not plan.kv_loads:
             return
         deadline = time.monotonic() + float(os.environ.get(PULL_TIMEOUT_ENV) or DEFAULT_PULL_TIMEOUT_S)
@@ -84,5 +102,7 @@ class WorkerKV:
                 result.kv_loaded_req_ids.append(load.req_id)
 
     def close(self) -> None:
+        if self.disk is not None:
+            self.disk.close()
         if self.side_channel is not None:
             self.side_channel.close()

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fake_host_swap import FakeHostSwap
+from fake_disk import FakeDisk
 from tinyvllm.protocol.messages import StepPlan, StepResult
 from tinyvllm.protocol.sampling import SamplingParams
 from tinyvllm.scheduler.request import Request
@@ -103,6 +104,7 @@ class FakeWorker:
     num_block_copies: int = 0
     kv_source: "FakeWorker | None" = None  # disaggregated decode: the prefill worker that plan.kv_loads pull from
     window: int = 0  # a sliding window: a position attends to the last `window` positions only (0: all)
+    disk: FakeDisk = field(default_factory=FakeDisk)  # the persistent prefix cache's files
 
     def __post_init__(self) -> None:
         self.kv: list[tuple[int, int, str] | None] = [None] * (self.num_blocks * self.block_size)
@@ -112,6 +114,7 @@ class FakeWorker:
     def execute(self, plan: StepPlan) -> StepResult:
         assert plan.step_id == self.step_id + 1, f"step {plan.step_id} after {self.step_id}"
         self.step_id = plan.step_id
+        self.disk.before_step(self.kv, self.block_size, plan)
         for req_id in plan.finished_req_ids:
             assert req_id in self.reqs, f"finished {req_id} was never sent"
             dropped = self.reqs.pop(req_id)
@@ -166,6 +169,7 @@ class FakeWorker:
             else:
                 result.req_ids.append(req_id)
                 result.sampled_token_ids.append(token)
+        self.disk.after_step(self.kv, self.block_size, plan, result, {b for b, reqs in holders.items() if reqs})
         return result
 
     def _load_remote(self, plan: StepPlan) -> tuple[list[str], dict[str, str]]:

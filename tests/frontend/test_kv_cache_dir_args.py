@@ -1,0 +1,36 @@
+"""`tinyvllm serve --kv-cache-dir DIR [--kv-cache-dir-size N]`: the folder reaches the workers and the bound the
+scheduler; refused with pipeline parallelism, without prefix caching, or with a size that is not positive."""
+import json
+
+import pytest
+
+from tinyvllm.frontend import cli
+from tinyvllm.frontend.launcher import DEFAULT_KV_CACHE_DIR_BYTES, EngineArgs, EngineProcesses
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"pipeline_parallel_size": 2}, "--pipeline-parallel-size 1"),
+    ({"enable_prefix_caching": False}, "needs prefix caching"),
+    ({"kv_cache_dir_bytes": 0}, "--kv-cache-dir-size must be positive"),
+])
+def test_engine_args_refuse(change, message):
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(kv_cache_dir="/tmp/kv", **change).validate()
+    EngineArgs(kv_cache_dir="/tmp/kv").validate()
+
+
+def test_serve_flags(serve_calls):
+    assert cli.main(["serve", "--kv-cache-dir", "/data/kv", "--kv-cache-dir-size", "2G"]) == 0
+    assert cli.main(["serve"]) == 0
+    (with_dir, _), (without, _) = serve_calls
+    assert (with_dir.kv_cache_dir, with_dir.kv_cache_dir_bytes) == ("/data/kv", 2 << 30)
+    assert (without.kv_cache_dir, without.kv_cache_dir_bytes) == (None, DEFAULT_KV_CACHE_DIR_BYTES)
+
+
+def test_the_launcher_gives_the_folder_to_the_workers_and_the_bound_to_the_scheduler(tiny_model, tmp_path):
+    procs = EngineProcesses(EngineArgs(model=tiny_model, kv_cache_dir=str(tmp_path), kv_cache_dir_bytes=12345))
+    try:
+        scheduler, worker = (json.loads(p.command[-1])[1] for p in procs.processes)
+        assert scheduler["kv_cache_dir_bytes"] == 12345 and worker["kv_cache_dir"] == str(tmp_path)
+    finally:
+        procs.stop()
