@@ -65,7 +65,7 @@ class PrefillEngine:
 
     def _channel(self, ctx, q: int, port: int) -> KVSideChannel:
         io = KVBlockIO(self.caches[q])
-        preread = type("Preread", (), {"nbytes": io.nbytes, "shape": io.shape,
+        preread = type("Preread", (), {"nbytes": io.nbytes, "shape": io.shape, "heads": staticmethod(io.heads),
                                        "read": staticmethod({b: io.read(b) for b in REMOTE}.__getitem__)})
         channel = KVSideChannel(ctx, f"tcp://127.0.0.1:{port}", preread, HASH,
                                 lambda rid, q=q: self.released.append((q, rid)), SECRET)
