@@ -8,6 +8,7 @@ from tinyvllm.frontend import router_registration, worker_command
 from tinyvllm.frontend.launcher import CPU_KERNEL_SETS, DEFAULT_KV_CACHE_BYTES, EngineArgs
 from tinyvllm.frontend.ollama.model_store import default_models_dir
 from tinyvllm.protocol.kv_auth import resolve_kv_secret
+from tinyvllm.protocol.kv_cache_dtype import KV_CACHE_DTYPES
 from tinyvllm.protocol.worker_auth import resolve_worker_secret
 
 API_KEY_ENV = "TINYVLLM_API_KEY"
@@ -47,6 +48,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                     help="memory for the KV cache, e.g. 512M or 2G; the number of blocks follows from it")
     kv.add_argument("--num-kv-blocks", type=int, default=0,
                     help="exact number of KV-cache blocks (overrides --kv-cache-memory)")
+    parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                        help="what the KV cache stores: float16 and bfloat16 halve its bytes per token, int8 and fp8 "
+                             "(e4m3, with a float32 scale per token per kv head) quarter them, so --kv-cache-memory "
+                             "holds 2-4x the blocks; auto: float32, the model's activation dtype")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="longest sequence (prompt + output) in tokens; default: the model's context length")
     parser.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
@@ -102,6 +107,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
     return EngineArgs(model=args.model, max_num_seqs=args.max_num_seqs,
                       max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
                       kv_cache_memory=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
+                      kv_cache_dtype=args.kv_cache_dtype,
                       max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
                       jit_warmup=args.jit_warmup, beam=args.beam, cpu_kernels=args.cpu_kernels,
                       tensor_parallel_size=args.tensor_parallel_size,

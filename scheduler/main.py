@@ -15,6 +15,7 @@ import zmq
 
 from tinyvllm.protocol.codec import CodecError
 from tinyvllm.protocol.kv_auth import KV_SECRET_ENV
+from tinyvllm.protocol.kv_cache_dtype import resolve_kv_cache_dtype
 from tinyvllm.protocol.kv_release import release_remote_kv
 from tinyvllm.protocol.message_parts import merge_step_results
 from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, KVReleased, KVTransferParams, Shutdown,
@@ -51,6 +52,7 @@ class SchedulerArgs:
     kv_lease_s: float = 30.0  # disaggregated prefill: how long finished prompts' blocks wait to be pulled
     kv_host: str = "127.0.0.1"  # the host decode instances are told to pull from (the workers' side channel)
     role: str = "both"  # serve --role: only a decode engine takes requests whose prompt's KV is remote
+    kv_cache_dtype: str = "auto"  # what the workers' caches store (protocol/kv_cache_dtype.py)
 
 
 def scheduler_config(a: SchedulerArgs, num_blocks: int) -> SchedulerConfig:
@@ -89,7 +91,8 @@ class SchedulerLoop:
                 tp_size=a.tp_size)
             log.info("KV side channel at %s:%d, leases of %.0f s", a.kv_host, port, a.kv_lease_s)
         send(self.to_frontend, EngineReady(num_blocks, a.block_size, a.max_model_len, a.max_num_seqs, a.world_size,
-                                               [self.workers.weight_bytes[r] for r in range(a.world_size)]))
+                                               [self.workers.weight_bytes[r] for r in range(a.world_size)],
+                                               resolve_kv_cache_dtype(a.kv_cache_dtype)))
         log.info("scheduler ready: %d KV blocks of %d tokens, up to %d steps in flight%s", num_blocks, a.block_size,
                  a.max_steps_in_flight, ", async scheduling" if self.scheduler.config.async_scheduling else "")
 

@@ -60,7 +60,8 @@ class WorkerGroup:
             after = rank + tp_size  # the same tensor-parallel rank of the next stage
             next_address = hellos[after].stage_address if after < args.world_size else ""
             send(self.sock, InitWorker(args.num_kv_blocks, args.kv_cache_bytes, args.block_size, args.max_model_len,
-                                       args.max_num_seqs, args.max_num_batched_tokens, group_id, next_address),
+                                       args.max_num_seqs, args.max_num_batched_tokens, group_id, next_address,
+                                       args.kv_cache_dtype),
                  identity)
         ready: dict[int, WorkerReady] = {}
         while len(ready) < len(self.identities):
