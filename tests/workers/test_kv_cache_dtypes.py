@@ -10,10 +10,15 @@ import pytest
 import torch
 from tinygrad import Tensor
 
+from tests.workers.dense_reference import random_llama
 from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.workers.attention import PagedAttention
+from tinyvllm.workers.kv_block_io import KVBlockIO
 from tinyvllm.workers.kv_cache import PagedKVCache, bytes_per_block
 from tinyvllm.workers.kv_quant import decode, dequantize, encode
+from tinyvllm.workers.kv_write import write_layer
+from tinyvllm.workers.model import Transformer
+from tinyvllm.workers.model_runner import ModelRunner
 
 CFG = ModelConfig(arch="llama", vocab_size=97, dim=128, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=32, ffn_dim=48,
                   rope_theta=10000.0, rms_eps=1e-5, max_context=128, tie_embeddings=False)
@@ -104,3 +109,26 @@ def test_fp8_and_bfloat16_codes_match_torch():
     np.testing.assert_array_equal(decode(Tensor(every_code), "fp8").numpy()[finite], expected[finite])
     bf16 = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     np.testing.assert_array_equal(encode(Tensor(x), "bfloat16").numpy(), bf16)
+
+
+def test_block_bytes_and_block_copy_carry_the_scales(inputs):
+    """KVBlockIO's bytes are exactly bytes_per_block (values, then scales), they move a block between caches, and
+    a kv head range of them is that range's values and scales; copy-on-write copies the scales too."""
+    q, kv, table = inputs
+    name = "int8"
+    source, target = PagedKVCache(CFG, NUM_BLOCKS, BS, name), PagedKVCache(CFG, NUM_BLOCKS, BS, name)
+    slots = np.array([table[p // BS] * BS + p % BS for p in range(len(q))], np.int32)
+    Tensor.realize(*write_layer(source, 0, Tensor(kv), Tensor(slots)))
+    source_io, target_io = KVBlockIO(source), KVBlockIO(target)
+    data = source_io.read(int(table[1]))
+    assert len(data) == source_io.nbytes == bytes_per_block(CFG, BS, name)
+    target_io.write(7, data)
+    expected = stored_values(source, table, len(q))[BS:2 * BS]
+    np.testing.assert_array_equal(stored_values(target, np.array([7]), BS), expected)
+    one_head = source_io.parts(source_io.heads(data, 1, 2), kv_heads=1)
+    for part, whole in zip(one_head, source_io.parts(data)):
+        np.testing.assert_array_equal(part, whole[:, :, :, 1:2])
+    runner = ModelRunner(Transformer(CFG, random_llama(CFG), 64), target, max_num_seqs=2, max_model_len=32,
+                         max_num_batched_tokens=8)
+    runner.copy_blocks([[7, 2]])
+    np.testing.assert_array_equal(stored_values(target, np.array([2]), BS), expected)
