@@ -4,8 +4,9 @@ attend over its own sequence's context, through that sequence's block table, up 
 Token t belongs to the sequence whose block table is row token_rows[t] of `tables` and sits at positions[t]; it
 sees that sequence's positions 0..positions[t] (causal within a prompt chunk, the whole context for a decode).
 Decodes and prompt chunks of many requests are the same thing here: tokens. The cache's values are converted to
-float32 (and scaled, for int8/fp8) inside the attention, never copied back whole (workers/kv_quant.py). Writes touch only the step's slots
-(workers/kv_write.py: one kernel per layer), never the whole cache, so their cost does not grow with the cache.
+float32 (and scaled, for int8/fp8) inside the attention, never copied back whole (workers/kv_quant.py). Writes
+touch only the step's slots (workers/kv_write.py: one kernel per layer), never the whole cache, so their cost does
+not grow with the cache.
 """
 from tinygrad import Tensor, UOp, dtypes
 

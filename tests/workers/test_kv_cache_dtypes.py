@@ -85,7 +85,7 @@ def test_attention_over_each_dtype(name, inputs, kernel_set):
     cache = PagedKVCache(CFG, NUM_BLOCKS, BS, name)
     got = attend_in_two_chunks(cache, q, kv, table, kernel_set == "c")
     stored = stored_values(cache, table, len(q))
-    assert np.all(np.abs(stored - kv) <= stored_bound(name, kv)), f"{name}: a stored value off by more than its rounding"
+    assert np.all(np.abs(stored - kv) <= stored_bound(name, kv)), f"{name}: a value off by more than its rounding"
     np.testing.assert_allclose(got, attention_reference(q, stored), atol=2e-5, rtol=0)
     error = np.abs(got - attention_reference(q, kv)).max()
     print(f"{name} {kernel_set}: max |attention - float32 attention| = {error:.2e}")
