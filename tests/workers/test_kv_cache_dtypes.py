@@ -50,9 +50,9 @@ def attention_reference(q: np.ndarray, kv: np.ndarray) -> np.ndarray:
 
 
 def attend_in_two_chunks(cache: PagedKVCache, q: np.ndarray, kv: np.ndarray, table: np.ndarray, cpu_kernels: bool):
-    """Writes and attends positions 0..11, then 12..T-1 (later tokens land in blocks already holding others)."""
+    """Writes and attends positions 0..9, then 10..19 (later tokens land in a block already holding others)."""
     outs = []
-    for start, stop in ((0, 12), (12, len(q))):
+    for start, stop in ((0, 10), (10, len(q))):
         n = stop - start
         positions = Tensor(np.arange(start, stop, dtype=np.int32))
         attend = PagedAttention(cache, Tensor(table[None]), Tensor(np.zeros(n, np.int32)), positions,
@@ -70,7 +70,7 @@ def stored_values(cache: PagedKVCache, table: np.ndarray, T: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def inputs():
     rng = np.random.default_rng(0)
-    T = 21
+    T = 20
     q = rng.standard_normal((T, CFG.n_heads, CFG.head_dim)).astype(np.float32)
     kv = rng.standard_normal((T, 2, CFG.n_kv_heads, CFG.head_dim)).astype(np.float32)
     kv[3, 1, 0] = 0  # a head of zeros: scale 0, no NaN
