@@ -2,7 +2,7 @@
 
 float32, float16 and bfloat16 store the values themselves; int8 and fp8 (e4m3) store codes and one float32 scale
 per token per kv head (workers/kv_quant.py). auto: float32, the model's activation dtype, on every backend (the
-model computes in float32; on this project's CPUs float32 was also the fastest cache, docs/BENCHMARKS.md)."""
+model computes in float32; on this project's CPUs no smaller dtype was faster, docs/BENCHMARKS.md)."""
 
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8", "fp8")
 QUANTIZED_KV_DTYPES = ("int8", "fp8")
