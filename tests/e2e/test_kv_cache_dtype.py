@@ -43,6 +43,7 @@ def test_metrics_report_the_blocks_each_dtype_buys(wide_model, tmp_path):
         assert blocks == {d: blocks_for_budget(cfg, 16, BUDGET, d) for d in DTYPES}
         assert blocks["float16"] == 2 * blocks["float32"]
         assert blocks["int8"] / blocks["float32"] == pytest.approx(4 / (1 + 4 / cfg.head_dim), rel=0.01)
+        assert f"{blocks['int8']} KV blocks of 16 tokens in int8" in servers["int8"].log()  # the ready line
         r = httpx.post(servers["int8"].url + "/v1/completions", timeout=REQUEST_TIMEOUT_S,
                        json={"model": MODEL_NAME, "prompt": "Hello there", "max_tokens": 4, "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
