@@ -20,7 +20,9 @@ class KVBlockIO:
         self.cache = cache
         first = cache.layers[0]
         self.shape = (len(cache.layers), cache.block_size, *first.shape[1:])  # the values'
-        self.part_dtypes = [numpy_storage_dtype(cache.dtype)] + [np.dtype(SCALE_DTYPE.fmt)] * bool(cache.scales)
+        self.part_dtypes = [numpy_storage_dtype(cache.dtype)]  # the values', then the scales' (int8/fp8)
+        if cache.scales:
+            self.part_dtypes.append(np.dtype(SCALE_DTYPE.fmt))
         self.nbytes = len(self.join(self.empty_parts()))
         self.block_var = UOp.variable("kv_io_block", 0, cache.num_blocks - 1)
         self._read_jit, self._write_jit = TinyJit(self._read), TinyJit(self._write)
