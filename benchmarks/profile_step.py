@@ -10,6 +10,7 @@ further steps through ModelRunner.execute (what the worker runs per StepPlan). P
 `GB/s` is the fewest bytes a decode step must read (every weight once, each sequence's keys and values once)
 over the step time; --copy-bandwidth first measures the device's own copy rate (bytes read + written), the
 ceiling to hold it against.
+--kv-cache-dtype picks the cache's dtype (protocol/kv_cache_dtype.py; default float32).
 --cpu-kernels picks the kernel set (workers/kernel_set.py; default: the device's); --dequantize-at-load turns
 every weight into float32 at load (the old path). Add DEBUG=2 to see tinygrad's per-kernel times (with JIT=2,
 tinygrad's jit without graphs, else a step's kernels run inside the graph and are not timed one by one).
@@ -19,12 +20,13 @@ import statistics
 import time
 
 from tinyvllm.frontend.launcher import CPU_KERNEL_SETS
+from tinyvllm.protocol.kv_cache_dtype import KV_CACHE_DTYPES
 from tinyvllm.protocol.messages import CachedRequestData, NewRequestData, StepPlan
 from tinyvllm.protocol.sampling import SamplingParams
 
 
 def build(model: str | None, max_num_seqs: int, block_size: int, max_model_len: int, kernels: str | None,
-          dequantize_at_load: bool):
+          dequantize_at_load: bool, kv_cache_dtype: str = "float32"):
     from tinygrad import Device
     from tinyvllm.workers.kernel_set import configure_device, default_kernel_set
     from tinyvllm.workers.kv_cache import PagedKVCache
@@ -36,7 +38,7 @@ def build(model: str | None, max_num_seqs: int, block_size: int, max_model_len: 
     kernels = kernels or default_kernel_set(Device.DEFAULT)
     configure_device(Device.DEFAULT, kernels)
     model = Transformer(cfg, weights, max_model_len, kernels=kernels, dequantize_at_load=dequantize_at_load)
-    runner = ModelRunner(model, PagedKVCache(cfg, blocks, block_size),
+    runner = ModelRunner(model, PagedKVCache(cfg, blocks, block_size, kv_cache_dtype),
                          max_num_seqs, max_model_len, 512)
     return cfg, runner
 
@@ -60,7 +62,7 @@ def decode_bytes(runner, batch: int, context: float) -> float:
     """The fewest bytes one decode step reads: every weight once and each sequence's cached keys and values."""
     from tinyvllm.workers.kv_cache import bytes_per_block
     cfg = runner.model.cfg
-    return runner.model.weight_nbytes + batch * context * bytes_per_block(cfg, 1)
+    return runner.model.weight_nbytes + batch * context * bytes_per_block(cfg, 1, runner.cache.dtype)
 
 
 def profile_batch(runner, batch: int, prompt_len: int, steps: int, step0: int) -> dict:
@@ -124,13 +126,20 @@ def main() -> None:
     ap.add_argument("--copy-bandwidth", action="store_true", help="measure the device's copy rate first")
     ap.add_argument("--cpu-kernels", choices=CPU_KERNEL_SETS, default=None, help="the kernel set")
     ap.add_argument("--dequantize-at-load", action="store_true", help="every weight float32 on the device")
+    ap.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="float32",
+                    help="the KV cache's dtype (also prints how many sequences of the prompt and steps fit in 1 GiB)")
     args = ap.parse_args()
     if args.copy_bandwidth:
         print(f"device copy (read + write): {copy_bandwidth():.0f} GB/s", flush=True)
     t0 = time.perf_counter()
     cfg, runner = build(args.model, max(args.batch), 16, max(512, args.prefill_len + 64), args.cpu_kernels,
-                        args.dequantize_at_load)
+                        args.dequantize_at_load, args.kv_cache_dtype)
     print(f"loaded in {time.perf_counter() - t0:.1f}s")
+    from tinyvllm.workers.kv_cache import bytes_per_slot
+    context = args.prompt_len + 2 * args.steps + 3
+    fit = (1 << 30) // (bytes_per_slot(cfg, args.kv_cache_dtype) * context)
+    print(f"KV cache {runner.cache.dtype}: {bytes_per_slot(cfg, args.kv_cache_dtype)} bytes per token; "
+          f"sequences of {context} tokens in 1 GiB: {fit}")
     print(f"weights on the device: {runner.model.weight_nbytes / 1e6:.1f} MB")
     print("| batch | forward ms | sampling ms | step ms | tokens/s | execute ms | GB/s | capture s |")
     print("|---|---|---|---|---|---|---|---|")

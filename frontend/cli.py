@@ -8,6 +8,7 @@ from tinyvllm.frontend import router_registration, worker_command
 from tinyvllm.frontend.launcher import CPU_KERNEL_SETS, DEFAULT_KV_CACHE_BYTES, DEFAULT_KV_CACHE_DIR_BYTES, EngineArgs
 from tinyvllm.frontend.ollama.model_store import default_models_dir
 from tinyvllm.protocol.kv_auth import resolve_kv_secret
+from tinyvllm.protocol.kv_cache_dtype import KV_CACHE_DTYPES
 from tinyvllm.protocol.worker_auth import resolve_worker_secret
 
 API_KEY_ENV = "TINYVLLM_API_KEY"
@@ -64,6 +65,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         default=DEFAULT_KV_CACHE_DIR_BYTES,
                         help="most disk space --kv-cache-dir takes, e.g. 4G (the default); least recently used "
                              "blocks are deleted first")
+    parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                        help="what the KV cache stores: float16 and bfloat16 halve its bytes per token, int8 and fp8 "
+                             "(e4m3, with a float32 scale per token per kv head) quarter them, so --kv-cache-memory "
+                             "holds 2-4x the blocks; auto: float32, the model's activation dtype")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="longest sequence (prompt + output) in tokens; default: the model's context length")
     parser.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
@@ -120,6 +125,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
                       max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
                       kv_cache_memory=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
                       swap_space=args.swap_space,
+                      kv_cache_dtype=args.kv_cache_dtype,
                       max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
                       jit_warmup=args.jit_warmup, beam=args.beam, cpu_kernels=args.cpu_kernels,
                       tensor_parallel_size=args.tensor_parallel_size,

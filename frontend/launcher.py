@@ -20,6 +20,7 @@ from tinyvllm.protocol.model_path import resolve_model_path
 from tinyvllm.protocol.parallel_layout import check_parallel_sizes
 from tinyvllm.protocol.transport import Endpoints
 from tinyvllm.protocol.kv_auth import KV_SECRET_ENV, require_kv_secret_beyond_loopback
+from tinyvllm.protocol.kv_cache_dtype import check_kv_cache_dtype
 from tinyvllm.protocol.worker_auth import SECRET_ENV, require_secret_beyond_loopback
 from tinyvllm.scheduler.main import SchedulerArgs
 
@@ -40,6 +41,7 @@ class EngineArgs:
     kv_cache_memory: int = DEFAULT_KV_CACHE_BYTES
     num_kv_blocks: int = 0  # overrides kv_cache_memory when set
     swap_space: int = 0  # bytes of host memory per worker for preempted requests' KV blocks (scheduler/swap.py)
+    kv_cache_dtype: str = "auto"  # protocol/kv_cache_dtype.py
     max_model_len: int | None = None  # default: the model's context length
     enable_prefix_caching: bool = True
     jit_warmup: bool = False  # capture every batch bucket's jitted step before serving (the CLI turns it on)
@@ -87,6 +89,7 @@ class EngineArgs:
             raise ValueError("the KV cache size must be positive")
         if self.swap_space < 0:
             raise ValueError("--swap-space must be 0 (off) or positive")
+        check_kv_cache_dtype(self.kv_cache_dtype)
         if self.external_workers != bool(self.worker_address):
             raise ValueError("--external-workers and --worker-address go together: the workers connect to that "
                              "address (e.g. --worker-address tcp://0.0.0.0:7000)")
@@ -159,7 +162,7 @@ class EngineProcesses:
                                    max_steps_in_flight=2 if async_scheduling else pp,
                                    async_scheduling=async_scheduling, kv_lease_s=args.kv_lease_s,
                                    kv_host=args.kv_host, role=args.role, swap_space_bytes=args.swap_space,
-                                   kv_cache_dir_bytes=args.kv_cache_dir_bytes,
+                                   kv_cache_dir_bytes=args.kv_cache_dir_bytes, kv_cache_dtype=args.kv_cache_dtype,
                                    sliding_window=self.model_config.sliding_window_everywhere)
         # tcp on loopback is open to every local user: the launcher's workers then prove a secret of its own
         secret = args.worker_secret or (secrets.token_hex(32) if args.transport == "tcp" and not args.external_workers

@@ -32,6 +32,15 @@ def one_two_five_buckets(max_value: int) -> tuple[int, ...]:
         scale *= 10
 
 
+def cache_config_info(ready) -> GaugeMetricFamily:
+    """vLLM's info gauge of the KV cache's configuration (value 1; the facts are labels): its blocks per engine
+    (num_gpu_blocks, whatever the device), their size in tokens and the dtype they store."""
+    info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                             labels=["block_size", "cache_dtype", "num_gpu_blocks"])
+    info.add_metric([str(ready.block_size), ready.kv_cache_dtype, str(ready.num_blocks)], 1.0)
+    return info
+
+
 class _EngineStatsCollector(Collector):
     def __init__(self, engine, model_name: str):
         self.engine = engine
@@ -66,6 +75,8 @@ class _EngineStatsCollector(Collector):
                 for engine, stats in by_engine.items():
                     family.add_metric([self.model_name, engine], float(getattr(stats, stat)))
                 yield family
+        if (ready := getattr(self.engine, "ready", None)) is not None:  # once the engine started
+            yield cache_config_info(ready)
 
 
 class _GateCollector(Collector):

@@ -68,7 +68,7 @@ async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: 
         if server.started:
             engines = f"{len(engine.replicas)} engines of " if len(engine.replicas) > 1 else ""
             print(f"tinyvllm ready: serving {name} at http://{server_args.host}:{server_args.port}/v1 "
-                  f"({engines}{ready.num_blocks} KV blocks of {ready.block_size} tokens, "
+                  f"({engines}{ready.num_blocks} KV blocks of {ready.block_size} tokens in {ready.kv_cache_dtype}, "
                   f"max_model_len {ready.max_model_len}{', API key required' if server_args.api_key else ''})",
                   flush=True)
         given_up = asyncio.create_task(engine.wait_until_given_up())

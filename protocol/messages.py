@@ -128,6 +128,7 @@ class EngineReady:
     max_num_seqs: int
     num_workers: int
     worker_weight_bytes: list[int] = field(default_factory=list)  # by rank: the weights each worker holds
+    kv_cache_dtype: str = "float32"  # what the KV cache stores (auto resolved)
 
 
 @dataclass(slots=True)
@@ -186,6 +187,7 @@ class InitWorker:
     group_id: str = ""  # names the tensor-parallel groups' shared memory (each stage's group adds its stage)
     next_stage_address: str = ""  # where this worker sends its hidden states (a stage before the last)
     swap_space_bytes: int = 0  # --swap-space: host memory for swapped-out KV blocks (this worker's shard of them)
+    kv_cache_dtype: str = "auto"  # what the KV cache stores (protocol/kv_cache_dtype.py)
 
 
 @dataclass(slots=True)

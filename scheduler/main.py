@@ -15,6 +15,7 @@ import zmq
 
 from tinyvllm.protocol.codec import CodecError
 from tinyvllm.protocol.kv_auth import KV_SECRET_ENV
+from tinyvllm.protocol.kv_cache_dtype import resolve_kv_cache_dtype
 from tinyvllm.protocol.kv_release import release_remote_kv
 from tinyvllm.protocol.message_parts import merge_step_results
 from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, KVReleased, KVTransferParams, Shutdown,
@@ -55,6 +56,7 @@ class SchedulerArgs:
     sliding_window: int = 0  # the model's, where every layer has one: blocks behind it are freed
     swap_space_bytes: int = 0  # --swap-space: each worker's host memory for swapped-out KV blocks (scheduler/swap.py)
     kv_cache_dir_bytes: int = 0  # the persistent prefix cache's bound on disk (its workers have the folder)
+    kv_cache_dtype: str = "auto"  # what the workers' caches store (protocol/kv_cache_dtype.py)
 
 
 def scheduler_config(a: SchedulerArgs, num_blocks: int, num_swap_slots: int = 0) -> SchedulerConfig:
@@ -96,7 +98,8 @@ class SchedulerLoop:
         if self.workers.kv_disk_dirs:  # every rank has its files in the same folder, named by rank
             self.open_disk_cache(self.workers.kv_disk_dirs[0])
         send(self.to_frontend, EngineReady(num_blocks, a.block_size, a.max_model_len, a.max_num_seqs, a.world_size,
-                                               [self.workers.weight_bytes[r] for r in range(a.world_size)]))
+                                               [self.workers.weight_bytes[r] for r in range(a.world_size)],
+                                               resolve_kv_cache_dtype(a.kv_cache_dtype)))
         log.info("scheduler ready: %d KV blocks of %d tokens, %d swap slots, up to %d steps in flight%s", num_blocks,
                  a.block_size, self.workers.num_swap_slots, a.max_steps_in_flight,
                  ", async scheduling" if self.scheduler.config.async_scheduling else "")

@@ -3,8 +3,10 @@ attend over its own sequence's context, through that sequence's block table, up 
 
 Token t belongs to the sequence whose block table is row token_rows[t] of `tables` and sits at positions[t]; it
 sees that sequence's positions 0..positions[t] (causal within a prompt chunk, the whole context for a decode).
-Decodes and prompt chunks of many requests are the same thing here: tokens. Writes touch only the step's slots
-(workers/kv_write.py: one kernel per layer), never the whole cache, so their cost does not grow with the cache.
+Decodes and prompt chunks of many requests are the same thing here: tokens. The cache's values are converted to
+float32 (and scaled, for int8/fp8) inside the attention, never copied back whole (workers/kv_quant.py). Writes
+touch only the step's slots (workers/kv_write.py: one kernel per layer), never the whole cache, so their cost does
+not grow with the cache.
 """
 from tinygrad import Tensor, UOp, dtypes
 
@@ -12,7 +14,8 @@ from tinyvllm.workers.attention_spec import AttentionSpec
 from tinyvllm.workers.cpu_attention import cpu_paged_attention
 from tinyvllm.workers.cpu_attention import supports as supports_cpu_attention
 from tinyvllm.workers.kv_cache import PagedKVCache
-from tinyvllm.workers.kv_write import token_slots, write_kv
+from tinyvllm.workers.kv_quant import dequantize
+from tinyvllm.workers.kv_write import token_slots, write_layer
 
 
 def gqa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, spec: AttentionSpec | None = None) -> Tensor:
@@ -51,13 +54,14 @@ class PagedAttention:
         self.nb = nb
 
     def __call__(self, layer: int, q: Tensor, kv: Tensor) -> Tensor:
-        cache, bs = write_kv(self.cache.layers[layer], kv, self.write_slots), self.cache.block_size
+        values, scales = write_layer(self.cache, layer, kv, self.write_slots)
+        bs, dtype = self.cache.block_size, self.cache.dtype
         spec = self.specs[layer] if self.specs else AttentionSpec(q.shape[2] ** -0.5)
         if self.cpu_kernels and supports_cpu_attention(q.shape[1], kv.shape[2], q.shape[2]):
-            return cpu_paged_attention(q, cache, self.tables, self.token_rows, self.positions, bs, spec)
+            return cpu_paged_attention(q, values, self.tables, self.token_rows, self.positions, bs, dtype, scales, spec)
         # tinygrad's kernels: each token gathers its sequence's first nb blocks and masks the positions after its own
         slots = block_slots(self.tables[self.token_rows][:, :self.nb], bs)  # [T, S]
-        ctx = cache[slots]  # [T, S, 2, KVH, D]
+        ctx = dequantize(values[slots], None if scales is None else scales[slots], dtype)  # [T, S, 2, KVH, D]
         S = slots.shape[1]
         key_positions, positions = Tensor.arange(S, dtype=dtypes.int32).reshape(1, 1, S), self.positions.reshape(-1, 1, 1)
         mask = key_positions <= positions

@@ -9,7 +9,6 @@ import os
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import zmq
 
 from tinyvllm.protocol.codec import decode, encode
@@ -140,12 +139,12 @@ def pull_blocks(ctx: zmq.Context, load: KVLoad, block_io, compat_hash: str, n_kv
             if whole:
                 block_io.write(local, pulls[sources[0].prefill_rank].block(i, n, deadline))
                 continue
-            block = np.empty(block_io.shape, np.float32)
+            block = block_io.empty_parts()
             for s in sources:
-                part = np.frombuffer(pulls[s.prefill_rank].block(i, n, deadline), np.float32)
-                block[:, :, :, s.local_heads.start:s.local_heads.stop] = part.reshape(
-                    *block_io.shape[:3], len(s.local_heads), block_io.shape[4])
-            block_io.write(local, block.tobytes())
+                got = block_io.parts(pulls[s.prefill_rank].block(i, n, deadline), len(s.local_heads))
+                for whole_part, part in zip(block, got):
+                    whole_part[:, :, :, s.local_heads.start:s.local_heads.stop] = part
+            block_io.write(local, block_io.join(block))
     except KVPullError:
         raise
     except Exception as e:  # a bad answer or bad parameters: this request fails, never the worker

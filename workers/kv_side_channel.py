@@ -9,12 +9,12 @@ KVBlockData with an error and no bytes (a compatibility-hash mismatch, a block n
 prefill worker tells its scheduler (KVReleased), which frees the leased blocks.
 It serves only blocks its scheduler leased under that request id (StepPlan.kv_leases, until kv_leases_ended or the
 releases), and every message carries an HMAC of the deployment's KV secret (protocol/kv_auth.py).
-Messages are the codec's typed msgpack; the block bytes are raw float32, never pickle.
+Messages are the codec's typed msgpack; the block bytes are raw cache values and scales (workers/kv_block_io.py),
+never pickle.
 """
 import logging
 from collections.abc import Callable
 
-import numpy as np
 import zmq
 
 from tinyvllm.protocol.codec import MAX_SEND_BYTES, CodecError, decode, encode
@@ -108,8 +108,7 @@ class KVSideChannel:
                 self._send(identity, pull, KVBlockData(pull.request_id, i, n, str(e)))
                 return
             if some_heads:
-                block = np.frombuffer(data, np.float32).reshape(self.block_io.shape)
-                data = np.ascontiguousarray(block[:, :, :, pull.head_start:pull.head_stop]).tobytes()
+                data = self.block_io.heads(data, pull.head_start, pull.head_stop)
             if not self._send(identity, pull, KVBlockData(pull.request_id, i, n), data):
                 return
             self.num_blocks_sent += 1

@@ -4,23 +4,36 @@ A token's slot is its block's id (looked up in its sequence's block table row) *
 block. The slots are computed once per step (`token_slots`), then each layer's `write_kv`
 stores every token's [2, kv_heads, head_dim] row at its slot in place: a custom kernel with a gathered store,
 which tinygrad's assign cannot express without one kernel per token (a decode step of 256 rows was 7,680
-kernels). The padding tokens of a step's bucket write to the scratch block.
+kernels). The padding tokens of a step's bucket write to the scratch block. `write_layer` first converts the rows
+to the cache's dtype (workers/kv_quant.py); a quantised cache stores their scales the same way.
 """
 from __future__ import annotations
 
 from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import KernelInfo, UOp
 
-
-def _store_rows(cache: UOp, kv: UOp, slots: UOp) -> UOp:
-    t, c, h, d = (UOp.range(size, axis) for axis, size in enumerate(kv.shape))
-    return cache[slots[t], c, h, d].store(kv[t, c, h, d]).end(t, c, h, d).sink(
-        arg=KernelInfo(name=f"write_kv_{kv.shape[0]}"))
+from tinyvllm.workers.kv_cache import PagedKVCache
+from tinyvllm.workers.kv_quant import quantize
 
 
-def write_kv(cache: Tensor, kv: Tensor, slots: Tensor) -> Tensor:
-    """cache [num_slots, 2, KVH, D] with kv [T, 2, KVH, D] stored at slots [T] (int32): the cache after the write."""
-    return cache.custom_kernel(kv.float().contiguous(), slots, fxn=_store_rows)[0]
+def _store_rows(cache: UOp, rows: UOp, slots: UOp) -> UOp:
+    t, *rest = (UOp.range(size, axis) for axis, size in enumerate(rows.shape))
+    name = f"write_kv_{'_'.join(map(str, rows.shape))}_{rows.dtype.name}"
+    return cache[(slots[t], *rest)].store(rows[(t, *rest)]).end(t, *rest).sink(arg=KernelInfo(name=name))
+
+
+def write_kv(cache: Tensor, rows: Tensor, slots: Tensor) -> Tensor:
+    """cache [num_slots, ...] with rows [T, ...] (cast to the cache's dtype) stored at slots [T] (int32): the cache
+    after the write."""
+    return cache.custom_kernel(rows.cast(cache.dtype).contiguous(), slots, fxn=_store_rows)[0]
+
+
+def write_layer(cache: PagedKVCache, layer: int, kv: Tensor, slots: Tensor) -> tuple[Tensor, Tensor | None]:
+    """kv [T, 2, KVH, D] float32 into layer `layer` at slots [T]: (its values after the write, its scales after the
+    write or None for an unquantised cache)."""
+    codes, scales = quantize(kv, cache.dtype)
+    values = write_kv(cache.layers[layer], codes, slots)
+    return values, None if scales is None else write_kv(cache.scales[layer], scales, slots)
 
 
 def token_slots(tables: Tensor, token_rows: Tensor, positions: Tensor, n_valid: Tensor, block_size: int,

@@ -79,12 +79,12 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
     if spec.world_size > 1:
         cfg, weights, vocab_start = shard_weights(cfg, weights, spec)
         vocab_start = vocab_start if spec.tp_size > 1 else None
-    num_blocks = init.num_blocks or blocks_for_budget(cfg, init.block_size, init.kv_cache_bytes)
+    num_blocks = init.num_blocks or blocks_for_budget(cfg, init.block_size, init.kv_cache_bytes, init.kv_cache_dtype)
     kernels = args.kernels or default_kernel_set(Device.DEFAULT)
     configure_device(Device.DEFAULT, kernels)
     model = Transformer(cfg, weights, init.max_model_len, kernels=kernels, vocab_start=vocab_start)
     del weights
-    cache = PagedKVCache(cfg, num_blocks, init.block_size)
+    cache = PagedKVCache(cfg, num_blocks, init.block_size, init.kv_cache_dtype)
     group = None
     if spec.tp_size > 1:  # the largest exchange: a bucket's residual stream, or its sampling rows' logits shard
         rows = min(init.max_num_seqs, init.max_num_batched_tokens)

@@ -95,11 +95,11 @@ class ModelRunner:
         x = self.model.embed(tokens_or_x) if self.spec.first_stage else tokens_or_x
         x = self.model.run_layers(x, positions.clip(0, self.max_model_len - 1), attend)
         if not self.spec.last_stage:
-            Tensor.realize(x, *self.cache.layers)
+            Tensor.realize(x, *self.cache.tensors)
             return x
         hidden = self.model.final_norm(x)
         logits = self.model.logits(hidden[sample_index])
-        Tensor.realize(logits, hidden, *self.cache.layers)  # one schedule: realizing them apart runs the layers twice
+        Tensor.realize(logits, hidden, *self.cache.tensors)  # one schedule: realizing them apart runs the layers twice
         return logits, hidden
 
     def _prompt_logprobs(self, k: int, hidden_or_logits: Tensor, next_tokens: Tensor) -> tuple[Tensor, ...]:
@@ -112,12 +112,12 @@ class ModelRunner:
 
     def _copy_block(self, src: UOp, dst: UOp):
         bs = self.cache.block_size
-        for layer in self.cache.layers:
+        for layer in self.cache.tensors:  # values and, for int8/fp8, their scales
             layer[dst * bs:dst * bs + bs].assign(layer[src * bs:src * bs + bs].contiguous())
-        Tensor.realize(*self.cache.layers)
+        Tensor.realize(*self.cache.tensors)
 
     def copy_blocks(self, pairs: list[list[int]]) -> None:
-        """Copy-on-write: block dst gets block src's keys and values in every layer."""
+        """Copy-on-write: block dst gets block src's keys and values (and their scales) in every layer."""
         for src, dst in pairs:
             self.copy_jit(self.copy_vars[0].bind(src), self.copy_vars[1].bind(dst))
 

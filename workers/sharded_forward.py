@@ -65,7 +65,7 @@ class ShardedForward:
         attend = PagedAttention(r.cache, tables, token_rows, positions, n_valid, nb, self.model.cpu_kernels,
                                 self.model.attention_specs)
         out = self.model.attention(i, x, self.model.rope(positions.clip(0, r.max_model_len - 1)), attend).clone()
-        Tensor.realize(out, r.cache.layers[i])
+        Tensor.realize(out, r.cache.layers[i], *r.cache.scales[i:i + 1])
         return out
 
     def _mlp(self, i: int, x: Tensor) -> Tensor:

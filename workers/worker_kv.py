@@ -32,7 +32,7 @@ class WorkerKV:
         self.scheduler_sock = scheduler_sock
         cache = runner.cache
         self.compat_hash = kv_compat_hash(kv_compat_fields(
-            model_fingerprint(args.model), "float32", cache.block_size, len(cache.layers), n_kv_heads,
+            model_fingerprint(args.model), cache.dtype, cache.block_size, len(cache.layers), n_kv_heads,
             cache.layers[0].shape[3]))
         self.block_io: KVBlockIO = runner.block_io
         self.secret = os.environ.get(KV_SECRET_ENV, "")  # the launcher's --kv-secret

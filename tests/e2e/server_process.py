@@ -25,6 +25,7 @@ STARTUP_TIMEOUT_S = float(os.environ.get("TINYVLLM_E2E_STARTUP_TIMEOUT", 240))
 REQUEST_TIMEOUT_S = float(os.environ.get("TINYVLLM_E2E_REQUEST_TIMEOUT", 240))
 MODEL_NAME = "tiny"  # --served-model-name of every test server
 SERVE_DEFAULTS = ("--num-kv-blocks", "64", "--max-num-seqs", "16", "--served-model-name", MODEL_NAME, "--no-jit-warmup")
+SIZED_BY_MEMORY = SERVE_DEFAULTS[2:]  # without --num-kv-blocks: for a test that gives --kv-cache-memory
 
 
 # ---- /proc ----------------------------------------------------------------------------------------------------
@@ -135,14 +136,16 @@ def engine_idle(url: str) -> bool:
 # ---- the server ---------------------------------------------------------------------------------------------
 
 class ServerProcess:
-    def __init__(self, model: pathlib.Path, log_path: pathlib.Path, *extra_args: str, command_prefix: tuple = ()):
-        """command_prefix: what runs the server, e.g. ("ip", "netns", "exec", name) (it must exec, keeping the pid)."""
+    def __init__(self, model: pathlib.Path, log_path: pathlib.Path, *extra_args: str, command_prefix: tuple = (),
+                 defaults: tuple = SERVE_DEFAULTS):
+        """command_prefix: what runs the server, e.g. ("ip", "netns", "exec", name) (it must exec, keeping the pid);
+        defaults: the flags before extra_args."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         private_store = str(log_path.parent / f"models-{self.port}")  # never the user's ~/.cache model store
         cmd = [*command_prefix, sys.executable, "-m", "tinyvllm.frontend.cli", "serve", "--model", str(model),
-               "--port", str(self.port), *SERVE_DEFAULTS, "--models-dir", private_store, *extra_args]
+               "--port", str(self.port), *defaults, "--models-dir", private_store, *extra_args]
         env = {**os.environ, "DEV": "CPU", "PYTHONUNBUFFERED": "1"}
         self._log_file = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log_file, stderr=subprocess.STDOUT,

@@ -37,19 +37,22 @@ def test_which_prefill_ranks_each_decode_rank_pulls_from():
     assert release_ranks(2, 4, 1) == {0: [0], 1: [0], 2: [0], 3: [0]}
 
 
-def random_cache(n_kv_heads: int, seed: int) -> PagedKVCache:
-    cache = PagedKVCache(dataclasses.replace(CFG, n_kv_heads=n_kv_heads), num_blocks=8, block_size=4)
+def random_cache(n_kv_heads: int, seed: int, dtype: str = "float32") -> PagedKVCache:
+    """Random values (int8: random codes) and, for int8, random scales."""
+    cache = PagedKVCache(dataclasses.replace(CFG, n_kv_heads=n_kv_heads), num_blocks=8, block_size=4, dtype=dtype)
     rng = np.random.default_rng(seed)
-    for layer in cache.layers:
-        layer.assign(Tensor(rng.random(layer.shape, dtype=np.float32))).realize()
+    for t in cache.tensors:
+        data = rng.integers(-127, 128, t.shape).astype(np.int8) if dtype == "int8" and t.ndim == 4 else \
+            rng.random(t.shape, dtype=np.float32)
+        t.assign(Tensor(data)).realize()
     return cache
 
 
 class PrefillEngine:
     """tp ranks' side channels at port + q, served from one thread (blocks read beforehand: tinygrad stays here)."""
 
-    def __init__(self, ctx, tp: int):
-        self.caches = [random_cache(CFG.n_kv_heads // tp, seed=q) for q in range(tp)]
+    def __init__(self, ctx, tp: int, dtype: str = "float32"):
+        self.caches = [random_cache(CFG.n_kv_heads // tp, seed=q, dtype=dtype) for q in range(tp)]
         self.released: list[tuple[int, str]] = []
         for _ in range(50):
             port = random.randint(20000, 60000)
@@ -65,7 +68,7 @@ class PrefillEngine:
 
     def _channel(self, ctx, q: int, port: int) -> KVSideChannel:
         io = KVBlockIO(self.caches[q])
-        preread = type("Preread", (), {"nbytes": io.nbytes, "shape": io.shape,
+        preread = type("Preread", (), {"nbytes": io.nbytes, "shape": io.shape, "heads": staticmethod(io.heads),
                                        "read": staticmethod({b: io.read(b) for b in REMOTE}.__getitem__)})
         channel = KVSideChannel(ctx, f"tcp://127.0.0.1:{port}", preread, HASH,
                                 lambda rid, q=q: self.released.append((q, rid)), SECRET)
@@ -79,8 +82,10 @@ class PrefillEngine:
                     channel.handle()
 
     def heads(self) -> list[np.ndarray]:
-        """Each remote block's keys and values of every head, the ranks' heads side by side, as [slot, 2, head, dim]."""
-        layers = [np.concatenate([c.layers[i].numpy() for c in self.caches], axis=2) for i in range(CFG.n_layers)]
+        """Each remote block's keys and values of every head, the ranks' heads side by side, as [slot, 2, head, dim]
+        (then the scales', [slot, 2, head], for an int8 cache)."""
+        parts = range(len(self.caches[0].tensors))
+        layers = [np.concatenate([c.tensors[i].numpy() for c in self.caches], axis=2) for i in parts]
         return [np.concatenate([layer[b * 4:b * 4 + 4] for b in REMOTE]) for layer in layers]
 
     def close(self):
@@ -104,13 +109,15 @@ def load(engine: PrefillEngine, tp: int) -> KVLoad:
 
 
 def pulled(cache: PagedKVCache) -> list[np.ndarray]:
-    return [np.concatenate([layer.numpy()[b * 4:b * 4 + 4] for b in LOCAL]) for layer in cache.layers]
+    return [np.concatenate([t.numpy()[b * 4:b * 4 + 4] for b in LOCAL]) for t in cache.tensors]
 
 
-def test_two_prefill_ranks_into_one_decode_rank(ctx):
-    engine = PrefillEngine(ctx, tp=2)
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_two_prefill_ranks_into_one_decode_rank(ctx, dtype):
+    """int8: each rank's codes and their scales (workers/kv_block_io.py) land at the decode rank's heads."""
+    engine = PrefillEngine(ctx, tp=2, dtype=dtype)
     try:
-        decode = PagedKVCache(CFG, num_blocks=6, block_size=4)
+        decode = PagedKVCache(CFG, num_blocks=6, block_size=4, dtype=dtype)
         pull_blocks(ctx, load(engine, 2), KVBlockIO(decode), HASH, CFG.n_kv_heads, 0, 1, secret=SECRET)
         for got, want in zip(pulled(decode), engine.heads()):
             assert np.array_equal(got, want)

@@ -1,13 +1,25 @@
 // Paged attention over the KV cache in place (workers/cpu_attention.py), run as a tinygrad PROGRAM.
 // Specialised by defines: T tokens, H query heads, KVH kv heads, D head dim, BS block size, MAXB blocks per
 // table row, CORES, SCALE (a float literal: the scores' scale), WINDOW (attend to the last WINDOW positions only;
-// 0: all), SOFTCAP (scores become SOFTCAP * tanh(scores / SOFTCAP); 0.0f: not capped).
+// 0: all), SOFTCAP (scores become SOFTCAP * tanh(scores / SOFTCAP); 0.0f: not capped), KV_FORMAT
+// (workers/c/kv_formats.h) and QUANTIZED (1: the cache's codes have a float32 scale per slot, k-or-v and kv head, in
+// `scales` [slot][2][KVH]).
 #include "kernel.h"
+#include "kv_formats.h"
 
 #define G (H / KVH)
 #define DV (D / 16)
 #define ITEMS (T * KVH)
 #define PF 16  // keys ahead to prefetch
+#define LINE_VALUES (64 / (int)sizeof(kv_t))  // values in a 64-byte cache line
+
+#if QUANTIZED
+#define SCALES_PARAM const float *restrict scales,
+#define SCALE_OF(slot, part, kvh) scales[((slot) * 2 + (part)) * KVH + (kvh)]
+#else
+#define SCALES_PARAM
+#define SCALE_OF(slot, part, kvh) 1.0f
+#endif
 
 // e^x for x <= 0: 2^(x log2 e) as 2^n * 2^f, |f| <= 1/2, 2^f by its Taylor series to degree 7 (~6e-9 error)
 ALWAYS_INLINE float exp_nonpositive(float x) {
@@ -38,16 +50,17 @@ ALWAYS_INLINE float soft_cap(float s) {
 ALWAYS_INLINE long slot_at(const int *restrict table, int p) { return (long)table[p / BS] * BS + p % BS; }
 
 // brings position p's keys (part 0) or values (part 1) for kv head kvh towards the cache, if p < n
-ALWAYS_INLINE void prefetch_position(const float *restrict cache, const int *restrict table, int p, int n, int part,
+ALWAYS_INLINE void prefetch_position(const kv_t *restrict cache, const int *restrict table, int p, int n, int part,
                                      int kvh) {
   if (p >= n) return;
-  const float *row = cache + (slot_at(table, p) * 2 * KVH + part * KVH + kvh) * D;
-  for (int c = 0; c < D; c += 16) __builtin_prefetch(row + c);
+  const kv_t *row = cache + (slot_at(table, p) * 2 * KVH + part * KVH + kvh) * D;
+  for (int c = 0; c < D; c += LINE_VALUES) __builtin_prefetch(row + c);
 }
 
 // token b of a flat batch: a query of the sequence whose block table is row rows[b] of `tables`, at position
 // positions[b], so it sees that sequence's positions 0 .. positions[b] (a decode and a prompt chunk alike)
-void paged_attention(float *restrict out, const float *restrict q, const float *restrict cache, const int *restrict tables,
+void paged_attention(float *restrict out, const float *restrict q, const kv_t *restrict cache, SCALES_PARAM
+                     const int *restrict tables,
                      const int *restrict rows, const int *restrict positions, int core_id) {
   float scores[G][MAXB * BS];
   for (int item = core_id; item < ITEMS; item += CORES) {  // interleaved: later tokens of a chunk see more keys
@@ -65,12 +78,16 @@ void paged_attention(float *restrict out, const float *restrict q, const float *
     float max_score[G];
     for (int g = 0; g < G; g++) max_score[g] = -__builtin_inff();
     for (int p = first; p < n; p++) {
-      const float *key = cache + (slot_at(table, p) * 2 * KVH + kvh) * D;
+      const long slot = slot_at(table, p);
+      const kv_t *key = cache + (slot * 2 * KVH + kvh) * D;
+      const float key_scale = SCALE_OF(slot, 0, kvh);
       prefetch_position(cache, table, p + PF, n, 0, kvh);
+      v16 k[DV];
+      for (int c = 0; c < DV; c++) k[c] = load16(key + c * 16);
       for (int g = 0; g < G; g++) {
-        v16 dot = qv[g][0] * *(const v16 *)key;
-        for (int c = 1; c < DV; c++) dot += qv[g][c] * *(const v16 *)(key + c * 16);
-        const float s = SOFTCAP > 0.0f ? soft_cap(lane_sum(dot)) : lane_sum(dot);
+        v16 dot = qv[g][0] * k[0];
+        for (int c = 1; c < DV; c++) dot += qv[g][c] * k[c];
+        const float s = SOFTCAP > 0.0f ? soft_cap(lane_sum(dot) * key_scale) : lane_sum(dot) * key_scale;
         scores[g][p] = s;
         max_score[g] = s > max_score[g] ? s : max_score[g];
       }
@@ -82,10 +99,16 @@ void paged_attention(float *restrict out, const float *restrict q, const float *
       denom[g] = sum > 0.0f ? sum : 1.0f;
     }
     for (int p = first; p < n; p++) {
-      const float *value = cache + (slot_at(table, p) * 2 * KVH + KVH + kvh) * D;
+      const long slot = slot_at(table, p);
+      const kv_t *value = cache + (slot * 2 * KVH + KVH + kvh) * D;
+      const float value_scale = SCALE_OF(slot, 1, kvh);
       prefetch_position(cache, table, p + PF, n, 1, kvh);
-      for (int g = 0; g < G; g++)
-        for (int c = 0; c < DV; c++) acc[g][c] += scores[g][p] * *(const v16 *)(value + c * 16);
+      v16 v[DV];
+      for (int c = 0; c < DV; c++) v[c] = load16(value + c * 16);
+      for (int g = 0; g < G; g++) {
+        const float w = scores[g][p] * value_scale;
+        for (int c = 0; c < DV; c++) acc[g][c] += w * v[c];
+      }
     }
     for (int g = 0; g < G; g++)
       for (int c = 0; c < DV; c++)
