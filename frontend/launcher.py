@@ -144,6 +144,8 @@ class EngineProcesses:
         self.model_path = resolve_model_path(args.model)
         self.model_config = read_model_config(self.model_path)
         check_parallel_sizes(self.model_config, args.tensor_parallel_size, args.pipeline_parallel_size)
+        if args.kv_cache_dir and self.model_config.sliding_window_everywhere:  # its hits would skip blocks behind
+            raise ValueError("--kv-cache-dir is not supported yet for models whose every layer has a sliding window")
         self.max_model_len = min(args.max_model_len or self.model_config.max_context, self.model_config.max_context)
         if self.max_model_len < 2:
             raise ValueError("--max-model-len must be at least 2")

@@ -58,8 +58,9 @@ class ModelConfig:
 
     @property
     def sliding_window_everywhere(self) -> int:
-        """The window, where every layer has one (Mistral): the scheduler frees the blocks behind it. 0 otherwise."""
-        return min(self.layer_windows) if self.layer_windows and all(self.layer_windows) else 0
+        """The largest window, where every layer has one (Mistral): the scheduler frees the blocks behind it, which
+        no layer reads. 0 otherwise."""
+        return max(self.layer_windows) if self.layer_windows and all(self.layer_windows) else 0
 
     @property
     def scale(self) -> float:

@@ -14,7 +14,8 @@ MAX_TOKEN_ID = 2**31 - 1  # workers hold token ids as int32
 def admission_error(req: Request, ids_in_use, max_model_len: int, block_size: int, num_blocks: int,
                     blocks_per_request: int | None = None) -> str | None:
     """Why req must be refused, or None. ids_in_use: a container of every request and parent id still live.
-    blocks_per_request: the most a request holds at once, if less than its length needs (a sliding window)."""
+    blocks_per_request: the most a request holds at once, if less than its length needs (a sliding window; not for
+    a request whose prompt's KV moves to or from another instance: all of it is held)."""
     try:
         req.sampling.validate()
     except ValueError as e:
@@ -33,6 +34,7 @@ def admission_error(req: Request, ids_in_use, max_model_len: int, block_size: in
         return (f"the prompt has {num_prompt} tokens but max_model_len is {max_model_len}, "
                 f"which leaves no room to generate")
     num_needed = -(-num_prompt // block_size)
+    blocks_per_request = None if req.kv_transfer else blocks_per_request
     if blocks_per_request is not None and blocks_per_request > num_blocks:
         return (f"a request may hold {blocks_per_request} KV cache blocks of {block_size} tokens at once (its sliding "
                 f"window and a chunk of new tokens), but the whole cache only has {num_blocks} blocks")
@@ -48,7 +50,9 @@ def admission_start(sched: "Scheduler", req: Request) -> tuple[list[int], int] |
     (disk_kv.py)."""
     if req.swap_slots:
         return [], req.num_computed_tokens
-    cached_block_ids = sched.kv_cache_manager.find_cached_prefix(req)
+    kv, window = sched.kv_cache_manager, sched.config.sliding_window
+    cached_block_ids = kv.find_cached_prefix(req)
     if sched.disk_kv.holds_back(req, cached_block_ids):
         return None
-    return cached_block_ids, len(cached_block_ids) * sched.config.block_size
+    num_cached = len(cached_block_ids) * sched.config.block_size
+    return (kv.behind_window(cached_block_ids, window) if window else cached_block_ids), num_cached

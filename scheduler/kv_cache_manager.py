@@ -96,17 +96,26 @@ class KVCacheManager:
     # ---- allocation ----------------------------------------------------------------------------------
 
     def admit(self, req: Request, cached_block_ids: list[int], num_total_tokens: int) -> bool:
-        """Gives a request that holds nothing the cached blocks plus fresh ones for num_total_tokens slots.
-        All or nothing: False leaves everything as it was."""
+        """Gives a request that holds nothing the cached blocks plus fresh ones for num_total_tokens slots; leading
+        FREED entries (a hit behind a sliding window: see behind_window) are not held. All or nothing: False leaves
+        everything as it was."""
         assert not req.block_ids, f"{req.req_id} is admitted while holding blocks"
-        num_revived = sum(1 for block_id in cached_block_ids if self.pool.blocks[block_id].ref_count == 0)
+        num_freed = next((i for i, block_id in enumerate(cached_block_ids) if block_id != FREED), len(cached_block_ids))
+        held = cached_block_ids[num_freed:]
+        num_revived = sum(1 for block_id in held if self.pool.blocks[block_id].ref_count == 0)
         num_fresh = max(0, self.blocks_for_tokens(num_total_tokens) - len(cached_block_ids))
         if num_revived + num_fresh > self.num_free_blocks:
             return False
-        self.pool.hold(cached_block_ids)  # before take_fresh, which could otherwise evict them
+        self.pool.hold(held)  # before take_fresh, which could otherwise evict them
         req.block_ids = list(cached_block_ids) + self.pool.take_fresh(num_fresh)
-        req.num_registered_blocks = len(cached_block_ids)
+        req.num_registered_blocks, req.num_freed_blocks = len(cached_block_ids), num_freed
         return True
+
+    def behind_window(self, cached_block_ids: list[int], window: int) -> list[int]:
+        """A hit for a request that starts after it, as admit takes it: the blocks wholly behind the window of its
+        first new token become FREED (a hit may be longer than the whole cache)."""
+        num_behind = max(0, (len(cached_block_ids) * self.block_size - window + 1) // self.block_size)
+        return [FREED] * num_behind + cached_block_ids[num_behind:]
 
     def shared_blocks_to_write(self, req: Request) -> list[int]:
         """Indices into req.block_ids of blocks req will write into (from num_computed_tokens on) that others hold too."""

@@ -24,7 +24,7 @@ def gqa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, spec: Attention
     KVH = k.shape[2]
     q = q.reshape(B, T, KVH, H // KVH, D).permute(0, 2, 3, 1, 4)  # [B, KVH, G, T, D]
     k, v = k.permute(0, 2, 1, 3).unsqueeze(2), v.permute(0, 2, 1, 3).unsqueeze(2)  # [B, KVH, 1, S, D]
-    spec = spec or AttentionSpec(D ** -0.5)
+    spec = spec or AttentionSpec.plain(D)
     scores = (q @ k.transpose(-1, -2)) * spec.scale
     if spec.softcap:
         scores = (scores / spec.softcap).tanh() * spec.softcap
@@ -56,7 +56,7 @@ class PagedAttention:
     def __call__(self, layer: int, q: Tensor, kv: Tensor) -> Tensor:
         values, scales = write_layer(self.cache, layer, kv, self.write_slots)
         bs, dtype = self.cache.block_size, self.cache.dtype
-        spec = self.specs[layer] if self.specs else AttentionSpec(q.shape[2] ** -0.5)
+        spec = self.specs[layer] if self.specs else AttentionSpec.plain(q.shape[2])
         if self.cpu_kernels and supports_cpu_attention(q.shape[1], kv.shape[2], q.shape[2]):
             return cpu_paged_attention(q, values, self.tables, self.token_rows, self.positions, bs, dtype, scales, spec)
         # tinygrad's kernels: each token gathers its sequence's first nb blocks and masks the positions after its own
@@ -64,7 +64,8 @@ class PagedAttention:
         ctx = dequantize(values[slots], None if scales is None else scales[slots], dtype)  # [T, S, 2, KVH, D]
         S = slots.shape[1]
         key_positions, positions = Tensor.arange(S, dtype=dtypes.int32).reshape(1, 1, S), self.positions.reshape(-1, 1, 1)
-        mask = key_positions <= positions
-        if spec.window:
+        mask, values = key_positions <= positions, ctx[:, :, 1]
+        if spec.window:  # blocks behind it may be another request's by now: not even a 0 * inf may reach the sum
             mask = mask & (key_positions > positions - spec.window)
-        return gqa_attention(q.unsqueeze(1), ctx[:, :, 0], ctx[:, :, 1], mask, spec).squeeze(1)
+            values = mask.reshape(-1, S, 1, 1).where(values, 0.0)
+        return gqa_attention(q.unsqueeze(1), ctx[:, :, 0], values, mask, spec).squeeze(1)

@@ -9,3 +9,8 @@ class AttentionSpec:
     scale: float
     window: int = 0
     softcap: float = 0.0
+
+    @classmethod
+    def plain(cls, head_dim: int) -> "AttentionSpec":
+        """Llama's: scores scaled by 1 / sqrt(head_dim), every position, no cap."""
+        return cls(head_dim ** -0.5)

@@ -30,7 +30,7 @@ KV_FORMATS = {"float32": 0, "float16": 1, "bfloat16": 2, "int8": 3, "fp8": 4}  #
 def _program(tokens: int, heads: int, kv_heads: int, head_dim: int, block_size: int, max_blocks: int, dtype: str,
              spec: AttentionSpec):
     cores = max(1, min(NUM_CPU_THREADS.value, tokens * kv_heads))
-    variant = f"_w{spec.window}_cap{spec.softcap:g}_s{spec.scale:.9g}" if spec != AttentionSpec(head_dim ** -0.5) else ""
+    variant = f"_w{spec.window}_cap{spec.softcap:g}_s{spec.scale:.9g}" if spec != AttentionSpec.plain(head_dim) else ""
     name = f"paged_attention_{tokens}_{heads}_{kv_heads}_{head_dim}_{block_size}_{max_blocks}_{dtype}_c{cores}{variant}"
     source = c_source("attention.c", dict(T=tokens, H=heads, KVH=kv_heads, D=head_dim, BS=block_size, MAXB=max_blocks,
                                           CORES=cores, SCALE=f"{float(spec.scale)!r}f", WINDOW=spec.window,
@@ -48,7 +48,7 @@ def cpu_paged_attention(q: Tensor, cache: Tensor, tables: Tensor, token_rows: Te
     -> [T, H * D]."""
     tokens, heads, head_dim = q.shape
     out = Tensor.empty(tokens, heads * head_dim, dtype=dtypes.float32, device=q.device)
-    spec = spec or AttentionSpec(head_dim ** -0.5)
+    spec = spec or AttentionSpec.plain(head_dim)
     fxn = _program(tokens, heads, cache.shape[2], head_dim, block_size, tables.shape[-1], dtype, spec)
     cache_inputs = (cache,) if scales is None else (cache, scales)
     return out.custom_kernel(q.float().contiguous(), *cache_inputs, tables.cast(dtypes.int32).contiguous(),

@@ -1,9 +1,9 @@
-"""Gemma 2 and Mistral (HF folders) and Gemma 3 (a GGUF) served by `tinyvllm serve`: over a 300-token prompt, past
-every sliding window and soft cap, the prompt log-probabilities the server echoes equal transformers' float32 ones
-and its greedy tokens are transformers' (a difference allowed only where transformers' top two are a near-tie). The
-tiny random models carry the default model's tokenizer, so the server tokenizes and detokenizes for real. Mistral
-runs in a KV cache of 8 blocks of 16 tokens, less than its prompt needs: every layer slides, so the blocks behind
-the window go back to the pool as the prompt advances."""
+"""Each new architecture served by `tinyvllm serve` (Gemma 2, Mistral and Phi-3 from HF folders, Gemma 3 and Qwen3
+from GGUF files): over a 300-token prompt, past every sliding window and soft cap, the prompt log-probabilities the
+server echoes equal transformers' float32 ones and its greedy tokens are transformers' (a difference allowed only
+where transformers' top two are a near-tie). The tiny random models carry the default model's tokenizer, so the
+server tokenizes and detokenizes for real. Mistral runs in a KV cache of 8 blocks of 16 tokens, less than its prompt
+needs: every layer slides, so the blocks behind the window go back to the pool as the prompt advances."""
 import httpx
 import numpy as np
 import pytest
@@ -14,26 +14,27 @@ from tests.helpers.tiny_model import VOCAB_SIZE, tokenizer_metadata
 from tests.workers import test_architectures as archs
 
 PROMPT, MAX_TOKENS, NEAR_TIE = 300, 8, 1e-3
+HF_FOLDERS = ("gemma2", "mistral", "phi3")  # the others as GGUF files
 SERVE_ARGS = {"mistral": ("--num-kv-blocks", "8", "--block-size", "16", "--max-num-batched-tokens", "64")}
 
 
 def served_model(arch: str, folder):
-    """(the transformers model, the path to serve): Gemma 2 and Mistral saved by transformers with a tokenizer.json,
-    Gemma 3 converted to a GGUF with the tokenizer's metadata."""
+    """(the transformers model, the path to serve): saved by transformers with a tokenizer.json (HF_FOLDERS), or
+    converted to a GGUF with the tokenizer's metadata."""
     import torch
     from tinyvllm.frontend.tokenizer import _tokenizer_from_gguf_metadata
     torch.manual_seed(0)
     archs.VOCAB = VOCAB_SIZE  # the factories read it: the real tokenizer's vocabulary
     try:
-        if arch in ("gemma2", "mistral"):
+        if arch in HF_FOLDERS:
             model = archs.ARCHITECTURES[arch]().float().eval()
             if arch == "gemma2":
                 model.config.final_logit_softcapping = 5.0  # capped, yet not so hard that 49k logits crowd together
             model.save_pretrained(folder)
             _tokenizer_from_gguf_metadata(tokenizer_metadata()).save(str(folder / "tokenizer.json"))
             return model, folder
-        model = archs.gemma3(16, ["sliding_attention"] * 5 + ["full_attention"]).float().eval()
-        return model, write_model_gguf(model, "gemma3", folder / "gemma3.gguf", tokenizer_metadata())
+        model = archs.GGUF_ARCHITECTURES[arch]().float().eval()
+        return model, write_model_gguf(model, arch, folder / f"{arch}.gguf", tokenizer_metadata())
     finally:
         archs.VOCAB = 128
 
@@ -53,8 +54,8 @@ def transformers_greedy(model, prompt: list[int]) -> tuple[np.ndarray, list[int]
     return prompt_lps, ids[len(prompt):], gaps
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "mistral"])
-def test_served_gemma_equals_transformers(arch, tmp_path):
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "mistral", "qwen3", "phi3"])
+def test_served_model_equals_transformers(arch, tmp_path):
     from tinyvllm.frontend.tokenizer import Tokenizer
     model, path = served_model(arch, tmp_path)
     prompt = np.random.default_rng(2).integers(100, VOCAB_SIZE - 100, PROMPT).tolist()

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 from fake_host_swap import FakeHostSwap
 from fake_disk import FakeDisk
+from fake_tokens import (EOS, VOCAB, SampleFn, TokenFn, content_sample_fn, default_token_fn,  # noqa: F401
+                         eos_at, with_random_eos)
 from tinyvllm.protocol.messages import StepPlan, StepResult
 from tinyvllm.protocol.sampling import SamplingParams
 from tinyvllm.scheduler.request import Request
@@ -27,42 +29,7 @@ from tinyvllm.scheduler.config import SchedulerConfig
 from tinyvllm.scheduler.invariants import check_scheduler_invariants
 from tinyvllm.scheduler.scheduler import Scheduler
 
-EOS = 2
-VOCAB = 1000
 POOLED = -1  # _run's answer for an embedding request that computed its whole prompt
-
-TokenFn = Callable[[str, int], int]
-# (req_id, position of the new token, hash of every token before it, sampling) -> token
-SampleFn = Callable[[str, int, int, SamplingParams], int]
-
-
-def default_token_fn(req_id: str, position: int) -> int:
-    """Never EOS: tokens start at 10."""
-    return 10 + zlib.crc32(f"{req_id}:{position}".encode()) % VOCAB
-
-
-def eos_at(positions: dict[str, int], base: TokenFn = default_token_fn) -> TokenFn:
-    """Samples EOS for req_id when the new token lands at positions[req_id]."""
-    return lambda req_id, pos: EOS if positions.get(req_id) == pos else base(req_id, pos)
-
-
-def content_sample_fn(req_id: str, position: int, prefix_hash: int, sampling: SamplingParams) -> int:
-    """Like a model: greedy rows follow the tokens so far; seeded rows draw from (seed, position), like the real
-    sampler's noise; unseeded rows from (req_id, position). Never EOS."""
-    if sampling.greedy:
-        key = f"greedy:{prefix_hash}"
-    elif sampling.seed is not None:
-        key = f"seed:{sampling.seed}:{position}"
-    else:
-        key = f"random:{req_id}:{position}"
-    return 10 + zlib.crc32(key.encode()) % VOCAB
-
-
-def with_random_eos(base: SampleFn, one_in: int) -> SampleFn:
-    def sample(req_id: str, position: int, prefix_hash: int, sampling: SamplingParams) -> int:
-        token = base(req_id, position, prefix_hash, sampling)
-        return EOS if zlib.crc32(f"eos:{token}:{position}".encode()) % one_in == 0 else token
-    return sample
 
 
 def fake_embedding(token_ids: list[int]) -> list[float]:

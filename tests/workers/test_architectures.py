@@ -20,7 +20,7 @@ def qwen3():
     from transformers import Qwen3Config, Qwen3ForCausalLM
     return Qwen3ForCausalLM(Qwen3Config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                         num_key_value_heads=2, head_dim=24, intermediate_size=96,
-                                        max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-6,
+                                        max_position_embeddings=CONTEXT, rope_theta=10000.0, rms_norm_eps=1e-6,
                                         tie_word_embeddings=True))
 
 
@@ -35,8 +35,8 @@ def mistral():
 def phi3():
     from transformers import Phi3Config, Phi3ForCausalLM
     return Phi3ForCausalLM(Phi3Config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, intermediate_size=96, max_position_embeddings=256,
-                                      original_max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-5,
+                                      num_key_value_heads=2, intermediate_size=96, max_position_embeddings=CONTEXT,
+                                      original_max_position_embeddings=CONTEXT, rope_theta=10000.0, rms_norm_eps=1e-5,
                                       sliding_window=None, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                                       tie_word_embeddings=False))
 
