@@ -16,6 +16,7 @@ from starlette.routing import Route
 from tinyvllm.frontend import openai_protocol as api
 from tinyvllm.frontend import openapi, streaming
 from tinyvllm.frontend.auth import APIKeyMiddleware
+from tinyvllm.frontend.beam_search import beam_search_completion
 from tinyvllm.frontend.detokenizer import IncrementalDetokenizer
 from tinyvllm.frontend.embeddings import embedding_routes
 from tinyvllm.frontend.engine_client import EngineDeadError
@@ -27,7 +28,6 @@ from tinyvllm.frontend.openai_requests import ChatRequest, CompletionRequest
 from tinyvllm.frontend.openai_responses import ChatResponse, CompletionResponse, ModelList
 from tinyvllm.frontend.ops_routes import ops_routes
 from tinyvllm.frontend.request_gate import GatedEngine, GateMiddleware, RequestGate
-from tinyvllm.frontend.beam_search import beam_search_completion
 from tinyvllm.frontend.serving import CompletionResult, RequestServing, collect, keep_best
 from tinyvllm.frontend.tokenize_routes import tokenization_routes
 

@@ -92,7 +92,8 @@ def _generation(req: CompletionRequest | ChatRequest, is_chat: bool) -> Generati
         max_tokens=max_tokens or max(1, req.min_tokens), seed=req.seed, stop_token_ids=list(req.stop_token_ids),
         ignore_eos=req.ignore_eos, n=best_of, min_p=req.min_p, presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
-        min_tokens=req.min_tokens, logprobs=0 if rank_by_logprobs else logprobs, prompt_logprobs=logprobs if echo and not is_chat else None)
+        min_tokens=req.min_tokens, logprobs=0 if rank_by_logprobs else logprobs,
+        prompt_logprobs=logprobs if echo and not is_chat else None)
     sampling.set_logit_bias(_logit_bias(req.logit_bias))
     if (kv := req.kv_transfer_params) is not None and (kv.do_remote_decode or kv.do_remote_prefill):
         sampling.kv_transfer = KVTransferParams(

@@ -54,9 +54,9 @@ class SamplingFields(RequestModel):
                      OutOfRange("top_k must be -1 (disable), 0 (disable) or at least 1, got {input}",
                                 above="top_k must be at most 2147483647, got {input}")] = 0
     n: Annotated[int, Field(ge=1, le=MAX_N), OutOfRange(f"n must be between 1 and {MAX_N}, got {{input}}")] = 1
-    best_of: Annotated[int | None, Field(ge=1, le=MAX_N, description="at least n (its default): that many samples, "
-                                                                     "the n with the highest cumulative logprob "
-                                                                     "returned; more than n only without stream")] = None
+    best_of: Annotated[int | None, Field(ge=1, le=MAX_N, description=(
+        "at least n (its default): that many samples, the n with the highest cumulative logprob returned; more "
+        "than n only without stream"))] = None
     use_beam_search: bool = Field(False, description="beam search of width n (at most 10); not with stream")
     length_penalty: float = Field(1.0, description="beam search: beams rank by cumulative logprob / "
                                                    "length ** length_penalty")

@@ -3,10 +3,11 @@
 Each request gets one producer task per child (the "scheduler"; n > 1 forks n children, as the real one does)
 that puts one token per step on the request's queue, under the parent id with the child's index. Child i
 cycles through `choice_replies[i]` (default: `reply_token_ids` for every child); after the reply it emits EOS
-(unless ignore_eos), with made-up logprobs when asked (the token's -1, its top k: the reply's next tokens); an embedding request (sampling.embed) gets one output with a vector instead. It honours
-max_tokens, stop_token_ids and aborts (of the whole parent), holds every first output while `hold` is clear,
-reports `num_cached_tokens` on every output, keeps the cumulative prefix-cache counters in `stats`, and records what
-it saw so tests can check it.
+(unless ignore_eos), with made-up logprobs when asked (the token's is -1, its top k are the reply's next tokens);
+an embedding request (sampling.embed) gets one output with a vector instead. It honours max_tokens,
+stop_token_ids and aborts (of the whole parent), holds every first output while `hold` is clear, reports
+`num_cached_tokens` on every output, keeps the cumulative prefix-cache counters in `stats`, and records what it saw
+so tests can check it.
 """
 import asyncio
 from collections.abc import AsyncIterator
