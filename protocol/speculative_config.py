@@ -25,12 +25,13 @@ class SpeculativeConfig:
             raise ValueError("prompt_lookup_min and prompt_lookup_max must satisfy 1 <= min <= max")
 
 
-def parse_speculative_config(text: str | None) -> SpeculativeConfig | None:
-    """The --speculative-config JSON -> a SpeculativeConfig (None for no speculation); ValueError if it is wrong."""
+def parse_speculative_config(text: str | dict | None) -> SpeculativeConfig | None:
+    """The --speculative-config JSON (or its dict) -> a SpeculativeConfig (None for no speculation); ValueError if
+    it is wrong."""
     if not text:
         return None
     try:
-        fields = json.loads(text)
+        fields = dict(text) if isinstance(text, dict) else json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"--speculative-config is not JSON: {e}") from None
     if not isinstance(fields, dict):
