@@ -26,7 +26,7 @@ from tinyvllm.workers.logprobs import logprobs_of, to_token_logprobs, top_count_
 from tinyvllm.workers.model import Transformer
 from tinyvllm.workers.sampling_batch import BatchSampler
 from tinyvllm.workers.sharded_forward import ShardedForward
-from tinyvllm.workers.spec_verify import draft_logits, verify
+from tinyvllm.workers.spec_verify import DraftLogits, verify
 from tinyvllm.workers.stage_link import StageLink
 
 
@@ -82,6 +82,7 @@ class ModelRunner:
         self.block_io = KVBlockIO(cache)  # one block of every layer to and from host bytes
         self.host_swap = HostSwap(self.block_io, swap_space_bytes)
         self.batch = BatchState()
+        self.draft_logits = DraftLogits(model)  # speculative decoding (workers/spec_verify.py)
 
     def rows_for(self, tokens: int) -> int:
         """Table rows (and logits rows) of a forward over a bucket of `tokens`: each row has a token at least."""
@@ -167,7 +168,7 @@ class ModelRunner:
             work.rows += batch.sampled
             if logits is None:
                 continue
-            if (drafts := draft_logits(self.model, batch, hidden)) is not None:
+            if (drafts := self.draft_logits(batch, hidden)) is not None:
                 work.draft_logits.append(drafts)
             if len(forwards) == 1:
                 work.logits = logits

@@ -13,25 +13,43 @@ removed and renormalised, the residual max(0, p - q) normalised. So the output d
 position, greedy rows get exactly their argmax tokens, and a seeded row samples the very tokens it would without
 speculation.
 """
-from tinygrad import Tensor
+import numpy as np
+from tinygrad import Tensor, TinyJit
 
 from tinyvllm.workers.batch_state import RequestState, ScheduledChunk
+from tinyvllm.workers.device_input import device_tensor
 from tinyvllm.workers.flat_batch import FlatBatch
 
 
-def draft_logits(model, batch: FlatBatch, hidden: Tensor) -> Tensor | None:
-    """The logits at the positions whose next token is a draft, for the batch's sampling pieces in order (None if
-    none has drafts). hidden: the forward's final hidden states [T, dim], valid until the next forward."""
-    slices = []
-    for piece, offset in zip(batch.pieces, batch.offsets):
-        if (k := piece.state.num_drafts) and piece.samples and not piece.pools:  # in batch.sampled's order
-            if piece.length < k + 1:
-                raise ValueError(f"{piece.req_id}: its drafts were split across forwards")
-            end = offset + piece.length - 1
-            slices.append(hidden[end - k:end])
-    if not slices:
-        return None
-    return model.logits(slices[0].cat(*slices[1:])).realize()
+class DraftLogits:
+    """The logits at the positions whose next token is a draft: one TinyJit per (token bucket, padded row count)
+    gathers those rows of a forward's final hidden states and runs the head over them."""
+
+    def __init__(self, model):
+        self.model = model
+        self.jits: dict[tuple[int, int], TinyJit] = {}
+
+    def _head(self, hidden: Tensor, index: Tensor) -> Tensor:
+        return self.model.logits(hidden[index]).realize()
+
+    def __call__(self, batch: FlatBatch, hidden: Tensor) -> Tensor | None:
+        """[n, V] for the n draft positions of the batch's sampling pieces, in order (None if none has drafts).
+        hidden: the forward's final hidden states [T, dim], valid until the next forward. A copy."""
+        positions = []
+        for piece, offset in zip(batch.pieces, batch.offsets):
+            if (k := piece.state.num_drafts) and piece.samples and not piece.pools:  # in batch.sampled's order
+                if piece.length < k + 1:
+                    raise ValueError(f"{piece.req_id}: its drafts were split across forwards")
+                end = offset + piece.length - 1
+                positions += range(end - k, end)
+        if not positions:
+            return None
+        rows = 1 << (len(positions) - 1).bit_length()
+        index = np.zeros(rows, np.int32)
+        index[:len(positions)] = positions
+        if (jit := self.jits.get((batch.bucket, rows))) is None:
+            jit = self.jits[(batch.bucket, rows)] = TinyJit(self._head)
+        return jit(hidden, device_tensor(index))[:len(positions)].contiguous().realize()
 
 
 def position_view(state: RequestState, num_tokens: int) -> RequestState:
@@ -49,7 +67,7 @@ def verify(sampler, rows: list[ScheduledChunk], tokens: list[int], logits: list[
         state = chunk.state
         real = len(state.token_ids) - state.num_drafts
         views += [position_view(state, real + j) for j in range(state.num_drafts)]
-    logits_all = logits[0] if len(logits) == 1 else logits[0].cat(*logits[1:]).realize()
+    logits_all = logits[0] if len(logits) == 1 else Tensor.cat(*logits).realize()
     draft_targets, _ = sampler.sample(views, logits_all)
     accepted_by_row, used = [], 0
     for row, chunk in enumerate(rows):
