@@ -63,8 +63,8 @@ class Scheduler:
         """Queues req (n > 1: its children); False if it can never be served, with one ERROR output (index 0)
         waiting in take_pending_outputs()."""
         c = self.config
-        error = (admission_error(req, self.requests.keys() | self.groups.keys(), c.max_model_len, c.block_size, c.num_blocks,
-                                 c.blocks_per_request)
+        error = (admission_error(req, self.requests.keys() | self.groups.keys(), c.max_model_len, c.block_size,
+                                 c.num_blocks, c.blocks_per_request)
                  or self.remote_kv.admission_error(req))
         if error is not None:
             self.remote_kv.refused(req)
@@ -222,10 +222,10 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         kv, swap = self.kv_cache_manager, self.swap
-        return self.spec.add_stats(SchedulerStats(self.num_running, self.num_waiting, kv.num_free_blocks, kv.num_total_blocks, self._step_id,
-                              self.prefix_cache_queries, self.prefix_cache_hits, self.num_preemptions,
-                              self.num_tokens_computed, swap.num_free_slots, swap.num_slots,
-                              swap.num_swapped_out_blocks, swap.num_swapped_in_blocks))
+        return self.spec.add_stats(SchedulerStats(
+            self.num_running, self.num_waiting, kv.num_free_blocks, kv.num_total_blocks, self._step_id,
+            self.prefix_cache_queries, self.prefix_cache_hits, self.num_preemptions, self.num_tokens_computed,
+            swap.num_free_slots, swap.num_slots, swap.num_swapped_out_blocks, swap.num_swapped_in_blocks))
 
     def seats(self, req: Request) -> int:
         """max_num_seqs slots a request takes: a leader reserves seats for the siblings that will fork from it."""

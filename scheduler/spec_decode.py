@@ -80,7 +80,8 @@ class SpecDecode:
 
     def add_stats(self, stats: SchedulerStats) -> SchedulerStats:
         stats.spec_num_drafts, stats.spec_num_draft_tokens = self.num_drafts, self.num_draft_tokens
-        stats.spec_num_accepted_tokens, stats.spec_accepted_per_pos = self.num_accepted_tokens, list(self.accepted_per_pos)
+        stats.spec_num_accepted_tokens = self.num_accepted_tokens
+        stats.spec_accepted_per_pos = list(self.accepted_per_pos)
         return stats
 
 

@@ -204,8 +204,11 @@ class FakeWorker:
             return None  # a prefill chunk short of the end samples nothing
         if req.sampling.embed:
             return POOLED
+
         def target(pos: int) -> int:  # the token the model samples at pos, given the tokens before it
-            return self.sample_fn(req_id, pos, hashes[pos - 1], req.sampling) if self.sample_fn else self.token_fn(req_id, pos)
+            if self.sample_fn is not None:
+                return self.sample_fn(req_id, pos, hashes[pos - 1], req.sampling)
+            return self.token_fn(req_id, pos)
 
         # Speculative decoding: drafts are accepted while each is the token the model samples there; the rejected
         # ones leave token_ids, and their positions count as not computed.

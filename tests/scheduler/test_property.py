@@ -3,7 +3,8 @@ out), tiny pools, prefix caching on and off, 1 to 3 steps in flight, async sched
 is planned again while in flight, the fake worker appending its own sampled token for a placeholder), CPU swap off,
 tight or roomy (a preempted request swapped out or recomputed), sliding windows (blocks behind a request's window go
 back to the pool: the fake worker reads only the window, and checks it), n-gram speculative decoding on and off
-(without async scheduling; a "model" of three tokens, so drafts are proposed and often accepted). After every plan and every result the
+(without async scheduling; a "model" of three tokens, so drafts are proposed and often accepted). After every plan
+and every result the
 scheduler's and the pool's invariants hold (no leaked or doubly freed block or swap slot, ref counts equal holders,
 cached free blocks have none, a request's steps in flight follow one another) and the fake worker has checked every
 KV read and every token a plan brings; in the end every request finished or was aborted, each with exactly what an
