@@ -57,6 +57,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="host memory per worker, in GiB (or e.g. 512M), for the KV blocks of requests preempted "
                              "under KV-cache pressure: they are copied out and back when the request resumes instead "
                              "of recomputed (vLLM V0's swap); default 0: always recompute")
+    parser.add_argument("--speculative-config", default=None, metavar="JSON",
+                        help='speculative decoding, as vLLM spells it, e.g. \'{"method": "ngram", '
+                             '"num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\': n-gram '
+                             'prompt lookup drafts tokens from the request\'s own text and the model verifies them in '
+                             'one step (same outputs; faster where the output copies the prompt). Turns async '
+                             'scheduling off; one worker only. Supported methods: ngram')
     parser.add_argument("--kv-cache-dir", default=None, metavar="DIR",
                         help="keep full blocks of cached prefixes in this folder too (written in the background), so "
                              "that after a restart a prompt seen before (say, a long system prompt) is loaded, not "
@@ -134,7 +140,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
                       async_scheduling=args.async_scheduling, role=getattr(args, "role", "both"),
                       kv_host=getattr(args, "kv_host", "127.0.0.1"), kv_port=getattr(args, "kv_port", 0),
                       kv_lease_s=getattr(args, "kv_lease_s", 30.0), kv_cache_dir=args.kv_cache_dir,
-                      kv_cache_dir_bytes=args.kv_cache_dir_bytes)
+                      kv_cache_dir_bytes=args.kv_cache_dir_bytes, speculative_config=args.speculative_config)
 
 
 def add_limit_args(serve: argparse.ArgumentParser) -> None:

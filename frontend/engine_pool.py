@@ -10,6 +10,7 @@ import asyncio
 import pathlib
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+import itertools
 from dataclasses import fields
 
 from tinyvllm.frontend.engine_client import EngineClient, EngineDeadError
@@ -19,6 +20,13 @@ from tinyvllm.frontend.replica_router import ReplicaRouter, RoutingPolicy, promp
 from tinyvllm.protocol.messages import EngineReady, RequestOutput, SchedulerStats
 from tinyvllm.protocol.model_path import resolve_model_path
 from tinyvllm.protocol.sampling import SamplingParams
+
+
+def summed(values: list):
+    """Numbers summed; lists (counts by position) summed element by element."""
+    if values and isinstance(values[0], list):
+        return [sum(column) for column in itertools.zip_longest(*values, fillvalue=0)]
+    return sum(values)
 
 
 class EnginePool:
@@ -68,7 +76,7 @@ class EnginePool:
     def stats(self) -> SchedulerStats:
         """Every replica's stats summed."""
         per_replica = [r.stats for r in self.replicas]
-        return SchedulerStats(*(sum(getattr(s, f.name) for s in per_replica) for f in fields(SchedulerStats)))
+        return SchedulerStats(*(summed([getattr(s, f.name) for s in per_replica]) for f in fields(SchedulerStats)))
 
     def stats_by_engine(self) -> dict[str, SchedulerStats]:
         """Each replica's latest stats by its /metrics `engine` label (zeros while it does not serve)."""

@@ -6,6 +6,7 @@ Used by both `tinyvllm serve` and the offline `LLM` API. Children are programs o
 spawn, which re-runs the caller's script) and die with this process even if it is killed.
 """
 import dataclasses
+import json
 import logging
 import os
 import pathlib
@@ -21,6 +22,7 @@ from tinyvllm.protocol.parallel_layout import check_parallel_sizes
 from tinyvllm.protocol.transport import Endpoints
 from tinyvllm.protocol.kv_auth import KV_SECRET_ENV, require_kv_secret_beyond_loopback
 from tinyvllm.protocol.kv_cache_dtype import check_kv_cache_dtype
+from tinyvllm.protocol.speculative_config import parse_speculative_config
 from tinyvllm.protocol.worker_auth import SECRET_ENV, require_secret_beyond_loopback
 from tinyvllm.scheduler.main import SchedulerArgs
 
@@ -71,6 +73,8 @@ class EngineArgs:
     # kv_cache_dir_bytes (least recently used files go first), and loaded after a restart.
     kv_cache_dir: str | None = None
     kv_cache_dir_bytes: int = DEFAULT_KV_CACHE_DIR_BYTES
+    # Speculative decoding (scheduler/spec_decode.py): vLLM's SpeculativeConfig as JSON (or a dict); None: off.
+    speculative_config: str | dict | None = None
 
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size",
@@ -108,6 +112,8 @@ class EngineArgs:
             raise ValueError("--kv-cache-dir-size must be positive")
         if self.kv_lease_s <= 0:
             raise ValueError("--kv-lease-seconds must be positive")
+        if parse_speculative_config(self.speculative_config) is not None and self.world_size > 1:
+            raise ValueError("--speculative-config needs one worker (tensor- and pipeline-parallel size 1) for now")
         if self.role == "prefill":
             require_kv_secret_beyond_loopback(self.kv_secret, self.kv_host)
             if self.external_workers:
@@ -155,7 +161,8 @@ class EngineProcesses:
         if args.external_workers:
             self.endpoints = dataclasses.replace(self.endpoints, workers=args.worker_address)
         tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
-        async_scheduling = args.async_scheduling and args.world_size == 1
+        speculative = parse_speculative_config(args.speculative_config)  # drafts are planned between steps: no async
+        async_scheduling = args.async_scheduling and args.world_size == 1 and speculative is None
         sched_args = SchedulerArgs(args.world_size, args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
                                    self.max_model_len, args.num_kv_blocks, args.kv_cache_memory, args.enable_prefix_caching,
                                    tp_size=tp, pp_size=pp, n_layers=self.model_config.n_layers,
@@ -165,7 +172,8 @@ class EngineProcesses:
                                    async_scheduling=async_scheduling, kv_lease_s=args.kv_lease_s,
                                    kv_host=args.kv_host, role=args.role, swap_space_bytes=args.swap_space,
                                    kv_cache_dir_bytes=args.kv_cache_dir_bytes, kv_cache_dtype=args.kv_cache_dtype,
-                                   sliding_window=self.model_config.sliding_window_everywhere)
+                                   sliding_window=self.model_config.sliding_window_everywhere,
+                                   speculative_config=json.dumps(dataclasses.asdict(speculative)) if speculative else "")
         # tcp on loopback is open to every local user: the launcher's workers then prove a secret of its own
         secret = args.worker_secret or (secrets.token_hex(32) if args.transport == "tcp" and not args.external_workers
                                         else "")

@@ -68,6 +68,9 @@ class _EngineStatsCollector(Collector):
              "num_swapped_out_blocks"),
             ("tinyvllm:swapped_in_blocks", "KV blocks copied back from CPU swap space as their requests resumed.",
              "num_swapped_in_blocks"),
+            ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", "spec_num_drafts"),
+            ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", "spec_num_draft_tokens"),
+            ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", "spec_num_accepted_tokens"),
         )
         for family_type, metrics in ((GaugeMetricFamily, gauges), (CounterMetricFamily, counters)):
             for name, doc, stat in metrics:
@@ -75,6 +78,12 @@ class _EngineStatsCollector(Collector):
                 for engine, stats in by_engine.items():
                     family.add_metric([self.model_name, engine], float(getattr(stats, stat)))
                 yield family
+        per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft "
+                                      "position.", labels=["model_name", "engine", "position"])
+        for engine, stats in by_engine.items():
+            for position, count in enumerate(stats.spec_accepted_per_pos):
+                per_pos.add_metric([self.model_name, engine, str(position)], float(count))
+        yield per_pos
         if (ready := getattr(self.engine, "ready", None)) is not None:  # once the engine started
             yield cache_config_info(ready)
 

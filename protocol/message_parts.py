@@ -25,8 +25,10 @@ def step_result_rows(result: StepResult, lo: int, hi: int) -> StepResult:
     """Rows [lo, hi) of `result`, numbering its sampled rows first, then its pooled (embedding) rows."""
     n = len(result.req_ids)
     s, p = slice(min(lo, n), min(hi, n)), slice(max(lo - n, 0), max(hi - n, 0))
-    return StepResult(result.step_id, result.rank, result.req_ids[s], result.sampled_token_ids[s], result.elapsed_s,
+    rows = StepResult(result.step_id, result.rank, result.req_ids[s], result.sampled_token_ids[s], result.elapsed_s,
                       result.logprobs[s], result.prompt_logprobs[s], result.pooled_req_ids[p], result.embeddings[p])
+    rows.accepted_draft_ids = result.accepted_draft_ids[s]
+    return rows
 
 
 def split_step_result(result: StepResult) -> list[StepResult]:
@@ -57,6 +59,7 @@ def merge_step_results(parts: list[StepResult]) -> StepResult:
     first = parts[0]
     merged = StepResult(first.step_id, first.rank, [], [], first.elapsed_s)
     with_logprobs, with_prompt_logprobs = any(p.logprobs for p in parts), any(p.prompt_logprobs for p in parts)
+    with_drafts = any(p.accepted_draft_ids for p in parts)
     for part in parts:
         merged.req_ids += part.req_ids
         merged.sampled_token_ids += part.sampled_token_ids
@@ -64,6 +67,8 @@ def merge_step_results(parts: list[StepResult]) -> StepResult:
             merged.logprobs += part.logprobs or [None] * len(part.req_ids)
         if with_prompt_logprobs:
             merged.prompt_logprobs += part.prompt_logprobs or [None] * len(part.req_ids)
+        if with_drafts:
+            merged.accepted_draft_ids += part.accepted_draft_ids or [[] for _ in part.req_ids]
         merged.pooled_req_ids += part.pooled_req_ids
         merged.embeddings += part.embeddings
         merged.kv_loaded_req_ids += part.kv_loaded_req_ids

@@ -99,6 +99,12 @@ class SchedulerStats:
     num_swap_slots: int = 0
     num_swapped_out_blocks: int = 0  # cumulative
     num_swapped_in_blocks: int = 0  # cumulative
+    # Speculative decoding (cumulative): steps that verified drafts for a request, the drafts proposed, those
+    # accepted, and those accepted at each draft position (index 0: the first draft).
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)
 
     @property
     def kv_usage(self) -> float:
@@ -233,6 +239,9 @@ class CachedRequestData:
     # first position holds the token the worker sampled for this request in that step. The worker appends it
     # itself, after new_token_ids; no later plan sends it.
     append_sampled: bool = False
+    # Speculative decoding: tokens proposed to follow the request's known tokens (scheduler/spec_decode.py). The
+    # step computes them after its known tokens, verifies them (workers/spec_verify.py) and forgets them.
+    draft_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -285,6 +294,9 @@ class StepResult:
     kv_failed_reasons: list[str] = field(default_factory=list)
     # The step's kv_disk_loads that failed on any rank (a missing, corrupt or foreign file): not loaded.
     kv_disk_failed_block_ids: list[int] = field(default_factory=list)
+    # Speculative decoding, by req_ids (empty: no row had drafts): the leading drafts the target model accepted.
+    # A row's new tokens are its accepted drafts, then its sampled token.
+    accepted_draft_ids: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)

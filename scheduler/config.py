@@ -1,6 +1,8 @@
 """The scheduler's limits, fixed at start-up."""
 from dataclasses import dataclass
 
+from tinyvllm.protocol.speculative_config import SpeculativeConfig
+
 
 @dataclass(slots=True)
 class SchedulerConfig:
@@ -20,12 +22,15 @@ class SchedulerConfig:
     sliding_window: int = 0  # every layer of the model attends to this many last positions only (0: all of them)
     num_swap_slots: int = 0  # --swap-space: host slots of one KV block each (scheduler/swap.py); 0: always recompute
     swap_min_tokens: int = 32  # a preempted request with fewer computed tokens is recomputed (scheduler/swap.py)
+    speculative: SpeculativeConfig | None = None  # --speculative-config (scheduler/spec_decode.py); None: off
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_blocks",
                      "max_steps_in_flight"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.speculative is not None and self.async_scheduling:  # drafts are planned for requests in no step
+            raise ValueError("speculative decoding needs async scheduling off")
 
     @property
     def blocks_per_request(self) -> int | None:

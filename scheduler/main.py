@@ -21,6 +21,7 @@ from tinyvllm.protocol.message_parts import merge_step_results
 from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, KVReleased, KVTransferParams, Shutdown,
                                         StepPlan, StepResult, WorkerError)
 from tinyvllm.protocol.transport import Endpoints, make_socket, recv, send
+from tinyvllm.protocol.speculative_config import parse_speculative_config
 from tinyvllm.scheduler.request import Request
 from tinyvllm.scheduler.config import SchedulerConfig
 from tinyvllm.scheduler.disk_kv import scan_disk_dir
@@ -57,13 +58,15 @@ class SchedulerArgs:
     swap_space_bytes: int = 0  # --swap-space: each worker's host memory for swapped-out KV blocks (scheduler/swap.py)
     kv_cache_dir_bytes: int = 0  # the persistent prefix cache's bound on disk (its workers have the folder)
     kv_cache_dtype: str = "auto"  # what the workers' caches store (protocol/kv_cache_dtype.py)
+    speculative_config: str = ""  # --speculative-config's JSON (scheduler/spec_decode.py); "": off
 
 
 def scheduler_config(a: SchedulerArgs, num_blocks: int, num_swap_slots: int = 0) -> SchedulerConfig:
     """Async scheduling only where one worker samples and knows every token: a world of one."""
     return SchedulerConfig(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len, a.block_size, num_blocks,
                            a.enable_prefix_caching, a.max_steps_in_flight, a.async_scheduling and a.world_size == 1,
-                           a.kv_lease_s, a.world_size, num_swap_slots=num_swap_slots, sliding_window=a.sliding_window)
+                           a.kv_lease_s, a.world_size, num_swap_slots=num_swap_slots, sliding_window=a.sliding_window,
+                           speculative=parse_speculative_config(a.speculative_config))
 
 
 class SchedulerLoop:

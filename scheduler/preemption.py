@@ -32,7 +32,7 @@ def preempt(sched: "Scheduler", req: Request) -> None:
     else:
         req.num_computed_tokens = 0
     kv.free(req)
-    req.status = RequestStatus.WAITING
+    req.status, req.draft_token_ids = RequestStatus.WAITING, []  # drafts of a step it was not planned in
     req.num_preemptions += 1
     sched.num_preemptions += 1
     sched.waiting.appendleft(req)

@@ -47,6 +47,7 @@ class Request:
     looked_up_disk: bool = False  # the persistent prefix cache was asked once for its prefix (scheduler/disk_kv.py)
     kv_transfer: KVTransferParams | None = None  # disaggregated prefill/decode, as asked (scheduler/remote_kv.py)
     kv_transfer_out: KVTransferParams | None = None  # a prefill's answer: where its leased blocks are
+    draft_token_ids: list[int] = field(default_factory=list)  # proposed for its step in flight (spec_decode.py)
 
     @classmethod
     def from_add_request(cls, msg: AddRequest) -> "Request":

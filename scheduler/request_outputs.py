@@ -8,6 +8,7 @@ def well_formed(result: StepResult, step_id: int) -> bool:
     n = len(result.req_ids)
     return (result.step_id == step_id and len(result.sampled_token_ids) == n
             and len(result.logprobs) in (0, n) and len(result.prompt_logprobs) in (0, n)
+            and len(result.accepted_draft_ids) in (0, n)
             and len(result.pooled_req_ids) == len(result.embeddings))
 
 
@@ -22,9 +23,11 @@ def request_output(req: Request, token_ids: list[int], reason: str | None, error
     return out
 
 
-def sampled_output(req: Request, reason: str | None, result: StepResult, row: int) -> RequestOutput:
-    """The token req sampled in row `row` of result, with its logprobs and prompt logprobs if it asked."""
-    out = request_output(req, [result.sampled_token_ids[row]], reason)
+def sampled_output(req: Request, reason: str | None, result: StepResult, row: int,
+                   token_ids: list[int]) -> RequestOutput:
+    """The tokens req gained in row `row` of result (its accepted drafts and sampled token, or only the sampled one),
+    with its logprobs and prompt logprobs if it asked (requests that ask get no drafts)."""
+    out = request_output(req, token_ids, reason)
     if result.logprobs and result.logprobs[row] is not None:
         out.logprobs = [result.logprobs[row]]
     if result.prompt_logprobs:

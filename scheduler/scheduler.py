@@ -26,6 +26,7 @@ from tinyvllm.scheduler.preemption import choose_victim, preempt
 from tinyvllm.scheduler.remote_kv import RemoteKV
 from tinyvllm.scheduler.request import Request, RequestStatus
 from tinyvllm.scheduler.request_outputs import request_output, well_formed
+from tinyvllm.scheduler.spec_decode import SpecDecode
 from tinyvllm.scheduler.step_update import apply_step_result
 from tinyvllm.scheduler.steps_in_flight import StepsInFlight
 from tinyvllm.scheduler.swap import SwapSpace
@@ -54,6 +55,7 @@ class Scheduler:
         self.swap = SwapSpace(config.num_swap_slots, config.swap_min_tokens)
         self.remote_kv = RemoteKV(self, config.kv_lease_s, config.world_size)
         self.disk_kv = DiskKV(self.kv_cache_manager)  # off until opened (--kv-cache-dir)
+        self.spec = SpecDecode(config.speculative)  # drafts for decoding requests (--speculative-config)
 
     # ---- frontend side -----------------------------------------------------------------------------
 
@@ -61,8 +63,8 @@ class Scheduler:
         """Queues req (n > 1: its children); False if it can never be served, with one ERROR output (index 0)
         waiting in take_pending_outputs()."""
         c = self.config
-        error = (admission_error(req, self._live_ids(), c.max_model_len, c.block_size, c.num_blocks,
-                                 c.blocks_per_request)
+        error = (admission_error(req, self.requests.keys() | self.groups.keys(), c.max_model_len, c.block_size,
+                                 c.num_blocks, c.blocks_per_request)
                  or self.remote_kv.admission_error(req))
         if error is not None:
             self.remote_kv.refused(req)
@@ -137,6 +139,8 @@ class Scheduler:
             if num_new == 0:
                 assert self.steps_in_flight.holds(req), f"running request {req.req_id} has nothing to compute"
                 continue
+            num_new = self.spec.plan_drafts(req, start, num_new, budget, self.max_len,
+                                            self.worker_view.knows(req.req_id) and not self.steps_in_flight.holds(req))
             if not self._allocate_or_preempt(req, start + num_new):
                 stalled = True  # req preempted itself (it was the newest), or waits for a step in flight (its own)
                 break
@@ -218,19 +222,16 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         kv, swap = self.kv_cache_manager, self.swap
-        return SchedulerStats(self.num_running, self.num_waiting, kv.num_free_blocks, kv.num_total_blocks, self._step_id,
-                              self.prefix_cache_queries, self.prefix_cache_hits, self.num_preemptions,
-                              self.num_tokens_computed, swap.num_free_slots, swap.num_slots,
-                              swap.num_swapped_out_blocks, swap.num_swapped_in_blocks)
+        return self.spec.add_stats(SchedulerStats(
+            self.num_running, self.num_waiting, kv.num_free_blocks, kv.num_total_blocks, self._step_id,
+            self.prefix_cache_queries, self.prefix_cache_hits, self.num_preemptions, self.num_tokens_computed,
+            swap.num_free_slots, swap.num_slots, swap.num_swapped_out_blocks, swap.num_swapped_in_blocks))
 
     def seats(self, req: Request) -> int:
         """max_num_seqs slots a request takes: a leader reserves seats for the siblings that will fork from it."""
         return min(1 + len(req.pending_forks), self.config.max_num_seqs)
 
     # ---- internals -----------------------------------------------------------------------------------
-
-    def _live_ids(self):
-        return self.requests.keys() | self.groups.keys()
 
     def _allocate_or_preempt(self, req: Request, num_total_tokens: int) -> bool:
         """Makes room for req's next tokens, preempting the newest running requests as needed; False if that

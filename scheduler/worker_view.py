@@ -53,7 +53,7 @@ class WorkerView:
                 new_token_ids = req.token_ids_between(self._sent_num_tokens[req.req_id], req.num_tokens)
                 append_sampled = start == req.num_tokens
                 cached_reqs.append(CachedRequestData(req.req_id, new_block_ids, start, num_new, new_token_ids,
-                                                     append_sampled))
+                                                     append_sampled, list(req.draft_token_ids)))
                 sent += new_block_ids
                 self._sent_num_tokens[req.req_id] = req.num_tokens + append_sampled
         plan = StepPlan(step_id, new_reqs, cached_reqs, self._dropped_req_ids, block_copies)

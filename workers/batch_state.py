@@ -21,6 +21,7 @@ class RequestState:
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # computed, not sent yet
     pooled_sum: np.ndarray | None = None  # embedding requests: the sum of the final hidden states so far
     last_sampled: int | None = None  # sampled by this worker, not in token_ids yet (CachedRequestData.append_sampled)
+    num_drafts: int = 0  # this step's drafts, the last entries of token_ids until verified (workers/spec_verify.py)
 
     @property
     def num_output_tokens(self) -> int:
@@ -85,6 +86,8 @@ class BatchState:
                     raise ValueError(f"{cached.req_id}: told to append a sampled token, but none was sampled")
                 state.append_token(state.last_sampled)
             state.last_sampled = None
+            state.token_ids.extend(cached.draft_token_ids)  # not token stats: requests with penalties get no drafts
+            state.num_drafts = len(cached.draft_token_ids)
             chunks.append(ScheduledChunk(cached.req_id, state, cached.num_computed_tokens, cached.num_scheduled_tokens))
         for chunk in chunks:
             if chunk.start + chunk.length > len(chunk.state.token_ids):

@@ -26,6 +26,7 @@ from tinyvllm.workers.logprobs import logprobs_of, to_token_logprobs, top_count_
 from tinyvllm.workers.model import Transformer
 from tinyvllm.workers.sampling_batch import BatchSampler
 from tinyvllm.workers.sharded_forward import ShardedForward
+from tinyvllm.workers.spec_verify import DraftLogits, verify
 from tinyvllm.workers.stage_link import StageLink
 
 
@@ -54,6 +55,7 @@ class StepWork:
     rows: list[ScheduledChunk] = field(default_factory=list)  # the chunks that sample, in plan order
     logits: Tensor | None = None  # [>= len(rows), V]: row i is rows[i]'s
     pooled: list[tuple[ScheduledChunk, list[float]]] = field(default_factory=list)  # finished embedding requests
+    draft_logits: list[Tensor] = field(default_factory=list)  # per forward with drafts (workers/spec_verify.py)
 
 
 class ModelRunner:
@@ -80,6 +82,7 @@ class ModelRunner:
         self.block_io = KVBlockIO(cache)  # one block of every layer to and from host bytes
         self.host_swap = HostSwap(self.block_io, swap_space_bytes)
         self.batch = BatchState()
+        self.draft_logits = DraftLogits(model)  # speculative decoding (workers/spec_verify.py)
 
     def rows_for(self, tokens: int) -> int:
         """Table rows (and logits rows) of a forward over a bucket of `tokens`: each row has a token at least."""
@@ -165,6 +168,8 @@ class ModelRunner:
             work.rows += batch.sampled
             if logits is None:
                 continue
+            if (drafts := self.draft_logits(batch, hidden)) is not None:
+                work.draft_logits.append(drafts)
             if len(forwards) == 1:
                 work.logits = logits
             elif batch.sampled:  # a copy: the next forward may run in the same jit and reuse its buffers
@@ -186,6 +191,8 @@ class ModelRunner:
             return result  # the scheduler reads one rank's result: this one only says the step is done
         if work.rows:
             tokens, logprobs = self.sampler.sample([c.state for c in work.rows], work.logits)
+            if work.draft_logits:
+                result.accepted_draft_ids = verify(self.sampler, work.rows, tokens, work.draft_logits)
             prompt_logprobs = []
             for chunk, token in zip(work.rows, tokens):  # the next plan brings the token back, or says to append it
                 chunk.state.last_sampled = token

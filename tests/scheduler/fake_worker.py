@@ -24,6 +24,7 @@ from fake_tokens import (EOS, VOCAB, SampleFn, TokenFn, content_sample_fn, defau
                          eos_at, with_random_eos)
 from tinyvllm.protocol.messages import StepPlan, StepResult
 from tinyvllm.protocol.sampling import SamplingParams
+from tinyvllm.protocol.speculative_config import SpeculativeConfig
 from tinyvllm.scheduler.request import Request
 from tinyvllm.scheduler.config import SchedulerConfig
 from tinyvllm.scheduler.invariants import check_scheduler_invariants
@@ -52,7 +53,8 @@ class WorkerRequest:
     sampling: SamplingParams
     num_computed_tokens: int = 0
     prefix_hashes: list[int] = field(default_factory=list)
-    sampled: list[int] = field(default_factory=list)  # sampled, not yet brought back by a plan
+    sampled: list[int] = field(default_factory=list)  # accepted drafts and sampled, not yet brought back by a plan
+    drafts: list[int] = field(default_factory=list)  # speculative decoding: this step's, after token_ids
 
 
 @dataclass
@@ -107,8 +109,8 @@ class FakeWorker:
             assert req.sampled[-1:] or not cached.append_sampled, f"{cached.req_id}: nothing sampled to append"
             assert brought == req.sampled, (
                 f"{cached.req_id}: the plan brings tokens {brought}, the worker sampled {req.sampled}")
-            req.token_ids += req.sampled
-            req.sampled = []
+            req.token_ids += req.sampled + cached.draft_token_ids
+            req.sampled, req.drafts = [], list(cached.draft_token_ids)
             scheduled.append((cached.req_id, cached.num_scheduled_tokens))
         assert len({req_id for req_id, _ in scheduled}) == len(scheduled), "a request scheduled twice"
         for req_id in plan.kv_leases_ended:
@@ -136,6 +138,9 @@ class FakeWorker:
             else:
                 result.req_ids.append(req_id)
                 result.sampled_token_ids.append(token)
+                result.accepted_draft_ids.append(self.reqs[req_id].sampled[:-1])
+        if not any(result.accepted_draft_ids):
+            result.accepted_draft_ids = []
         self.disk.after_step(self.kv, self.block_size, plan, result, {b for b, reqs in holders.items() if reqs})
         return result
 
@@ -199,12 +204,23 @@ class FakeWorker:
             return None  # a prefill chunk short of the end samples nothing
         if req.sampling.embed:
             return POOLED
-        if self.sample_fn is not None:
-            token = self.sample_fn(req_id, end, hashes[end - 1], req.sampling)
-        else:
-            token = self.token_fn(req_id, end)
-        req.sampled.append(token)  # like a real worker: it learns its own token from the next plan
-        return token
+
+        def target(pos: int) -> int:  # the token the model samples at pos, given the tokens before it
+            if self.sample_fn is not None:
+                return self.sample_fn(req_id, pos, hashes[pos - 1], req.sampling)
+            return self.token_fn(req_id, pos)
+
+        # Speculative decoding: drafts are accepted while each is the token the model samples there; the rejected
+        # ones leave token_ids, and their positions count as not computed.
+        real, accepted = end - len(req.drafts), []
+        for draft in req.drafts:
+            if target(real + len(accepted)) != draft:
+                break
+            accepted.append(draft)
+        req.sampled = accepted + [target(real + len(accepted))]  # like a real worker: learnt from the next plan
+        del req.token_ids[real:], req.prefix_hashes[real:]
+        req.num_computed_tokens, req.drafts = real + len(accepted), []
+        return req.sampled[-1]
 
     def _slot(self, req: WorkerRequest, pos: int) -> int:
         return req.block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
@@ -258,11 +274,12 @@ def make_scheduler(max_num_seqs: int = 8, max_num_batched_tokens: int = 64, max_
                    block_size: int = 4, num_blocks: int = 64, token_fn: TokenFn = default_token_fn,
                    enable_prefix_caching: bool = True, sample_fn: SampleFn | None = None,
                    max_steps_in_flight: int = 1, async_scheduling: bool = False, num_swap_slots: int = 0,
-                   swap_min_tokens: int = 1, sliding_window: int = 0) -> tuple[Scheduler, FakeWorker]:
+                   swap_min_tokens: int = 1, sliding_window: int = 0,
+                   speculative: SpeculativeConfig | None = None) -> tuple[Scheduler, FakeWorker]:
     config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, block_size, num_blocks,
                              enable_prefix_caching, max_steps_in_flight, async_scheduling,
                              num_swap_slots=num_swap_slots, swap_min_tokens=swap_min_tokens,
-                             sliding_window=sliding_window)
+                             sliding_window=sliding_window, speculative=speculative)
     return Scheduler(config), FakeWorker(num_blocks, block_size, token_fn, sample_fn, window=sliding_window)
 
 

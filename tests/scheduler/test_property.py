@@ -2,7 +2,9 @@
 out), tiny pools, prefix caching on and off, 1 to 3 steps in flight, async scheduling on and off (with it a request
 is planned again while in flight, the fake worker appending its own sampled token for a placeholder), CPU swap off,
 tight or roomy (a preempted request swapped out or recomputed), sliding windows (blocks behind a request's window go
-back to the pool: the fake worker reads only the window, and checks it). After every plan and every result the
+back to the pool: the fake worker reads only the window, and checks it), n-gram speculative decoding on and off
+(without async scheduling; a "model" of three tokens, so drafts are proposed and often accepted). After every plan
+and every result the
 scheduler's and the pool's invariants hold (no leaked or doubly freed block or swap slot, ref counts equal holders,
 cached free blocks have none, a request's steps in flight follow one another) and the fake worker has checked every
 KV read and every token a plan brings; in the end every request finished or was aborted, each with exactly what an
@@ -18,9 +20,12 @@ from fake_worker import (EOS, content_sample_fn, make_prompt, make_request, make
 from in_flight_driver import InFlightDriver
 from tinyvllm.scheduler.invariants import check_scheduler_invariants
 from tinyvllm.protocol.messages import FinishReason
+from tinyvllm.protocol.speculative_config import SpeculativeConfig
 from tinyvllm.scheduler.parallel_sampling import child_id, child_seed
 
 SAMPLE = with_random_eos(content_sample_fn, one_in=12)
+FEW_TOKENS_SAMPLE = with_random_eos(lambda *args: 10 + content_sample_fn(*args) % 3, one_in=12)
+NGRAM = SpeculativeConfig("ngram", num_speculative_tokens=3, prompt_lookup_max=3, prompt_lookup_min=1)
 PREFIXES = [make_prompt(f"prefix{i}", 16) for i in range(2)]
 MAX_STEPS = 3000
 
@@ -58,7 +63,7 @@ def build_request(req_id: str, spec: Spec):
                         seed=seed, eos_token_ids=(EOS,) if spec.use_eos else ())
 
 
-def reference(req, index: int, max_len: int) -> tuple[list[int], str]:
+def reference(req, index: int, max_len: int, sample=SAMPLE) -> tuple[list[int], str]:
     """What child `index` of req yields with nothing interfering, computed without the scheduler."""
     sampling = req.sampling
     row_id = req.req_id if sampling.n == 1 else child_id(req.req_id, index)
@@ -67,7 +72,7 @@ def reference(req, index: int, max_len: int) -> tuple[list[int], str]:
     tokens, out = list(req.prompt_token_ids), []
     hashes = prefix_hashes(tokens)
     while True:
-        token = SAMPLE(row_id, len(tokens), hashes[-1], row_sampling)
+        token = sample(row_id, len(tokens), hashes[-1], row_sampling)
         out.append(token)
         tokens.append(token)
         prefix_hashes(tokens, hashes)
@@ -80,15 +85,19 @@ def reference(req, index: int, max_len: int) -> tuple[list[int], str]:
 @settings(max_examples=500, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(config=configs, script=st.lists(events, min_size=4, max_size=40), steps_in_flight=st.integers(1, 3),
-       async_scheduling=st.booleans())
-def test_random_mixes_keep_every_invariant_and_every_output(config, script, steps_in_flight, async_scheduling):
+       async_scheduling=st.booleans(), speculative=st.booleans())
+def test_random_mixes_keep_every_invariant_and_every_output(config, script, steps_in_flight, async_scheduling,
+                                                            speculative):
     for caching in (True, False):  # drawing the script costs more than running it: run it both ways
-        run_script(config, script, caching, steps_in_flight, async_scheduling)
+        run_script(config, script, caching, steps_in_flight, async_scheduling and not speculative, speculative)
 
 
-def run_script(config: dict, script: list, caching: bool, steps_in_flight: int, async_scheduling: bool) -> None:
-    sched, worker = make_scheduler(sample_fn=SAMPLE, enable_prefix_caching=caching,
-                                   max_steps_in_flight=steps_in_flight, async_scheduling=async_scheduling, **config)
+def run_script(config: dict, script: list, caching: bool, steps_in_flight: int, async_scheduling: bool,
+               speculative: bool = False) -> None:
+    sample = FEW_TOKENS_SAMPLE if speculative else SAMPLE
+    sched, worker = make_scheduler(sample_fn=sample, enable_prefix_caching=caching,
+                                   max_steps_in_flight=steps_in_flight, async_scheduling=async_scheduling,
+                                   speculative=NGRAM if speculative else None, **config)
     driver = InFlightDriver(sched, worker)
     reqs, outputs, aborted = {}, {}, set()
 
@@ -176,7 +185,7 @@ def run_script(config: dict, script: list, caching: bool, steps_in_flight: int, 
             outs = outputs.get((req_id, index))
             assert outs, f"{req_id}#{index} never finished"
             tokens, reason = [t for o in outs for t in o.new_token_ids], outs[-1].finish_reason
-            expected = reference(req, index, max_len)
+            expected = reference(req, index, max_len, sample)
             if reason == FinishReason.ABORT:
                 assert req_id in aborted and tokens == expected[0][:len(tokens)]
             else:

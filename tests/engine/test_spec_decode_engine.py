@@ -1,0 +1,42 @@
+"""n-gram speculative decoding through the real scheduler and worker processes on the default model: greedy output
+equals greedy without speculation token for token (golden-style prompts, some that copy from the prompt, so drafts
+are proposed and accepted), and the acceptance counters appear on /metrics under vLLM's names."""
+import re
+
+from tinyvllm.frontend.llm import LLM
+from tinyvllm.frontend.metrics import FrontendMetrics
+from tinyvllm.protocol.sampling import SamplingParams
+from tests.reference.test_greedy_matches_hf import LONG_TEXT
+
+ENGINE = dict(max_num_seqs=4, max_model_len=512, num_kv_blocks=96, max_num_batched_tokens=128)
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+CODE = ("def area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n"
+        "    return 2 * (width + height)\n\n\n# The same two functions, with `width` renamed to `w`:\n")
+
+
+def prompts(tok) -> list[list[int]]:
+    chat = lambda text: tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]), add_special_tokens=False)
+    return [tok.encode("The capital of France is"), tok.encode(CODE), chat("Write a haiku about the sea."),
+            tok.encode(LONG_TEXT + "In summary,")]
+
+
+def test_ngram_greedy_equals_plain_greedy_and_metrics_count(default_tokenizer):
+    ids, greedy = prompts(default_tokenizer), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    with LLM(**ENGINE) as llm:
+        plain = [out.token_ids for out in llm.generate(ids, greedy)]
+    with LLM(speculative_config=NGRAM, **ENGINE) as llm:
+        spec = [out.token_ids for out in llm.generate(ids, greedy)]
+        stats = llm.stats
+        metrics = FrontendMetrics(llm._engine, "m").render()[0].decode()
+    assert spec == plain
+    assert 0 < stats.spec_num_accepted_tokens <= stats.spec_num_draft_tokens and stats.spec_num_drafts > 0
+
+    def value(name: str, labels: str = 'engine="0",model_name="m"') -> float:
+        return float(re.search(rf"^{re.escape(name)}{{{labels}}} (\S+)$", metrics, re.M).group(1))
+
+    assert value("vllm:spec_decode_num_drafts_total") == stats.spec_num_drafts
+    assert value("vllm:spec_decode_num_draft_tokens_total") == stats.spec_num_draft_tokens
+    assert value("vllm:spec_decode_num_accepted_tokens_total") == stats.spec_num_accepted_tokens
+    per_pos = [value("vllm:spec_decode_num_accepted_tokens_per_pos_total", f'engine="0",model_name="m",position="{i}"')
+               for i in range(3)]
+    assert sum(per_pos) == stats.spec_num_accepted_tokens and per_pos[0] > 0
