@@ -21,6 +21,7 @@ class RequestState:
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # computed, not sent yet
     pooled_sum: np.ndarray | None = None  # embedding requests: the sum of the final hidden states so far
     last_sampled: int | None = None  # sampled by this worker, not in token_ids yet (CachedRequestData.append_sampled)
+    grammar: object | None = None  # structured output: its workers.grammar_masks.GrammarState, made on first use
 
     @property
     def num_output_tokens(self) -> int:
