@@ -66,24 +66,28 @@ class GrammarMasks:
             state.grammar = GrammarState(self._new_matcher(state.sampling.grammar))
         grammar = state.grammar
         new = state.token_ids[state.num_prompt_tokens + grammar.num_consumed:]
-        if new:
-            if not grammar.matcher.is_error() and not grammar.matcher.consume_tokens(new):
-                log.warning("structured output: a token the grammar does not allow: %s", grammar.matcher.get_error())
-            grammar.num_consumed += len(new)
+        # a stopped matcher (the grammar is complete) takes no more tokens: what follows is EOS, or tokens of a
+        # step scheduled before the scheduler saw that EOS
+        if new and not grammar.matcher.is_stopped() and not grammar.matcher.is_error() \
+                and not grammar.matcher.consume_tokens(new):
+            log.warning("structured output: a token the grammar does not allow: %s", grammar.matcher.get_error())
+        grammar.num_consumed += len(new)
         return grammar.matcher
 
     def allowed(self, states: list, vocab_size: int) -> np.ndarray | None:
         """[R, V] bool, True where row j may sample the token; None when no row has a grammar. Rows without one
-        allow everything. A matcher in an error state (it cannot go on) allows EOS only, to end the request."""
+        allow everything. A stopped matcher (complete) or one in an error state allows EOS only: the request ends."""
         rows = [(j, s) for j, s in enumerate(states) if s.sampling.grammar is not None]
         if not rows:
             return None
         words = np.full((len(states), (vocab_size + 31) // 32), -1, np.int32)
         matchers = [(self._synced(s), j) for j, s in rows]  # the first one loads the tokenizer and the executor
-        fill_next_token_bitmask_par(self._executor, [(m, j) for m, j in matchers if not m.is_error()], words)
+        going_on = [(m, j) for m, j in matchers if not m.is_error() and not m.is_stopped()]
+        if going_on:
+            fill_next_token_bitmask_par(self._executor, going_on, words)
         allowed = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size].astype(bool)
         for matcher, j in matchers:
-            if matcher.is_error():
+            if matcher.is_error() or matcher.is_stopped():
                 allowed[j] = False
                 allowed[j, [t for t in states[j].eos_token_ids if 0 <= t < vocab_size]] = True
         return allowed
