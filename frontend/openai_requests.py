@@ -88,8 +88,9 @@ class SamplingFields(RequestModel):
                           "json_object")
     guided_json: dict[str, Any] | str | None = Field(None, description="a JSON schema the output follows")
     guided_regex: str | None = Field(None, description="a regular expression the output matches")
-    guided_choice: list[str] | None = Field(None, description="the output is one of these strings")
-    guided_grammar: str | None = Field(None, description="a Lark or GBNF grammar the output follows")
+    guided_choice: list[str] | None = Field(None, min_length=1, description="the output is one of these strings")
+    guided_grammar: str | None = Field(None, description="a Lark or GBNF grammar the output follows",
+                                       examples=['start: "yes" | "no"'])
     kv_transfer_params: KVTransferParamsBody | None = Field(
         None, description="disaggregated prefill/decode (vLLM's contract): {do_remote_decode: true} to a prefill "
                           "instance; what it answers, to a decode instance")
