@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from llguidance import LLExecutor, LLMatcher, LLTokenizer
-from llguidance.numpy import fill_next_token_bitmask_par
+from llguidance import LLMatcher, LLTokenizer
+from llguidance.numpy import fill_next_token_bitmask
 
 log = logging.getLogger(__name__)
 COMPILED_CACHE_SIZE = 64  # compiled grammars kept by their text: requests with the same schema compile once
@@ -39,13 +39,11 @@ class GrammarMasks:
         self._load_tokenizer = load_tokenizer
         self._tokenizer: LLTokenizer | None = None
         self._compiled: OrderedDict[str, LLMatcher] = OrderedDict()
-        self._executor: LLExecutor | None = None
 
     @property
     def tokenizer(self) -> LLTokenizer:
         if self._tokenizer is None:
             self._tokenizer = self._load_tokenizer()
-            self._executor = LLExecutor()
         return self._tokenizer
 
     def _new_matcher(self, grammar: str) -> LLMatcher:
@@ -81,10 +79,10 @@ class GrammarMasks:
         if not rows:
             return None
         words = np.full((len(states), (vocab_size + 31) // 32), -1, np.int32)
-        matchers = [(self._synced(s), j) for j, s in rows]  # the first one loads the tokenizer and the executor
-        going_on = [(m, j) for m, j in matchers if not m.is_error() and not m.is_stopped()]
-        if going_on:
-            fill_next_token_bitmask_par(self._executor, going_on, words)
+        matchers = [(self._synced(s), j) for j, s in rows]
+        for matcher, j in matchers:  # one thread: a pool's spinning threads would slow the CPU backend's kernels
+            if not matcher.is_error() and not matcher.is_stopped():
+                fill_next_token_bitmask(matcher, words, j)
         allowed = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size].astype(bool)
         for matcher, j in matchers:
             if matcher.is_error() or matcher.is_stopped():
