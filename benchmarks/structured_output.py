@@ -5,11 +5,13 @@
 
 Both kinds of request produce exactly --output-len tokens: the plain ones with ignore_eos, the constrained ones
 with a schema whose one string needs more characters than that (so the grammar never ends first). Each level runs
-one warm-up wave of its own kind first (compiles the sampler variant), then --rounds waves of `concurrency`
-requests at once; tokens/s is the wave's output tokens over its wall time. DEV=CPU unless DEV is set.
+two warm-up waves of each kind first (they compile the forward buckets and sampler variants both kinds use), then
+--rounds pairs of waves of `concurrency` requests at once, plain and constrained alternating; tokens/s is a wave's
+output tokens over its wall time, the median over the rounds. DEV=CPU unless DEV is set.
 """
 import argparse
 import pathlib
+import statistics
 import sys
 import tempfile
 import time
@@ -53,11 +55,13 @@ def main() -> None:
     try:
         print("| concurrency | plain tok/s | JSON schema tok/s | ratio |\n|---|---|---|---|")
         for c in args.concurrency:
-            rates = {}
-            for constrained in (False, True):
+            for constrained in (False, True, False, True):
                 wave(server.url, c, args.output_len, constrained)  # warm-up
-                rates[constrained] = sum(wave(server.url, c, args.output_len, constrained)
-                                         for _ in range(args.rounds)) / args.rounds
+            runs = {False: [], True: []}
+            for _ in range(args.rounds):
+                for constrained in (False, True):
+                    runs[constrained].append(wave(server.url, c, args.output_len, constrained))
+            rates = {k: statistics.median(v) for k, v in runs.items()}
             print(f"| {c} | {rates[False]:.1f} | {rates[True]:.1f} | {rates[True] / rates[False]:.2f} |", flush=True)
     finally:
         server.stop()
