@@ -82,6 +82,10 @@ def test_regex_choice_grammar_and_json_object(server, tiny_model):
         text, _ = complete(server.url, "/v1/chat/completions", chat_body(
             "Pick one.", max_tokens=20, temperature=1.0, seed=seed, structured_outputs={"choice": choices}))
         assert text in choices, text
+    r = httpx.post(server.url + "/v1/completions", json=completion_body(
+        "Code:", max_tokens=40, temperature=1.0, n=3, guided_regex=regex), timeout=REQUEST_TIMEOUT_S)
+    assert r.status_code == 200 and len(r.json()["choices"]) == 3, r.text
+    assert all(re.fullmatch(regex, c["text"]) for c in r.json()["choices"]), r.text  # each sample has its matcher
     text, _ = complete(server.url, "/v1/completions", completion_body(
         "Yes or no:", max_tokens=20, temperature=0, guided_grammar='start: "yes" | "no" ("!")?'))
     assert text in ("yes", "no", "no!"), text
