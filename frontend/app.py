@@ -16,6 +16,7 @@ from starlette.routing import Route
 from tinyvllm.frontend import openai_protocol as api
 from tinyvllm.frontend import openapi, streaming
 from tinyvllm.frontend.auth import APIKeyMiddleware
+from tinyvllm.frontend.beam_search import beam_search_completion
 from tinyvllm.frontend.detokenizer import IncrementalDetokenizer
 from tinyvllm.frontend.embeddings import embedding_routes
 from tinyvllm.frontend.engine_client import EngineDeadError
@@ -27,7 +28,7 @@ from tinyvllm.frontend.openai_requests import ChatRequest, CompletionRequest
 from tinyvllm.frontend.openai_responses import ChatResponse, CompletionResponse, ModelList
 from tinyvllm.frontend.ops_routes import ops_routes
 from tinyvllm.frontend.request_gate import GatedEngine, GateMiddleware, RequestGate
-from tinyvllm.frontend.serving import CompletionResult, RequestServing, collect
+from tinyvllm.frontend.serving import CompletionResult, RequestServing, collect, keep_best
 from tinyvllm.frontend.tokenize_routes import tokenization_routes
 
 
@@ -104,14 +105,20 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
             prompt_ids = await serving.prompt_token_ids(req, is_chat)
             serving.fit_to_context(req, len(prompt_ids))
             request_id, created = api.new_request_id(is_chat), int(time.time())
-            deltas = serving.generate_text(request_id, prompt_ids, req)
-            n = req.sampling.n
-            if req.stream:
-                events = streaming.chat_events if is_chat else streaming.completion_events
-                return streaming.SSEResponse(events(deltas, request_id, model_name, created, req.include_usage, n))
-            finished, result = await run_unless_disconnected(request, collect(deltas, n))
+            if req.beam_search is not None:
+                work = beam_search_completion(serving, request_id, prompt_ids, req)
+            else:
+                deltas = serving.generate_text(request_id, prompt_ids, req)
+                n = req.sampling.n
+                if req.stream:
+                    events = streaming.chat_events if is_chat else streaming.completion_events
+                    return streaming.SSEResponse(events(deltas, request_id, model_name, created, req.include_usage, n))
+                work = collect(deltas, n)
+            finished, result = await run_unless_disconnected(request, work)
             if not finished:
                 return Response(status_code=CLIENT_CLOSED_REQUEST)
+            if req.best_of_keep is not None:
+                result = keep_best(result, req.best_of_keep)
             return JSONResponse(response_body(result, is_chat, request_id, model_name, created))
         except Exception as e:
             return exception_response(e, request.url.path)

@@ -3,7 +3,7 @@ from dataclasses import dataclass, field
 
 from tinyvllm.frontend.request_completion import RequestCompletion
 from tinyvllm.frontend.tokenizer import Tokenizer
-from tinyvllm.protocol.messages import RequestOutput
+from tinyvllm.protocol.messages import RequestOutput, TokenLogprobs
 
 
 @dataclass(slots=True)
@@ -13,6 +13,7 @@ class CompletionOutput:
     token_ids: list[int]
     text: str
     finish_reason: str | None  # None: never finished, because another sample of the request failed
+    logprobs: list[TokenLogprobs] | None = None  # one per token, when SamplingParams.logprobs is set
 
 
 @dataclass(slots=True)
@@ -35,19 +36,22 @@ class SampleCollector:
         self.completion = RequestCompletion(n)
         self.token_ids: list[list[int]] = [[] for _ in range(n)]
         self.finish_reasons: list[str | None] = [None] * n
+        self.logprobs: list[list[TokenLogprobs] | None] = [None] * n
         self.num_cached_tokens = 0
 
     def add(self, out: RequestOutput) -> None:
         self.completion.observe(out)
         self.token_ids[out.index] += out.new_token_ids
+        if out.logprobs is not None:
+            self.logprobs[out.index] = (self.logprobs[out.index] or []) + out.logprobs
         if out.index == 0:
             self.num_cached_tokens = out.num_cached_tokens
         if out.finish_reason is not None:
             self.finish_reasons[out.index] = out.finish_reason
 
     def result(self, prompt_token_ids: list[int], tokenizer: Tokenizer) -> GenerationResult:
-        outputs = [CompletionOutput(i, ids, tokenizer.decode(ids), reason)
-                   for i, (ids, reason) in enumerate(zip(self.token_ids, self.finish_reasons))]
+        outputs = [CompletionOutput(i, ids, tokenizer.decode(ids), reason, logprobs)
+                   for i, (ids, reason, logprobs) in enumerate(zip(self.token_ids, self.finish_reasons, self.logprobs))]
         first = outputs[0]
         return GenerationResult(prompt_token_ids, first.token_ids, first.text, first.finish_reason,
                                 self.completion.error, outputs, self.num_cached_tokens)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 from tinyvllm.frontend import embeddings
 from tinyvllm.frontend.background_loop import BackgroundLoop
+from tinyvllm.frontend.beam_search import BeamSequence, beam_search
 from tinyvllm.frontend.detokenizer import IncrementalDetokenizer
 from tinyvllm.frontend.engine_client import EngineDeadError
 from tinyvllm.frontend.engine_pool import EnginePool, launch_pool
@@ -23,7 +24,7 @@ from tinyvllm.frontend.launcher import EngineArgs
 from tinyvllm.frontend.request_errors import EngineRequestError
 from tinyvllm.frontend.tokenizer import Tokenizer
 from tinyvllm.protocol.messages import SchedulerStats
-from tinyvllm.protocol.sampling import SamplingParams
+from tinyvllm.protocol.sampling import BeamSearchParams, SamplingParams
 
 __all__ = ["LLM", "GenerationResult", "CompletionOutput"]
 
@@ -84,6 +85,12 @@ class LLM:
             raise failures.exceptions[0] from None
         if self._engine.dead_reason is not None:  # the requests ended with its error outputs
             raise EngineDeadError(self._engine.dead_reason)
+
+    def beam_search(self, prompt: Prompt, params: BeamSearchParams) -> list[BeamSequence]:
+        """The best params.beam_width beams of the prompt (frontend/beam_search.py), best first."""
+        ids = self._prompt_ids(prompt)
+        return self._loop.run(beam_search(self._engine, self._request_id(), ids, params,
+                                          self.tokenizer.eos_token_ids))
 
     def embed(self, texts: Prompt | list[Prompt]) -> list[list[float]]:
         """One vector per input: the model's final hidden states (after the final norm) mean-pooled over the

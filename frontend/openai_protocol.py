@@ -7,7 +7,7 @@ from typing import Any
 from tinyvllm.frontend.openai_requests import ChatMessage, ChatRequest, CompletionRequest
 from tinyvllm.frontend.request_models import RequestInvalid, RequestModel, validate
 from tinyvllm.frontend.structured_output import GrammarInvalid, openai_grammar
-from tinyvllm.protocol.sampling import KVTransferParams, SamplingParams
+from tinyvllm.protocol.sampling import MAX_BEAM_WIDTH, BeamSearchParams, KVTransferParams, SamplingParams
 
 
 class APIError(Exception):
@@ -50,6 +50,9 @@ class GenerationRequest:
     # Completions: the prompt goes before the output. Chat (vLLM's extension): the last message's content does,
     # when it is the assistant's (the reply continues it).
     echo: bool = False
+    best_of_keep: int | None = None  # best_of > n: sampling.n (= best_of) candidates, this many (n) returned
+    logprobs_only_to_rank: bool = False  # sampling.logprobs was set for best_of's ranking, not asked for
+    beam_search: BeamSearchParams | None = None  # use_beam_search: the frontend searches (frontend/beam_search.py)
 
 
 def validated(model: type[RequestModel], body: Any) -> Any:
@@ -66,9 +69,16 @@ def _generation(req: CompletionRequest | ChatRequest, is_chat: bool) -> Generati
     if best_of < n:
         raise APIError(f"best_of must be greater than or equal to n, got n={n} and best_of={best_of}",
                        param="best_of")
-    if best_of > n:
-        raise APIError("best_of > n is not supported yet", param="best_of")
+    if best_of > n and req.stream:
+        raise APIError("best_of > n is not supported with stream=true", param="best_of")
+    if req.use_beam_search and req.stream:
+        raise APIError("Streaming is not supported with beam search", param="stream")
+    if req.use_beam_search and best_of > n:
+        raise APIError("best_of > n is not supported with beam search: n is the beam width", param="best_of")
+    if req.use_beam_search and n > MAX_BEAM_WIDTH:
+        raise APIError(f"Beam search width (n) must be at most {MAX_BEAM_WIDTH}, got {n}", param="n")
     logprobs = _chat_logprobs(req) if is_chat else req.logprobs
+    rank_by_logprobs = best_of > n and logprobs is None
     max_tokens = req.max_tokens
     if is_chat:
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else max_tokens
@@ -81,9 +91,10 @@ def _generation(req: CompletionRequest | ChatRequest, is_chat: bool) -> Generati
         temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
         # chat's "rest of the context" is filled in (and checked against min_tokens) once the prompt length is known
         max_tokens=max_tokens or max(1, req.min_tokens), seed=req.seed, stop_token_ids=list(req.stop_token_ids),
-        ignore_eos=req.ignore_eos, n=n, min_p=req.min_p, presence_penalty=req.presence_penalty,
+        ignore_eos=req.ignore_eos, n=best_of, min_p=req.min_p, presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
-        min_tokens=req.min_tokens, logprobs=logprobs, prompt_logprobs=logprobs if echo and not is_chat else None)
+        min_tokens=req.min_tokens, logprobs=0 if rank_by_logprobs else logprobs,
+        prompt_logprobs=logprobs if echo and not is_chat else None)
     sampling.set_logit_bias(_logit_bias(req.logit_bias))
     try:
         sampling.grammar = openai_grammar(req.response_format, req.structured_outputs, {
@@ -91,6 +102,9 @@ def _generation(req: CompletionRequest | ChatRequest, is_chat: bool) -> Generati
             "grammar": req.guided_grammar})
     except GrammarInvalid as e:
         raise APIError(e.message, param=e.param) from None
+    if sampling.grammar is not None and req.use_beam_search:
+        # each beam step is a request of its own, so no matcher would follow a beam's tokens
+        raise APIError("use_beam_search is not supported with structured output", param="use_beam_search")
     if (kv := req.kv_transfer_params) is not None and (kv.do_remote_decode or kv.do_remote_prefill):
         sampling.kv_transfer = KVTransferParams(
             kv.do_remote_decode, kv.do_remote_prefill, list(kv.remote_block_ids or []), kv.remote_engine_id or "",
@@ -106,7 +120,10 @@ def _generation(req: CompletionRequest | ChatRequest, is_chat: bool) -> Generati
         model=req.model, sampling=sampling, max_tokens=max_tokens, stop=[s for s in stop if s], stream=req.stream,
         include_usage=req.stream_options is not None and req.stream_options.include_usage,
         skip_special_tokens=req.skip_special_tokens, add_special_tokens=add_special_tokens, is_chat=is_chat,
-        include_stop_str_in_output=req.include_stop_str_in_output, echo=echo)
+        include_stop_str_in_output=req.include_stop_str_in_output, echo=echo,
+        best_of_keep=n if best_of > n else None, logprobs_only_to_rank=rank_by_logprobs,
+        beam_search=BeamSearchParams(n, sampling.max_tokens, req.ignore_eos, req.length_penalty)
+        if req.use_beam_search else None)
 
 
 def _chat_logprobs(req: ChatRequest) -> int | None:

@@ -1,7 +1,7 @@
 """The OpenAI-style request bodies (/v1/completions, /v1/chat/completions, /v1/embeddings, /tokenize, /detokenize),
 declared once: they validate requests and are the request schemas in /openapi.json.
 
-Limits that depend on another field or on the server (min_tokens <= max_tokens, best_of == n, token ids within the
+Limits that depend on another field or on the server (min_tokens <= max_tokens, best_of >= n, token ids within the
 vocabulary, prompt + max_tokens within the context) are in the descriptions and checked where the request is
 turned into a generation (frontend/openai_protocol.py) or served; breaking them is a 400 too.
 """
@@ -54,8 +54,13 @@ class SamplingFields(RequestModel):
                      OutOfRange("top_k must be -1 (disable), 0 (disable) or at least 1, got {input}",
                                 above="top_k must be at most 2147483647, got {input}")] = 0
     n: Annotated[int, Field(ge=1, le=MAX_N), OutOfRange(f"n must be between 1 and {MAX_N}, got {{input}}")] = 1
-    best_of: Annotated[int | None, Field(ge=1, le=MAX_N, description="must equal n (its default): best_of > n is "
-                                                                     "not supported yet")] = None
+    best_of: Annotated[int | None, Field(ge=1, le=MAX_N, description=(
+        "at least n (its default): that many samples, the n with the highest cumulative logprob returned; more "
+        "than n only without stream"))] = None
+    use_beam_search: bool = Field(False, description="beam search of width n (at most 10); not with stream")
+    length_penalty: float = Field(1.0, description="beam search: beams rank by cumulative logprob / "
+                                                   "length ** length_penalty")
+    early_stopping: bool = Field(False, description="accepted and ignored, as vLLM's online beam search does")
     seed: Annotated[int | None, Field(ge=-(2**63), le=2**63 - 1)] = None
     stop: Annotated[str | list[str], Reworded("'stop' must be a string or a list of strings"),
                     Field(default_factory=list)]

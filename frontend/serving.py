@@ -29,6 +29,7 @@ class TextDelta:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     logprobs: dict | None = None  # this delta's tokens, in the endpoint's format (frontend/logprobs.py)
     kv_transfer_params: dict | None = None  # a prefill instance's last delta: where the prompt's KV waits
+    cumulative_logprob: float = 0.0  # this choice's tokens so far, when the engine reported their logprobs
 
 
 @dataclass(slots=True)
@@ -38,6 +39,7 @@ class ChoiceResult:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     logprobs: dict | None = None
+    cumulative_logprob: float = 0.0
 
 
 @dataclass(slots=True)
@@ -138,8 +140,10 @@ class RequestServing:
                                                        skip_special_tokens=req.skip_special_tokens),
                               req.stop, sp.stop_token_ids, req.include_stop_str_in_output, sp.min_tokens)
                    for i in range(sp.n)]
-        logprobs = [lp.ChoiceLogprobs(self.token_text, req.is_chat, sp.logprobs) if sp.logprobs is not None else None
+        shown = sp.logprobs is not None and not req.logprobs_only_to_rank
+        logprobs = [lp.ChoiceLogprobs(self.token_text, req.is_chat, sp.logprobs) if shown else None
                     for _ in range(sp.n)]
+        cumulative = [0.0] * sp.n
         echo = [self.echo_text(req, prompt_ids)] * sp.n  # each choice's, until its first delta takes it
         p, generated, cached, errored = len(prompt_ids), 0, 0, False
         kv_params = None
@@ -149,7 +153,7 @@ class RequestServing:
             text, echo[i] = echo[i] + text, ""
             body = logprobs[i].take() if logprobs[i] is not None else None
             return TextDelta(text, i, choice.finish_reason if final else None, choice.stop_reason if final else None,
-                             p, generated, cached, body, kv_params if final else None)
+                             p, generated, cached, body, kv_params if final else None, cumulative[i])
 
         start = time.monotonic()
         outputs = self.engine.generate(req_id, prompt_ids, req.sampling, self.tokenizer.eos_token_ids)
@@ -170,6 +174,7 @@ class RequestServing:
                     kv_params = dataclasses.asdict(out.kv_transfer)
                 if out.index == 0:
                     cached = out.num_cached_tokens  # the leader's: it looked the prompt up in the prefix cache
+                cumulative[out.index] += sum(entry.logprob for entry in out.logprobs or [])
                 if (choice_lps := logprobs[out.index]) is not None:
                     if choice.num_tokens == 0 and sp.prompt_logprobs is not None:  # echo: the prompt's come first
                         choice_lps.add(prompt_ids, [None] + (out.prompt_logprobs or []))
@@ -202,6 +207,7 @@ async def collect(deltas: AsyncIterator[TextDelta], n: int) -> CompletionResult:
         async for last in deltas:
             texts[last.index].append(last.text)
             choices[last.index].logprobs = lp.merge(choices[last.index].logprobs, last.logprobs)
+            choices[last.index].cumulative_logprob = last.cumulative_logprob
             if last.finish_reason is not None:
                 choices[last.index].finish_reason = last.finish_reason
                 choices[last.index].stop_reason = last.stop_reason
@@ -209,3 +215,10 @@ async def collect(deltas: AsyncIterator[TextDelta], n: int) -> CompletionResult:
         choice.text = "".join(pieces)
     return CompletionResult(choices, last.num_prompt_tokens, last.num_generated_tokens, last.num_cached_tokens,
                             last.kv_transfer_params)
+
+
+def keep_best(result: CompletionResult, n: int) -> CompletionResult:
+    """best_of: the n choices with the highest cumulative logprob, best first and re-indexed. The usage still counts
+    every candidate's tokens: they were all generated."""
+    best = sorted(result.choices, key=lambda c: c.cumulative_logprob, reverse=True)[:n]
+    return dataclasses.replace(result, choices=[dataclasses.replace(c, index=i) for i, c in enumerate(best)])

@@ -7,6 +7,7 @@ MAX_LOGIT_BIAS = 100.0  # logit_bias values are clamped to [-100, 100], as OpenA
 # Logprobs entries (a position's chosen token and each of its top ones) one request may ask for, all samples
 # together: at most about 17 MB on the wire, so one request's output fits in a message (protocol/codec.py, 64 MiB).
 MAX_LOGPROB_ENTRIES = 1_000_000
+MAX_BEAM_WIDTH = MAX_LOGPROBS // 2  # each beam search step asks for 2 x beam_width logprobs
 MAX_GRAMMAR_CHARS = 65536  # a structured output's schema, regex or grammar, and the grammar it becomes
 
 
@@ -24,6 +25,15 @@ class KVTransferParams:
     remote_request_id: str = ""
     tp_size: int = 1
     remote_num_tokens: int = 0  # how many prompt tokens the remote blocks hold (all but the last)
+
+
+@dataclass(slots=True)
+class BeamSearchParams:
+    """vLLM's BeamSearchParams; the frontend runs the search (frontend/beam_search.py), the engine never sees it."""
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    length_penalty: float = 1.0  # finished beams rank by cumulative logprob / length ** length_penalty
 
 
 @dataclass(slots=True)

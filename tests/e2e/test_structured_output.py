@@ -105,6 +105,7 @@ def test_broken_constraints_are_a_400_that_names_the_problem(server):
              ({"guided_grammar": "start: undefined_rule"}, "guided_grammar"),
              ({"guided_choice": []}, "guided_choice"),
              ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice"),
+             ({"guided_regex": "a", "use_beam_search": True, "n": 2}, "use_beam_search"),
              ({"guided_json": {"type": "string", "maxLength": "x" * 70000}}, "guided_json")]
     for extra, param in cases:
         r = httpx.post(server.url + "/v1/chat/completions", json=chat_body("Hi", max_tokens=4, **extra),

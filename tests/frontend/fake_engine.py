@@ -3,17 +3,19 @@
 Each request gets one producer task per child (the "scheduler"; n > 1 forks n children, as the real one does)
 that puts one token per step on the request's queue, under the parent id with the child's index. Child i
 cycles through `choice_replies[i]` (default: `reply_token_ids` for every child); after the reply it emits EOS
-(unless ignore_eos); an embedding request (sampling.embed) gets one output with a vector instead. It honours
-max_tokens, stop_token_ids and aborts (of the whole parent), holds every first output while `hold` is clear,
-reports `num_cached_tokens` on every output, keeps the cumulative prefix-cache counters in `stats`, and records what
-it saw so tests can check it.
+(unless ignore_eos), with made-up logprobs when asked (the token's is -1, its top k are the reply's next tokens);
+an embedding request (sampling.embed) gets one output with a vector instead. It honours max_tokens,
+stop_token_ids and aborts (of the whole parent), holds every first output while `hold` is clear, reports
+`num_cached_tokens` on every output, keeps the cumulative prefix-cache counters in `stats`, and records what it saw
+so tests can check it.
 """
 import asyncio
 from collections.abc import AsyncIterator
 
 from tinyvllm.frontend.engine_client import EngineDeadError
 from tinyvllm.frontend.request_completion import RequestCompletion
-from tinyvllm.protocol.messages import AddRequest, EngineReady, ErrorKind, FinishReason, RequestOutput, SchedulerStats
+from tinyvllm.protocol.messages import (AddRequest, EngineReady, ErrorKind, FinishReason, RequestOutput, SchedulerStats,
+                                        TokenLogprobs)
 from tinyvllm.protocol.sampling import SamplingParams
 
 
@@ -114,7 +116,11 @@ class FakeEngine:
                 finish = FinishReason.STOP if token in sampling.stop_token_ids else None
             if finish is None and i == sampling.max_tokens - 1:
                 finish = FinishReason.LENGTH
-            q.put_nowait(output([token], finish))
+            out = output([token], finish)
+            if (k := sampling.logprobs) is not None:
+                top = [reply[(i + j) % len(reply)] for j in range(k)]
+                out.logprobs = [TokenLogprobs(token, -1.0, top, [-1.0 - j for j in range(k)])]
+            q.put_nowait(out)
             if finish is not None:
                 break
         if (children := self._producers.get(req_id)) is not None:

@@ -1,4 +1,5 @@
-"""n > 1 through the ASGI app: one choice per child, per-choice finish and stop strings, interleaved streams."""
+"""n > 1 through the ASGI app: one choice per child, per-choice finish and stop strings, interleaved streams; best_of
+and beam search (n beams)."""
 import pytest
 
 from app_harness import client_for, make_app, parse_sse
@@ -135,3 +136,28 @@ async def test_engine_error_on_one_child_fails_the_request():
     events = parse_sse(r.text)
     assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 500
     assert engine.num_active == 0
+
+
+async def test_best_of_returns_the_n_most_likely_and_counts_every_candidates_tokens(served):
+    client, engine = served
+    # the fake engine gives every token logprob -1: the shorter a reply, the more likely
+    r = await client.post(COMPL, json={"prompt": "Hi", "n": 2, "best_of": 3, "max_tokens": 20})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    sampling = engine.requests[body["id"]].sampling
+    assert (sampling.n, sampling.logprobs) == (3, 0)  # logprobs asked for internally, to rank
+    assert [(c["index"], c["text"], c["logprobs"]) for c in body["choices"]] == [(0, "Hey", None),
+                                                                                 (1, "Hello world", None)]
+    assert body["usage"]["completion_tokens"] == sum(len(text) + 1 for text in REPLIES)
+
+
+async def test_chat_beam_search_returns_n_beams_run_as_one_token_requests(served):
+    client, engine = served
+    r = await client.post(CHAT, json={"messages": USER_HI, "n": 2, "max_tokens": 3, "use_beam_search": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [(c["index"], c["finish_reason"]) for c in body["choices"]] == [(0, "length"), (1, "length")]
+    assert all(len(c["message"]["content"]) == 3 for c in body["choices"])
+    steps = [req.sampling for req in engine.requests.values()]
+    assert len(steps) == 1 + 2 + 2 and all((s.max_tokens, s.logprobs) == (1, 4) for s in steps)
+    assert body["usage"]["completion_tokens"] == 2 * 3
