@@ -6,6 +6,7 @@ from typing import Any
 
 from tinyvllm.frontend.openai_requests import ChatMessage, ChatRequest, CompletionRequest
 from tinyvllm.frontend.request_models import RequestInvalid, RequestModel, validate
+from tinyvllm.frontend.structured_output import GrammarInvalid, openai_grammar
 from tinyvllm.protocol.sampling import MAX_BEAM_WIDTH, BeamSearchParams, KVTransferParams, SamplingParams
 
 
@@ -95,6 +96,15 @@ def _generation(req: CompletionRequest | ChatRequest, is_chat: bool) -> Generati
         min_tokens=req.min_tokens, logprobs=0 if rank_by_logprobs else logprobs,
         prompt_logprobs=logprobs if echo and not is_chat else None)
     sampling.set_logit_bias(_logit_bias(req.logit_bias))
+    try:
+        sampling.grammar = openai_grammar(req.response_format, req.structured_outputs, {
+            "json": req.guided_json, "regex": req.guided_regex, "choice": req.guided_choice,
+            "grammar": req.guided_grammar})
+    except GrammarInvalid as e:
+        raise APIError(e.message, param=e.param) from None
+    if sampling.grammar is not None and req.use_beam_search:
+        # each beam step is a request of its own, so no matcher would follow a beam's tokens
+        raise APIError("use_beam_search is not supported with structured output", param="use_beam_search")
     if (kv := req.kv_transfer_params) is not None and (kv.do_remote_decode or kv.do_remote_prefill):
         sampling.kv_transfer = KVTransferParams(
             kv.do_remote_decode, kv.do_remote_prefill, list(kv.remote_block_ids or []), kv.remote_engine_id or "",

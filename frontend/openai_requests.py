@@ -7,7 +7,7 @@ turned into a generation (frontend/openai_protocol.py) or served; breaking them 
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -85,6 +85,17 @@ class SamplingFields(RequestModel):
     echo: bool = Field(False, description="completions: the prompt before the output; chat: the last message's "
                                           "content, when it is the assistant's")
     user: str | None = Field(None, description="accepted and ignored")
+    # structured output (frontend/structured_output.py): one of these per request
+    response_format: dict[str, Any] | None = Field(
+        None, description='{"type": "text" | "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}')
+    structured_outputs: dict[str, Any] | None = Field(
+        None, description="vLLM's: one of json (a schema), regex, choice (strings), grammar (Lark or GBNF), "
+                          "json_object")
+    guided_json: dict[str, Any] | str | None = Field(None, description="a JSON schema the output follows")
+    guided_regex: str | None = Field(None, description="a regular expression the output matches")
+    guided_choice: list[str] | None = Field(None, min_length=1, description="the output is one of these strings")
+    guided_grammar: str | None = Field(None, description="a Lark or GBNF grammar the output follows",
+                                       examples=['start: "yes" | "no"'])
     kv_transfer_params: KVTransferParamsBody | None = Field(
         None, description="disaggregated prefill/decode (vLLM's contract): {do_remote_decode: true} to a prefill "
                           "instance; what it answers, to a decode instance")

@@ -8,6 +8,7 @@ MAX_LOGIT_BIAS = 100.0  # logit_bias values are clamped to [-100, 100], as OpenA
 # together: at most about 17 MB on the wire, so one request's output fits in a message (protocol/codec.py, 64 MiB).
 MAX_LOGPROB_ENTRIES = 1_000_000
 MAX_BEAM_WIDTH = MAX_LOGPROBS // 2  # each beam search step asks for 2 x beam_width logprobs
+MAX_GRAMMAR_CHARS = 65536  # a structured output's schema, regex or grammar, and the grammar it becomes
 
 
 @dataclass(slots=True)
@@ -56,6 +57,8 @@ class SamplingParams:
     logprobs: int | None = None  # per sampled token: its logprob and the top-k (k = this) logprobs
     prompt_logprobs: int | None = None  # the same for every prompt token after the first
     embed: bool = False  # a pooling request: the worker returns the prompt's embedding and samples nothing
+    # structured output: an llguidance grammar (frontend/structured_output.py) that masks every sampled token
+    grammar: str | None = None
     # Disaggregated prefill/decode (scheduler/remote_kv.py); vLLM carries it in SamplingParams.extra_args too.
     kv_transfer: KVTransferParams | None = None
 
@@ -110,6 +113,8 @@ class SamplingParams:
         if not self.embed and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
                              f"got {self.min_tokens}.")
+        if self.grammar is not None and len(self.grammar) > MAX_GRAMMAR_CHARS:
+            raise ValueError(f"the structured output grammar is longer than {MAX_GRAMMAR_CHARS} characters")
         if len(self.logit_bias_token_ids) != len(self.logit_bias_values):
             raise ValueError("logit_bias: token ids and values differ in length")
         for name in ("logprobs", "prompt_logprobs"):

@@ -8,7 +8,8 @@ KV slots are rolled back by not counting them (the next step overwrites them). T
 
 Drafts are proposed only for a request in no step in flight, so the engine runs without async scheduling when
 speculating (the launcher turns it off), and only for requests whose sampling per position needs nothing but the
-tokens before it: no penalties (their token counts would include drafts), no logprobs (one per token, per row).
+tokens before it: no penalties (their token counts would include drafts), no logprobs (one per token, per row), no
+grammar (the draft positions are sampled without its masks).
 """
 from typing import Protocol
 
@@ -88,4 +89,4 @@ class SpecDecode:
 def may_speculate(req: Request) -> bool:
     s = req.sampling
     return (req.status is RequestStatus.RUNNING and req.num_output_tokens > 0 and not s.embed
-            and s.logprobs is None and not s.uses_penalties)
+            and s.logprobs is None and not s.uses_penalties and s.grammar is None)

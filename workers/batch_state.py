@@ -22,6 +22,7 @@ class RequestState:
     pooled_sum: np.ndarray | None = None  # embedding requests: the sum of the final hidden states so far
     last_sampled: int | None = None  # sampled by this worker, not in token_ids yet (CachedRequestData.append_sampled)
     num_drafts: int = 0  # this step's drafts, the last entries of token_ids until verified (workers/spec_verify.py)
+    grammar: object | None = None  # structured output: its workers.grammar_masks.GrammarState, made on first use
 
     @property
     def num_output_tokens(self) -> int:

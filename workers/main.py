@@ -74,6 +74,7 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
     spec = args.spec
     cfg, weights = load_weights(args.model)
     check_parallel_sizes(cfg, spec.tp_size, spec.pp_size)
+    vocab_size = cfg.vocab_size  # the whole vocabulary: the sampling rank sees every logit
     n_kv_heads = cfg.n_kv_heads
     vocab_start = None
     if spec.world_size > 1:
@@ -95,6 +96,9 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
         link.connect_next(init.next_stage_address)
     runner = ModelRunner(model, cache, init.max_num_seqs, init.max_model_len, init.max_num_batched_tokens,
                          spec, group, link, init.swap_space_bytes)
+    if spec.samples:
+        from tinyvllm.workers.grammar_masks import GrammarMasks, tokenizer_for_model
+        runner.grammar_masks = GrammarMasks(lambda: tokenizer_for_model(args.model, vocab_size))
     if args.jit_warmup:
         runner.warm_up(WarmupProgress(f"worker{args.rank}"))
         if group is not None:  # log_exchange_cost reports served steps, not the warm-up's waits for slower captures

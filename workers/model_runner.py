@@ -19,6 +19,7 @@ from tinyvllm.workers.attention import PagedAttention
 from tinyvllm.workers.batch_state import BatchState, ScheduledChunk
 from tinyvllm.workers.device_input import device_tensor
 from tinyvllm.workers.flat_batch import FlatBatch, flatten, split_into_forwards
+from tinyvllm.workers.grammar_masks import GrammarMasks
 from tinyvllm.workers.host_swap import HostSwap
 from tinyvllm.workers.kv_block_io import KVBlockIO
 from tinyvllm.workers.kv_cache import PagedKVCache
@@ -83,6 +84,7 @@ class ModelRunner:
         self.host_swap = HostSwap(self.block_io, swap_space_bytes)
         self.batch = BatchState()
         self.draft_logits = DraftLogits(model)  # speculative decoding (workers/spec_verify.py)
+        self.grammar_masks: GrammarMasks | None = None  # structured output; set by the worker that samples
 
     def rows_for(self, tokens: int) -> int:
         """Table rows (and logits rows) of a forward over a bucket of `tokens`: each row has a token at least."""
@@ -190,8 +192,13 @@ class ModelRunner:
         if not self.spec.samples:
             return result  # the scheduler reads one rank's result: this one only says the step is done
         if work.rows:
-            tokens, logprobs = self.sampler.sample([c.state for c in work.rows], work.logits)
-            if work.draft_logits:
+            states = [c.state for c in work.rows]
+            # the forward was dispatched in compute(): the masks are computed on the host while the device runs it
+            allowed = None
+            if self.grammar_masks is not None and any(s.sampling.grammar is not None for s in states):
+                allowed = self.grammar_masks.allowed(states, work.logits.shape[1])
+            tokens, logprobs = self.sampler.sample(states, work.logits, allowed)
+            if work.draft_logits:  # never a constrained row's: the scheduler drafts no tokens for those
                 result.accepted_draft_ids = verify(self.sampler, work.rows, tokens, work.draft_logits)
             prompt_logprobs = []
             for chunk, token in zip(work.rows, tokens):  # the next plan brings the token back, or says to append it

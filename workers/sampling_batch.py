@@ -2,8 +2,9 @@
 outputs turned into tokens and logprobs.
 
 Variants (each one TinyJit per batch bucket, compiled when first needed): the greedy fast path is a bare argmax;
-rows with penalties, logit_bias or an active min_tokens add dense [R, V] inputs; logprobs add a log_softmax and a
-top-k (bucketed k) of the raw logits at the sampled tokens.
+rows with penalties, logit_bias or an active min_tokens add dense [R, V] inputs; a structured output row adds the
+[R, V] mask of the tokens its grammar allows (-inf elsewhere, after the other processing); logprobs add a
+log_softmax and a top-k (bucketed k) of the raw logits at the sampled tokens.
 """
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ class SamplerVariant:
     greedy: bool  # every row is greedy: argmax, no noise
     processed: bool  # some row has penalties, logit_bias or a min_tokens mask
     top_count: int | None  # logprobs wanted, with this top-k bucket; None: no logprobs
+    masked: bool = False  # some row has a grammar: the last input is the [R, V] mask of allowed tokens
 
 
 def sampler_body(variant: SamplerVariant):
@@ -30,10 +32,13 @@ def sampler_body(variant: SamplerVariant):
     def body(logits: Tensor, *inputs: Tensor) -> tuple[Tensor, ...]:
         raw = logits.cast(dtypes.float32)
         rest = list(inputs)
+        allowed = rest.pop() if variant.masked else None
         processed = raw
         if variant.processed:
             bias, counts, seen, penalties = rest[-4:]
             processed = apply_logit_processing(raw, bias, counts, seen, penalties[0], penalties[1], penalties[2])
+        if allowed is not None:
+            processed = allowed.where(processed, -float("inf"))
         if variant.greedy:
             tokens = processed.argmax(-1).cast(dtypes.int32)
         else:
@@ -45,13 +50,15 @@ def sampler_body(variant: SamplerVariant):
     return body
 
 
-def build_inputs(states: list[RequestState], R_pad: int, vocab_size: int) -> tuple[SamplerVariant, list[np.ndarray]]:
-    """The variant these rows need and its inputs (padding rows are greedy and unprocessed)."""
+def build_inputs(states: list[RequestState], R_pad: int, vocab_size: int,
+                 allowed: np.ndarray | None = None) -> tuple[SamplerVariant, list[np.ndarray]]:
+    """The variant these rows need and its inputs (padding rows are greedy and unprocessed). allowed: [R, V] bool,
+    the tokens each row may sample (structured output), or None when no row is constrained."""
     biases = [additive_bias(s.sampling, s.num_output_tokens, s.eos_token_ids, vocab_size) for s in states]
     processed = any(b is not None or s.sampling.uses_penalties for s, b in zip(states, biases))
     asked = [s.sampling.logprobs for s in states if s.sampling.logprobs is not None]
     variant = SamplerVariant(all(s.sampling.greedy for s in states), processed,
-                             top_count_bucket(max(asked)) if asked else None)
+                             top_count_bucket(max(asked)) if asked else None, allowed is not None)
     inputs: list[np.ndarray] = []
     if not variant.greedy:
         params = np.zeros((4, R_pad), np.float32)
@@ -74,6 +81,10 @@ def build_inputs(states: list[RequestState], R_pad: int, vocab_size: int) -> tup
                 counts[j], seen[j] = stats.output_counts, stats.seen
                 penalties[:, j] = (sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty)
         inputs += [bias, counts, seen, penalties]
+    if allowed is not None:
+        padded = np.ones((R_pad, vocab_size), bool)
+        padded[:len(states)] = allowed
+        inputs.append(padded)
     return variant, inputs
 
 
@@ -92,15 +103,16 @@ class BatchSampler:
             fn.cnt = 1  # capture on this first call: see workers.model_runner.capture_on_next_call
         fn(logits[:R_pad].contiguous().realize(), *(device_tensor(a) for a in inputs))[0].numpy()
 
-    def sample(self, states: list[RequestState], logits: Tensor) -> tuple[list[int], list[TokenLogprobs | None]]:
+    def sample(self, states: list[RequestState], logits: Tensor,
+               allowed: np.ndarray | None = None) -> tuple[list[int], list[TokenLogprobs | None]]:
         """logits [R, V] of the R rows that sample (or more rows: the first R are used) -> their tokens, and per row
-        its logprobs (None if not asked)."""
+        its logprobs (None if not asked). allowed: see build_inputs."""
         R, V = len(states), logits.shape[1]
         R_pad = next((b for b in self.buckets if b >= R), R)
         rows = logits.shape[0]
         # a copy, not a view of the first rows: a jit's inputs must be whole buffers
         logits = logits.pad(((0, R_pad - rows), None)) if R_pad > rows else logits[:R_pad].clone() if rows > R_pad else logits
-        variant, inputs = build_inputs(states, R_pad, V)
+        variant, inputs = build_inputs(states, R_pad, V, allowed)
         if (fn := self.jits.get((R_pad, variant))) is None:
             fn = self.jits[(R_pad, variant)] = TinyJit(sampler_body(variant))
         outs = [o.numpy() for o in fn(logits.contiguous().realize(), *(device_tensor(a) for a in inputs))]

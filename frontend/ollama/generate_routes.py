@@ -14,6 +14,7 @@ from tinyvllm.frontend.ollama.model_store import ModelEntry
 from tinyvllm.frontend.ollama.options import generation_settings
 from tinyvllm.frontend.ollama.requests import ChatRequest, GenerateRequest, GenerationFields
 from tinyvllm.frontend.ollama.service import OllamaService
+from tinyvllm.frontend.structured_output import GrammarInvalid, ollama_grammar
 
 
 def is_unload(keep_alive: Any) -> bool:
@@ -23,6 +24,15 @@ def is_unload(keep_alive: Any) -> bool:
 def _json_format(req: GenerationFields) -> Any:
     """None, "json" or a JSON schema."""
     return None if req.format == "" else req.format
+
+
+def _constrained(settings, fmt: Any):
+    """The settings with fmt's grammar in their sampling parameters; a broken schema is a 400 naming the problem."""
+    try:
+        settings.sampling.grammar = ollama_grammar(fmt)
+    except GrammarInvalid as e:
+        raise OllamaError(e.message) from None
+    return settings
 
 
 def make_routes(service: OllamaService):
@@ -41,7 +51,7 @@ def make_routes(service: OllamaService):
         context, fmt = prompting.check_context(req.context, tokenizer.vocab_size), _json_format(req)
         if raw and (template or system or context):
             raise OllamaError("raw mode does not support template, system, or context")
-        settings = generation_settings(entry.parameters, req.options)
+        settings = _constrained(generation_settings(entry.parameters, req.options), fmt)
         if not prompt:
             return load_reply(name, is_chat=False, unload=is_unload(req.keep_alive))
         if raw:
@@ -54,7 +64,7 @@ def make_routes(service: OllamaService):
         ids = context + await prompting.encode(tokenizer, text, add_special and not context)
         if not ids:
             raise OllamaError("the prompt is empty")
-        prep = PreparedRequest(name, False, ids, settings, fmt, not raw, received)
+        prep = PreparedRequest(name, False, ids, settings, not raw, received)
         return await respond(request, service, prep, req.stream)
 
     @handler
@@ -62,7 +72,7 @@ def make_routes(service: OllamaService):
         received, req, entry = await start(request, ChatRequest)
         name, fmt = req.model_name, _json_format(req)
         messages = [{"role": m.role, "content": m.content} for m in req.messages]
-        settings = generation_settings(entry.parameters, req.options)
+        settings = _constrained(generation_settings(entry.parameters, req.options), fmt)
         if not messages:
             return load_reply(name, is_chat=True, unload=is_unload(req.keep_alive))
         messages = prompting.with_system(messages, entry.system)
@@ -72,7 +82,7 @@ def make_routes(service: OllamaService):
         ids = await prompting.encode(tokenizer, text, add_special)
         if not ids:
             raise OllamaError("the prompt is empty")
-        prep = PreparedRequest(name, True, ids, settings, fmt, False, received)
+        prep = PreparedRequest(name, True, ids, settings, False, received)
         return await respond(request, service, prep, req.stream)
 
     return generate, chat

@@ -3,15 +3,12 @@
 Durations are nanoseconds: load_duration is the time spent before the engine had the request (parsing, templating,
 tokenizing: there is no model to load), prompt_eval_duration until the first text, eval_duration after it.
 
-`format` ("json" or a JSON schema) is approximate: the prompt asks for JSON (see prompting.format_instruction),
-the reply is buffered, and the first JSON value in it is returned, or the reply as generated if there is none;
-decoding is not constrained, so a small model can answer in prose where Ollama's grammar-constrained sampling
-would not.
+`format` ("json" or a JSON schema) is enforced while decoding: its grammar travels in the sampling parameters
+(generate_routes; frontend/structured_output.py) and masks every sampled token on the worker. The prompt asks for
+JSON too (prompting.format_instruction), so the model's own choices fit the grammar more often.
 """
 from __future__ import annotations
 
-import json
-import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -27,16 +24,12 @@ from tinyvllm.frontend.ollama.options import GenerationSettings
 from tinyvllm.frontend.ollama.service import OllamaService
 from tinyvllm.frontend.openai_protocol import GenerationRequest
 
-log = logging.getLogger(__name__)
-
-
 @dataclass
 class PreparedRequest:
     model: str  # as the client named it (echoed back)
     is_chat: bool
     prompt_ids: list[int]
     settings: GenerationSettings
-    json_format: Any  # None, "json" or a JSON schema
     return_context: bool
     received_ns: int  # time.perf_counter_ns() when the request arrived
 
@@ -53,44 +46,8 @@ def text_chunk(prep: PreparedRequest, text: str, done: bool = False) -> dict:
 
 def load_reply(model: str, is_chat: bool, unload: bool) -> Response:
     """An empty prompt / message list: Ollama's way to (un)load a model. The one model here is always loaded."""
-    prep = PreparedRequest(model, is_chat, [], None, None, False, 0)
+    prep = PreparedRequest(model, is_chat, [], None, False, 0)
     return JSONResponse({**text_chunk(prep, "", done=True), "done_reason": "unload" if unload else "load"})
-
-
-def extract_json(text: str, schema: Any) -> str:
-    """The first JSON value in `text` (as text) that has the schema's basics; else `text` as generated.
-
-    The model's reply is never an error: a reply cut off by num_predict is unfinished JSON with Ollama too, and a
-    small model may answer in prose whatever the prompt asks (decoding is not constrained here)."""
-    decoder, start = json.JSONDecoder(), 0
-    while (start := _next_json_start(text, start)) >= 0:
-        try:
-            value, end = decoder.raw_decode(text, start)
-        except ValueError:
-            start += 1
-            continue
-        if _fits(value, schema):
-            return text[start:end]
-        start = end
-    log.info("format: the model's reply holds no JSON value that fits the format; returned as generated")
-    return text
-
-
-def _next_json_start(text: str, start: int) -> int:
-    positions = [p for p in (text.find("{", start), text.find("[", start)) if p >= 0]
-    return min(positions) if positions else -1
-
-
-def _fits(value: Any, schema: Any) -> bool:
-    """Whether a JSON value has a schema's top-level type (object or array) and required keys."""
-    if not isinstance(schema, dict):
-        return True
-    kind = schema.get("type")
-    if kind == "object" and not isinstance(value, dict) or kind == "array" and not isinstance(value, list):
-        return False
-    required = schema.get("required", [])
-    return not isinstance(value, dict) or not isinstance(required, list) or all(
-        not isinstance(k, str) or k in value for k in required)
 
 
 async def chunks(service: OllamaService, prep: PreparedRequest) -> AsyncIterator[dict]:
@@ -103,21 +60,17 @@ async def chunks(service: OllamaService, prep: PreparedRequest) -> AsyncIterator
     service.serving.fit_to_context(req, p)
     req_id = f"ollama-{uuid.uuid4().hex}"
     submitted_ns = time.perf_counter_ns()
-    first_ns, last, held = None, None, []
+    first_ns, last = None, None
     try:
         async with aclosing(service.serving.generate_text(req_id, prep.prompt_ids, req)) as deltas:
             async for last in deltas:
                 first_ns = first_ns or time.perf_counter_ns()
-                if prep.json_format is not None:
-                    held.append(last.text)
-                elif last.text:
+                if last.text:
                     yield text_chunk(prep, last.text)
         generated = service.recorder.generated.get(req_id, [])
     finally:
         service.recorder.generated.pop(req_id, None)
     end_ns = time.perf_counter_ns()
-    if prep.json_format is not None:
-        yield text_chunk(prep, extract_json("".join(held), prep.json_format))
     final = text_chunk(prep, "", done=True)
     final["done_reason"] = last.finish_reason if last is not None else "stop"
     if prep.return_context:

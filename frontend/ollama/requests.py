@@ -38,7 +38,7 @@ KeepAlive = Annotated[str | float, Reworded("'keep_alive' must be a duration or 
                       Field(description="accepted; the served model stays loaded")]
 Format = Annotated[Literal["", "json"] | dict[str, Any],
                    Reworded('invalid format: expected "json" or a JSON schema object'),
-                   Field(description='"json" or a JSON schema: asked for in the prompt, not enforced while decoding')]
+                   Field(description='"json" or a JSON schema: enforced while decoding (a grammar masks every token)')]
 
 
 class NamedRequest(RequestModel):

@@ -119,25 +119,21 @@ async def test_chat_streamed_and_not(served):
     assert whole["message"] == {"role": "assistant", "content": REPLY} and whole["done_reason"] == "stop"
 
 
-async def test_format_json_returns_the_json_in_the_reply(tmp_path):
-    client, engine, tok = make_ollama_app(tmp_path, reply='Sure! {"a": [1, 2]} done')
+async def test_format_becomes_a_grammar_for_the_engine(served):
+    # enforcement is the worker's (tests/e2e/test_structured_output.py): here the request carries the grammar
+    client, engine, tok = served
     r = await client.post("/api/generate", json={"model": MODEL, "prompt": "Hi", "format": "json", "stream": False})
-    assert r.json()["response"] == '{"a": [1, 2]}', r.text
-    assert "valid JSON object" in tok.decode(only_request(engine).prompt_token_ids)  # the prompt asks for JSON
-    lines = parse_ndjson(await client.post("/api/chat", json={
-        "model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
-        "format": {"type": "object", "required": ["a"]}}))
-    assert [line["message"]["content"] for line in lines] == ['{"a": [1, 2]}', ""]
+    assert r.status_code == 200, r.text
+    request = only_request(engine)
+    assert "valid JSON object" in tok.decode(request.prompt_token_ids)  # the prompt asks for JSON too
+    assert request.sampling.grammar and "json_schema" in request.sampling.grammar
 
 
-async def test_format_json_without_json_in_the_reply_returns_the_reply(served):
-    # decoding is not constrained: a model may answer in prose (or be cut off), which is no server error
+async def test_format_that_is_no_schema_is_a_400_naming_the_problem(served):
     client, _, _ = served
-    r = await client.post("/api/generate", json={"model": MODEL, "prompt": "Hi", "format": "json", "stream": False})
-    assert r.status_code == 200 and r.json()["response"] == REPLY
     r = await client.post("/api/generate", json={"model": MODEL, "prompt": "Hi", "stream": False,
                                                  "format": {"type": "object", "required": 5}})
-    assert r.status_code == 200 and r.json()["response"] == REPLY
+    assert r.status_code == 400 and "format is invalid" in r.json()["error"], r.text
     bad = await client.post("/api/generate", json={"model": MODEL, "prompt": "Hi", "format": "yaml"})
     assert bad.status_code == 400 and "invalid format" in bad.json()["error"]
 

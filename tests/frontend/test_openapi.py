@@ -123,12 +123,14 @@ def test_the_document_loads_in_schemathesis():
 
 
 def example(field: dict):
+    if "examples" in field:
+        return field["examples"][0]
     if "anyOf" in field:
         return example(field["anyOf"][0])
     if "$ref" in field:
         return {}
     return {"integer": field.get("minimum", 1) if field.get("minimum", 1) >= 0 else 1, "number": 0.5,
-            "boolean": True, "string": "x", "array": [], "object": {}}[field["type"]]
+            "boolean": True, "string": "x", "array": ["x"] * field.get("minItems", 0), "object": {}}[field["type"]]
 
 
 @pytest.mark.parametrize("is_chat", [False, True])

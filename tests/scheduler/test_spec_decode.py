@@ -80,9 +80,10 @@ def test_max_tokens_and_max_model_len_cap_the_drafts():
         assert worker.num_computed_by_req["a"] == 12 + len(out["a"][0]) - 1  # no draft past the last token
 
 
-def test_requests_with_penalties_or_logprobs_get_no_drafts():
+def test_requests_with_penalties_logprobs_or_a_grammar_get_no_drafts():
     reqs = [make_request("p", 0, max_tokens=10, prompt=PATTERN * 3, repetition_penalty=1.2),
-            make_request("l", 0, max_tokens=10, prompt=PATTERN * 3, logprobs=1)]
+            make_request("l", 0, max_tokens=10, prompt=PATTERN * 3, logprobs=1),
+            make_request("g", 0, max_tokens=10, prompt=PATTERN * 3, grammar='start: "a"+')]
     sched, _, _ = run(cyclic, NGRAM, reqs)
     assert sched.stats().spec_num_drafts == 0
 
