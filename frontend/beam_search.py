@@ -69,6 +69,7 @@ async def beam_search(engine, request_id: str, prompt_ids: list[int], params: Be
                 new = BeamSequence(beam.token_ids + [token], beam.cumulative_logprob + logprob, ends)
                 (finished if ends else candidates).append(new)
         live = sorted(candidates, key=score, reverse=True)[:width]
+        finished = sorted(finished, key=score, reverse=True)[:width]  # a finished beam's score is final
         if not live:
             break
     return sorted(finished + live, key=score, reverse=True)[:width]

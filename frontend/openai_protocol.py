@@ -102,6 +102,10 @@ def _generation(req: CompletionRequest | ChatRequest, is_chat: bool) -> Generati
             "grammar": req.guided_grammar})
     except GrammarInvalid as e:
         raise APIError(e.message, param=e.param) from None
+    if sampling.grammar is not None and (req.min_tokens or req.ignore_eos):
+        # a complete grammar allows only EOS, which min_tokens and ignore_eos forbid: the row would have no token
+        raise APIError("min_tokens and ignore_eos are not supported with structured output",
+                       param="min_tokens" if req.min_tokens else "ignore_eos")
     if sampling.grammar is not None and req.use_beam_search:
         # each beam step is a request of its own, so no matcher would follow a beam's tokens
         raise APIError("use_beam_search is not supported with structured output", param="use_beam_search")

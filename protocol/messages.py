@@ -11,6 +11,8 @@ Worker <-> worker:      KVPull -> KVBlockData... (decode pulls a prefill worker'
 """
 from dataclasses import dataclass, field
 
+from tinyvllm.protocol.handshake_messages import (SchedulerChallenge, WorkerHello, WorkerProof,  # noqa: F401
+                                                  WorkerRefused)  # (re-exported)
 from tinyvllm.protocol.kv_messages import (KVBlockData, KVDiskBlock, KVLease, KVLoad, KVPull,  # noqa: F401 (re-exported)
                                            KVRelease, KVReleased)
 from tinyvllm.protocol.sampling import KVTransferParams, SamplingParams  # noqa: F401 (KVTransferParams: re-exported)
@@ -143,43 +145,6 @@ class Shutdown:
 
 
 # ---- scheduler <-> workers --------------------------------------------------
-
-@dataclass(slots=True)
-class WorkerHello:
-    rank: int  # protocol/parallel_layout.py: pp_rank * tp_size + tp_rank
-    world_size: int
-    role: str
-    pid: int
-    device: str
-    tp_size: int = 1
-    pp_size: int = 1
-    stage_address: str = ""  # where a later pipeline stage receives the previous stage's hidden states
-    # What the scheduler checks before admitting it (protocol/compatibility.py) and its half of the mutual
-    # authentication (protocol/worker_auth.py).
-    version: str = ""
-    model_fingerprint: str = ""
-    layers: list[int] = field(default_factory=list)  # [start, stop) of the model's layers this worker holds
-    nonce: bytes = b""
-
-
-@dataclass(slots=True)
-class SchedulerChallenge:
-    """The answer to a hello: the scheduler's proof that it knows the shared secret, and its own nonce."""
-    nonce: bytes
-    proof: bytes
-
-
-@dataclass(slots=True)
-class WorkerProof:
-    """The worker's proof that it knows the shared secret (over the scheduler's nonce and its hello)."""
-    proof: bytes
-
-
-@dataclass(slots=True)
-class WorkerRefused:
-    """The scheduler will not take this worker (bad secret, another model or version, a rank taken); it exits."""
-    reason: str
-
 
 @dataclass(slots=True)
 class InitWorker:

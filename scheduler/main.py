@@ -62,9 +62,11 @@ class SchedulerArgs:
 
 
 def scheduler_config(a: SchedulerArgs, num_blocks: int, num_swap_slots: int = 0) -> SchedulerConfig:
-    """Async scheduling only where one worker samples and knows every token: a world of one."""
+    """Async scheduling only where one worker samples and knows every token (a world of one), and not with
+    speculative decoding."""
+    async_scheduling = a.async_scheduling and a.world_size == 1 and not a.speculative_config
     return SchedulerConfig(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len, a.block_size, num_blocks,
-                           a.enable_prefix_caching, a.max_steps_in_flight, a.async_scheduling and a.world_size == 1,
+                           a.enable_prefix_caching, a.max_steps_in_flight, async_scheduling,
                            a.kv_lease_s, a.world_size, num_swap_slots=num_swap_slots, sliding_window=a.sliding_window,
                            speculative=parse_speculative_config(a.speculative_config))
 

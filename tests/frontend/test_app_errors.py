@@ -52,6 +52,9 @@ BAD_REQUESTS = [
     (COMPL, {"prompt": "Hi", "use_beam_search": True, "n": 11}, "Beam search width (n) must be at most 10, got 11"),
     (COMPL, {"prompt": "Hi", "use_beam_search": True, "best_of": 2}, "best_of > n is not supported with beam search"),
     (COMPL, {"prompt": "Hi", "n": 3, "best_of": 2}, "best_of must be greater than or equal to n"),
+    (COMPL, {"prompt": "Hi", "guided_regex": "a+", "min_tokens": 3}, "min_tokens and ignore_eos are not supported"),
+    (CHAT, {"messages": USER_HI, "response_format": {"type": "json_object"}, "ignore_eos": True},
+     "min_tokens and ignore_eos are not supported with structured output"),
     (COMPL, {"prompt": "Hi", "temperature": -0.1}, "temperature"),
     (COMPL, {"prompt": "Hi", "temperature": "hot"}, "'temperature' must be a number"),
     (COMPL, {"prompt": "Hi", "top_k": 10**30}, "top_k must be at most"),  # was a 500: msgpack int overflow

@@ -104,3 +104,11 @@ def test_speculative_config_spelled_as_vllm():
         parse_speculative_config('{"method": "eagle", "num_speculative_tokens": 2}')
     with pytest.raises(ValueError, match="unknown field"):
         parse_speculative_config('{"method": "ngram", "draft_tensor_parallel": 2}')
+
+
+def test_the_scheduler_process_plans_speculation_without_async_scheduling():
+    from tinyvllm.scheduler.main import SchedulerArgs, scheduler_config
+    args = SchedulerArgs(1, 4, 8, 64, 128, 64, 0, async_scheduling=True, max_steps_in_flight=2,
+                         speculative_config='{"method": "ngram", "num_speculative_tokens": 3}')
+    config = scheduler_config(args, 64)
+    assert config.speculative is not None and not config.async_scheduling
