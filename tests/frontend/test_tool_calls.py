@@ -1,0 +1,76 @@
+"""Tool calls in the Hermes format: the tools checked (a 400 names the problem), the grammar that forces calls
+accepts exactly the calls whose arguments validate against the function's schema, and finished text parses back."""
+import json
+
+import pytest
+
+from tinyvllm.frontend.structured_output import GrammarInvalid
+from tinyvllm.frontend.tool_calls import (check_tools, chosen_functions, forced_grammar, parse_tool_calls,
+                                          tool_preamble)
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
+                                             "parameters": {"type": "object", "properties": {
+                                                 "city": {"type": "string"},
+                                                 "unit": {"enum": ["celsius", "fahrenheit"]}},
+                                                 "required": ["city"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from tinyvllm.frontend.tokenizer import Tokenizer
+    from tinyvllm.workers.grammar_masks import tokenizer_for_model
+    return Tokenizer.from_model_path(None), tokenizer_for_model(None, 49152)
+
+
+def accepts(tokenizer, grammar: str, text: str) -> bool:
+    from llguidance import LLMatcher
+    tok, ll_tok = tokenizer
+    matcher = LLMatcher(ll_tok, grammar, log_level=0)
+    tokens = tok.encode(text)
+    return matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens) and \
+        matcher.is_accepting()
+
+
+def call(name: str, arguments: dict) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>\n"
+
+
+def test_the_forced_grammar_takes_only_calls_that_validate(tokenizer):
+    functions = check_tools([WEATHER, TIME])
+    grammar = forced_grammar(chosen_functions(functions, "required"))
+    assert accepts(tokenizer, grammar, call("get_weather", {"city": "Paris", "unit": "celsius"}))
+    assert accepts(tokenizer, grammar, call("get_weather", {"city": "Oslo"}) + call("get_time", {}))
+    assert not accepts(tokenizer, grammar, call("get_weather", {"unit": "celsius"}))  # city is required
+    assert not accepts(tokenizer, grammar, call("get_weather", {"city": "Rome", "unit": "kelvin"}))
+    assert not accepts(tokenizer, grammar, call("send_mail", {}))
+    assert not accepts(tokenizer, grammar, "The weather is fine.")
+    named = forced_grammar(chosen_functions(functions, {"type": "function", "function": {"name": "get_time"}}))
+    assert accepts(tokenizer, named, call("get_time", {}))
+    assert not accepts(tokenizer, named, call("get_weather", {"city": "Paris"}))
+
+
+def test_tools_and_tool_choice_are_checked():
+    with pytest.raises(GrammarInvalid, match=r"tools\[0\].function.name"):
+        check_tools([{"type": "function", "function": {"name": "no spaces"}}])
+    with pytest.raises(GrammarInvalid, match="given twice"):
+        check_tools([WEATHER, WEATHER])
+    with pytest.raises(GrammarInvalid, match="must be a JSON schema"):
+        check_tools([{"type": "function", "function": {"name": "f", "parameters": []}}])
+    with pytest.raises(GrammarInvalid, match="names no function"):
+        chosen_functions(check_tools([WEATHER]), {"type": "function", "function": {"name": "get_time"}})
+    with pytest.raises(GrammarInvalid, match="needs tools"):
+        chosen_functions([], "required")
+    assert chosen_functions(check_tools([WEATHER]), "auto") is None and chosen_functions([], "none") is None
+
+
+def test_calls_parse_back_and_text_without_calls_is_content():
+    text = "Let me look.\n" + call("get_weather", {"city": "Paris"}) + call("get_time", {})
+    content, calls = parse_tool_calls(text)
+    assert content == "Let me look." and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"}), ("get_time", {})]
+    assert calls[0].openai()["function"]["name"] == "get_weather" and calls[0].ollama()["function"]["arguments"] == {
+        "city": "Paris"}
+    assert parse_tool_calls("no call <tool_call>{not json}</tool_call>") == (
+        "no call <tool_call>{not json}</tool_call>", [])
+    assert "get_weather" in tool_preamble(check_tools([WEATHER]))
