@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tinyvllm.frontend import openai_protocol as api
-from tinyvllm.frontend import openapi, streaming
+from tinyvllm.frontend import openapi, streaming, tool_call_replies
 from tinyvllm.frontend.auth import APIKeyMiddleware
 from tinyvllm.frontend.beam_search import beam_search_completion
 from tinyvllm.frontend.detokenizer import IncrementalDetokenizer
@@ -65,10 +65,15 @@ async def run_unless_disconnected(request: Request, work: Coroutine) -> tuple[bo
     return True, work_task.result()
 
 
-def response_body(result: CompletionResult, is_chat: bool, request_id: str, model: str, created: int) -> dict:
-    make_choice, make_body = (api.chat_choice, api.chat_body) if is_chat else (api.completion_choice,
-                                                                               api.completion_body)
-    choices = [make_choice(c.index, c.text, c.finish_reason, c.stop_reason, c.logprobs) for c in result.choices]
+def response_body(result: CompletionResult, req: api.GenerationRequest, request_id: str, model: str,
+                  created: int) -> dict:
+    if req.is_chat:
+        make_body = api.chat_body
+        choices = [tool_call_replies.chat_choice(c, req.tools.parse) for c in result.choices]
+    else:
+        make_body = api.completion_body
+        choices = [api.completion_choice(c.index, c.text, c.finish_reason, c.stop_reason, c.logprobs)
+                   for c in result.choices]
     usage = api.usage_body(result.num_prompt_tokens, result.num_generated_tokens, result.num_cached_tokens)
     body = make_body(request_id, model, choices, usage, created)
     if result.kv_transfer_params is not None:  # a prefill instance's answer (vLLM's contract)
@@ -110,6 +115,8 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
             else:
                 deltas = serving.generate_text(request_id, prompt_ids, req)
                 n = req.sampling.n
+                if req.tools.parse and req.stream:
+                    deltas = tool_call_replies.with_tool_calls(deltas, n)
                 if req.stream:
                     events = streaming.chat_events if is_chat else streaming.completion_events
                     return streaming.SSEResponse(events(deltas, request_id, model_name, created, req.include_usage, n))
@@ -119,7 +126,7 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
                 return Response(status_code=CLIENT_CLOSED_REQUEST)
             if req.best_of_keep is not None:
                 result = keep_best(result, req.best_of_keep)
-            return JSONResponse(response_body(result, is_chat, request_id, model_name, created))
+            return JSONResponse(response_body(result, req, request_id, model_name, created))
         except Exception as e:
             return exception_response(e, request.url.path)
 

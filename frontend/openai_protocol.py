@@ -1,4 +1,5 @@
 """OpenAI request parsing/validation and response/error bodies, shaped as vLLM serves them."""
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -7,6 +8,7 @@ from typing import Any
 from tinyvllm.frontend.openai_requests import ChatMessage, ChatRequest, CompletionRequest
 from tinyvllm.frontend.request_models import RequestInvalid, RequestModel, validate
 from tinyvllm.frontend.structured_output import GrammarInvalid, openai_grammar
+from tinyvllm.frontend.tool_calls import NO_TOOLS, ChatTools, chat_tools
 from tinyvllm.protocol.sampling import MAX_BEAM_WIDTH, BeamSearchParams, KVTransferParams, SamplingParams
 
 
@@ -44,7 +46,8 @@ class GenerationRequest:
     skip_special_tokens: bool = True
     add_special_tokens: bool = True
     prompt: str | list[int] = ""  # completions
-    messages: list[dict[str, str]] = field(default_factory=list)  # chat; content already flattened to text
+    messages: list[dict] = field(default_factory=list)  # chat: role, content (flattened to text), any tool fields
+    tools: ChatTools = NO_TOOLS  # chat: its tools, the grammar forcing calls, whether calls are parsed
     is_chat: bool = False  # chooses the logprobs format
     include_stop_str_in_output: bool = False
     # Completions: the prompt goes before the output. Chat (vLLM's extension): the last message's content does,
@@ -63,7 +66,7 @@ def validated(model: type[RequestModel], body: Any) -> Any:
         raise APIError(e.message, param=e.param) from None
 
 
-def _generation(req: CompletionRequest | ChatRequest, is_chat: bool) -> GenerationRequest:
+def _generation(req: CompletionRequest | ChatRequest, is_chat: bool, tools: ChatTools = NO_TOOLS) -> GenerationRequest:
     """The checks that span fields (vLLM's wording), then the request as SamplingParams and the rest."""
     n, best_of = req.n, req.best_of if req.best_of is not None else req.n
     if best_of < n:
@@ -102,6 +105,11 @@ def _generation(req: CompletionRequest | ChatRequest, is_chat: bool) -> Generati
             "grammar": req.guided_grammar})
     except GrammarInvalid as e:
         raise APIError(e.message, param=e.param) from None
+    if tools.grammar is not None:
+        if sampling.grammar is not None:
+            raise APIError("tool_choice 'required' or a named function cannot be combined with structured output",
+                           param="tool_choice")
+        sampling.grammar = tools.grammar
     if sampling.grammar is not None and (req.min_tokens or req.ignore_eos):
         # a complete grammar allows only EOS, which min_tokens and ignore_eos forbid: the row would have no token
         raise APIError("min_tokens and ignore_eos are not supported with structured output",
@@ -127,7 +135,7 @@ def _generation(req: CompletionRequest | ChatRequest, is_chat: bool) -> Generati
         include_stop_str_in_output=req.include_stop_str_in_output, echo=echo,
         best_of_keep=n if best_of > n else None, logprobs_only_to_rank=rank_by_logprobs,
         beam_search=BeamSearchParams(n, sampling.max_tokens, req.ignore_eos, req.length_penalty)
-        if req.use_beam_search else None)
+        if req.use_beam_search else None, tools=tools)
 
 
 def _chat_logprobs(req: ChatRequest) -> int | None:
@@ -162,9 +170,29 @@ def parse_completion_request(body: Any) -> GenerationRequest:
     return req
 
 
-def message_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """[{"role", "content"}] with each message's text parts joined by newlines."""
-    return [{"role": m.role, "content": _text(m.content)} for m in messages]
+def message_dicts(messages: list[ChatMessage]) -> list[dict]:
+    """[{"role", "content"}] with each message's text parts joined by newlines, and its tool fields: calls with
+    their arguments as objects, as chat templates take them."""
+    dicts = []
+    for i, m in enumerate(messages):
+        d = {"role": m.role, "content": _text(m.content)}
+        if m.tool_calls:
+            d["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": _arguments(c.function.arguments, f"messages[{i}].tool_calls")}}
+                for c in m.tool_calls]
+        d.update({k: v for k, v in (("tool_call_id", m.tool_call_id), ("name", m.name)) if v is not None})
+        dicts.append(d)
+    return dicts
+
+
+def _arguments(text: str, param: str) -> dict:
+    try:
+        arguments = json.loads(text)
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        raise APIError(f"{param}: a call's arguments must be a JSON object, got {text[:100]!r}", param=param)
+    return arguments
 
 
 def _text(content: str | list | None) -> str:
@@ -173,7 +201,13 @@ def _text(content: str | list | None) -> str:
 
 def parse_chat_request(body: Any) -> GenerationRequest:
     parsed = validated(ChatRequest, body)
-    req = _generation(parsed, is_chat=True)
+    try:
+        tools = chat_tools([t.model_dump() for t in parsed.tools] if parsed.tools else None,
+                           parsed.tool_choice.model_dump() if isinstance(parsed.tool_choice, RequestModel)
+                           else parsed.tool_choice, parsed.parallel_tool_calls)
+    except GrammarInvalid as e:
+        raise APIError(e.message, param=e.param) from None
+    req = _generation(parsed, is_chat=True, tools=tools)
     req.messages = message_dicts(parsed.messages)
     return req
 
@@ -200,10 +234,11 @@ def completion_choice(index: int, text: str, finish_reason: str | None, stop_rea
             "stop_reason": stop_reason}
 
 
-def chat_choice(index: int, text: str, finish_reason: str | None, stop_reason: str | int | None,
-                logprobs: dict | None = None) -> dict:
-    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-            "finish_reason": finish_reason, "stop_reason": stop_reason}
+def chat_choice(index: int, text: str | None, finish_reason: str | None, stop_reason: str | int | None,
+                logprobs: dict | None = None, tool_calls: list[dict] | None = None) -> dict:
+    message = {"role": "assistant", "content": text, **({"tool_calls": tool_calls} if tool_calls else {})}
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason,
+            "stop_reason": stop_reason}
 
 
 def completion_body(request_id: str, model: str, choices: list[dict], usage: dict, created: int | None = None) -> dict:

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field
 
 from tinyvllm.frontend.request_models import OutOfRange, RequestModel, Reworded
+from tinyvllm.frontend.tool_calls import MAX_TOOLS
 from tinyvllm.protocol.sampling import MAX_LOGPROBS, MAX_N
 
 _BEYOND_MAX_LOGPROBS = f"Requested sample logprobs of {{input}}, which is greater than max allowed: {MAX_LOGPROBS}"
@@ -115,11 +116,48 @@ class TextPart(RequestModel):
     text: str
 
 
+class CalledFunction(RequestModel):
+    name: str
+    arguments: str = Field(description="the arguments as JSON text (an object)")
+
+
+class MessageToolCall(RequestModel):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(RequestModel):
-    role: str = Field(json_schema_extra={"enum": ["system", "user", "assistant"]},
+    role: str = Field(json_schema_extra={"enum": ["system", "user", "assistant", "tool"]},
                       description="any role the chat template takes")
     content: Annotated[str | list[TextPart] | None, Reworded(
         '{where} must be a string or a list of parts of the form {"type": "text", "text": "..."}')] = None
+    tool_calls: list[MessageToolCall] | None = Field(None, description="an assistant message's calls")
+    tool_call_id: str | None = Field(None, description="a tool message: the call it answers")
+    name: str | None = None
+
+
+class FunctionTool(RequestModel):
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, description="a JSON schema")
+    strict: bool | None = Field(None, description="accepted: the arguments always follow the schema when a call "
+                                                  "is forced (tool_choice required or named)")
+
+
+class Tool(RequestModel):
+    type: Literal["function"] = "function"
+    function: FunctionTool
+
+
+class NamedFunction(RequestModel):
+    name: str
+
+
+class NamedToolChoice(RequestModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
 
 Messages = Annotated[list[Annotated[ChatMessage, Reworded("{where} must be an object with a string 'role'")]],
                      Field(min_length=1), Reworded("'messages' must be a non-empty list", when_missing=True)]
@@ -135,6 +173,13 @@ class ChatRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: Annotated[int | None, Field(ge=0, le=MAX_LOGPROBS, description="needs logprobs: true"),
                             OutOfRange("`top_logprobs` must be a positive value.", above=_BEYOND_MAX_LOGPROBS)] = None
+    tools: Annotated[list[Tool] | None, Field(max_length=MAX_TOOLS)] = None
+    tool_choice: Annotated[Literal["none", "auto", "required"] | NamedToolChoice | None, Reworded(
+        """'tool_choice' must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}""")
+    ] = Field(None, examples=["auto"], description='default: "auto" with tools, "none" without; "required" and a '
+                                                   "named function are enforced by a grammar: the arguments follow "
+                                                   "the function's parameters schema")
+    parallel_tool_calls: bool = Field(True, description="false: at most one call")
 
 
 NonEmptyText = Annotated[str, Field(min_length=1)]

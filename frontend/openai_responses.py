@@ -29,9 +29,21 @@ class CompletionChoice(Choice):
     text: str
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(Choice):

@@ -11,6 +11,7 @@ from tinyvllm.frontend import logprobs as lp
 from tinyvllm.frontend.choice_text import ChoiceText
 from tinyvllm.frontend.openai_protocol import APIError, GenerationRequest
 from tinyvllm.frontend.request_errors import EngineRequestError
+from tinyvllm.frontend.tool_calls import template_messages
 from tinyvllm.protocol.messages import FinishReason
 from tinyvllm.protocol.sampling import MAX_LOGPROB_ENTRIES, SamplingParams
 
@@ -30,6 +31,7 @@ class TextDelta:
     logprobs: dict | None = None  # this delta's tokens, in the endpoint's format (frontend/logprobs.py)
     kv_transfer_params: dict | None = None  # a prefill instance's last delta: where the prompt's KV waits
     cumulative_logprob: float = 0.0  # this choice's tokens so far, when the engine reported their logprobs
+    tool_calls: list[dict] | None = None  # chat with tools: the choice's calls, on its last delta
 
 
 @dataclass(slots=True)
@@ -67,7 +69,7 @@ class RequestServing:
     async def prompt_token_ids(self, req: GenerationRequest, is_chat: bool) -> list[int]:
         if is_chat:
             size = sum(len(m["content"]) for m in req.messages)
-            text = await _maybe_in_thread(size, self._render_chat, req.messages)
+            text = await _maybe_in_thread(size, self._render_chat, req.messages, req.tools.functions)
         elif isinstance(req.prompt, list):
             self._check_token_ids(req.prompt, "prompt")
             return req.prompt
@@ -78,9 +80,10 @@ class RequestServing:
             raise APIError("The prompt is empty", param="prompt" if not is_chat else "messages")
         return ids
 
-    def _render_chat(self, messages: list[dict[str, str]]) -> str:
+    def _render_chat(self, messages: list[dict], functions: list[dict]) -> str:
+        messages, extra = template_messages(messages, functions, self.tokenizer.chat_template)
         try:
-            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra)
         except Exception as e:  # the template only sees user input, so whatever it rejects is a bad request
             raise APIError(f"Could not apply the chat template: {e}", param="messages") from None
 

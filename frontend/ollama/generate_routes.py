@@ -15,6 +15,7 @@ from tinyvllm.frontend.ollama.options import generation_settings
 from tinyvllm.frontend.ollama.requests import ChatRequest, GenerateRequest, GenerationFields
 from tinyvllm.frontend.ollama.service import OllamaService
 from tinyvllm.frontend.structured_output import GrammarInvalid, ollama_grammar
+from tinyvllm.frontend.tool_calls import check_tools, template_messages
 
 
 def is_unload(keep_alive: Any) -> bool:
@@ -71,18 +72,24 @@ def make_routes(service: OllamaService):
     async def chat(request: Request) -> Response:
         received, req, entry = await start(request, ChatRequest)
         name, fmt = req.model_name, _json_format(req)
-        messages = [{"role": m.role, "content": m.content} for m in req.messages]
+        messages = [m.model_dump(include={"role", "content", "tool_calls"}) for m in req.messages]
+        try:
+            functions = check_tools([t.model_dump() for t in req.tools])
+        except GrammarInvalid as e:
+            raise OllamaError(e.message) from None
         settings = _constrained(generation_settings(entry.parameters, req.options), fmt)
         if not messages:
             return load_reply(name, is_chat=True, unload=is_unload(req.keep_alive))
         messages = prompting.with_system(messages, entry.system)
         if fmt is not None:
             messages = prompting.with_instruction(messages, prompting.format_instruction(fmt))
-        text, add_special = prompting.render(entry.template, messages, tokenizer)
+        messages, extra = template_messages(messages, functions,
+                                            tokenizer.chat_template if entry.template is None else None)
+        text, add_special = prompting.render(entry.template, messages, tokenizer, extra)
         ids = await prompting.encode(tokenizer, text, add_special)
         if not ids:
             raise OllamaError("the prompt is empty")
-        prep = PreparedRequest(name, True, ids, settings, False, received)
+        prep = PreparedRequest(name, True, ids, settings, False, received, parse_tool_calls=bool(functions))
         return await respond(request, service, prep, req.stream)
 
     return generate, chat

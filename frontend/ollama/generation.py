@@ -23,6 +23,7 @@ from tinyvllm.frontend.ollama.http_io import CLIENT_CLOSED_REQUEST, streamed, ti
 from tinyvllm.frontend.ollama.options import GenerationSettings
 from tinyvllm.frontend.ollama.service import OllamaService
 from tinyvllm.frontend.openai_protocol import GenerationRequest
+from tinyvllm.frontend.tool_calls import ToolCallText
 
 @dataclass
 class PreparedRequest:
@@ -32,6 +33,7 @@ class PreparedRequest:
     settings: GenerationSettings
     return_context: bool
     received_ns: int  # time.perf_counter_ns() when the request arrived
+    parse_tool_calls: bool = False  # chat with tools: calls in the reply become message.tool_calls
 
 
 def text_chunk(prep: PreparedRequest, text: str, done: bool = False) -> dict:
@@ -62,11 +64,19 @@ async def chunks(service: OllamaService, prep: PreparedRequest) -> AsyncIterator
     submitted_ns = time.perf_counter_ns()
     first_ns, last = None, None
     try:
+        calls_text = ToolCallText() if prep.parse_tool_calls else None
         async with aclosing(service.serving.generate_text(req_id, prep.prompt_ids, req)) as deltas:
             async for last in deltas:
                 first_ns = first_ns or time.perf_counter_ns()
-                if last.text:
-                    yield text_chunk(prep, last.text)
+                if text := calls_text.feed(last.text) if calls_text else last.text:
+                    yield text_chunk(prep, text)
+        if calls_text is not None:
+            rest, calls = calls_text.finish()
+            if rest or calls:
+                chunk = text_chunk(prep, rest)
+                if calls:
+                    chunk["message"]["tool_calls"] = [call.ollama() for call in calls]
+                yield chunk
         generated = service.recorder.generated.get(req_id, [])
     finally:
         service.recorder.generated.pop(req_id, None)
@@ -88,15 +98,18 @@ async def respond(request: Request, service: OllamaService, prep: PreparedReques
         return await streamed(request, items)
 
     async def collect() -> dict:
-        pieces, final = [], None
+        pieces, final, calls = [], None, []
         async with aclosing(items):
             async for item in items:
                 if item["done"]:
                     final = item
                 else:
                     pieces.append(item["message"]["content"] if prep.is_chat else item["response"])
+                    calls += item["message"].get("tool_calls", []) if prep.is_chat else []
         if prep.is_chat:
             final["message"]["content"] = "".join(pieces)
+            if calls:
+                final["message"]["tool_calls"] = calls
         else:
             final["response"] = "".join(pieces)
         return final

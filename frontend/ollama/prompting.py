@@ -39,11 +39,12 @@ def with_system(messages: list[dict], system: str | None) -> list[dict]:
     return [{"role": "system", "content": system}, *messages]
 
 
-def render(template: str | None, messages: list[dict], tokenizer) -> tuple[str, bool]:
-    """The prompt text up to where the reply starts, and whether the tokenizer should add BOS itself."""
+def render(template: str | None, messages: list[dict], tokenizer, extra: dict | None = None) -> tuple[str, bool]:
+    """The prompt text up to where the reply starts, and whether the tokenizer should add BOS itself.
+    extra: more variables for the model's own template (its tools)."""
     if template is None:
         try:
-            return tokenizer.apply_chat_template(messages, add_generation_prompt=True), False
+            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, **(extra or {})), False
         except ValueError as e:
             raise OllamaError(f"could not apply the chat template: {e}") from None
     if "{%" in template:

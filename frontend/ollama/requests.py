@@ -1,7 +1,7 @@
 """Ollama's request bodies (/api/*), declared once: they validate requests and are the request schemas in
 /openapi.json. Errors read as Ollama's flat {"error": "..."} (http_io.as_ollama_error).
 
-Fields Ollama has but this server refuses (images, tools, think, logprobs, suffix, quantize, ...) accept only an
+Fields Ollama has but this server refuses (images, think, logprobs, suffix, quantize, ...) accept only an
 empty (or false) value. Limits that depend on another field or on the server (the model must exist and run on the
 served weights; prompt + num_predict is cut at the context; raw excludes template, system and context) are in the
 descriptions and checked by the routes; breaking them is a 400 or 404.
@@ -14,7 +14,9 @@ from pydantic import ConfigDict, Field
 
 from tinyvllm.frontend.ollama import names
 from tinyvllm.frontend.ollama.options import OllamaOptions
+from tinyvllm.frontend.openai_requests import Tool
 from tinyvllm.frontend.request_models import RequestInvalid, RequestModel, Reworded
+from tinyvllm.frontend.tool_calls import MAX_TOOLS
 
 _NEW_NAME = {"pattern": names.PATTERN, "description": "[host/][namespace/]model[:tag]"}
 IMAGES_REFUSED = "images are not supported: this server runs text-only models"
@@ -28,7 +30,6 @@ def refused(message: str, kind: type = list) -> Any:
 
 Images = refused(IMAGES_REFUSED)
 NoSuffix = refused("inserting (suffix) is not supported by this server", str)
-NoTools = refused("the served model does not support tools")
 NoQuantize = refused("'quantize' is not supported by this server", str)
 NoAdapters = refused("'adapters' is not supported by this server", dict)
 NoMessages = refused("'messages' is not supported by this server")
@@ -76,16 +77,29 @@ class GenerateRequest(GenerationFields):
     images: Images = Field(default_factory=list)
 
 
+class OllamaFunctionCall(RequestModel):
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class OllamaToolCall(RequestModel):
+    function: OllamaFunctionCall
+
+
 class OllamaMessage(RequestModel):
     role: Literal[ROLES]
     content: Annotated[str, Reworded("{where} must be a string")] = ""
     images: Images = Field(default_factory=list)
+    tool_calls: list[OllamaToolCall] = Field(default_factory=list, description="an assistant message's calls")
+    tool_name: str | None = Field(None, description="a tool message: the function whose result it is")
 
 
 class ChatRequest(GenerationFields):
     messages: list[Annotated[OllamaMessage, Reworded(f"{{where}}: 'role' must be one of {', '.join(ROLES)}")]] = \
         Field(default_factory=list, description="empty: only (un)loads the model")
-    tools: NoTools = Field(default_factory=list)
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] = Field(
+        default_factory=list, description="the model may answer with message.tool_calls (Hermes-style <tool_call> "
+                                          "JSON, parsed)")
 
 
 class EmbeddingFields(NamedRequest):

@@ -7,6 +7,7 @@ class CharTokenizer:
     bos_token_id = 1
     eos_token_ids = [2]
     vocab_size = 0x110000 + OFFSET
+    chat_template = None  # the source of a real template: none here, so tools go in a system message
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return ([self.bos_token_id] if add_special_tokens else []) + [ord(c) + OFFSET for c in text]
@@ -15,7 +16,7 @@ class CharTokenizer:
         return "".join(SPECIAL[i] if i in SPECIAL else chr(i - OFFSET)
                        for i in ids if not (skip_special_tokens and i in SPECIAL))
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
         out = []
         for m in messages:
             if m["role"] not in ("system", "user", "assistant"):

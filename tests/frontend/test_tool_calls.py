@@ -5,8 +5,8 @@ import json
 import pytest
 
 from tinyvllm.frontend.structured_output import GrammarInvalid
-from tinyvllm.frontend.tool_calls import (check_tools, chosen_functions, forced_grammar, parse_tool_calls,
-                                          tool_preamble)
+from tinyvllm.frontend.tool_calls import (NO_TOOLS, chat_tools, check_tools, chosen_functions, forced_grammar,
+                                          parse_tool_calls, template_messages, tool_preamble)
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
                                              "parameters": {"type": "object", "properties": {
@@ -74,3 +74,52 @@ def test_calls_parse_back_and_text_without_calls_is_content():
     assert parse_tool_calls("no call <tool_call>{not json}</tool_call>") == (
         "no call <tool_call>{not json}</tool_call>", [])
     assert "get_weather" in tool_preamble(check_tools([WEATHER]))
+
+
+@pytest.mark.parametrize("text", ["Let me look.\n" + call("get_time", {}), "plain text, no call", "a <tool", "<tool",
+                                  "x <tool_call>{broken</tool_call> y", call("get_time", {}) + call("get_time", {}),
+                                  '<tool_call>[{"name": "get_time", "arguments": {}}]</tool_call>'])
+def test_streamed_text_gives_what_the_whole_text_gives(text):
+    from tinyvllm.frontend.tool_calls import ToolCallText
+    for size in (1, 3, len(text)):
+        stream, shown = ToolCallText(), ""
+        for i in range(0, len(text), size):
+            shown += stream.feed(text[i:i + size])
+            assert may_show(shown)
+        rest, calls = stream.finish()
+        content, expected = parse_tool_calls(text)
+        assert shown + rest == content and [(c.name, c.arguments) for c in calls] == [
+            (c.name, c.arguments) for c in expected]
+
+
+def may_show(shown: str) -> bool:
+    """No tail that could open a call, and no whitespace that could come before one."""
+    return not shown or not any("<tool_call>".startswith(shown[-k:]) for k in range(1, 12)) and shown == shown.rstrip()
+
+
+def test_templates_with_and_without_tools_support():
+    functions = check_tools([WEATHER])
+    turn = [{"role": "user", "content": "Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather",
+                                                                              "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "content": "sunny"}]
+    messages, extra = template_messages(turn, functions, "{% for m in messages %}{{ tools }}{% endfor %}")
+    assert messages is turn and extra["tools"][0]["function"]["name"] == "get_weather"
+    messages, extra = template_messages(turn, functions, "{{ messages }}")
+    assert extra == {} and messages[0]["role"] == "system" and "<tools>" in messages[0]["content"]
+    assert messages[2] == {"role": "assistant", "content": call("get_weather", {"city": "Paris"}).strip()}
+    assert messages[3] == {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}
+    with_system, _ = template_messages([{"role": "system", "content": "Be brief."}] + turn[:1], functions, None)
+    assert with_system[0]["content"].startswith("Be brief.\n\n") and len(with_system) == 2
+    assert chat_tools(None, None) == NO_TOOLS and chat_tools([WEATHER], "none") == NO_TOOLS
+    auto = chat_tools([WEATHER], None)
+    assert auto.parse and auto.grammar is None and auto.functions == functions
+    assert chat_tools([WEATHER], "required", parallel_tool_calls=False).grammar.count("call+") == 0
+
+
+def test_forced_arguments_take_no_made_up_keys(tokenizer):
+    add = {"type": "function", "function": {"name": "add", "parameters": {  # as LangChain writes a function's schema
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+    grammar = forced_grammar(chosen_functions(check_tools([add]), "required"))
+    assert accepts(tokenizer, grammar, call("add", {"a": 1, "b": 2}))
+    assert not accepts(tokenizer, grammar, call("add", {"a": 1, "b": 2, "c": 3}))
