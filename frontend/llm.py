@@ -87,7 +87,9 @@ class LLM:
             raise EngineDeadError(self._engine.dead_reason)
 
     def beam_search(self, prompt: Prompt, params: BeamSearchParams) -> list[BeamSequence]:
-        """The best params.beam_width beams of the prompt (frontend/beam_search.py), best first."""
+        """The best params.beam_width beams of the prompt (frontend/beam_search.py), best first; ValueError for a
+        width or length out of bounds."""
+        params.validate()
         ids = self._prompt_ids(prompt)
         return self._loop.run(beam_search(self._engine, self._request_id(), ids, params,
                                           self.tokenizer.eos_token_ids))

@@ -114,11 +114,15 @@ class RequestServing:
         if req.sampling.min_tokens > m:
             raise APIError(f"min_tokens must be less than or equal to max_tokens={m}, got {req.sampling.min_tokens}.",
                            param="min_tokens")
-        self._check_logprobs_volume(req.sampling, p)
+        self._check_logprobs_volume(req.sampling, p, req.logprobs_only_to_rank)
 
-    def _check_logprobs_volume(self, sp: SamplingParams, num_prompt_tokens: int) -> None:
+    def _check_logprobs_volume(self, sp: SamplingParams, num_prompt_tokens: int, only_to_rank: bool) -> None:
         if (entries := sp.num_logprob_entries(num_prompt_tokens)) <= MAX_LOGPROB_ENTRIES:
             return
+        if only_to_rank:  # the logprobs best_of ranks by: one per generated token of every candidate
+            raise APIError(f"best_of={sp.n} candidates of up to {sp.max_tokens} tokens are {entries} tokens to rank, "
+                           f"more than the {MAX_LOGPROB_ENTRIES} one request may have. Please ask for a smaller "
+                           "best_of or fewer tokens.", param="best_of")
         terms = ([f"{num_prompt_tokens} prompt tokens x {sp.prompt_logprobs + 1}"] if sp.prompt_logprobs is not None
                  else []) + ([f"{sp.max_tokens} tokens x {sp.logprobs + 1}"] if sp.logprobs is not None else [])
         raise APIError(f"This request would return up to {entries} logprobs entries (n={sp.n} x "

@@ -35,6 +35,12 @@ class BeamSearchParams:
     ignore_eos: bool = False
     length_penalty: float = 1.0  # finished beams rank by cumulative logprob / length ** length_penalty
 
+    def validate(self) -> None:
+        if not 1 <= self.beam_width <= MAX_BEAM_WIDTH:
+            raise ValueError(f"beam_width must be between 1 and {MAX_BEAM_WIDTH}, got {self.beam_width}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+
 
 @dataclass(slots=True)
 class SamplingParams:

@@ -174,4 +174,7 @@ async def test_too_many_logprobs_for_one_request_is_a_400(served, monkeypatch):
     _assert_error(await client.post(CHAT, json=chat), 400, "BadRequestError", "tokens x 21)), more than the 300")
     assert len(engine.requests) == before
     assert (await client.post(COMPL, json=echo)).status_code == 200  # 186 entries
+    ranked = _assert_error(await client.post(COMPL, json={"prompt": "Hi", "max_tokens": 40, "best_of": 8}), 400,
+                           "BadRequestError", "best_of=8 candidates of up to 40 tokens are 320 tokens to rank")
+    assert ranked["param"] == "best_of"
     assert (await client.post(CHAT, json={**chat, "max_tokens": 10})).status_code == 200

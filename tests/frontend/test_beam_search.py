@@ -57,3 +57,11 @@ def test_score_orders_as_logprob_over_length_to_the_penalty_without_overflowing(
     assert beam_score(short, 1, 0.0) > beam_score(long, 1, 0.0)  # -1.0 > -1.5
     assert beam_score(short, 1, 1e6) < beam_score(long, 1, 1e6)  # 2 ** 1e6 overflows a float
     assert beam_score(BeamSequence([1], 0.0), 1, 1.0) == math.inf
+
+
+def test_beam_search_params_are_bounded():
+    from tinyvllm.protocol.sampling import MAX_BEAM_WIDTH
+    BeamSearchParams(MAX_BEAM_WIDTH, 1).validate()
+    for width, tokens, fragment in [(0, 4, "beam_width"), (MAX_BEAM_WIDTH + 1, 4, "beam_width"), (2, 0, "max_tokens")]:
+        with pytest.raises(ValueError, match=fragment):
+            BeamSearchParams(width, tokens).validate()
