@@ -1,5 +1,5 @@
 """The HTTP app: OpenAI-compatible routes, /tokenize and /detokenize, and the operators' routes (/health, /metrics,
-/version, /openapi.json), behind the optional API-key check."""
+/version, /openapi.json, /dashboard), behind the optional API-key check."""
 import asyncio
 import time
 from collections.abc import Callable, Coroutine
@@ -17,6 +17,7 @@ from tinyvllm.frontend import openai_protocol as api
 from tinyvllm.frontend import openapi, streaming, tool_call_replies
 from tinyvllm.frontend.auth import APIKeyMiddleware
 from tinyvllm.frontend.beam_search import beam_search_completion
+from tinyvllm.frontend.dashboard import dashboard_routes
 from tinyvllm.frontend.detokenizer import IncrementalDetokenizer
 from tinyvllm.frontend.embeddings import embedding_routes
 from tinyvllm.frontend.engine_client import EngineDeadError
@@ -155,6 +156,7 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
             *tokenization_routes(tokenizer, model_name, max_model_len, max_body_bytes),
             *embedding_routes(engine, tokenizer, model_name, max_model_len, max_body_bytes),
             *ops_routes(engine, metrics),
+            *dashboard_routes(engine, metrics, gate, model_name, api_key),
         ],
         exception_handlers={HTTPException: http_error},
         middleware=[*([Middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"],

@@ -23,8 +23,11 @@ from tinyvllm.protocol.sampling import SamplingParams
 
 
 def summed(values: list):
-    """Numbers summed; lists (counts by position) summed element by element."""
+    """Numbers summed; lists of counts (by position) summed element by element; other lists (each replica's running
+    requests) joined."""
     if values and isinstance(values[0], list):
+        if any(not isinstance(item, int) for items in values for item in items):
+            return list(itertools.chain.from_iterable(values))
         return [sum(column) for column in itertools.zip_longest(*values, fillvalue=0)]
     return sum(values)
 

@@ -29,6 +29,7 @@ class MeteredEngine:
                     self._metrics.record_queue_time(out.queue_time_s)  # once per request, not per choice
                     queue_time_recorded = True
                 if out.new_token_ids:
+                    self._metrics.record_streamed_tokens(len(out.new_token_ids))
                     now = time.monotonic()
                     if (previous := last_token_at.get(out.index)) is not None:
                         self._metrics.record_inter_token_latency(now - previous)

@@ -144,6 +144,9 @@ class FrontendMetrics:
                                           _N_BUCKETS)
         self.request_params_max_tokens = histogram("vllm:request_params_max_tokens",
                                                    "Histogram of the max_tokens request parameter.", token_buckets)
+        # Plain running totals for /dashboard's charts (frontend/dashboard_snapshot.py), which take their deltas.
+        self.streamed_tokens = 0
+        self.first_token_seconds_sum, self.first_token_count = 0.0, 0
 
     def record_request_params(self, n: int, max_tokens: int) -> None:
         self.request_params_n.observe(n)
@@ -155,6 +158,12 @@ class FrontendMetrics:
 
     def record_first_token(self, seconds: float) -> None:
         self.time_to_first_token.observe(seconds)
+        self.first_token_seconds_sum += seconds
+        self.first_token_count += 1
+
+    def record_streamed_tokens(self, count: int) -> None:
+        """Tokens as the engine produced them (generation_tokens counts a request's only when it finishes)."""
+        self.streamed_tokens += count
 
     def record_inter_token_latency(self, seconds: float) -> None:
         self.inter_token_latency.observe(seconds)

@@ -106,7 +106,7 @@ def app_operations(routes: list[BaseRoute], prefix: str = "") -> list[tuple[str,
     for route in routes:
         if isinstance(route, Mount):
             found += app_operations(route.routes, prefix + route.path)
-        elif isinstance(route, Route):
+        elif isinstance(route, Route) and route.include_in_schema:  # False: an endless stream (/dashboard/events)
             path = prefix + route.path_format
             methods = sorted(route.methods or ["GET"])
             found += [(path, m) for m in methods if m != "HEAD" or "GET" not in methods or described(path, m)]

@@ -11,6 +11,7 @@ Worker <-> worker:      KVPull -> KVBlockData... (decode pulls a prefill worker'
 """
 from dataclasses import dataclass, field
 
+from tinyvllm.protocol.batch_summary import RunningRequestSummary
 from tinyvllm.protocol.handshake_messages import (SchedulerChallenge, WorkerHello, WorkerProof,  # noqa: F401
                                                   WorkerRefused)  # (re-exported)
 from tinyvllm.protocol.kv_messages import (KVBlockData, KVDiskBlock, KVLease, KVLoad, KVPull,  # noqa: F401 (re-exported)
@@ -107,6 +108,8 @@ class SchedulerStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_pos: list[int] = field(default_factory=list)
+    num_cached_free_blocks: int = 0  # free blocks that still hold prefix-cache content (revived on a hit)
+    running_requests: list[RunningRequestSummary] = field(default_factory=list)  # bounded: protocol/batch_summary.py
 
     @property
     def kv_usage(self) -> float:

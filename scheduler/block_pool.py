@@ -31,6 +31,7 @@ class BlockPool:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # front: evicted first
         self._cached: dict[BlockHash, KVBlock] = {}
+        self._num_cached_free = 0  # free blocks with a hash: kept as a count, since stats read it every step
 
     @property
     def num_total_blocks(self) -> int:
@@ -45,6 +46,11 @@ class BlockPool:
     def num_cached_blocks(self) -> int:
         return len(self._cached)
 
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks that still hold prefix-cache content (a hit revives them; a fresh block evicts them)."""
+        return self._num_cached_free
+
     def free_block_ids(self) -> list[int]:
         """The free queue, front (next to be evicted) first."""
         return list(self._free)
@@ -57,6 +63,7 @@ class BlockPool:
         for _ in range(num_blocks):
             block = self.blocks[self._free.popitem(last=False)[0]]
             assert block.ref_count == 0, f"block {block.block_id} on the free queue with ref_count {block.ref_count}"
+            self._num_cached_free -= block.block_hash is not None
             self._evict(block)
             block.ref_count = 1
             block_ids.append(block.block_id)
@@ -68,6 +75,7 @@ class BlockPool:
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 del self._free[block_id]
+                self._num_cached_free -= block.block_hash is not None
             block.ref_count += 1
 
     def release(self, block_ids: Iterable[int]) -> None:
@@ -78,6 +86,7 @@ class BlockPool:
             block.ref_count -= 1
             if block.ref_count == 0:
                 self._free[block_id] = None
+                self._num_cached_free += block.block_hash is not None
 
     def lookup(self, block_hash: BlockHash, parent_hash: BlockHash, token_ids: tuple[int, ...]) -> int | None:
         """The cached block with exactly this content, or None."""
@@ -94,6 +103,7 @@ class BlockPool:
             return False
         block.block_hash, block.parent_hash, block.token_ids = block_hash, parent_hash, token_ids
         self._cached[block_hash] = block
+        self._num_cached_free += block.ref_count == 0
         return True
 
     def _evict(self, block: KVBlock) -> None:
@@ -123,3 +133,5 @@ class BlockPool:
         for block_hash, block in self._cached.items():
             assert block.block_hash == block_hash, f"cache map entry points at block {block.block_id} with another hash"
         assert len(self._free) + len(held) == self.num_total_blocks, "free + held != total"
+        assert self._num_cached_free == sum(self.blocks[i].block_hash is not None for i in self._free), \
+            "the count of cached free blocks drifted"

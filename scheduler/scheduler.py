@@ -27,6 +27,7 @@ from tinyvllm.scheduler.remote_kv import RemoteKV
 from tinyvllm.scheduler.request import Request, RequestStatus
 from tinyvllm.scheduler.request_outputs import request_output, well_formed
 from tinyvllm.scheduler.spec_decode import SpecDecode
+from tinyvllm.scheduler.stats_report import scheduler_stats
 from tinyvllm.scheduler.step_update import apply_step_result
 from tinyvllm.scheduler.steps_in_flight import StepsInFlight
 from tinyvllm.scheduler.swap import SwapSpace
@@ -221,11 +222,7 @@ class Scheduler:
         return bool(self.requests)
 
     def stats(self) -> SchedulerStats:
-        kv, swap = self.kv_cache_manager, self.swap
-        return self.spec.add_stats(SchedulerStats(
-            self.num_running, self.num_waiting, kv.num_free_blocks, kv.num_total_blocks, self._step_id,
-            self.prefix_cache_queries, self.prefix_cache_hits, self.num_preemptions, self.num_tokens_computed,
-            swap.num_free_slots, swap.num_slots, swap.num_swapped_out_blocks, swap.num_swapped_in_blocks))
+        return scheduler_stats(self)
 
     def seats(self, req: Request) -> int:
         """max_num_seqs slots a request takes: a leader reserves seats for the siblings that will fork from it."""

@@ -12,8 +12,9 @@ from fake_engine import FakeEngine
 from fake_tokenizer import CharDetokenizer, CharTokenizer
 from tinyvllm.frontend.app import build_app
 from tinyvllm.frontend.engine_client import EngineDeadError
-from tinyvllm.frontend.engine_pool import EnginePool
+from tinyvllm.frontend.engine_pool import EnginePool, summed
 from tinyvllm.frontend.engine_replica import EngineReplica, RestartPolicy
+from tinyvllm.protocol.batch_summary import RunningRequestSummary
 from tinyvllm.protocol.sampling import SamplingParams
 
 pytestmark = pytest.mark.anyio
@@ -119,6 +120,12 @@ async def test_the_stats_are_summed_and_kept_apart_by_engine():
     assert (pool.stats.num_running, pool.stats.num_total_blocks) == (1, 200)
     await outputs.aclose()
     await pool.close()
+
+
+def test_summing_adds_counts_and_joins_the_running_batches():
+    a, b = [RunningRequestSummary("a", 1, 2, 1)], [RunningRequestSummary("b", 3, 4, 2)]
+    assert summed([a, b]) == a + b and summed([[], b]) == b and summed([[], []]) == []
+    assert summed([[1, 2], [3]]) == [4, 2] and summed([1, 2]) == 3
 
 
 async def test_the_app_labels_each_engines_metrics_and_is_healthy_while_one_serves():

@@ -19,6 +19,9 @@ class _Recorder:
     def record_inter_token_latency(self, seconds):
         pass
 
+    def record_streamed_tokens(self, count):
+        pass
+
 
 class _Engine:
     async def generate(self, req_id, prompt_token_ids, sampling, eos_token_ids):

@@ -24,6 +24,8 @@ EXAMPLES = [
                    m.RequestOutput("r3", [5], None, 2, 0, None, 0, [LP], [m.TokenLogprobs(8, -3.0)]),
                    m.RequestOutput("e1", [], m.FinishReason.STOP, 4, embedding=[0.5, -0.25, 0.0])],
                   m.SchedulerStats(2, 1, 10, 64, 7, 1200, 800, 3), 12.25),
+    m.StepOutputs([], m.SchedulerStats(2, 0, 10, 64, 8, num_cached_free_blocks=4, running_requests=[
+        m.RunningRequestSummary("cmpl-1", 12, 3, 1), m.RunningRequestSummary("chatcmpl-2", 40, 0, 3)]), 12.5),
     m.EngineReady(128, 16, 2048, 16, 1),
     m.EngineReady(128, 16, 2048, 16, 2, [70_000_000, 69_000_000]),
     m.Shutdown("bye"),
@@ -80,6 +82,7 @@ def test_new_fields_default_so_old_constructors_work():
     assert m.RequestOutput("r", []).index == 0
     stats = m.SchedulerStats(1, 2, 3, 4, 5)
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits, stats.num_preemptions) == (0, 0, 0)
+    assert (stats.num_cached_free_blocks, stats.running_requests) == (0, [])
     assert m.StepPlan(1, [], [], []).block_copies == []
     out = m.RequestOutput("r", [])
     assert (out.logprobs, out.prompt_logprobs, out.embedding) == (None, None, None)

@@ -1,0 +1,126 @@
+"""/dashboard: one HTML page (dashboard.html, shipped in the package) that shows the engines live, fed by
+/dashboard/events (server-sent events, a JSON snapshot about once a second); /dashboard/snapshot answers one.
+
+With --api-key, these routes need the key too. A browser's EventSource cannot send an Authorization header, so for
+/dashboard only the key is also taken as the `key` query parameter: opening /dashboard?key=<key> answers the page
+with a cookie (HttpOnly, SameSite=Strict, path /dashboard) that the page's event stream then carries. The cookie holds
+an HMAC of the key, never the key. Open event streams are bounded (MAX_EVENT_STREAMS; 503 past it).
+"""
+import asyncio
+import hashlib
+import hmac
+import importlib.resources
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from tinyvllm.frontend import openapi
+from tinyvllm.frontend.dashboard_snapshot import SAMPLE_INTERVAL_S, DashboardHistory, snapshot
+from tinyvllm.frontend.openai_protocol import error_body
+from tinyvllm.frontend.streaming import SSEResponse, sse_event
+
+MAX_EVENT_STREAMS = 8
+KEY_PARAM = "key"
+COOKIE_NAME = "tinyvllm_dashboard"
+COOKIE_PATH = "/dashboard"
+
+
+def dashboard_html() -> str:
+    return importlib.resources.files("tinyvllm.frontend").joinpath("dashboard.html").read_text(encoding="utf-8")
+
+
+def _digest(secret: bytes) -> bytes:
+    return hashlib.sha256(secret).digest()
+
+
+class DashboardAccess:
+    """Who may see the dashboard: anyone without an API key; with one, a request carrying it as a Bearer header, the
+    `key` query parameter, or the cookie that the page was answered with."""
+
+    def __init__(self, api_key: str | None):
+        self.required = bool(api_key)
+        self._key_digest = _digest((api_key or "").encode("utf-8"))
+        self.cookie_value = hmac.new((api_key or "").encode("utf-8"), b"tinyvllm dashboard", "sha256").hexdigest()
+
+    def _key_matches(self, candidate: bytes) -> bool:
+        return hmac.compare_digest(_digest(candidate), self._key_digest)
+
+    def allows(self, request: Request) -> bool:
+        if not self.required:
+            return True
+        scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+        # header bytes were decoded as latin-1 (frontend/auth.py): encoding back gives the UTF-8 bytes sent
+        if scheme.lower() == "bearer" and self._key_matches(credentials.strip().encode("latin-1")):
+            return True
+        if (key := request.query_params.get(KEY_PARAM)) is not None and self._key_matches(key.encode("utf-8")):
+            return True
+        return hmac.compare_digest(request.cookies.get(COOKIE_NAME, ""), self.cookie_value)
+
+
+def unauthorized() -> Response:
+    return JSONResponse(error_body(f"Unauthorized: open /dashboard?{KEY_PARAM}=<api key>", "AuthenticationError", 401),
+                        status_code=401, headers={"WWW-Authenticate": "Bearer"})
+
+
+class EventStream(SSEResponse):
+    """An SSE response that gives its slot back however it ends (even before its generator started)."""
+
+    def __init__(self, events, on_close):
+        super().__init__(events)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+def dashboard_routes(engine, metrics, gate, model_name: str, api_key: str | None) -> list[Route]:
+    access, history = DashboardAccess(api_key), DashboardHistory(metrics)
+    page = dashboard_html()
+    open_streams = [0]
+
+    async def dashboard(request: Request) -> Response:
+        if not access.allows(request):
+            return unauthorized()
+        response = HTMLResponse(page, headers={"Cache-Control": "no-store"})
+        if access.required:
+            response.set_cookie(COOKIE_NAME, access.cookie_value, path=COOKIE_PATH, httponly=True, samesite="strict")
+        return response
+
+    async def current(request: Request) -> Response:
+        if not access.allows(request):
+            return unauthorized()
+        return JSONResponse(snapshot(engine, history, model_name))
+
+    async def snapshots():
+        while not gate.draining:  # a stream would otherwise hold the server's graceful shutdown open
+            yield sse_event(snapshot(engine, history, model_name))
+            await asyncio.sleep(SAMPLE_INTERVAL_S)
+
+    def stream_closed() -> None:
+        open_streams[0] -= 1
+
+    async def events(request: Request) -> Response:
+        if not access.allows(request):
+            return unauthorized()
+        if open_streams[0] >= MAX_EVENT_STREAMS:
+            busy = error_body(f"At most {MAX_EVENT_STREAMS} dashboards may watch at once", "ServiceUnavailableError", 503)
+            return JSONResponse(busy, status_code=503, headers={"Retry-After": "5"})
+        open_streams[0] += 1
+        return EventStream(snapshots(), stream_closed)
+
+    return [Route("/dashboard", dashboard, methods=["GET"]),
+            Route("/dashboard/snapshot", current, methods=["GET"]),
+            # Left out of /openapi.json: it never ends, so a generic client (or schemathesis) would wait forever.
+            Route("/dashboard/events", events, methods=["GET"], include_in_schema=False)]
+
+
+openapi.describe("/dashboard", "GET", summary="A live HTML view of the engines (fed by /dashboard/events, "
+                 "server-sent events); with --api-key, open it as /dashboard?key=<key>", error_statuses=(401,),
+                 response_media_type="text/html")
+openapi.describe("/dashboard/snapshot", "GET", response_schema={"type": "object"}, error_statuses=(401,),
+                 summary="What /dashboard shows, as JSON: running, waiting, KV blocks, batch, history, replicas")
