@@ -159,11 +159,11 @@ def chat_loop(session: ChatSession, read_line=input) -> int:
 
 def one_shot_prompt(words: list[str], stdin: TextIO) -> str | None:
     """The prompt of a non-interactive run: piped stdin, then the words after MODEL; None for a chat."""
-    parts = []
-    if not stdin.isatty():
-        parts.append(stdin.read())
-    parts += words
-    return " ".join(parts) if parts else None
+    piped = None if stdin.isatty() else stdin.read()
+    parts = [part for part in (piped, *words) if part]
+    if parts:
+        return " ".join(parts)
+    return None if piped is None else ""  # an empty pipe: nothing to answer
 
 
 def check_model(api: OllamaApi, model: str) -> None:

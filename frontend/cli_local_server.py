@@ -1,7 +1,7 @@
 """`tinyvllm run` with no server answering at a local host: `tinyvllm serve` as a child process for the chat.
 
 The child runs in a session of its own, so a Ctrl-C that stops a reply does not reach it; it is stopped with
-SIGTERM when the chat ends. Its output goes to a log file, named when it fails to start.
+SIGTERM when the chat ends. Its output goes to a log file, kept (and named) only when it fails to start.
 """
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ class LocalServer:
         self.log = tempfile.NamedTemporaryFile(prefix="tinyvllm-serve-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
+        self.keep_log = False
 
     def last_log_line(self) -> str:
         lines = pathlib.Path(self.log.name).read_text(errors="replace").strip().splitlines()
@@ -52,9 +53,11 @@ class LocalServer:
         deadline = time.monotonic() + timeout_s
         while not api.answers():
             if self.proc.poll() is not None:
+                self.keep_log = True  # the error names it
                 raise CliError(f"`tinyvllm serve` exited with {self.proc.returncode} before it was ready: "
                                f"{self.last_log_line()} (log: {self.log.name})")
             if time.monotonic() > deadline:
+                self.keep_log = True
                 raise CliError(f"`tinyvllm serve` was not ready after {timeout_s:.0f} s (log: {self.log.name})")
             time.sleep(0.5)
 
@@ -67,7 +70,7 @@ class LocalServer:
                 os.killpg(self.proc.pid, signal.SIGKILL)  # its own session and group: the engine processes too
                 self.proc.wait()
         self.log.close()
-        if self.proc.returncode == 0:
+        if not self.keep_log:
             os.unlink(self.log.name)
 
 

@@ -2,6 +2,7 @@
 server that is down, and `tinyvllm run`'s own server started and stopped (a stand-in `serve` command)."""
 import io
 import json
+import os
 import sys
 
 import httpx
@@ -188,3 +189,5 @@ def test_runs_own_server_is_waited_for_and_stopped():
     with pytest.raises(CliError, match=r"exited with 3 before it was ready: no model here \(log: "):
         failing.wait_ready(api, timeout_s=30)
     failing.stop()
+    assert not os.path.exists(server.log.name) and os.path.exists(failing.log.name)
+    os.unlink(failing.log.name)

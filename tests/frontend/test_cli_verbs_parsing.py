@@ -120,6 +120,7 @@ def test_one_shot_prompts():
     assert one_shot_prompt(["why", "blue?"], _Stdin("", tty=True)) == "why blue?"
     assert one_shot_prompt(["summarize:"], _Stdin("a long text\n", tty=False)) == "a long text\n summarize:"
     assert one_shot_prompt([], _Stdin("", tty=False)) == ""
+    assert one_shot_prompt(["Hi"], _Stdin("", tty=False)) == "Hi"
 
 
 def test_human_sizes_and_times():
