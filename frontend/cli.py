@@ -4,7 +4,7 @@ import os
 import re
 import sys
 
-from tinyvllm.frontend import router_registration, worker_command
+from tinyvllm.frontend import cli_verbs, router_registration, worker_command
 from tinyvllm.frontend.launcher import CPU_KERNEL_SETS, DEFAULT_KV_CACHE_BYTES, DEFAULT_KV_CACHE_DIR_BYTES, EngineArgs
 from tinyvllm.frontend.ollama.model_store import default_models_dir
 from tinyvllm.protocol.kv_auth import resolve_kv_secret
@@ -187,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker_command.add_arguments(commands.add_parser(
         "worker", help="run one worker for a `tinyvllm serve --external-workers` (on this or another machine)",
         description=worker_command.DESCRIPTION, formatter_class=_RawDefaults))
+    cli_verbs.add_parsers(commands)
     bench = commands.add_parser("bench", help="benchmark a server (serve) or the engine offline (throughput)")
     benches = bench.add_subparsers(dest="bench", required=True)
     bench_serve.add_arguments(benches.add_parser(
@@ -211,6 +212,8 @@ class _RawDefaults(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaul
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in cli_verbs.VERBS:
+        return cli_verbs.run(args)
     if args.command == "bench":
         if args.bench == "serve":
             from tinyvllm.frontend.bench.serve import run
