@@ -81,7 +81,7 @@ start_server() {  # start_server <name> <port>: in its own process group, log in
       timeout=${READY_TIMEOUT:-1800}  # it compiles its jitted steps (one per batch size and prompt chunk) first
       # shellcheck disable=SC2086
       DEV=${DEV:-CPU} setsid "$TINYVLLM_BIN/tinyvllm" serve --host 127.0.0.1 --port "$port" --served-model-name "$MODEL_NAME" \
-        --max-num-seqs "$MAX_C" --max-model-len "$MAX_LEN" $TINYVLLM_ARGS > "$OUT/$name.log" 2>&1 &;;
+        --max-num-seqs "$MAX_C" --max-model-len "$MAX_LEN" --warmup-before-serving $TINYVLLM_ARGS > "$OUT/$name.log" 2>&1 &;;
     vllm)
       timeout=${READY_TIMEOUT:-1200}  # ~3 minutes on a 2-CPU machine (import, model load, torch.compile, warm-up)
       [ -x "$VLLM_PY" ] && [ -f "$HF_MODEL_DIR/config.json" ] || { echo "vLLM is not set up: run benchmarks/peers/setup.sh" >&2; return 1; }

@@ -43,7 +43,7 @@ print(f'torch device copy (read + write): {2 * a.nbytes / statistics.median(time
   timeout ${PROFILE_TIMEOUT:-540} python3 benchmarks/profile_step.py --batch ${BATCHES:-1 16 64 256} --steps ${STEPS:-20} --copy-bandwidth 2>&1 | tee "$out/profile_$dev.txt"
   ;;
 serve)
-  timeout 500 python3 -m tinyvllm.frontend.cli serve --max-num-seqs 64 --num-kv-blocks 4096 --port 8321 > "$out/serve_$dev.txt" 2>&1 &
+  timeout 500 python3 -m tinyvllm.frontend.cli serve --max-num-seqs 64 --num-kv-blocks 4096 --port 8321 --warmup-before-serving > "$out/serve_$dev.txt" 2>&1 &
   python3 -c "
 import time, urllib.request
 for _ in range(400):

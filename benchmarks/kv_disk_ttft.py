@@ -81,7 +81,8 @@ def main() -> None:
     parser.add_argument("--no-jit-warmup", action="store_true")
     parser.add_argument("--model", default=None)
     a = parser.parse_args()
-    common = [*(["--model", a.model] if a.model else []), *(["--no-jit-warmup"] if a.no_jit_warmup else [])]
+    common = [*(["--model", a.model] if a.model else []),
+              "--no-jit-warmup" if a.no_jit_warmup else "--warmup-before-serving"]
     prompt = [1000 + (i * 7919) % 40000 for i in range(a.prompt_tokens)]
     work = pathlib.Path(tempfile.mkdtemp(prefix="kv-disk-bench-"))
     results: dict[str, list[tuple[float, int]]] = {"without disk cache": [], "with disk cache": []}

@@ -57,7 +57,7 @@ def main() -> None:
     for dtype in args.dtypes:
         rates = []
         for repeat in range(args.repeats):
-            server = Server(work / f"{dtype}-{repeat}.log", "--kv-cache-dtype", dtype,
+            server = Server(work / f"{dtype}-{repeat}.log", "--warmup-before-serving", "--kv-cache-dtype", dtype,
                             "--kv-cache-memory", args.kv_cache_memory)
             try:
                 blocks, block_size = num_blocks(server.url)

@@ -77,7 +77,7 @@ class Processes:
 def start(name: str, procs: Processes, ports: list[int]) -> tuple[str, str]:
     """Starts configuration `name`: (the URL clients use, a server's URL for /tokenize)."""
     def serve(cores: str, port: int, *extra: str) -> list[str]:
-        return ["taskset", "-c", cores, *CLI, "serve", "--port", str(port), "--models-dir",
+        return ["taskset", "-c", cores, *CLI, "serve", "--port", str(port), "--warmup-before-serving", "--models-dir",
                 str(procs.folder / f"models-{port}"), *extra]
     if name == "mixed":
         procs.start("mixed", serve("0,1", ports[3]), READY_LINE)

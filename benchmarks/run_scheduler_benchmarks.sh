@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 N=${1:-1000}; PORT=${PORT:-8031}; BIN=${BIN:-.venv/bin}
 serve() {  # serve <args...>: start a server, wait until ready
   : > /tmp/tinyvllm-bench.log  # truncate before starting, so the wait below cannot see the last server's line
-  DEV=${DEV:-CPU} "$BIN/tinyvllm" serve --port "$PORT" --max-model-len 4096 "$@" > /tmp/tinyvllm-bench.log 2>&1 &
+  DEV=${DEV:-CPU} "$BIN/tinyvllm" serve --port "$PORT" --max-model-len 4096 --warmup-before-serving "$@" > /tmp/tinyvllm-bench.log 2>&1 &
   SERVER=$!
   until grep -q "tinyvllm ready" /tmp/tinyvllm-bench.log; do sleep 1; kill -0 $SERVER; done
 }

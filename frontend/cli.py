@@ -80,8 +80,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                         help="turn off automatic prefix caching (reusing the KV blocks of prompts seen before)")
     parser.add_argument("--no-jit-warmup", dest="jit_warmup", action="store_false",
-                        help="skip capturing every batch size's jitted step at start-up (faster start; the first "
-                             "requests of each new batch size then wait for a compile)")
+                        help="skip capturing every batch size's jitted step (by default a lone worker serves at once "
+                             "and captures them while idle; without it, each new batch size's first step waits for "
+                             "a compile)")
+    parser.add_argument("--warmup-before-serving", action="store_true",
+                        help="capture every batch size's jitted step before serving (steady timings from the first "
+                             "request, for benchmarks; workers of one tensor- or pipeline-parallel model always do)")
     parser.add_argument("--beam", type=int, default=0,
                         help="tinygrad BEAM search width for the model's kernels (e.g. 2; 0: off). Searching takes "
                              "minutes on the first start; results are cached on disk")
@@ -133,7 +137,8 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
                       swap_space=args.swap_space,
                       kv_cache_dtype=args.kv_cache_dtype,
                       max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
-                      jit_warmup=args.jit_warmup, beam=args.beam, cpu_kernels=args.cpu_kernels,
+                      jit_warmup=args.jit_warmup, warmup_before_serving=args.warmup_before_serving, beam=args.beam,
+                      cpu_kernels=args.cpu_kernels,
                       tensor_parallel_size=args.tensor_parallel_size,
                       pipeline_parallel_size=args.pipeline_parallel_size,
                       data_parallel_size=args.data_parallel_size, step_timeout_s=args.step_timeout_s,

@@ -46,7 +46,8 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"  # protocol/kv_cache_dtype.py
     max_model_len: int | None = None  # default: the model's context length
     enable_prefix_caching: bool = True
-    jit_warmup: bool = False  # capture every batch bucket's jitted step before serving (the CLI turns it on)
+    jit_warmup: bool = False  # capture every batch bucket's jitted step (the CLI turns it on; background_warmup.py)
+    warmup_before_serving: bool = False  # ... before serving, also for a lone worker
     beam: int = 0  # tinygrad BEAM search width for the workers' kernels (0: hand-coded heuristics)
     cpu_kernels: str | None = None  # the workers' kernel set, one of CPU_KERNEL_SETS (None: the device's default)
     tensor_parallel_size: int = 1
@@ -185,7 +186,8 @@ class EngineProcesses:
         self.external_workers = args.world_size if args.external_workers else 0
         if args.external_workers:
             return
-        worker_args = [WorkerArgs(str(self.model_path), rank, args.world_size, jit_warmup=args.jit_warmup, beam=args.beam,
+        worker_args = [WorkerArgs(str(self.model_path), rank, args.world_size, jit_warmup=args.jit_warmup,
+                                  warmup_before_serving=args.warmup_before_serving, beam=args.beam,
                                   kernels=args.cpu_kernels, tp_size=tp, pp_size=pp,
                                   stage_address=self.endpoints.stage_input(rank) if rank >= tp else "",
                                   role=WORKER_ROLES[args.role], kv_address=self.kv_address(args, replica, rank),

@@ -17,6 +17,7 @@ from tinyvllm.protocol.messages import InitWorker, Shutdown, StepPlan, WorkerErr
 from tinyvllm.protocol.process_guard import exit_with_parent
 from tinyvllm.protocol.transport import send
 from tinyvllm.protocol.worker_auth import SECRET_ENV, stage_link_key
+from tinyvllm.workers.background_warmup import BackgroundWarmup
 from tinyvllm.workers.scheduler_connection import SchedulerWatch, connect_to_scheduler, send_step_result
 from tinyvllm.workers.scheduler_join import NoScheduler, WorkerRefusedError, join_scheduler, worker_hello
 
@@ -47,6 +48,7 @@ class WorkerArgs:
     world_size: int = 1
     role: str = WorkerRole.MIXED
     jit_warmup: bool = False
+    warmup_before_serving: bool = False  # capture before reporting ready even when alone (else: background_warmup)
     beam: int = 0
     kernels: str | None = None  # the kernel set (workers/kernel_set.py); None: the device's default
     tp_size: int = 1
@@ -99,7 +101,7 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
     if spec.samples:
         from tinyvllm.workers.grammar_masks import GrammarMasks, tokenizer_for_model
         runner.grammar_masks = GrammarMasks(lambda: tokenizer_for_model(args.model, vocab_size))
-    if args.jit_warmup:
+    if args.jit_warmup and (args.world_size > 1 or args.warmup_before_serving):
         runner.warm_up(WarmupProgress(f"worker{args.rank}"))
         if group is not None:  # log_exchange_cost reports served steps, not the warm-up's waits for slower captures
             group.busy_s = 0.0
@@ -143,7 +145,7 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
     link = None
     if args.pp_size > 1:  # a later stage listens for its input (by default on a free loopback port)
         link = StageLink(ctx, None if args.spec.first_stage else args.stage_address or "tcp://127.0.0.1:0")
-    runner, steps, kv = None, 0, None
+    runner, steps, kv, warmup = None, 0, None, None
     try:
         hello = worker_hello(args, Device.DEFAULT, link.address if link is not None else "")
         watch = SchedulerWatch(sock)  # also while waiting for the other workers: a scheduler may die meanwhile
@@ -164,6 +166,8 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
                 send(sock, WorkerReady(args.rank, runner.cache.num_blocks, runner.cache.block_size, msg.max_model_len,
                                        runner.model.weight_nbytes, kv.address, runner.host_swap.num_slots,
                                        *kv.disk_layout))
+                if args.jit_warmup and args.world_size == 1 and not args.warmup_before_serving:
+                    warmup = BackgroundWarmup(runner, args.rank)
             elif isinstance(msg, StepPlan):
                 kv.before_step(msg)
                 result = runner.execute(msg, args.rank)  # the plan's KV loads are for blocks it does not compute
@@ -172,7 +176,11 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
                 steps += 1
             elif isinstance(msg, Shutdown):
                 break
-            msg = watch.recv()
+            msg = None
+            while warmup is not None and not warmup.done and (msg := watch.recv(timeout_ms=0)) is None:
+                warmup.capture_next()
+            if msg is None:
+                msg = watch.recv()
     except KeyboardInterrupt:
         pass
     except NoScheduler as e:

@@ -260,15 +260,21 @@ class ModelRunner:
         """Captures every token bucket's forward (and the plain greedy and sampling variants of the sampler for
         each row bucket) before the first request, so no request waits for a compile. Every write goes to the
         scratch block. progress(done, total, what) is called after each bucket. Returns the number of buckets."""
-        vocab = self.model.cfg.vocab_size
         for done, size in enumerate(self.token_buckets, 1):
-            capture_on_next_call(self.forward_jits[size])
-            padding = flatten([], size, self.rows_for(size), self.max_blocks_per_seq, self.cache.block_size,
-                              self.cache.scratch_block)
-            logits, _ = self.run_forward(padding)
-            if size in self.row_buckets and logits is not None:
-                for greedy in (True, False):
-                    self.sampler.warm_up(size, vocab, greedy, logits)
+            self.warm_up_bucket(size)
             if progress is not None:
                 progress(done, len(self.token_buckets), f"tokens {size}")
         return len(self.token_buckets)
+
+    def warm_up_bucket(self, size: int) -> bool:
+        """Captures token bucket `size` as warm_up does; False (and nothing done) if a served step already has."""
+        if self.forward_jits[size].captured is not None:
+            return False
+        capture_on_next_call(self.forward_jits[size])
+        padding = flatten([], size, self.rows_for(size), self.max_blocks_per_seq, self.cache.block_size,
+                          self.cache.scratch_block)
+        logits, _ = self.run_forward(padding)
+        if size in self.row_buckets and logits is not None:
+            for greedy in (True, False):
+                self.sampler.warm_up(size, self.model.cfg.vocab_size, greedy, logits)
+        return True

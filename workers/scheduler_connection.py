@@ -51,15 +51,18 @@ class SchedulerWatch:
         self.others[sock] = handler
         self.poller.register(sock, zmq.POLLIN)
 
-    def recv(self):
+    def recv(self, timeout_ms: int | None = None):
+        """The scheduler's next message; None once timeout_ms passed without one (None: wait for it)."""
         while True:
-            ready = dict(self.poller.poll())
+            ready = dict(self.poller.poll(timeout_ms))
             for sock, handler in self.others.items():
                 if sock in ready:
                     handler()
             if self.sock in ready:
                 return recv(self.sock)
             if self.monitor not in ready:
+                if timeout_ms is not None:
+                    return None
                 continue
             recv_monitor_message(self.monitor)
             if not self.sock.poll(0):  # what the scheduler sent before it went (a Shutdown) comes first

@@ -1,0 +1,71 @@
+"""Start-up to first token: `tinyvllm serve` from launch to its first chat answer (max_tokens 1), cold (empty tinygrad
+kernel cache and ~/.cache/tinyvllm: a fresh machine) and warm (the caches the cold start filled: a restart), with
+the jitted steps captured in the background (the default) and before serving (--warmup-before-serving).
+
+    .venv/bin/python benchmarks/first_token.py [--repeats 1] [-- extra serve flags]
+
+Prints a markdown table: seconds to ready (/health answers) and to the first token, per mode and cache state.
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.e2e.server_process import free_port  # noqa: E402
+
+MODES = {"background warm-up (default)": [], "--warmup-before-serving": ["--warmup-before-serving"]}
+
+
+def first_token(extra: list[str], cache_dir: str) -> tuple[float, float]:
+    port = free_port()
+    env = {**os.environ, "DEV": os.environ.get("DEV", "CPU"), "XDG_CACHE_HOME": cache_dir,
+           "CACHEDB": os.path.join(cache_dir, "tinygrad.db")}
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "tinyvllm.frontend.cli", "serve", "--port", str(port), *extra],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {proc.returncode}")
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        ready = time.monotonic() - start
+        r = httpx.post(url + "/v1/chat/completions", timeout=600,
+                       json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
+        r.raise_for_status()
+        return ready, time.monotonic() - start
+    finally:
+        proc.terminate()
+        proc.wait(120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("serve_args", nargs="*", help="after --: more `tinyvllm serve` flags")
+    a = parser.parse_args()
+    print("| mode | caches | ready (s) | first token (s) |\n|---|---|---|---|")
+    for mode, flags in MODES.items():
+        cold, warm = [], []
+        for _ in range(a.repeats):
+            with tempfile.TemporaryDirectory(prefix="first-token-") as cache_dir:
+                cold.append(first_token(flags + a.serve_args, cache_dir))
+                warm.append(first_token(flags + a.serve_args, cache_dir))
+        for state, runs in (("cold", cold), ("warm (restart)", warm)):
+            print(f"| {mode} | {state} | {statistics.median(r[0] for r in runs):.1f} | "
+                  f"{statistics.median(r[1] for r in runs):.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""BackgroundWarmup's order and bookkeeping, with a stand-in runner: smallest bucket first, each once, and a bucket a
+served step already captured costs nothing."""
+from tinyvllm.workers.background_warmup import BackgroundWarmup
+
+
+class Runner:
+    token_buckets = [1, 2, 4, 8]
+
+    def __init__(self, already: set[int]):
+        self.already, self.calls = already, []
+
+    def warm_up_bucket(self, size: int) -> bool:
+        self.calls.append(size)
+        return size not in self.already
+
+
+def test_captures_smallest_first_and_counts_only_new_captures():
+    runner = Runner(already={2})
+    warmup = BackgroundWarmup(runner, rank=0)
+    while not warmup.done:
+        warmup.capture_next()
+    assert runner.calls == [1, 2, 4, 8] and warmup.captured == 3

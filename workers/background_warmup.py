@@ -1,0 +1,31 @@
+"""Start-up captures off the critical path: a lone worker reports ready at once and captures its token buckets'
+jitted steps while it has nothing else to do, smallest first (a decode step's bucket is the first every request
+needs). A step that arrives meanwhile waits for at most the capture in progress; a bucket a served step already
+captured is skipped. Workers that meet others in every step (tensor or pipeline parallel) capture before serving
+instead: a rank capturing on its own would stall the others' collectives."""
+import logging
+import time
+
+log = logging.getLogger(__name__)
+
+
+class BackgroundWarmup:
+    def __init__(self, runner, rank: int):
+        self.runner, self.rank = runner, rank
+        self.pending = list(runner.token_buckets)
+        self.total, self.captured, self.start = len(self.pending), 0, time.monotonic()
+
+    @property
+    def done(self) -> bool:
+        return not self.pending
+
+    def capture_next(self) -> None:
+        size = self.pending.pop(0)
+        started = time.monotonic()
+        if self.runner.warm_up_bucket(size):
+            self.captured += 1
+            log.info("rank %d: captured the %d-token step in %.1fs (background warm-up, %d of %d buckets left)",
+                     self.rank, size, time.monotonic() - started, len(self.pending), self.total)
+        if not self.pending:
+            log.info("rank %d: background warm-up done: %d jitted steps captured in %.0fs (the rest by served steps)",
+                     self.rank, self.captured, time.monotonic() - self.start)
