@@ -75,14 +75,13 @@ def test_the_target_as_its_own_draft_is_always_accepted(models):
 def test_no_proposals_where_drafts_would_not_verify_exactly_or_slots_lack(models):
     _, draft, runner = models
     rows = [("greedy", GREEDY, [4, 5]), ("logprobs", SamplingParams(temperature=0, logprobs=1), [6, 7, 8]),
-            ("penalty", SamplingParams(temperature=0, presence_penalty=1.0), [9, 10, 11]),
             ("sampled", SamplingParams(temperature=1.0, seed=3), [12, 13, 14])]
     result = runner.execute(StepPlan(1, [NewRequestData(r, PROMPT, sp, blocks, 0, len(PROMPT))
                                          for r, sp, blocks in rows], [], []))
     # 8 slots for "greedy": one proposal forward fits (position 7); sampled rows propose greedily all the same
     assert result.proposed_draft_ids[0] == greedy_continuation(draft, PROMPT + result.sampled_token_ids[:1], 1)
-    assert result.proposed_draft_ids[1] == result.proposed_draft_ids[2] == []
-    assert result.proposed_draft_ids[3] == greedy_continuation(draft, PROMPT + result.sampled_token_ids[3:], K)
+    assert result.proposed_draft_ids[1] == []  # logprobs (as penalties and grammars: protocol may_draft) get none
+    assert result.proposed_draft_ids[2] == greedy_continuation(draft, PROMPT + result.sampled_token_ids[2:], K)
     runner.execute(StepPlan(2, [], [], [r for r, *_ in rows]))
 
 
