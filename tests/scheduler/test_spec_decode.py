@@ -123,9 +123,9 @@ def test_a_draft_model_of_another_vocabulary_is_refused_at_start_up(tmp_path):
         "max_position_embeddings": 512}))
     (tmp_path / "model.safetensors").write_bytes(b"")
     (tmp_path / "tokenizer.json").write_text("{}")
-    config = parse_speculative_config({"method": "draft_model", "model": str(tmp_path)})
+    from tinyvllm.frontend.launcher import EngineArgs, EngineProcesses
     with pytest.raises(ValueError, match="vocabulary of 1000 tokens, the target 49152: a draft model must share"):
-        resolve_draft_model(config, target)
+        EngineProcesses(EngineArgs(speculative_config={"method": "draft_model", "model": str(tmp_path)}))
     same = resolve_draft_model(parse_speculative_config({"method": "draft_model", "model": "default"}), target)
     assert same.model == str(resolve_model_path(None))
 

@@ -97,3 +97,17 @@ def test_a_draft_of_another_vocabulary_is_refused():
     check_draft_vocab(97, 97, "same")
     with pytest.raises(ValueError, match="must share the target's tokenizer"):
         check_draft_vocab(96, 97, "/models/other.gguf")
+
+
+def test_the_worker_splits_its_kv_memory_over_both_caches(tmp_path):
+    import json
+    from tests.helpers.tiny_model import make_tiny_gguf
+    from tinyvllm.protocol.messages import InitWorker
+    from tinyvllm.workers.kv_cache import bytes_per_block
+    from tinyvllm.workers.main import WorkerArgs, build_runner
+    target, draft = make_tiny_gguf(tmp_path / "t.gguf"), make_tiny_gguf(tmp_path / "d.gguf", seed=1, n_layers=1)
+    spec = json.dumps({"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2})
+    runner, _ = build_runner(WorkerArgs(str(target)), InitWorker(0, 1 << 20, 16, 64, 2, 16, speculative_config=spec))
+    per_block = bytes_per_block(runner.model.cfg, 16, "auto") + bytes_per_block(runner.draft.runner.model.cfg, 16, "auto")
+    assert runner.cache.num_blocks == runner.draft.runner.cache.num_blocks == (1 << 20) // per_block
+    assert runner.draft.k == 2 and runner.draft.runner.model.cfg.n_layers == 1
