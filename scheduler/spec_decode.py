@@ -117,4 +117,3 @@ class SpecDecode:
 
 def may_speculate(req: Request) -> bool:
     return req.status is RequestStatus.RUNNING and req.num_output_tokens > 0 and may_draft(req.sampling)
-

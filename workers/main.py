@@ -102,6 +102,7 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
                          spec, group, link, init.swap_space_bytes)
     if draft is not None:
         runner.draft = make_draft_model(*draft, num_blocks, init, kernels, init.max_model_len)
+        del draft  # its host copy of the weights
     if spec.samples:
         from tinyvllm.workers.grammar_masks import GrammarMasks, tokenizer_for_model
         runner.grammar_masks = GrammarMasks(lambda: tokenizer_for_model(args.model, vocab_size))
