@@ -103,10 +103,11 @@ class SpecDecode:
 
     def slots_for(self, req: Request, num_tokens: int, max_len: int) -> int:
         """The KV slots req holds to compute num_tokens tokens: with a draft model, up to k more for the proposals'
-        forwards after the step (never past max_len), if req may speculate."""
+        forwards after the step, if req may speculate. Never past max_len - 1: a forward at position q proposes the
+        token at q + 1, which must be below max_len (and max_len - 1 slots fit the pool: Scheduler.max_len)."""
         if self.config is None or self.config.method != "draft_model" or not may_draft(req.sampling):
             return num_tokens
-        return max(num_tokens, min(num_tokens + self.config.num_speculative_tokens, max_len))
+        return max(num_tokens, min(num_tokens + self.config.num_speculative_tokens, max_len - 1))
 
     def add_stats(self, stats: SchedulerStats) -> SchedulerStats:
         stats.spec_num_drafts, stats.spec_num_draft_tokens = self.num_drafts, self.num_draft_tokens
