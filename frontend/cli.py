@@ -61,8 +61,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help='speculative decoding, as vLLM spells it, e.g. \'{"method": "ngram", '
                              '"num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\': n-gram '
                              'prompt lookup drafts tokens from the request\'s own text and the model verifies them in '
-                             'one step (same outputs; faster where the output copies the prompt). Turns async '
-                             'scheduling off; one worker only. Supported methods: ngram')
+                             'one step (same outputs; faster where the output copies the prompt); or '
+                             '\'{"method": "draft_model", "model": "PATH", "num_speculative_tokens": 3}\': a smaller '
+                             'model with the same tokenizer (.gguf file or Hugging Face folder) proposes its greedy '
+                             'tokens, run in the worker beside the target (its KV cache shares the memory budget). '
+                             'Turns async scheduling off; one worker only. Supported methods: ngram, draft_model')
     parser.add_argument("--kv-cache-dir", default=None, metavar="DIR",
                         help="keep full blocks of cached prefixes in this folder too (written in the background), so "
                              "that after a restart a prompt seen before (say, a long system prompt) is loaded, not "

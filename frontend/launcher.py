@@ -22,7 +22,7 @@ from tinyvllm.protocol.parallel_layout import check_parallel_sizes
 from tinyvllm.protocol.transport import Endpoints
 from tinyvllm.protocol.kv_auth import KV_SECRET_ENV, require_kv_secret_beyond_loopback
 from tinyvllm.protocol.kv_cache_dtype import check_kv_cache_dtype
-from tinyvllm.protocol.speculative_config import parse_speculative_config
+from tinyvllm.protocol.speculative_config import parse_speculative_config, resolve_draft_model
 from tinyvllm.protocol.worker_auth import SECRET_ENV, require_secret_beyond_loopback
 from tinyvllm.scheduler.main import SchedulerArgs
 
@@ -156,13 +156,15 @@ class EngineProcesses:
         self.max_model_len = min(args.max_model_len or self.model_config.max_context, self.model_config.max_context)
         if self.max_model_len < 2:
             raise ValueError("--max-model-len must be at least 2")
+        speculative = parse_speculative_config(args.speculative_config)  # drafts are planned between steps: no async
+        if speculative is not None and speculative.method == "draft_model":
+            speculative = resolve_draft_model(speculative, self.model_config)
         ports_per_replica = 3 + args.world_size  # three endpoints, then one stage input per rank at most
         self.endpoints = Endpoints.ipc() if args.transport == "ipc" else \
             Endpoints.tcp(base_port=args.tcp_base_port + replica * ports_per_replica)
         if args.external_workers:
             self.endpoints = dataclasses.replace(self.endpoints, workers=args.worker_address)
         tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
-        speculative = parse_speculative_config(args.speculative_config)  # drafts are planned between steps: no async
         async_scheduling = args.async_scheduling and args.world_size == 1 and speculative is None
         sched_args = SchedulerArgs(args.world_size, args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
                                    self.max_model_len, args.num_kv_blocks, args.kv_cache_memory, args.enable_prefix_caching,

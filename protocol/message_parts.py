@@ -27,7 +27,7 @@ def step_result_rows(result: StepResult, lo: int, hi: int) -> StepResult:
     s, p = slice(min(lo, n), min(hi, n)), slice(max(lo - n, 0), max(hi - n, 0))
     rows = StepResult(result.step_id, result.rank, result.req_ids[s], result.sampled_token_ids[s], result.elapsed_s,
                       result.logprobs[s], result.prompt_logprobs[s], result.pooled_req_ids[p], result.embeddings[p])
-    rows.accepted_draft_ids = result.accepted_draft_ids[s]
+    rows.accepted_draft_ids, rows.proposed_draft_ids = result.accepted_draft_ids[s], result.proposed_draft_ids[s]
     return rows
 
 
@@ -59,7 +59,7 @@ def merge_step_results(parts: list[StepResult]) -> StepResult:
     first = parts[0]
     merged = StepResult(first.step_id, first.rank, [], [], first.elapsed_s)
     with_logprobs, with_prompt_logprobs = any(p.logprobs for p in parts), any(p.prompt_logprobs for p in parts)
-    with_drafts = any(p.accepted_draft_ids for p in parts)
+    with_drafts, with_proposals = any(p.accepted_draft_ids for p in parts), any(p.proposed_draft_ids for p in parts)
     for part in parts:
         merged.req_ids += part.req_ids
         merged.sampled_token_ids += part.sampled_token_ids
@@ -69,6 +69,8 @@ def merge_step_results(parts: list[StepResult]) -> StepResult:
             merged.prompt_logprobs += part.prompt_logprobs or [None] * len(part.req_ids)
         if with_drafts:
             merged.accepted_draft_ids += part.accepted_draft_ids or [[] for _ in part.req_ids]
+        if with_proposals:
+            merged.proposed_draft_ids += part.proposed_draft_ids or [[] for _ in part.req_ids]
         merged.pooled_req_ids += part.pooled_req_ids
         merged.embeddings += part.embeddings
         merged.kv_loaded_req_ids += part.kv_loaded_req_ids

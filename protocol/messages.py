@@ -162,6 +162,7 @@ class InitWorker:
     next_stage_address: str = ""  # where this worker sends its hidden states (a stage before the last)
     swap_space_bytes: int = 0  # --swap-space: host memory for swapped-out KV blocks (this worker's shard of them)
     kv_cache_dtype: str = "auto"  # what the KV cache stores (protocol/kv_cache_dtype.py)
+    speculative_config: str = ""  # --speculative-config's JSON: with "draft_model" the worker runs the draft too
 
 
 @dataclass(slots=True)
@@ -265,6 +266,9 @@ class StepResult:
     # Speculative decoding, by req_ids (empty: no row had drafts): the leading drafts the target model accepted.
     # A row's new tokens are its accepted drafts, then its sampled token.
     accepted_draft_ids: list[list[int]] = field(default_factory=list)
+    # Draft-model speculation, by req_ids (empty: no row proposed): the draft model's greedy tokens to follow each
+    # row's new tokens (workers/draft_model.py), the drafts of its next step.
+    proposed_draft_ids: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -35,7 +35,9 @@ class SchedulerConfig:
     @property
     def blocks_per_request(self) -> int | None:
         """With a sliding window, the most blocks a request ever holds at once (its window and a chunk of new
-        tokens, one block more for the alignment); None: its whole length."""
+        tokens, a draft model's lookahead, one block more for the alignment); None: its whole length."""
         if not self.sliding_window:
             return None
-        return -(-(self.sliding_window - 1 + self.max_num_batched_tokens) // self.block_size) + 1
+        spec = self.speculative  # a draft model's lookahead slots (scheduler/spec_decode.py)
+        lookahead = spec.num_speculative_tokens if spec is not None and spec.method == "draft_model" else 0
+        return -(-(self.sliding_window - 1 + self.max_num_batched_tokens + lookahead) // self.block_size) + 1

@@ -48,6 +48,9 @@ class Request:
     kv_transfer: KVTransferParams | None = None  # disaggregated prefill/decode, as asked (scheduler/remote_kv.py)
     kv_transfer_out: KVTransferParams | None = None  # a prefill's answer: where its leased blocks are
     draft_token_ids: list[int] = field(default_factory=list)  # proposed for its step in flight (spec_decode.py)
+    # Draft-model speculation: the worker's proposals to follow its first proposed_for tokens (spec_decode.py)
+    proposed_draft_ids: list[int] = field(default_factory=list)
+    proposed_for: int = -1
 
     @classmethod
     def from_add_request(cls, msg: AddRequest) -> "Request":

@@ -142,7 +142,7 @@ class Scheduler:
                 continue
             num_new = self.spec.plan_drafts(req, start, num_new, budget, self.max_len,
                                             self.worker_view.knows(req.req_id) and not self.steps_in_flight.holds(req))
-            if not self._allocate_or_preempt(req, start + num_new):
+            if not self._allocate_or_preempt(req, self.spec.slots_for(req, start + num_new, self.max_len)):
                 stalled = True  # req preempted itself (it was the newest), or waits for a step in flight (its own)
                 break
             scheduled.append((req, start, num_new))
@@ -166,7 +166,7 @@ class Scheduler:
             if seats_taken + self.seats(req) > self.config.max_num_seqs:
                 break
             num_new = min(req.compute_limit - num_cached, budget)
-            if not kv.admit(req, cached_block_ids, num_cached + num_new):
+            if not kv.admit(req, cached_block_ids, self.spec.slots_for(req, num_cached + num_new, self.max_len)):
                 break  # strict FIFO: a later, smaller request may not overtake
             self.waiting.popleft()
             if req.swap_slots:

@@ -43,6 +43,7 @@ def apply_step_result(sched: "Scheduler", step: Step, result: StepResult) -> lis
             continue
         accepted = sched.spec.take_accepted(req, result.accepted_draft_ids[row] if result.accepted_draft_ids else [])
         new_tokens = append_until_stop(sched, req, accepted + [token_id])
+        sched.spec.keep_proposals(req, result.proposed_draft_ids, row)
         reason = req.stop_reason(sched.max_len)
         if reason is not None:
             sched.finish(req, reason)

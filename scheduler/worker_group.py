@@ -64,7 +64,7 @@ class WorkerGroup:
             next_address = hellos[after].stage_address if after < args.world_size else ""
             send(self.sock, InitWorker(args.num_kv_blocks, args.kv_cache_bytes, args.block_size, args.max_model_len,
                                        args.max_num_seqs, args.max_num_batched_tokens, group_id, next_address,
-                                       args.swap_space_bytes, args.kv_cache_dtype),
+                                       args.swap_space_bytes, args.kv_cache_dtype, args.speculative_config),
                  identity)
         ready: dict[int, WorkerReady] = {}
         while len(ready) < len(self.identities):

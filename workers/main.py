@@ -68,7 +68,8 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
     from tinygrad import Device
     from tinyvllm.protocol.parallel_layout import check_parallel_sizes
     from tinyvllm.workers.kernel_set import configure_device, default_kernel_set
-    from tinyvllm.workers.kv_cache import PagedKVCache, blocks_for_budget
+    from tinyvllm.workers.draft_model import load_draft, make_draft_model
+    from tinyvllm.workers.kv_cache import PagedKVCache, bytes_per_block
     from tinyvllm.workers.model import Transformer
     from tinyvllm.workers.model_runner import ModelRunner
     from tinyvllm.workers.tensor_parallel import shard_weights
@@ -82,7 +83,10 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
     if spec.world_size > 1:
         cfg, weights, vocab_start = shard_weights(cfg, weights, spec)
         vocab_start = vocab_start if spec.tp_size > 1 else None
-    num_blocks = init.num_blocks or blocks_for_budget(cfg, init.block_size, init.kv_cache_bytes, init.kv_cache_dtype)
+    draft = load_draft(init.speculative_config, vocab_size)  # (config, weights, k) of a draft model, or None
+    block_bytes = bytes_per_block(cfg, init.block_size, init.kv_cache_dtype)  # the draft's cache has as many blocks
+    block_bytes += bytes_per_block(draft[0], init.block_size, init.kv_cache_dtype) if draft is not None else 0
+    num_blocks = init.num_blocks or init.kv_cache_bytes // block_bytes
     kernels = args.kernels or default_kernel_set(Device.DEFAULT)
     configure_device(Device.DEFAULT, kernels)
     model = Transformer(cfg, weights, init.max_model_len, kernels=kernels, vocab_start=vocab_start)
@@ -98,11 +102,16 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
         link.connect_next(init.next_stage_address)
     runner = ModelRunner(model, cache, init.max_num_seqs, init.max_model_len, init.max_num_batched_tokens,
                          spec, group, link, init.swap_space_bytes)
+    if draft is not None:
+        runner.draft = make_draft_model(*draft, num_blocks, init, kernels, init.max_model_len)
+        del draft  # its host copy of the weights
     if spec.samples:
         from tinyvllm.workers.grammar_masks import GrammarMasks, tokenizer_for_model
         runner.grammar_masks = GrammarMasks(lambda: tokenizer_for_model(args.model, vocab_size))
     if args.jit_warmup and (args.world_size > 1 or args.warmup_before_serving):
         runner.warm_up(WarmupProgress(f"worker{args.rank}"))
+        if runner.draft is not None:
+            runner.draft.warm_up()
         if group is not None:  # log_exchange_cost reports served steps, not the warm-up's waits for slower captures
             group.busy_s = 0.0
         if link is not None:

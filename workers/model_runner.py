@@ -85,6 +85,7 @@ class ModelRunner:
         self.batch = BatchState()
         self.draft_logits = DraftLogits(model)  # speculative decoding (workers/spec_verify.py)
         self.grammar_masks: GrammarMasks | None = None  # structured output; set by the worker that samples
+        self.draft = None  # a workers.draft_model.DraftModel with --speculative-config's draft_model
 
     def rows_for(self, tokens: int) -> int:
         """Table rows (and logits rows) of a forward over a bucket of `tokens`: each row has a token at least."""
@@ -125,6 +126,8 @@ class ModelRunner:
         """Copy-on-write: block dst gets block src's keys and values (and their scales) in every layer."""
         for src, dst in pairs:
             self.copy_jit(self.copy_vars[0].bind(src), self.copy_vars[1].bind(dst))
+        if self.draft is not None:
+            self.draft.copy_blocks(pairs)
 
     # ---- one step ------------------------------------------------------------------------------
     def prepare(self, pieces: list[ScheduledChunk]) -> FlatBatch:
@@ -163,6 +166,8 @@ class ModelRunner:
         for pieces in forwards:
             batch = self.prepare(pieces)
             logits, hidden = self.run_forward(batch)
+            if self.draft is not None:  # its KV holds every token the target computes
+                self.draft.follow(batch)
             if hidden is not None and self.spec.samples and any(p.pools for p in pieces):
                 work.pooled += self._pool(batch, hidden.numpy())
             if hidden is not None and any(p.needs_prompt_logprobs for p in pieces):
@@ -200,6 +205,8 @@ class ModelRunner:
             tokens, logprobs = self.sampler.sample(states, work.logits, allowed)
             if work.draft_logits:  # never a constrained row's: the scheduler drafts no tokens for those
                 result.accepted_draft_ids = verify(self.sampler, work.rows, tokens, work.draft_logits)
+            if self.draft is not None:  # the next step's drafts, from each row's new tokens
+                result.proposed_draft_ids = self.draft.propose(work.rows, tokens, result.accepted_draft_ids)
             prompt_logprobs = []
             for chunk, token in zip(work.rows, tokens):  # the next plan brings the token back, or says to append it
                 chunk.state.last_sampled = token

@@ -49,7 +49,10 @@ class DraftLogits:
         index[:len(positions)] = positions
         if (jit := self.jits.get((batch.bucket, rows))) is None:
             jit = self.jits[(batch.bucket, rows)] = TinyJit(self._head)
-        return jit(hidden, device_tensor(index))[:len(positions)].contiguous().realize()
+        # clone, not contiguous: contiguous() of a leading slice is a view of the jit's output buffer, and the
+        # sampler's jit, captured on one bucket's buffer, would go on reading it when the next step's draft logits
+        # come from another bucket's (stale logits: drafts wrongly accepted)
+        return jit(hidden, device_tensor(index))[:len(positions)].clone().realize()
 
 
 def position_view(state: RequestState, num_tokens: int) -> RequestState:

@@ -1,7 +1,12 @@
-"""n-gram speculative decoding through the real scheduler and worker processes on the default model: greedy output
-equals greedy without speculation token for token (golden-style prompts, some that copy from the prompt, so drafts
-are proposed and accepted), and the acceptance counters appear on /metrics under vLLM's names."""
+"""Speculative decoding through the real scheduler and worker processes on the default model: greedy output equals
+greedy without speculation token for token (golden-style prompts, some that copy from the prompt, so drafts are
+proposed and accepted), with n-gram drafts and with a draft model (the default model as its own draft: its greedy
+proposals are the target's greedy tokens, so nearly all are accepted); the acceptance counters appear on /metrics
+under vLLM's names. (Sampled exactness: tests/workers/test_spec_verify.py's chi-square test of the verification, and
+tests/workers/test_draft_model.py: a sampled row's proposals are the draft's greedy tokens, a point mass.)"""
 import re
+
+import pytest
 
 from tinyvllm.frontend.llm import LLM
 from tinyvllm.frontend.metrics import FrontendMetrics
@@ -20,10 +25,17 @@ def prompts(tok) -> list[list[int]]:
             tok.encode(LONG_TEXT + "In summary,")]
 
 
-def test_ngram_greedy_equals_plain_greedy_and_metrics_count(default_tokenizer):
-    ids, greedy = prompts(default_tokenizer), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def plain(default_tokenizer) -> list[list[int]]:
     with LLM(**ENGINE) as llm:
-        plain = [out.token_ids for out in llm.generate(ids, greedy)]
+        return [out.token_ids for out in llm.generate(prompts(default_tokenizer), GREEDY)]
+
+
+def test_ngram_greedy_equals_plain_greedy_and_metrics_count(default_tokenizer, plain):
+    ids, greedy = prompts(default_tokenizer), GREEDY
     with LLM(speculative_config=NGRAM, **ENGINE) as llm:
         spec = [out.token_ids for out in llm.generate(ids, greedy)]
         stats = llm.stats
@@ -40,3 +52,13 @@ def test_ngram_greedy_equals_plain_greedy_and_metrics_count(default_tokenizer):
     per_pos = [value("vllm:spec_decode_num_accepted_tokens_per_pos_total", f'engine="0",model_name="m",position="{i}"')
                for i in range(3)]
     assert sum(per_pos) == stats.spec_num_accepted_tokens and per_pos[0] > 0
+
+
+def test_draft_model_greedy_equals_plain_greedy(default_tokenizer, plain):
+    draft = {"method": "draft_model", "model": "default", "num_speculative_tokens": 3}
+    with LLM(speculative_config=draft, **ENGINE) as llm:
+        spec = [out.token_ids for out in llm.generate(prompts(default_tokenizer), GREEDY)]
+        stats = llm.stats
+    assert spec == plain
+    assert stats.spec_num_drafts > 0 and stats.spec_num_accepted_tokens >= 0.9 * stats.spec_num_draft_tokens
+    assert sum(stats.spec_accepted_per_pos) == stats.spec_num_accepted_tokens

@@ -59,6 +59,9 @@ EXAMPLES = [
     m.StepResult(4, 0, ["r1", "r0"], [5, 43], 0.02, [LP, None], [[m.TokenLogprobs(3, -1.0, [1], [-0.5])], None],
                  ["e1"], [[0.25, 0.5]]),
     m.StepResult(4, 0, ["r1"], [5], 0.02, more_parts=True),
+    m.StepResult(5, 0, ["r1", "r0"], [5, 6], 0.02, accepted_draft_ids=[[3, 4], []],
+                 proposed_draft_ids=[[7, 8, 9], []]),
+    m.InitWorker(0, 1 << 30, 16, 2048, 16, 512, speculative_config='{"method": "draft_model", "model": "/m.gguf"}'),
     m.WorkerError(1, "boom"),
 ]
 

@@ -27,10 +27,12 @@ def prompt_logprobs(seed: int, length: int) -> list[m.TokenLogprobs]:
 def big_result() -> m.StepResult:
     """Five sampled rows (prompt logprobs on three, sampled logprobs on two) and two embedding rows."""
     lp = m.TokenLogprobs(7, -0.125, [7, 8], [-0.125, -3.0])
-    return m.StepResult(9, 1, ["a", "b", "c", "d", "e"], [11, 12, 13, 14, 15], 0.5,
-                        [lp, None, None, lp, None],
-                        [prompt_logprobs(100, 20), None, prompt_logprobs(200, 30), prompt_logprobs(300, 5), None],
-                        ["x", "y"], [[0.5] * 40, [0.25] * 40])
+    result = m.StepResult(9, 1, ["a", "b", "c", "d", "e"], [11, 12, 13, 14, 15], 0.5,
+                          [lp, None, None, lp, None],
+                          [prompt_logprobs(100, 20), None, prompt_logprobs(200, 30), prompt_logprobs(300, 5), None],
+                          ["x", "y"], [[0.5] * 40, [0.25] * 40])
+    result.proposed_draft_ids = [[1, 2], [], [3], [4, 5, 6], []]  # draft-model speculation's proposals, by row
+    return result
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from fake_tokens import (EOS, VOCAB, SampleFn, TokenFn, content_sample_fn, defau
                          eos_at, with_random_eos)
 from tinyvllm.protocol.messages import StepPlan, StepResult
 from tinyvllm.protocol.sampling import SamplingParams
-from tinyvllm.protocol.speculative_config import SpeculativeConfig
+from tinyvllm.protocol.speculative_config import SpeculativeConfig, may_draft
 from tinyvllm.scheduler.request import Request
 from tinyvllm.scheduler.config import SchedulerConfig
 from tinyvllm.scheduler.invariants import check_scheduler_invariants
@@ -74,6 +74,10 @@ class FakeWorker:
     kv_source: "FakeWorker | None" = None  # disaggregated decode: the prefill worker that plan.kv_loads pull from
     window: int = 0  # a sliding window: a position attends to the last `window` positions only (0: all)
     disk: FakeDisk = field(default_factory=FakeDisk)  # the persistent prefix cache's files
+    # A draft model (speculative "draft_model"): after each sampled row that may speculate, propose up to draft_k
+    # tokens (the newest, repeated), checking that the row's blocks hold the slots those forwards would write.
+    draft_k: int = 0
+    max_model_len: int = 0
 
     def __post_init__(self) -> None:
         self.kv: list[tuple[int, int, str] | None] = [None] * (self.num_blocks * self.block_size)
@@ -139,8 +143,11 @@ class FakeWorker:
                 result.req_ids.append(req_id)
                 result.sampled_token_ids.append(token)
                 result.accepted_draft_ids.append(self.reqs[req_id].sampled[:-1])
+                result.proposed_draft_ids.append(self._propose(req_id))
         if not any(result.accepted_draft_ids):
             result.accepted_draft_ids = []
+        if not any(result.proposed_draft_ids):
+            result.proposed_draft_ids = []
         self.disk.after_step(self.kv, self.block_size, plan, result, {b for b, reqs in holders.items() if reqs})
         return result
 
@@ -222,6 +229,16 @@ class FakeWorker:
         req.num_computed_tokens, req.drafts = real + len(accepted), []
         return req.sampled[-1]
 
+    def _propose(self, req_id: str) -> list[int]:
+        req = self.reqs[req_id]
+        if not self.draft_k or not may_draft(req.sampling):
+            return []
+        newest = req.num_computed_tokens  # the newest token's position: the proposals' forwards write from there
+        n = min(self.draft_k, self.max_model_len - 1 - newest)
+        assert n <= 0 or len(req.block_ids) * self.block_size >= newest + n, (
+            f"{req_id}: no lookahead slots for positions {newest}..{newest + n - 1}: {len(req.block_ids)} blocks")
+        return [req.sampled[-1]] * max(n, 0)
+
     def _slot(self, req: WorkerRequest, pos: int) -> int:
         return req.block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
 
@@ -280,7 +297,10 @@ def make_scheduler(max_num_seqs: int = 8, max_num_batched_tokens: int = 64, max_
                              enable_prefix_caching, max_steps_in_flight, async_scheduling,
                              num_swap_slots=num_swap_slots, swap_min_tokens=swap_min_tokens,
                              sliding_window=sliding_window, speculative=speculative)
-    return Scheduler(config), FakeWorker(num_blocks, block_size, token_fn, sample_fn, window=sliding_window)
+    draft_k = speculative.num_speculative_tokens if speculative and speculative.method == "draft_model" else 0
+    scheduler = Scheduler(config)
+    return scheduler, FakeWorker(num_blocks, block_size, token_fn, sample_fn, window=sliding_window, draft_k=draft_k,
+                                 max_model_len=scheduler.max_len)
 
 
 def step(scheduler: Scheduler, worker: FakeWorker):

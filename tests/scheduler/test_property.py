@@ -2,8 +2,9 @@
 out), tiny pools, prefix caching on and off, 1 to 3 steps in flight, async scheduling on and off (with it a request
 is planned again while in flight, the fake worker appending its own sampled token for a placeholder), CPU swap off,
 tight or roomy (a preempted request swapped out or recomputed), sliding windows (blocks behind a request's window go
-back to the pool: the fake worker reads only the window, and checks it), n-gram speculative decoding on and off
-(without async scheduling; a "model" of three tokens, so drafts are proposed and often accepted). After every plan
+back to the pool: the fake worker reads only the window, and checks it), n-gram or draft-model speculative decoding
+or none (without async scheduling; a "model" of three tokens, so drafts are proposed and often accepted; as the draft
+model the fake worker proposes and checks that the request holds the lookahead slots its proposals' forwards write). After every plan
 and every result the
 scheduler's and the pool's invariants hold (no leaked or doubly freed block or swap slot, ref counts equal holders,
 cached free blocks have none, a request's steps in flight follow one another) and the fake worker has checked every
@@ -26,6 +27,7 @@ from tinyvllm.scheduler.parallel_sampling import child_id, child_seed
 SAMPLE = with_random_eos(content_sample_fn, one_in=12)
 FEW_TOKENS_SAMPLE = with_random_eos(lambda *args: 10 + content_sample_fn(*args) % 3, one_in=12)
 NGRAM = SpeculativeConfig("ngram", num_speculative_tokens=3, prompt_lookup_max=3, prompt_lookup_min=1)
+DRAFT = SpeculativeConfig("draft_model", num_speculative_tokens=2, model="draft.gguf")  # the fake worker proposes
 PREFIXES = [make_prompt(f"prefix{i}", 16) for i in range(2)]
 MAX_STEPS = 3000
 
@@ -85,7 +87,7 @@ def reference(req, index: int, max_len: int, sample=SAMPLE) -> tuple[list[int], 
 @settings(max_examples=500, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(config=configs, script=st.lists(events, min_size=4, max_size=40), steps_in_flight=st.integers(1, 3),
-       async_scheduling=st.booleans(), speculative=st.booleans())
+       async_scheduling=st.booleans(), speculative=st.sampled_from([None, NGRAM, DRAFT]))
 def test_random_mixes_keep_every_invariant_and_every_output(config, script, steps_in_flight, async_scheduling,
                                                             speculative):
     for caching in (True, False):  # drawing the script costs more than running it: run it both ways
@@ -93,11 +95,11 @@ def test_random_mixes_keep_every_invariant_and_every_output(config, script, step
 
 
 def run_script(config: dict, script: list, caching: bool, steps_in_flight: int, async_scheduling: bool,
-               speculative: bool = False) -> None:
+               speculative: SpeculativeConfig | None = None) -> None:
     sample = FEW_TOKENS_SAMPLE if speculative else SAMPLE
     sched, worker = make_scheduler(sample_fn=sample, enable_prefix_caching=caching,
                                    max_steps_in_flight=steps_in_flight, async_scheduling=async_scheduling,
-                                   speculative=NGRAM if speculative else None, **config)
+                                   speculative=speculative, **config)
     driver = InFlightDriver(sched, worker)
     reqs, outputs, aborted = {}, {}, set()
 

@@ -100,3 +100,19 @@ def test_greedy_drafts_yield_the_argmax_tokens(setup):
     rows = next_tokens(Steps(runner), [SamplingParams(temperature=0)] * 2, [int(greedy), second, wrong])
     third = int(dense_logits(CFG, weights, PROMPT + [int(greedy), second])[-1].argmax())
     assert rows[0] == rows[1] == [int(greedy), second, third]  # two drafts accepted, the third replaced
+
+
+
+def test_draft_logits_are_a_buffer_of_their_own(setup, monkeypatch):
+    """The sampler's jit takes the draft positions' logits as its input buffer. A view of the DraftLogits jit's
+    output (what contiguous() of its leading rows is) would be captured as that jit's buffer and read again on
+    replay, even when the next step's logits come from another bucket's jit: stale logits, drafts wrongly accepted."""
+    from tinygrad.uop.ops import Ops
+    _, runner = setup
+    outputs = []
+    original = runner.draft_logits.__class__.__call__
+    monkeypatch.setattr(runner.draft_logits.__class__, "__call__",
+                        lambda self, batch, hidden: outputs.append(original(self, batch, hidden)) or outputs[-1])
+    next_tokens(Steps(runner), [SamplingParams(temperature=0)] * 3, [5, 6])
+    (out,) = [o for o in outputs if o is not None]
+    assert out.shape[0] == 6 and out.uop.op is Ops.BUFFER or (out.uop.op is Ops.RESHAPE and out.uop.src[0].op is Ops.BUFFER)
