@@ -23,7 +23,7 @@ serve: install
 	$(BIN)/tinyvllm serve $(ARGS)
 
 test: install
-	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium (tests/e2e/test_dashboard.py drives /dashboard in it)"; \
+	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium (the dashboard's browser tests drive /dashboard in it)"; \
 		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium >/dev/null; }
 	DEV=$${DEV:-CPU} $(BIN)/python -m pytest -q $(ARGS)
 

@@ -31,21 +31,34 @@ def _digest(secret: bytes) -> bytes:
     return hashlib.sha256(secret).digest()
 
 
+class KeyCheck:
+    """Compares candidates with a key through fixed-length digests: the time taken says nothing about the key."""
+
+    def __init__(self, key: str):
+        self._key_digest = _digest(key.encode("utf-8"))
+
+    def matches(self, candidate: bytes) -> bool:
+        return hmac.compare_digest(_digest(candidate), self._key_digest)
+
+    def bearer_matches(self, headers: Headers) -> bool:
+        """Whether `Authorization: Bearer <key>` carries the key. compare_digest runs whatever the scheme, so a wrong
+        scheme takes as long as a wrong key."""
+        scheme, _, credentials = headers.get("authorization", "").partition(" ")
+        # Starlette decodes header bytes as latin-1: encoding back gives the bytes sent, so a UTF-8 key matches.
+        key_matches = self.matches(credentials.strip().encode("latin-1"))
+        return scheme.lower() == "bearer" and key_matches
+
+
 class APIKeyMiddleware:
     def __init__(self, app: ASGIApp, api_key: str, prefixes: tuple[str, ...] = PROTECTED_PREFIXES):
         """prefixes: the paths that need the key (`tinyvllm router` guards /instances with its register secret)."""
         if not api_key:
             raise ValueError("the API key must not be empty")
         self.app, self.prefixes = app, prefixes
-        # Comparing fixed-length digests keeps the comparison's time independent of the key's length, too.
-        self._key_digest = _digest(api_key.encode("utf-8"))
+        self.key = KeyCheck(api_key)
 
     def authorized(self, headers: Headers) -> bool:
-        scheme, _, credentials = headers.get("authorization", "").partition(" ")
-        # Starlette decodes header bytes as latin-1: encoding back gives the bytes sent, so a UTF-8 key matches.
-        # compare_digest runs whatever the scheme, so a wrong scheme takes as long as a wrong key.
-        key_matches = hmac.compare_digest(_digest(credentials.strip().encode("latin-1")), self._key_digest)
-        return scheme.lower() == "bearer" and key_matches
+        return self.key.bearer_matches(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # CORS preflights never carry credentials, so OPTIONS passes (as in vLLM); lifespan events too.

@@ -88,7 +88,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "a compile)")
     parser.add_argument("--warmup-before-serving", action="store_true",
                         help="capture every batch size's jitted step before serving (steady timings from the first "
-                             "request, for benchmarks; workers of one tensor- or pipeline-parallel model always do)")
+                             "request, for benchmarks; tensor- or pipeline-parallel workers and --role prefill or "
+                             "decode always do)")
     parser.add_argument("--beam", type=int, default=0,
                         help="tinygrad BEAM search width for the model's kernels (e.g. 2; 0: off). Searching takes "
                              "minutes on the first start; results are cached on disk")

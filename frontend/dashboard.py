@@ -7,7 +7,6 @@ with a cookie (HttpOnly, SameSite=Strict, path /dashboard) that the page's event
 an HMAC of the key, never the key. Open event streams are bounded (MAX_EVENT_STREAMS; 503 past it).
 """
 import asyncio
-import hashlib
 import hmac
 import importlib.resources
 
@@ -17,6 +16,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from tinyvllm.frontend import openapi
+from tinyvllm.frontend.auth import KeyCheck
 from tinyvllm.frontend.dashboard_snapshot import SAMPLE_INTERVAL_S, DashboardHistory, snapshot
 from tinyvllm.frontend.openai_protocol import error_body
 from tinyvllm.frontend.streaming import SSEResponse, sse_event
@@ -31,32 +31,23 @@ def dashboard_html() -> str:
     return importlib.resources.files("tinyvllm.frontend").joinpath("dashboard.html").read_text(encoding="utf-8")
 
 
-def _digest(secret: bytes) -> bytes:
-    return hashlib.sha256(secret).digest()
-
-
 class DashboardAccess:
     """Who may see the dashboard: anyone without an API key; with one, a request carrying it as a Bearer header, the
-    `key` query parameter, or the cookie that the page was answered with."""
+    `key` query parameter, or the cookie that the page was answered with (an HMAC of the key, never the key)."""
 
     def __init__(self, api_key: str | None):
         self.required = bool(api_key)
-        self._key_digest = _digest((api_key or "").encode("utf-8"))
+        self.key = KeyCheck(api_key or "")
         self.cookie_value = hmac.new((api_key or "").encode("utf-8"), b"tinyvllm dashboard", "sha256").hexdigest()
-
-    def _key_matches(self, candidate: bytes) -> bool:
-        return hmac.compare_digest(_digest(candidate), self._key_digest)
+        self._cookie = KeyCheck(self.cookie_value)
 
     def allows(self, request: Request) -> bool:
-        if not self.required:
+        if not self.required or self.key.bearer_matches(request.headers):
             return True
-        scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-        # header bytes were decoded as latin-1 (frontend/auth.py): encoding back gives the UTF-8 bytes sent
-        if scheme.lower() == "bearer" and self._key_matches(credentials.strip().encode("latin-1")):
+        if (key := request.query_params.get(KEY_PARAM)) is not None and self.key.matches(key.encode("utf-8")):
             return True
-        if (key := request.query_params.get(KEY_PARAM)) is not None and self._key_matches(key.encode("utf-8")):
-            return True
-        return hmac.compare_digest(request.cookies.get(COOKIE_NAME, ""), self.cookie_value)
+        # any text a client sends, as bytes: compare_digest refuses non-ASCII str
+        return self._cookie.matches(request.cookies.get(COOKIE_NAME, "").encode("utf-8", "surrogateescape"))
 
 
 def unauthorized() -> Response:

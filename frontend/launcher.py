@@ -113,8 +113,13 @@ class EngineArgs:
             raise ValueError("--kv-cache-dir-size must be positive")
         if self.kv_lease_s <= 0:
             raise ValueError("--kv-lease-seconds must be positive")
-        if parse_speculative_config(self.speculative_config) is not None and self.world_size > 1:
+        speculative = parse_speculative_config(self.speculative_config)
+        if speculative is not None and self.world_size > 1:
             raise ValueError("--speculative-config needs one worker (tensor- and pipeline-parallel size 1) for now")
+        if speculative is not None and speculative.method == "draft_model" and self.role == "decode":
+            # the prompt's KV arrives from the prefill instance for the target only: the draft would guess blind
+            raise ValueError("a draft model needs the prompt's KV in its own cache, which a decode instance does not "
+                             "get: use the ngram method with --role decode")
         if self.role == "prefill":
             require_kv_secret_beyond_loopback(self.kv_secret, self.kv_host)
             if self.external_workers:

@@ -8,7 +8,7 @@ from typing import Any
 from tinyvllm.frontend.openai_requests import ChatMessage, ChatRequest, CompletionRequest
 from tinyvllm.frontend.request_models import RequestInvalid, RequestModel, validate
 from tinyvllm.frontend.structured_output import GrammarInvalid, openai_grammar
-from tinyvllm.frontend.tool_calls import NO_TOOLS, ChatTools, chat_tools
+from tinyvllm.frontend.tool_calls import NO_TOOLS, ChatTools, chat_tools, message_dict
 from tinyvllm.protocol.sampling import MAX_BEAM_WIDTH, BeamSearchParams, KVTransferParams, SamplingParams
 
 
@@ -173,16 +173,10 @@ def parse_completion_request(body: Any) -> GenerationRequest:
 def message_dicts(messages: list[ChatMessage]) -> list[dict]:
     """[{"role", "content"}] with each message's text parts joined by newlines, and its tool fields: calls with
     their arguments as objects, as chat templates take them."""
-    dicts = []
-    for i, m in enumerate(messages):
-        d = {"role": m.role, "content": _text(m.content)}
-        if m.tool_calls:
-            d["tool_calls"] = [{"id": c.id, "type": "function", "function": {
-                "name": c.function.name, "arguments": _arguments(c.function.arguments, f"messages[{i}].tool_calls")}}
-                for c in m.tool_calls]
-        d.update({k: v for k, v in (("tool_call_id", m.tool_call_id), ("name", m.name)) if v is not None})
-        dicts.append(d)
-    return dicts
+    return [message_dict(m.role, _text(m.content), [
+        {"id": c.id, "type": "function", "function": {
+            "name": c.function.name, "arguments": _arguments(c.function.arguments, f"messages[{i}].tool_calls")}}
+        for c in m.tool_calls or []], tool_call_id=m.tool_call_id, name=m.name) for i, m in enumerate(messages)]
 
 
 def _arguments(text: str, param: str) -> dict:

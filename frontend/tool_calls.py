@@ -23,6 +23,10 @@ from tinyvllm.frontend.structured_output import GrammarInvalid, _checked
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _CALL_RE = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*" + re.escape(CALL_CLOSE), re.DOTALL)
 MAX_TOOLS = 128
+# where a JSON schema holds subschemas: maps of them, and single ones or lists of them
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMAS = ("items", "prefixItems", "additionalItems", "anyOf", "oneOf", "allOf", "not", "if", "then", "else",
+               "contains", "additionalProperties", "unevaluatedProperties", "propertyNames")
 # as Hermes-format models write calls, and no room for endless whitespace
 _JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -108,12 +112,19 @@ def chosen_functions(functions: list[dict], tool_choice: Any) -> list[dict] | No
 def closed(schema: Any) -> Any:
     """schema with every object that lists its properties closed to others (additionalProperties false where it
     says nothing), as OpenAI's strict function calling and xgrammar's strict mode take it: a call names the
-    arguments its function has, and a forced call cannot ramble on in made-up keys."""
+    arguments its function has, and a forced call cannot ramble on in made-up keys. Only subschemas change, never
+    values (const, enum, default, examples)."""
     if isinstance(schema, list):
         return [closed(item) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {key: closed(value) for key, value in schema.items()}
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(sub) for name, sub in out[key].items()}
+    for key in _SUBSCHEMAS:
+        if key in out:
+            out[key] = closed(out[key])
     if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
         out["additionalProperties"] = False
     return out
@@ -133,6 +144,15 @@ def forced_grammar(functions: list[dict], single: bool = False) -> str:
     except ValueError as e:
         raise GrammarInvalid(f"tools: a function's parameters are not a usable JSON schema: {e}", "tools") from None
     return _checked(grammar, "tools")
+
+
+def message_dict(role: str, content: str, tool_calls: list[dict] | None = None, **fields: str | None) -> dict:
+    """A chat message as templates take it: `tool_calls` ({"function": {"name", "arguments": an object}}) only when
+    there are some, and each other field (tool_call_id, name) only when set: templates test for the keys."""
+    message = {"role": role, "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return message | {key: value for key, value in fields.items() if value is not None}
 
 
 def call_text(name: str, arguments: Any) -> str:

@@ -73,7 +73,11 @@ def resolve_draft_model(config: SpeculativeConfig, target) -> SpeculativeConfig:
     from tinyvllm.protocol.model_path import resolve_model_path
     path = resolve_model_path(config.model)
     draft = read_model_config(path)
-    if draft.vocab_size != target.vocab_size:
-        raise ValueError(f"--speculative-config: the draft model {config.model} has a vocabulary of {draft.vocab_size} "
-                         f"tokens, the target {target.vocab_size}: a draft model must share the target's tokenizer")
+    check_draft_vocab(draft.vocab_size, target.vocab_size, config.model)
     return dataclasses.replace(config, model=str(path))
+
+
+def check_draft_vocab(draft_vocab_size: int, target_vocab_size: int, name: str) -> None:
+    if draft_vocab_size != target_vocab_size:
+        raise ValueError(f"the draft model {name} has a vocabulary of {draft_vocab_size} tokens, the target "
+                         f"{target_vocab_size}: a draft model must share the target's tokenizer")

@@ -1,8 +1,9 @@
 """Start-up captures off the critical path: a lone worker reports ready at once and captures its token buckets'
 jitted steps while it has nothing else to do, smallest first (a decode step's bucket is the first every request
 needs). A step that arrives meanwhile waits for at most the capture in progress; a bucket a served step already
-captured is skipped. Workers that meet others in every step (tensor or pipeline parallel) capture before serving
-instead: a rank capturing on its own would stall the others' collectives."""
+captured is skipped. Workers that meet others in every step (tensor or pipeline parallel) and prefill/decode
+workers (a peer's KV pull would wait behind a capture) capture before serving instead (workers.main
+warms_up_in_background)."""
 import logging
 import time
 

@@ -26,7 +26,7 @@ not mirrored: the draft's cache keeps what those blocks held before, which can o
 import numpy as np
 from tinygrad import Tensor, TinyJit
 
-from tinyvllm.protocol.speculative_config import may_draft, parse_speculative_config
+from tinyvllm.protocol.speculative_config import check_draft_vocab, may_draft, parse_speculative_config
 from tinyvllm.workers.batch_state import ScheduledChunk
 from tinyvllm.workers.device_input import host_array
 from tinyvllm.workers.flat_batch import FlatBatch, flatten
@@ -42,12 +42,6 @@ def load_draft(speculative_config: str, target_vocab_size: int):
     cfg, weights = load_weights(config.model)
     check_draft_vocab(cfg.vocab_size, target_vocab_size, config.model)
     return cfg, weights, config.num_speculative_tokens
-
-
-def check_draft_vocab(draft_vocab_size: int, target_vocab_size: int, name: str) -> None:
-    if draft_vocab_size != target_vocab_size:
-        raise ValueError(f"the draft model {name} has a vocabulary of {draft_vocab_size} tokens, the target "
-                         f"{target_vocab_size}: a draft model must share the target's tokenizer")
 
 
 class DraftModel:
@@ -115,16 +109,17 @@ class DraftModel:
                 newest[i] = token
         return proposals if any(proposals) else []
 
-    def warm_up(self) -> None:
-        """Captures every token bucket's forward of the draft, and the argmax after the row buckets'."""
+    def warm_up_bucket(self, size: int) -> None:
+        """Captures the draft's forward of token bucket `size`, and the argmax after a row bucket's (unless a served
+        step already has)."""
         from tinyvllm.workers.model_runner import capture_on_next_call
         r = self.runner
-        for size in r.token_buckets:
-            capture_on_next_call(r.forward_jits[size])
-            padding = flatten([], size, r.rows_for(size), r.max_blocks_per_seq, r.cache.block_size,
-                              r.cache.scratch_block)
-            for _ in range(2 if size in r.row_buckets else 1):  # a TinyJit captures on its second call
-                self.greedy(padding, 0) if size in r.row_buckets else r.run_forward(padding)
+        if r.forward_jits[size].captured is not None:
+            return
+        capture_on_next_call(r.forward_jits[size])
+        padding = flatten([], size, r.rows_for(size), r.max_blocks_per_seq, r.cache.block_size, r.cache.scratch_block)
+        for _ in range(2 if size in r.row_buckets else 1):  # a TinyJit captures on its second call
+            self.greedy(padding, 0) if size in r.row_buckets else r.run_forward(padding)
 
 
 def make_draft_model(cfg, weights, k: int, num_blocks: int, init, kernels: str, max_model_len: int):

@@ -108,15 +108,20 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
     if spec.samples:
         from tinyvllm.workers.grammar_masks import GrammarMasks, tokenizer_for_model
         runner.grammar_masks = GrammarMasks(lambda: tokenizer_for_model(args.model, vocab_size))
-    if args.jit_warmup and (args.world_size > 1 or args.warmup_before_serving):
+    if args.jit_warmup and not warms_up_in_background(args):
         runner.warm_up(WarmupProgress(f"worker{args.rank}"))
-        if runner.draft is not None:
-            runner.draft.warm_up()
         if group is not None:  # log_exchange_cost reports served steps, not the warm-up's waits for slower captures
             group.busy_s = 0.0
         if link is not None:
             link.transfer_s = 0.0
     return runner, n_kv_heads
+
+
+def warms_up_in_background(args: WorkerArgs) -> bool:
+    """A lone mixed worker captures while idle (workers/background_warmup.py). Ranks of one model would stall each
+    other's collectives, and a prefill or decode worker's KV transfers would wait behind a capture (a peer's pull
+    times out): they capture before serving."""
+    return args.world_size == 1 and args.role == WorkerRole.MIXED and not args.warmup_before_serving
 
 
 def log_exchange_cost(rank: int, runner, steps: int) -> None:
@@ -175,7 +180,7 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
                 send(sock, WorkerReady(args.rank, runner.cache.num_blocks, runner.cache.block_size, msg.max_model_len,
                                        runner.model.weight_nbytes, kv.address, runner.host_swap.num_slots,
                                        *kv.disk_layout))
-                if args.jit_warmup and args.world_size == 1 and not args.warmup_before_serving:
+                if args.jit_warmup and warms_up_in_background(args):
                     warmup = BackgroundWarmup(runner, args.rank)
             elif isinstance(msg, StepPlan):
                 kv.before_step(msg)

@@ -284,4 +284,6 @@ class ModelRunner:
         if size in self.row_buckets and logits is not None:
             for greedy in (True, False):
                 self.sampler.warm_up(size, self.model.cfg.vocab_size, greedy, logits)
+        if self.draft is not None:
+            self.draft.warm_up_bucket(size)
         return True

@@ -15,7 +15,7 @@ from tinyvllm.frontend.ollama.options import generation_settings
 from tinyvllm.frontend.ollama.requests import ChatRequest, GenerateRequest, GenerationFields
 from tinyvllm.frontend.ollama.service import OllamaService
 from tinyvllm.frontend.structured_output import GrammarInvalid, ollama_grammar
-from tinyvllm.frontend.tool_calls import check_tools, template_messages
+from tinyvllm.frontend.tool_calls import check_tools, message_dict, template_messages
 
 
 def is_unload(keep_alive: Any) -> bool:
@@ -72,7 +72,8 @@ def make_routes(service: OllamaService):
     async def chat(request: Request) -> Response:
         received, req, entry = await start(request, ChatRequest)
         name, fmt = req.model_name, _json_format(req)
-        messages = [m.model_dump(include={"role", "content", "tool_calls"}) for m in req.messages]
+        messages = [message_dict(m.role, m.content, [c.model_dump() for c in m.tool_calls], name=m.tool_name)
+                    for m in req.messages]
         try:
             functions = check_tools([t.model_dump() for t in req.tools])
         except GrammarInvalid as e:

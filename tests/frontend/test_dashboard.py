@@ -135,6 +135,8 @@ def test_the_api_key_guards_every_dashboard_route():
         assert client.get("/dashboard/snapshot", params={"key": KEY}).status_code == 200
         with httpx.Client(base_url=url, timeout=10, cookies={dashboard.COOKIE_NAME: "forged"}) as forger:
             assert forger.get("/dashboard/snapshot").status_code == 401
+        odd = {"Cookie": f"{dashboard.COOKIE_NAME}=\u00e9\u6f22".encode("utf-8")}  # non-ASCII: a 401, not a 500
+        assert client.get("/dashboard/snapshot", headers=odd).status_code == 401
 
         page = client.get("/dashboard", params={"key": KEY})  # how a browser opens it
         assert page.status_code == 200

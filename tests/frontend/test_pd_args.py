@@ -18,6 +18,7 @@ SECRET = "kv-test-secret-0123456789"
     ({"role": "prefill", "tensor_parallel_size": 2}, "needs --kv-port"),
     ({"role": "prefill", "kv_host": "0.0.0.0", "kv_secret": SECRET}, "is not an address"),
     ({"role": "prefill", "external_workers": True, "worker_address": "tcp://127.0.0.1:7000"}, "own workers"),
+    ({"role": "decode", "speculative_config": {"method": "draft_model", "model": "d.gguf"}}, "ngram method"),
 ])
 def test_engine_args_refuse(change, message):
     with pytest.raises(ValueError, match=message):

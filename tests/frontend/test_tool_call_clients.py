@@ -22,8 +22,18 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
-def serve(reply: str):
-    tokenizer = CharTokenizer()
+class ToolsTemplateTokenizer(CharTokenizer):
+    """As a model whose template renders tools itself (Llama 3.1's tests `'tool_calls' in message`)."""
+    chat_template = "{% if tools %}...{% endif %}"
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
+        assert all(m.get("tool_calls", [None]) for m in messages), f"a message with an empty tool_calls: {messages}"
+        self.seen = messages, extra
+        return super().apply_chat_template([m for m in messages if m["role"] != "tool"], add_generation_prompt)
+
+
+def serve(reply: str, tokenizer: CharTokenizer | None = None):
+    tokenizer = tokenizer or CharTokenizer()
     engine = FakeEngine(tokenizer.encode(reply, add_special_tokens=False), tokenizer.eos_token_ids[0],
                         max_model_len=4096)
     app = build_app(engine, tokenizer, MODEL, 4096, make_detokenizer=CharDetokenizer)
@@ -126,3 +136,18 @@ async def test_the_ollama_client_gets_message_tool_calls():
         {"role": "tool", "content": "sunny", "tool_name": "get_weather"}]
     await client.chat(model=MODEL, messages=history, tools=[WEATHER])
     assert "<tool_response>\nsunny\n</tool_response>" in prompt_of(engine, tokenizer)
+
+
+async def test_a_template_that_knows_tools_gets_them_and_no_empty_tool_calls():
+    openai_client, ollama_client, _, tokenizer = serve("Hi", ToolsTemplateTokenizer())
+    history = ASK + [{"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "content": "sunny", "tool_name": "get_weather"}]
+    await ollama_client.chat(model=MODEL, messages=history, tools=[WEATHER])
+    messages, extra = tokenizer.seen
+    assert extra["tools"][0]["function"]["name"] == "get_weather" and "tool_calls" not in messages[0]
+    assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+    assert messages[2] == {"role": "tool", "content": "sunny", "name": "get_weather"}
+    await openai_client.chat.completions.create(model=MODEL, messages=ASK + [{"role": "assistant", "content": "Hi"}])
+    messages, extra = tokenizer.seen
+    assert extra == {} and messages[1] == {"role": "assistant", "content": "Hi"}

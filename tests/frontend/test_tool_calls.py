@@ -123,3 +123,17 @@ def test_forced_arguments_take_no_made_up_keys(tokenizer):
     grammar = forced_grammar(chosen_functions(check_tools([add]), "required"))
     assert accepts(tokenizer, grammar, call("add", {"a": 1, "b": 2}))
     assert not accepts(tokenizer, grammar, call("add", {"a": 1, "b": 2, "c": 3}))
+
+
+def test_closing_schemas_changes_subschemas_not_values():
+    from tinyvllm.frontend.tool_calls import closed
+    schema = {"type": "object", "properties": {
+        "properties": {"type": "string"},  # a parameter named "properties"
+        "mode": {"const": {"properties": 1}}, "nested": {"type": "object", "properties": {"x": {"type": "integer"}}},
+        "list": {"type": "array", "items": {"type": "object", "properties": {"y": {}}}}}}
+    out = closed(schema)
+    assert out["additionalProperties"] is False and out["properties"]["properties"] == {"type": "string"}
+    assert out["properties"]["mode"] == {"const": {"properties": 1}}
+    assert out["properties"]["nested"]["additionalProperties"] is False
+    assert out["properties"]["list"]["items"]["additionalProperties"] is False
+    assert closed({"type": "object", "properties": {}, "additionalProperties": True})["additionalProperties"] is True

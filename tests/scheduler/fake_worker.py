@@ -13,19 +13,18 @@ append_sampled): exactly those, never one twice. A sampled token is a pure funct
 position (token_fn), or of the row's contents and sampling parameters (sample_fn), so outputs do not depend on
 batching, chunking, caching or preemption.
 """
-import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fake_host_swap import FakeHostSwap
+from fake_requests import make_prompt, make_request, step  # noqa: F401 (re-exported for the tests)
 from fake_disk import FakeDisk
 from fake_tokens import (EOS, VOCAB, SampleFn, TokenFn, content_sample_fn, default_token_fn,  # noqa: F401
                          eos_at, with_random_eos)
 from tinyvllm.protocol.messages import StepPlan, StepResult
 from tinyvllm.protocol.sampling import SamplingParams
 from tinyvllm.protocol.speculative_config import SpeculativeConfig, may_draft
-from tinyvllm.scheduler.request import Request
 from tinyvllm.scheduler.config import SchedulerConfig
 from tinyvllm.scheduler.invariants import check_scheduler_invariants
 from tinyvllm.scheduler.scheduler import Scheduler
@@ -277,16 +276,6 @@ def by_index(outputs: list) -> dict[int, list]:
     return split
 
 
-def make_prompt(seed: str, length: int) -> list[int]:
-    return [100 + (zlib.crc32(seed.encode()) + i) % VOCAB for i in range(length)]
-
-
-def make_request(req_id: str, prompt_len: int, max_tokens: int = 16, arrival_time: float = 0.0,
-                 eos_token_ids: tuple[int, ...] = (EOS,), prompt: list[int] | None = None, **sampling) -> Request:
-    prompt = make_prompt(req_id, prompt_len) if prompt is None else prompt
-    return Request(req_id, prompt, SamplingParams(max_tokens=max_tokens, **sampling), list(eos_token_ids), arrival_time)
-
-
 def make_scheduler(max_num_seqs: int = 8, max_num_batched_tokens: int = 64, max_model_len: int = 128,
                    block_size: int = 4, num_blocks: int = 64, token_fn: TokenFn = default_token_fn,
                    enable_prefix_caching: bool = True, sample_fn: SampleFn | None = None,
@@ -301,12 +290,3 @@ def make_scheduler(max_num_seqs: int = 8, max_num_batched_tokens: int = 64, max_
     scheduler = Scheduler(config)
     return scheduler, FakeWorker(num_blocks, block_size, token_fn, sample_fn, window=sliding_window, draft_k=draft_k,
                                  max_model_len=scheduler.max_len)
-
-
-def step(scheduler: Scheduler, worker: FakeWorker):
-    """One schedule -> execute -> update round; returns (plan, outputs by req_id)."""
-    plan = scheduler.schedule()
-    assert plan is not None
-    outputs = scheduler.update_from_output(plan, worker.execute(plan))
-    check_scheduler_invariants(scheduler)
-    return plan, {out.req_id: out for out in outputs}

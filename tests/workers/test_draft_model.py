@@ -10,7 +10,8 @@ from tinyvllm.protocol.messages import CachedRequestData, NewRequestData, StepPl
 from tinyvllm.protocol.sampling import SamplingParams
 from tests.workers.dense_reference import dense_logits, random_llama
 from tests.workers.test_paged_attention import CFG
-from tinyvllm.workers.draft_model import DraftModel, check_draft_vocab
+from tinyvllm.protocol.speculative_config import check_draft_vocab
+from tinyvllm.workers.draft_model import DraftModel
 from tinyvllm.workers.kv_cache import PagedKVCache
 from tinyvllm.workers.model import Transformer
 from tinyvllm.workers.model_runner import ModelRunner
@@ -111,3 +112,13 @@ def test_the_worker_splits_its_kv_memory_over_both_caches(tmp_path):
     per_block = bytes_per_block(runner.model.cfg, 16, "auto") + bytes_per_block(runner.draft.runner.model.cfg, 16, "auto")
     assert runner.cache.num_blocks == runner.draft.runner.cache.num_blocks == (1 << 20) // per_block
     assert runner.draft.k == 2 and runner.draft.runner.model.cfg.n_layers == 1
+
+
+def test_warming_up_a_bucket_captures_the_drafts_too(models):
+    target, draft, _ = models
+    runner = make_runner(target)
+    runner.draft = DraftModel(make_runner(draft), K)
+    assert runner.warm_up_bucket(1) and not runner.warm_up_bucket(1)  # a captured bucket is skipped
+    assert runner.forward_jits[1].captured is not None and runner.draft.runner.forward_jits[1].captured is not None
+    first = runner.execute(StepPlan(1, [NewRequestData("a", PROMPT, GREEDY, [0, 1, 2], 0, len(PROMPT))], [], []))
+    assert first.proposed_draft_ids[0] == greedy_continuation(draft, PROMPT + first.sampled_token_ids, K)
