@@ -140,6 +140,7 @@ class EngineReady:
     num_workers: int
     worker_weight_bytes: list[int] = field(default_factory=list)  # by rank: the weights each worker holds
     kv_cache_dtype: str = "float32"  # what the KV cache stores (auto resolved)
+    device: str = ""  # the workers' tinygrad device (rank 0's), e.g. CPU or CUDA
 
 
 @dataclass(slots=True)

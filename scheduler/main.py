@@ -104,7 +104,7 @@ class SchedulerLoop:
             self.open_disk_cache(self.workers.kv_disk_dirs[0])
         send(self.to_frontend, EngineReady(num_blocks, a.block_size, a.max_model_len, a.max_num_seqs, a.world_size,
                                                [self.workers.weight_bytes[r] for r in range(a.world_size)],
-                                               resolve_kv_cache_dtype(a.kv_cache_dtype)))
+                                               resolve_kv_cache_dtype(a.kv_cache_dtype), self.workers.device))
         log.info("scheduler ready: %d KV blocks of %d tokens, %d swap slots, up to %d steps in flight%s", num_blocks,
                  a.block_size, self.workers.num_swap_slots, a.max_steps_in_flight,
                  ", async scheduling" if self.scheduler.config.async_scheduling else "")

@@ -34,6 +34,7 @@ class WorkerGroup:
         self.identities: dict[int, bytes] = {}
         self.output_rank = 0  # whose StepResult counts
         self.weight_bytes: dict[int, int] = {}  # by rank, as the workers reported them
+        self.device = ""  # rank 0's tinygrad device, as its hello said (e.g. CPU, CUDA)
         self.ignored_peers: set[bytes] = set()
         self.kv_addresses: dict[int, str] = {}  # by rank: a prefill worker's KV side channel
         self.num_swap_slots = 0  # CPU swap: the slots every worker's swap space holds (scheduler/swap.py)
@@ -56,6 +57,7 @@ class WorkerGroup:
                 admission.send(identity, Shutdown(f"the engine did not start: {e or type(e).__name__}"))
             raise
         hellos = {rank: hello for rank, (_, hello) in admission.admitted.items()}
+        self.device = hellos[0].device
         self.identities = {rank: identity for rank, (identity, _) in admission.admitted.items()}
         self.output_rank = output_rank(tp_size, pp_size)
         group_id = f"tinyvllm-{uuid.uuid4().hex[:12]}"

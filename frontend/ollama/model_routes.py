@@ -42,6 +42,14 @@ def tag_entry(entry: ModelEntry) -> dict:
             "digest": entry.digest, "details": details(entry, weights_info(entry))}
 
 
+def vram_bytes(engine, size: int) -> int:
+    """/api/ps's size_vram: the model's bytes on a GPU, 0 on a CPU (what `ollama ps` turns into "100% GPU" or
+    "100% CPU"); the whole size while the engine has not said which device it runs on."""
+    ready = getattr(engine, "ready", None)
+    device = getattr(ready, "device", "") or ""
+    return 0 if device.split(":")[0].upper() in ("CPU", "CLANG", "LLVM") else size
+
+
 def make_routes(service: OllamaService):
     store = service.store
 
@@ -59,7 +67,7 @@ def make_routes(service: OllamaService):
     @handler
     async def ps(request: Request) -> Response:
         served = store.served
-        entry = {**tag_entry(served), "expires_at": NEVER_EXPIRES, "size_vram": served.size,
+        entry = {**tag_entry(served), "expires_at": NEVER_EXPIRES, "size_vram": vram_bytes(service.engine, served.size),
                  "context_length": service.max_model_len}
         del entry["modified_at"]
         return JSONResponse({"models": [entry]})

@@ -77,6 +77,7 @@ def test_list_ps_and_show_print_what_the_api_says(server, tmp_path):
     header, row = ps.stdout.splitlines()
     assert header.split() == ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"]
     assert row.startswith(f"{SERVED}    {running['digest'][:12]}") and f"    {running['context_length']}    " in row
+    assert running["size_vram"] == 0 and "100% CPU" in row  # the test server runs on DEV=CPU
 
     shown = httpx.post(server.url + "/api/show", json={"model": MODEL_NAME}, timeout=30).json()
     show = tinyvllm(tmp_path, "show", MODEL_NAME, "--host", server.url)

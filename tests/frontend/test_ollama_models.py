@@ -52,7 +52,18 @@ async def test_tags_show_and_ps_describe_the_served_model(served, weights):
     assert len(verbose["model_info"]["tokenizer.ggml.tokens"]) == 64
     (running,) = (await client.get("/api/ps")).json()["models"]
     assert running["name"] == SERVED and running["digest"] == model["digest"] and running["context_length"] == 256
+    assert running["size_vram"] == running["size"]  # the fake engine names no device
     assert (await client.post("/api/show", json={"model": "nope"})).json() == {"error": "model 'nope' not found"}
+
+
+@pytest.mark.parametrize("device, on_gpu", [("CPU", False), ("CUDA", True), ("NV", True), ("", True)])
+def test_ps_counts_vram_only_off_the_cpu(device, on_gpu):
+    from tinyvllm.frontend.ollama.model_routes import vram_bytes
+    from tinyvllm.protocol.messages import EngineReady
+
+    class Engine:
+        ready = EngineReady(8, 16, 256, 4, 1, [], "float32", device)
+    assert vram_bytes(Engine(), 1234) == (1234 if on_gpu else 0)
 
 
 async def test_copy_generate_and_delete(served):

@@ -28,6 +28,7 @@ EXAMPLES = [
         m.RunningRequestSummary("cmpl-1", 12, 3, 1), m.RunningRequestSummary("chatcmpl-2", 40, 0, 3)]), 12.5),
     m.EngineReady(128, 16, 2048, 16, 1),
     m.EngineReady(128, 16, 2048, 16, 2, [70_000_000, 69_000_000]),
+    m.EngineReady(128, 16, 2048, 16, 1, [70_000_000], "int8", "CUDA"),
     m.Shutdown("bye"),
     m.WorkerHello(0, 1, m.WorkerRole.MIXED, 1234, "CPU"),
     m.WorkerHello(3, 4, m.WorkerRole.MIXED, 1234, "CUDA:1", 2, 2, "tcp://10.0.0.2:6001"),
