@@ -174,12 +174,13 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
                 kv = WorkerKV(ctx, args, runner, sock, n_kv_heads)
                 if kv.side_channel is not None:
                     watch.serve_also(kv.side_channel.sock, kv.side_channel.handle)
+                weight_bytes = runner.model.weight_nbytes + (runner.draft.runner.model.weight_nbytes
+                                                             if runner.draft is not None else 0)  # a draft model's too
                 log.info("rank %d (tp %d/%d, pp %d/%d): %.1f MB of weights, %d KV blocks", args.rank,
-                         args.spec.tp_rank, args.tp_size, args.spec.pp_rank, args.pp_size,
-                         runner.model.weight_nbytes / 1e6, runner.cache.num_blocks)
+                         args.spec.tp_rank, args.tp_size, args.spec.pp_rank, args.pp_size, weight_bytes / 1e6,
+                         runner.cache.num_blocks)
                 send(sock, WorkerReady(args.rank, runner.cache.num_blocks, runner.cache.block_size, msg.max_model_len,
-                                       runner.model.weight_nbytes, kv.address, runner.host_swap.num_slots,
-                                       *kv.disk_layout))
+                                       weight_bytes, kv.address, runner.host_swap.num_slots, *kv.disk_layout))
                 if args.jit_warmup and warms_up_in_background(args):
                     warmup = BackgroundWarmup(runner, args.rank)
             elif isinstance(msg, StepPlan):

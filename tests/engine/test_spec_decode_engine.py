@@ -29,9 +29,16 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def plain(default_tokenizer) -> list[list[int]]:
+def plain_engine(default_tokenizer) -> tuple[list[list[int]], int]:
+    """(the greedy tokens without speculation, the worker's weight bytes)"""
     with LLM(**ENGINE) as llm:
-        return [out.token_ids for out in llm.generate(prompts(default_tokenizer), GREEDY)]
+        return [out.token_ids for out in llm.generate(prompts(default_tokenizer), GREEDY)], \
+            llm.ready.worker_weight_bytes[0]
+
+
+@pytest.fixture(scope="module")
+def plain(plain_engine) -> list[list[int]]:
+    return plain_engine[0]
 
 
 def test_ngram_greedy_equals_plain_greedy_and_metrics_count(default_tokenizer, plain):
@@ -54,11 +61,13 @@ def test_ngram_greedy_equals_plain_greedy_and_metrics_count(default_tokenizer, p
     assert sum(per_pos) == stats.spec_num_accepted_tokens and per_pos[0] > 0
 
 
-def test_draft_model_greedy_equals_plain_greedy(default_tokenizer, plain):
+def test_draft_model_greedy_equals_plain_greedy(default_tokenizer, plain_engine):
+    plain, weight_bytes = plain_engine
     draft = {"method": "draft_model", "model": "default", "num_speculative_tokens": 3}
     with LLM(speculative_config=draft, **ENGINE) as llm:
         spec = [out.token_ids for out in llm.generate(prompts(default_tokenizer), GREEDY)]
         stats = llm.stats
+        assert llm.ready.worker_weight_bytes[0] == 2 * weight_bytes  # the draft's weights are counted too
     assert spec == plain
     assert stats.spec_num_drafts > 0 and stats.spec_num_accepted_tokens >= 0.9 * stats.spec_num_draft_tokens
     assert sum(stats.spec_accepted_per_pos) == stats.spec_num_accepted_tokens
