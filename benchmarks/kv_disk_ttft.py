@@ -11,12 +11,9 @@ length), 1,000 by default; DEV=CPU unless DEV is set; other flags are serve's de
 """
 import argparse
 import json
-import os
 import pathlib
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,35 +22,21 @@ import httpx
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from tests.e2e.server_process import READY_LINE, free_port  # noqa: E402
+from tests.e2e.server_process import ServerProcess  # noqa: E402
+from tinyvllm.protocol.model_path import resolve_model_path  # noqa: E402
 
-STARTUP_TIMEOUT_S, STOP_TIMEOUT_S = 900, 90
+STARTUP_TIMEOUT_S = 900
 
 
-class Server:
-    def __init__(self, log_path: pathlib.Path, *args: str):
-        self.port, self.log_path = free_port(), log_path
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "tinyvllm.frontend.cli", "serve", "--port", str(self.port), *args]
-        self.log_file = open(log_path, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.log_file, stderr=subprocess.STDOUT,
-                                     env={"DEV": "CPU", **os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while READY_LINE not in log_path.read_text(errors="replace"):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the server did not start: see {log_path}")
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.log_file.close()
+def start_bench_server(log_path: pathlib.Path, *args: str, model: str | None = None) -> ServerProcess:
+    """`tinyvllm serve` with serve's defaults and `args` (the tests' ServerProcess, none of the tests' flags)."""
+    server = ServerProcess(resolve_model_path(model), log_path, *args, defaults=())
+    try:
+        server.wait_ready(STARTUP_TIMEOUT_S)
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 def first_token(url: str, prompt: list[int]) -> tuple[float, int]:
@@ -81,20 +64,21 @@ def main() -> None:
     parser.add_argument("--no-jit-warmup", action="store_true")
     parser.add_argument("--model", default=None)
     a = parser.parse_args()
-    common = [*(["--model", a.model] if a.model else []),
-              "--no-jit-warmup" if a.no_jit_warmup else "--warmup-before-serving"]
+    common = ["--no-jit-warmup" if a.no_jit_warmup else "--warmup-before-serving"]
     prompt = [1000 + (i * 7919) % 40000 for i in range(a.prompt_tokens)]
     work = pathlib.Path(tempfile.mkdtemp(prefix="kv-disk-bench-"))
     results: dict[str, list[tuple[float, int]]] = {"without disk cache": [], "with disk cache": []}
     try:
         for repeat in range(a.repeats):
             cache_dir = work / f"kv{repeat}"
-            server = Server(work / f"fill{repeat}.log", *common, "--kv-cache-dir", str(cache_dir))
+            server = start_bench_server(work / f"fill{repeat}.log", *common, "--kv-cache-dir", str(cache_dir),
+                                        model=a.model)
             first_token(server.url, prompt)
             time.sleep(1)  # the files are written in the background; a stop waits for them anyway
             server.stop()
             for case, extra in (("with disk cache", ["--kv-cache-dir", str(cache_dir)]), ("without disk cache", [])):
-                server = Server(work / f"{case.replace(' ', '-')}{repeat}.log", *common, *extra)
+                server = start_bench_server(work / f"{case.replace(' ', '-')}{repeat}.log", *common, *extra,
+                                            model=a.model)
                 try:
                     results[case].append(first_token(server.url, prompt))
                 finally:

@@ -21,7 +21,7 @@ import httpx
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.kv_disk_ttft import Server  # noqa: E402
+from benchmarks.kv_disk_ttft import start_bench_server  # noqa: E402
 
 SEQUENCE_TOKENS = 2048
 
@@ -57,8 +57,8 @@ def main() -> None:
     for dtype in args.dtypes:
         rates = []
         for repeat in range(args.repeats):
-            server = Server(work / f"{dtype}-{repeat}.log", "--warmup-before-serving", "--kv-cache-dtype", dtype,
-                            "--kv-cache-memory", args.kv_cache_memory)
+            server = start_bench_server(work / f"{dtype}-{repeat}.log", "--warmup-before-serving",
+                                        "--kv-cache-dtype", dtype, "--kv-cache-memory", args.kv_cache_memory)
             try:
                 blocks, block_size = num_blocks(server.url)
                 rates.append(output_throughput(server.url, args, work / f"{dtype}-{repeat}.json"))

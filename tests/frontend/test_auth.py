@@ -2,17 +2,15 @@
 every other route stays open; streaming and disconnects still work through the middleware."""
 import asyncio
 import json
-import socket
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 
 from app_harness import MODEL, client_for, parse_sse
 from fake_engine import FakeEngine
 from fake_tokenizer import CharDetokenizer, CharTokenizer
+from threaded_server import served
 from tinyvllm.frontend.app import build_app
 from tinyvllm.frontend.auth import APIKeyMiddleware
 
@@ -102,15 +100,7 @@ async def test_streams_pass_through_the_middleware(client):
 
 async def test_a_client_leaving_a_stream_still_aborts_it_through_the_middleware():
     app, engine = make_app(step_delay_s=0.02)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            await asyncio.sleep(0.01)
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with served(app) as url:
         async with httpx.AsyncClient(base_url=url, timeout=10) as c:
             body = {**CHAT, "stream": True, "max_tokens": 500, "ignore_eos": True}
             async with c.stream("POST", "/v1/chat/completions", json=body, headers=GOOD) as r:
@@ -121,10 +111,6 @@ async def test_a_client_leaving_a_stream_still_aborts_it_through_the_middleware(
             assert time.monotonic() < deadline, "the request was not aborted"
             await asyncio.sleep(0.01)
         assert req_id not in engine.finished
-    finally:
-        server.should_exit = True
-        thread.join(5)
-        sock.close()
 
 
 async def test_openapi_documents_the_key():
