@@ -28,5 +28,6 @@ class BackgroundWarmup:
             log.info("rank %d: captured the %d-token step in %.1fs (background warm-up, %d of %d buckets left)",
                      self.rank, size, time.monotonic() - started, len(self.pending), self.total)
         if not self.pending:
+            self.runner.warm_up_grammars()
             log.info("rank %d: background warm-up done: %d jitted steps captured in %.0fs (the rest by served steps)",
                      self.rank, self.captured, time.monotonic() - self.start)

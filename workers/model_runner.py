@@ -271,7 +271,13 @@ class ModelRunner:
             self.warm_up_bucket(size)
             if progress is not None:
                 progress(done, len(self.token_buckets), f"tokens {size}")
+        self.warm_up_grammars()
         return len(self.token_buckets)
+
+    def warm_up_grammars(self) -> None:
+        """Builds the tokenizer structured output needs (about a second), so no constrained request waits for it."""
+        if self.grammar_masks is not None:
+            self.grammar_masks.tokenizer
 
     def warm_up_bucket(self, size: int) -> bool:
         """Captures token bucket `size` as warm_up does; False (and nothing done) if a served step already has."""

@@ -1,5 +1,5 @@
-"""BackgroundWarmup's order and bookkeeping, with a stand-in runner: smallest bucket first, each once, and a bucket a
-served step already captured costs nothing."""
+"""BackgroundWarmup's order and bookkeeping, with a stand-in runner: smallest bucket first, each once, a bucket a
+served step already captured costs nothing, and the structured-output tokenizer is built last."""
 from tinyvllm.workers.background_warmup import BackgroundWarmup
 
 
@@ -8,6 +8,9 @@ class Runner:
 
     def __init__(self, already: set[int]):
         self.already, self.calls = already, []
+
+    def warm_up_grammars(self) -> None:
+        self.calls.append("grammars")
 
     def warm_up_bucket(self, size: int) -> bool:
         self.calls.append(size)
@@ -19,4 +22,4 @@ def test_captures_smallest_first_and_counts_only_new_captures():
     warmup = BackgroundWarmup(runner, rank=0)
     while not warmup.done:
         warmup.capture_next()
-    assert runner.calls == [1, 2, 4, 8] and warmup.captured == 3
+    assert runner.calls == [1, 2, 4, 8, "grammars"] and warmup.captured == 3
