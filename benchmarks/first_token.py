@@ -53,10 +53,12 @@ def first_token(extra: list[str], cache_dir: str) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     parser.add_argument("serve_args", nargs="*", help="after --: more `tinyvllm serve` flags")
     a = parser.parse_args()
     print("| mode | caches | ready (s) | first token (s) |\n|---|---|---|---|")
-    for mode, flags in MODES.items():
+    for mode in a.modes:
+        flags = MODES[mode]
         cold, warm = [], []
         for _ in range(a.repeats):
             with tempfile.TemporaryDirectory(prefix="first-token-") as cache_dir:
