@@ -8,7 +8,9 @@
 #
 # Environment: OPEN_WEBUI_SPEC (default open-webui==0.12.4; a wheel path works), TINYVLLM_PORT (8011),
 # PROXY_PORT (8012), OPEN_WEBUI_PORT (8013), OUT (requests log and server logs; default
-# $TINYVLLM_PEERS_DIR/open-webui-run), TINYVLLM_ARGS (extra `tinyvllm serve` flags), KEEP=1 leaves the servers up.
+# $TINYVLLM_PEERS_DIR/open-webui-run), KEEP=1 leaves the servers up, TINYVLLM_ARGS (`tinyvllm serve` flags; default
+# --default-max-tokens 256: Open WebUI's follow-up and tag tasks set no max_tokens, and the small default model can
+# ramble to the end of its 8192-token context, minutes on a CPU; TINYVLLM_ARGS="" shows that).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source benchmarks/peers/common.sh
@@ -36,7 +38,7 @@ wait_for() {  # URL SECONDS NAME
   echo "FAIL  $3 did not answer $1 within $2 s (logs in $OUT)"; exit 1
 }
 
-"$TINYVLLM_PYTHON" -m tinyvllm.frontend.cli serve --port "$TINYVLLM_PORT" ${TINYVLLM_ARGS:-} > "$OUT/tinyvllm.log" 2>&1 &
+"$TINYVLLM_PYTHON" -m tinyvllm.frontend.cli serve --port "$TINYVLLM_PORT" ${TINYVLLM_ARGS---default-max-tokens 256} > "$OUT/tinyvllm.log" 2>&1 &
 pids+=($!)
 python3 benchmarks/peers/logging_proxy.py "$PROXY_PORT" "http://127.0.0.1:$TINYVLLM_PORT" "$OUT/requests.jsonl" &
 pids+=($!)

@@ -59,6 +59,7 @@ def enable_usage(client: httpx.Client, model: str):
     """The model's "usage" capability (Admin > Models): Open WebUI then streams with include_usage."""
     body = {"id": model, "name": model, "base_model_id": None, "params": {}, "meta": {"capabilities": {"usage": True}}}
     reply = client.post("/api/v1/models/create", json=body)
+    client.get("/api/models")  # Open WebUI reads capabilities from its model list, refreshed here as the UI does
     print(f"usage capability on {model}: HTTP {reply.status_code}", flush=True)
 
 
@@ -101,6 +102,14 @@ def task(client: httpx.Client, model: str, label: str, name: str, wanted_key: st
            f"HTTP {reply.status_code}, content={content[:60]!r}, UI parse: {parsed}")
 
 
+def checked(item: str, check, *args):
+    """A timeout or a dropped connection is that item's FAIL, not the end of the run."""
+    try:
+        return check(*args)
+    except httpx.HTTPError as e:
+        record(item, False, f"{type(e).__name__}: {e}")
+
+
 def main():
     url, ollama_model, openai_model = sys.argv[1:4]  # argv[4]: the base URL Open WebUI reaches tinyvllm at
     with httpx.Client(base_url=url, timeout=300) as client:
@@ -112,13 +121,12 @@ def main():
         config = client.get("/api/v1/tasks/config").json()
         print("task config:", {k: v for k, v in config.items() if k.startswith("ENABLE")}, flush=True)
         for model, label in ((ollama_model, "Ollama"), (openai_model, "OpenAI")):
-            streamed_chat(client, model, label)
+            checked(f"{label}: streamed chat", streamed_chat, client, model, label)
             enable_usage(client, model)
-            usage = streamed_chat(client, model, label + " (usage capability on)")
+            usage = checked(f"{label}: streamed chat with usage", streamed_chat, client, model, label + " (usage on)")
             record(f"{label}: usage reported", bool(usage and usage.get("completion_tokens")), f"usage={usage}")
-            task(client, model, label, "title", "title")
-            task(client, model, label, "follow_up", "follow_ups")
-            task(client, model, label, "tags", "tags")
+            for name, wanted_key in (("title", "title"), ("follow_up", "follow_ups"), ("tags", "tags")):
+                checked(f"{label}: {name} task", task, client, model, label, name, wanted_key)
     failed = [item for item, ok, _ in results if not ok]
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     sys.exit(1 if failed else 0)
