@@ -9,6 +9,8 @@ import sys
 
 import httpx
 
+from open_webui_saved_chat import QUESTION, saved_chat
+
 results: list[tuple[str, bool, str]] = []
 
 
@@ -110,6 +112,18 @@ def checked(item: str, check, *args):
         record(item, False, f"{type(e).__name__}: {e}")
 
 
+def check_saved_chat(client: httpx.Client, model: str, label: str):
+    """Title, follow-ups and tags as the UI gets them: background tasks after a new chat. Whether the model's text
+    held the JSON Open WebUI parses (else: the question as the title, no follow-ups, no tags) is the model's doing,
+    so it is shown, not judged; the task requests themselves are in the proxy's log."""
+    chat = saved_chat(client, model)
+    record(f"{label}: saved chat answered", chat["finished"] and bool(chat["answer"].strip()),
+           f"finished={chat['finished']}, answer={chat['answer'][:50]!r}")
+    source = "the question (fallback)" if chat["title"] == QUESTION else "the model"
+    record(f"{label}: saved chat titled", bool(chat["title"]),
+           f"title={chat['title']!r} from {source}, follow_ups={chat['follow_ups']}, tags={chat['tags']}")
+
+
 def main():
     url, ollama_model, openai_model = sys.argv[1:4]  # argv[4]: the base URL Open WebUI reaches tinyvllm at
     with httpx.Client(base_url=url, timeout=300) as client:
@@ -127,6 +141,7 @@ def main():
             record(f"{label}: usage reported", bool(usage and usage.get("completion_tokens")), f"usage={usage}")
             for name, wanted_key in (("title", "title"), ("follow_up", "follow_ups"), ("tags", "tags")):
                 checked(f"{label}: {name} task", task, client, model, label, name, wanted_key)
+            checked(f"{label}: saved chat", check_saved_chat, client, model, label)
     failed = [item for item, ok, _ in results if not ok]
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     sys.exit(1 if failed else 0)
