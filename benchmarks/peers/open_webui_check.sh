@@ -2,7 +2,7 @@
 # Open WebUI against tinyvllm (docs/CLIENTS.md): installs open-webui into its own venv outside the repo, starts
 # tinyvllm, a logging proxy in front of it, and Open WebUI with tinyvllm as both its Ollama and its OpenAI
 # connection, then drives Open WebUI's REST API (benchmarks/peers/open_webui_drive.py) and prints PASS/FAIL per
-# item. Not part of `make test`: the install is ~2 GB and Open WebUI takes a minute to start.
+# item. Not part of `make test`: the install is ~3 GB and Open WebUI takes a minute to start.
 #
 #   benchmarks/peers/open_webui_check.sh
 #
