@@ -85,7 +85,8 @@ def response_body(result: CompletionResult, req: api.GenerationRequest, request_
 def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_root: str | None = None,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, models_dir: str | None = None,
               make_detokenizer: Callable = IncrementalDetokenizer, api_key: str | None = None,
-              gate: RequestGate | None = None, allowed_origins: list[str] | None = None) -> Starlette:
+              gate: RequestGate | None = None, allowed_origins: list[str] | None = None,
+              default_max_tokens: int | None = None) -> Starlette:
     """engine: an EngineClient (or anything with its generate/stats/dead_reason);
     tokenizer: a frontend.tokenizer.Tokenizer (encode, vocab_size, eos_token_ids, apply_chat_template).
 
@@ -93,11 +94,14 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
     api_key: when given, every /v1 and /api route needs `Authorization: Bearer <api_key>` (frontend/auth.py).
     gate: the waiting limit, request deadline and drain (frontend/request_gate.py; default: its defaults).
     allowed_origins: the browser origins CORS lets in ("*": any); None: no CORS headers at all.
+    default_max_tokens: the limit of a chat request that sets none (OpenAI max_tokens, Ollama num_predict);
+    None: the rest of the context.
     """
     gate = gate or RequestGate()
     engine = GatedEngine(engine, gate)
     metrics = FrontendMetrics(engine, model_name, max_model_len, gate)
-    serving = RequestServing(MeteredEngine(engine, metrics), tokenizer, max_model_len, make_detokenizer, metrics)
+    serving = RequestServing(MeteredEngine(engine, metrics), tokenizer, max_model_len, make_detokenizer, metrics,
+                             default_max_tokens)
     started_at = int(time.time())
 
     async def generation(request: Request, is_chat: bool) -> Response:

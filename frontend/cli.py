@@ -168,6 +168,10 @@ def add_limit_args(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--allowed-origins", type=lambda text: [o.strip() for o in text.split(",") if o.strip()],
                        default=[], help="comma-separated browser origins allowed by CORS (e.g. "
                                         "http://localhost:3000 for Open WebUI; * for any); default: none")
+    serve.add_argument("--default-max-tokens", type=int, default=None,
+                       help="tokens a chat request may generate when it sets no limit (OpenAI max_tokens, Ollama "
+                            "num_predict), as vLLM's --override-generation-config max_new_tokens; Open WebUI's "
+                            "follow-up and tag tasks set none. Default: the rest of the context")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -253,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                                           models_dir=args.models_dir, max_waiting_requests=args.max_waiting_requests,
                                           request_timeout_s=args.request_timeout_s,
                                           shutdown_timeout_s=args.shutdown_timeout_s,
-                                          allowed_origins=args.allowed_origins, registration=registration))
+                                          allowed_origins=args.allowed_origins, registration=registration,
+                                          default_max_tokens=args.default_max_tokens))
         except (ValueError, FileNotFoundError, RuntimeError) as e:
             print(f"tinyvllm: error: {e}", file=sys.stderr)
             return 2

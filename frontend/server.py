@@ -38,6 +38,7 @@ class ServerArgs:
     request_timeout_s: float | None = None
     shutdown_timeout_s: float = 30.0
     allowed_origins: list[str] = field(default_factory=list)  # CORS; empty: none
+    default_max_tokens: int | None = None  # chat requests that set no limit; None: the rest of the context
     registration: Registration | None = None  # --register-with: heartbeats to a `tinyvllm router`
 
     def validate(self) -> None:
@@ -47,6 +48,8 @@ class ServerArgs:
             raise ValueError("--request-timeout must be positive")
         if self.shutdown_timeout_s < 0:
             raise ValueError("--shutdown-timeout must not be negative")
+        if self.default_max_tokens is not None and self.default_max_tokens < 1:
+            raise ValueError("--default-max-tokens must be at least 1")
 
 
 async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: ServerArgs) -> int:
@@ -61,7 +64,8 @@ async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: 
         ready = await engine.start(server_args.startup_timeout_s)
         app = build_app(engine, tokenizer, name, ready.max_model_len, model_root=str(model_path),
                         api_key=server_args.api_key, models_dir=server_args.models_dir, gate=gate,
-                        allowed_origins=server_args.allowed_origins or None)
+                        allowed_origins=server_args.allowed_origins or None,
+                        default_max_tokens=server_args.default_max_tokens)
         config = http_config(app, server_args.host, server_args.port)
         server = QuietSignalServer(config)
         serving = await start_serving(server)

@@ -58,8 +58,10 @@ async def _maybe_in_thread(size: int, fn: Callable, *args: Any) -> Any:
 
 
 class RequestServing:
-    def __init__(self, engine, tokenizer, max_model_len: int, make_detokenizer: Callable, metrics=None):
+    def __init__(self, engine, tokenizer, max_model_len: int, make_detokenizer: Callable, metrics=None,
+                 default_max_tokens: int | None = None):
         self.engine = engine
+        self.default_max_tokens = default_max_tokens  # chat requests with no limit of their own; None: the context
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.make_detokenizer = make_detokenizer
@@ -95,12 +97,12 @@ class RequestServing:
     def fit_to_context(self, req: GenerationRequest, num_prompt_tokens: int) -> None:
         """Checks prompt + max_tokens against max_model_len and stop ids against the vocabulary.
 
-        Fills in chat's default max_tokens: the rest of the context."""
+        Fills in chat's default max_tokens: the rest of the context, or --default-max-tokens if that is less."""
         limit, p = self.max_model_len, num_prompt_tokens
         if p >= limit:
             raise APIError(f"This model's maximum context length is {limit} tokens. However, your request has "
                            f"{p} input tokens. Please reduce the length of the input messages.")
-        m = req.max_tokens if req.max_tokens is not None else limit - p
+        m = req.max_tokens if req.max_tokens is not None else min(limit - p, self.default_max_tokens or limit)
         if p + m > limit:
             raise APIError(f"This model's maximum context length is {limit} tokens. However, you requested "
                            f"{p + m} tokens ({p} in the messages, {m} in the completion). Please reduce the "
