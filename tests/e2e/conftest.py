@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import pathlib
 
+import openai
 import pytest
 
-from tests.e2e.server_process import ServerProcess, engine_idle, engine_load, start_server, wait_until
+from tests.e2e.server_process import (REQUEST_TIMEOUT_S, ServerProcess, engine_idle, engine_load, start_server,
+                                      wait_until)
 from tests.helpers.tiny_model import make_tiny_gguf
 
 
@@ -54,3 +56,11 @@ def server(shared_server) -> ServerProcess:
     assert wait_until(lambda: engine_idle(shared_server.url), 30), \
         f"the shared server is still busy before the test: {engine_load(shared_server.url)}"
     return shared_server
+
+
+@pytest.fixture
+def client(server):
+    """The official `openai` client on the shared server."""
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=REQUEST_TIMEOUT_S,
+                       max_retries=0) as c:
+        yield c

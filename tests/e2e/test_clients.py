@@ -11,13 +11,6 @@ PROMPT = "Write a haiku about the sea."
 MAX_TOKENS = 8
 
 
-@pytest.fixture
-def client(server):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=REQUEST_TIMEOUT_S,
-                       max_retries=0) as c:
-        yield c
-
-
 def reference_chat(server) -> str:
     """The same chat request through plain HTTP, for comparison."""
     text, _ = complete(server.url, "/v1/chat/completions", chat_body(PROMPT, max_tokens=MAX_TOKENS, temperature=0))

@@ -5,23 +5,14 @@ import math
 
 import httpx
 import numpy as np
-import openai
-import pytest
 
 from tinyvllm.frontend.llm import LLM
 from tinyvllm.frontend.tokenizer import Tokenizer
 from tests.e2e.http_helpers import stream
-from tests.e2e.server_process import MODEL_NAME, REQUEST_TIMEOUT_S
+from tests.e2e.server_process import MODEL_NAME
 
 PROMPT = "The capital of France is"
 REPEATING_PROMPT = "a a a a"  # the tiny model's greedy reply to it repeats a token within 12 tokens
-
-
-@pytest.fixture
-def client(server):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=REQUEST_TIMEOUT_S,
-                       max_retries=0) as c:
-        yield c
 
 
 def greedy_completion(client, prompt: str = PROMPT, **extra):

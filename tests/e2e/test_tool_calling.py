@@ -8,8 +8,6 @@ from concurrent.futures import ThreadPoolExecutor
 import jsonschema
 import langchain_openai
 import ollama
-import openai
-import pytest
 from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.tools import tool
 
@@ -29,13 +27,6 @@ ADD = {"type": "function", "function": {
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, ADD)}
 PROMPTS = [f"{q} (question {i})" for i, q in enumerate(["What is the weather in Oslo?", "Add 3 and 4.",
                                                         "Is it cold in Lima?", "What is 12 plus 30?"] * 5)]
-
-
-@pytest.fixture
-def client(server):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=REQUEST_TIMEOUT_S,
-                       max_retries=0) as c:
-        yield c
 
 
 def assert_valid(call) -> dict:
