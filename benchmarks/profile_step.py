@@ -5,7 +5,8 @@
 
 Drives workers.model_runner.ModelRunner directly with StepPlans (no scheduler, no IPC), so the numbers are
 the worker's own cost per step: forward and sampling timed apart, then `execute ms`, the same number of
-further steps through ModelRunner.execute (what the worker runs per StepPlan). Prints a table of medians.
+further steps through ModelRunner.execute (what the worker runs per StepPlan). Prints a table of medians;
+`kernels`: how many kernels the captured decode step runs.
 --prefill-len N also times whole-prompt prefills of N tokens (one sequence, after two compiling runs).
 `GB/s` is the fewest bytes a decode step must read (every weight once, each sequence's keys and values once)
 over the step time; --copy-bandwidth first measures the device's own copy rate (bytes read + written), the
@@ -19,6 +20,8 @@ import argparse
 import statistics
 import time
 
+from tinygrad.uop.ops import Ops
+
 from tinyvllm.frontend.launcher import CPU_KERNEL_SETS
 from tinyvllm.protocol.kv_cache_dtype import KV_CACHE_DTYPES
 from tinyvllm.protocol.messages import CachedRequestData, NewRequestData, StepPlan
@@ -26,7 +29,7 @@ from tinyvllm.protocol.sampling import SamplingParams
 
 
 def build(model: str | None, max_num_seqs: int, block_size: int, max_model_len: int, kernels: str | None,
-          dequantize_at_load: bool, kv_cache_dtype: str = "float32"):
+          dequantize_at_load: bool, kv_cache_dtype: str = "float32", max_fused_rows: int | None = None):
     from tinygrad import Device
     from tinyvllm.workers.kernel_set import configure_device, default_kernel_set
     from tinyvllm.workers.kv_cache import PagedKVCache
@@ -37,9 +40,10 @@ def build(model: str | None, max_num_seqs: int, block_size: int, max_model_len: 
     blocks = max_num_seqs * (-(-max_model_len // block_size)) + 1
     kernels = kernels or default_kernel_set(Device.DEFAULT)
     configure_device(Device.DEFAULT, kernels)
-    model = Transformer(cfg, weights, max_model_len, kernels=kernels, dequantize_at_load=dequantize_at_load)
+    fused = {} if max_fused_rows is None else {"max_fused_rows": max_fused_rows}
+    model = Transformer(cfg, weights, max_model_len, kernels=kernels, dequantize_at_load=dequantize_at_load, **fused)
     runner = ModelRunner(model, PagedKVCache(cfg, blocks, block_size, kv_cache_dtype),
-                         max_num_seqs, max_model_len, 512)
+                         max_num_seqs, max_model_len, max(512, max_model_len - 64))
     return cfg, runner
 
 
@@ -98,7 +102,16 @@ def profile_batch(runner, batch: int, prompt_len: int, steps: int, step0: int) -
     med = statistics.median
     return {"batch": batch, "forward_ms": med(forward) * 1e3, "sample_ms": med(sample) * 1e3,
             "step_ms": med(total) * 1e3, "tok_s": batch / med(total), "execute_ms": med(executed) * 1e3, "capture_s": t_capture,
-            "gb_s": decode_bytes(runner, batch, prompt_len + 1.5 * steps + 3) / med(executed) / 1e9}
+            "gb_s": decode_bytes(runner, batch, prompt_len + 1.5 * steps + 3) / med(executed) / 1e9,
+            "kernels": kernels_per_step(runner, batch)}
+
+
+def kernels_per_step(runner, batch: int) -> int:
+    """Kernels in the captured forward of a `batch`-token step (those batched into a device graph counted one by one)."""
+    jit = runner.forward_jits[min(t for t in runner.token_buckets if t >= batch)]
+    calls = jit.captured.linear.src if jit.captured is not None else ()
+    return sum(1 if c.src[0].op is Ops.PROGRAM else len(c.src[0].src[0].src) if c.src[0].op is Ops.CUSTOM_FUNCTION
+               and c.src[0].arg == "graph" else 0 for c in calls)
 
 
 def profile_prefill(runner, prompt_len: int, runs: int, step0: int) -> float:
@@ -126,6 +139,8 @@ def main() -> None:
     ap.add_argument("--copy-bandwidth", action="store_true", help="measure the device's copy rate first")
     ap.add_argument("--cpu-kernels", choices=CPU_KERNEL_SETS, default=None, help="the kernel set")
     ap.add_argument("--dequantize-at-load", action="store_true", help="every weight float32 on the device")
+    ap.add_argument("--fused-rows", type=int, default=None,
+                    help="with tinygrad's kernels: dequantise inside the matmul up to this many rows (else a scratch copy)")
     ap.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="float32",
                     help="the KV cache's dtype (also prints how many sequences of the prompt and steps fit in 1 GiB)")
     args = ap.parse_args()
@@ -133,7 +148,7 @@ def main() -> None:
         print(f"device copy (read + write): {copy_bandwidth():.0f} GB/s", flush=True)
     t0 = time.perf_counter()
     cfg, runner = build(args.model, max(args.batch), 16, max(512, args.prefill_len + 64), args.cpu_kernels,
-                        args.dequantize_at_load, args.kv_cache_dtype)
+                        args.dequantize_at_load, args.kv_cache_dtype, args.fused_rows)
     print(f"loaded in {time.perf_counter() - t0:.1f}s")
     from tinyvllm.workers.kv_cache import bytes_per_slot
     context = args.prompt_len + 2 * args.steps + 3
@@ -141,11 +156,11 @@ def main() -> None:
     print(f"KV cache {runner.cache.dtype}: {bytes_per_slot(cfg, args.kv_cache_dtype)} bytes per token; "
           f"sequences of {context} tokens in 1 GiB: {fit}")
     print(f"weights on the device: {runner.model.weight_nbytes / 1e6:.1f} MB")
-    print("| batch | forward ms | sampling ms | step ms | tokens/s | execute ms | GB/s | capture s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| batch | forward ms | sampling ms | step ms | tokens/s | execute ms | GB/s | kernels | capture s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for i, b in enumerate(args.batch):
         r = profile_batch(runner, b, args.prompt_len, args.steps, i * 1000)
-        print(f"| {r['batch']} | {r['forward_ms']:.1f} | {r['sample_ms']:.1f} | {r['step_ms']:.1f} | {r['tok_s']:.2f} | {r['execute_ms']:.1f} | {r['gb_s']:.1f} | {r['capture_s']:.1f} |", flush=True)
+        print(f"| {r['batch']} | {r['forward_ms']:.1f} | {r['sample_ms']:.1f} | {r['step_ms']:.1f} | {r['tok_s']:.2f} | {r['execute_ms']:.1f} | {r['gb_s']:.1f} | {r['kernels']} | {r['capture_s']:.1f} |", flush=True)
     if args.prefill_len:
         ms = profile_prefill(runner, args.prefill_len, 3, 100_000)
         print(f"\n| prefill tokens | execute ms | tokens/s |\n|---|---|---|\n| {args.prefill_len} | {ms:.1f} | {args.prefill_len / ms * 1e3:.0f} |")

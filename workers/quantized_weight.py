@@ -11,7 +11,8 @@ In-kernel types and their device layout (d, m: the block's float16 scale and min
     Q4_1: packed nibbles uint8 [N, K/32, 16], d and m float32 [N, K/32, 1]; value = q * d + m
           (in each 32-block, byte j holds element j in its low nibble and element j+16 in its high one)
     Q8_0: int8 [N, K/32, 32], d float32 [N, K/32, 1]; value = q * d
-Any other type (F32, F16, BF16, Q4_0, Q5_*, K-quants) is dequantised at load to a float32 "F32" weight.
+    F16:  float16 [N, K] (a 2-D float16 host array), widened in the kernel: half the bytes a step reads
+Any other type (F32, BF16, Q4_0, Q5_*, K-quants) is dequantised at load to a float32 "F32" weight.
 The dequantisation computes what workers/gguf_dequantize.py's numpy does, in the same order, in float32.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from tinygrad import Tensor, dtypes
 
 from tinyvllm.protocol.gguf_file import GGML_TYPE_IDS, GGML_TYPES
+from tinyvllm.workers.device_input import device_tensor
 from tinyvllm.workers.gguf_dequantize import dequantize
 
 IN_KERNEL_TYPES = ("Q4_1", "Q8_0")
@@ -67,6 +69,11 @@ class QuantizedArray:
         return f"QuantizedArray({self.type_name}, shape={self.shape})"
 
 
+def is_f16_matrix(array) -> bool:
+    """A GGUF F16 matrix, which load_weights keeps as float16 (workers/weights.py) and the device keeps too."""
+    return isinstance(array, np.ndarray) and array.dtype == np.float16 and array.ndim == 2
+
+
 def _f16_field(blocks: np.ndarray, start: int) -> np.ndarray:
     """The float16 at byte `start` of each block, widened to float32: [N, K/32, 1] (exact)."""
     return np.ascontiguousarray(blocks[:, :, start:start + 2]).view("<f2").astype(np.float32)
@@ -81,7 +88,7 @@ def _dequant_q8_0(q: Tensor, d: Tensor) -> Tensor:
     return q.cast(dtypes.float32) * d
 
 
-_DEQUANT = {"Q4_1": _dequant_q4_1, "Q8_0": _dequant_q8_0}
+_DEQUANT = {"Q4_1": _dequant_q4_1, "Q8_0": _dequant_q8_0, "F16": lambda w: w.cast(dtypes.float32)}
 
 
 class DeviceWeight:
@@ -97,7 +104,9 @@ class DeviceWeight:
 
     @classmethod
     def from_host(cls, array, dequantize_at_load: bool = False) -> "DeviceWeight":
-        """A realised device weight from a numpy array or a QuantizedArray."""
+        """A realised device weight from a numpy array or a QuantizedArray (a 2-D float16 array stays float16)."""
+        if is_f16_matrix(array) and not dequantize_at_load:
+            return cls("F16", (device_tensor(array),))  # copied straight in: a mapped file's array is read-only
         if not isinstance(array, QuantizedArray) or dequantize_at_load:
             return cls("F32", (Tensor(np.ascontiguousarray(np.asarray(array), dtype=np.float32)).realize(),))
         b = array.blocks
@@ -109,7 +118,7 @@ class DeviceWeight:
 
     @property
     def shape(self) -> tuple[int, int] | tuple[int]:
-        if self.kind == "F32":
+        if self.kind in ("F32", "F16"):
             return self.parts[0].shape
         first = self.parts[0].shape
         return (first[0], first[1] * 32)

@@ -5,8 +5,8 @@ output_norm.weight, and output.weight only when embeddings are not tied), as flo
 in PyTorch (out_features, in_features) layout, and with q/k rows in the HF "rotate_half" (NeoX)
 order: rotary pairs are (x[j], x[j + head_dim/2]) within each head. GGUF matrices of the types the
 kernels dequantise themselves (Q4_1, Q8_0) come back as workers.quantized_weight.QuantizedArray, the
-undequantised blocks, which act as float32 arrays (np.asarray dequantises); keep_quantized=False
-gives plain numpy float32 for everything.
+undequantised blocks, which act as float32 arrays (np.asarray dequantises), and F16 matrices as float16
+arrays (the device keeps them float16); keep_quantized=False gives plain numpy float32 for everything.
 """
 from __future__ import annotations
 
@@ -70,6 +70,8 @@ def _load_gguf(path: pathlib.Path, keep_quantized: bool) -> tuple[ModelConfig, d
         kind, shape = gguf.tensor_type(name), gguf.tensor_shape(name)
         if keep_quantized and QuantizedArray.keeps(kind, shape):
             return QuantizedArray.from_raw(kind, gguf.raw(name), shape)
+        if keep_quantized and kind == "F16" and len(shape) == 2:
+            return gguf.raw(name).view("<f2").reshape(shape)
         return dequantize_tensor(gguf, name)
 
     weights = {name: load(name) for name in gguf.tensor_names}

@@ -33,3 +33,29 @@ def test_q4_1_pattern_is_valid_blocks_of_small_values():
     raw = np.frombuffer(gguf_twin.pattern("Q4_1", np.random.default_rng(0)), np.uint8)
     w = dequantize(raw, GGML_TYPE_IDS["Q4_1"], gguf_twin.PATTERN_BLOCKS * 32)
     assert np.isfinite(w).all() and 0.005 < np.abs(w).max() < 0.1
+
+
+_shape_spec = importlib.util.spec_from_file_location("shape_twin", pathlib.Path(__file__).parents[2] / "benchmarks" / "shape_twin.py")
+shape_twin = importlib.util.module_from_spec(_shape_spec)
+_shape_spec.loader.exec_module(shape_twin)
+
+
+def test_shape_twin_loads_with_the_described_shapes_and_types(tmp_path):
+    from tinyvllm.workers.weights import load_weights
+    tokenizer = make_tiny_gguf(tmp_path / "tiny.gguf", dim=64, ffn=128)
+    shape = dict(dim=128, layers=2, heads=4, kv_heads=2, ffn=256, vocab=320, context=4096, tied=False,
+                 llama3_rope=(8.0, 1.0, 4.0, 1024))
+    for kind in ("F16", "Q8_0", "Q4_1"):
+        out = tmp_path / f"twin-{kind}.gguf"
+        shape_twin.make_shape_twin(shape, "tiny", kind, str(tokenizer), str(out))
+        cfg, weights = load_weights(out)
+        assert (cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim, cfg.vocab_size) == (128, 2, 4, 2, 256, 320)
+        assert cfg.rope_theta == 500000.0 and cfg.rope_scaling == {"rope_type": "rope_freqs"} and not cfg.tie_embeddings
+        gguf = GGUFFile(out)
+        assert gguf.tensor_type("blk.1.ffn_down.weight") == kind and gguf.tensor_shape("output.weight") == (320, 128)
+        assert {k: v for k, v in gguf.metadata.items() if k.startswith("tokenizer.")} == \
+            {k: v for k, v in GGUFFile(tokenizer).metadata.items() if k.startswith("tokenizer.")}
+        w = np.asarray(weights["blk.0.attn_k.weight"], dtype=np.float32)
+        assert w.shape == (64, 128) and np.isfinite(w).all() and 0 < np.abs(w).max() < 1
+        freqs = weights["rope_freqs.weight"]  # llama3 scaling: 1 for the high frequencies, the factor for the low
+        assert freqs[0] == 1.0 and freqs[-1] == 8.0

@@ -1,12 +1,13 @@
 """Weights kept quantised on the device: the in-kernel dequantisation gives exactly gguf_dequantize.py's float32
 values, load_weights keeps Q4_1/Q8_0 matrices as blocks (rope rows un-permuted too), and a Transformer on
 quantised weights computes what the float32 one does, with either kernel set (tests/workers/conftest.py): the C
-kernels, or tinygrad's on both the fused (few rows) and the scratch-buffer (many rows) matmul paths."""
+kernels, or tinygrad's on both the fused (few rows) and the scratch-buffer (many rows) matmul paths. F16 matrices
+stay float16 (widened inside tinygrad's kernels; at load for the C kernels)."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
 
-from tests.helpers.gguf_writer import write_gguf
+from tinyvllm.protocol.gguf_writer import write_gguf
 from tests.workers.dense_reference import dense_logits
 from tests.workers.test_model_config import DIMS, llama_cpp_permute, random_hf_weights
 from tinyvllm.protocol.gguf_file import GGUFFile
@@ -71,7 +72,8 @@ def test_only_whole_block_matrices_of_in_kernel_types_stay_quantised():
 
 
 def write_quantised_llama(path, rng) -> None:
-    """A tied llama GGUF: attention Q4_1, feed-forward and embedding Q8_0, norms F32 (q/k rows llama.cpp-permuted)."""
+    """A tied llama GGUF: attention Q4_1 but v F16, feed-forward and embedding Q8_0, norms F32 (q/k rows
+    llama.cpp-permuted)."""
     hf = random_hf_weights(rng, "llama", tied=True)
     md = {"general.architecture": "llama", "llama.vocab_size": DIMS["vocab"], "llama.embedding_length": DIMS["dim"],
           "llama.block_count": DIMS["layers"], "llama.attention.head_count": DIMS["heads"],
@@ -82,7 +84,7 @@ def write_quantised_llama(path, rng) -> None:
         if ".q_proj." in name or ".k_proj." in name:
             w = llama_cpp_permute(w, DIMS["heads"] if ".q_proj." in name else DIMS["kv_heads"])
         gguf_name = hf_to_gguf_name(name)
-        kind = "F32" if w.ndim == 1 else "Q4_1" if ".attn_" in gguf_name else "Q8_0"
+        kind = "F32" if w.ndim == 1 else "F16" if ".attn_v." in gguf_name else "Q4_1" if ".attn_" in gguf_name else "Q8_0"
         tensors[gguf_name] = ((w * 0.3).astype(np.float32), kind)
     write_gguf(path, md, tensors)
 
@@ -100,6 +102,7 @@ def test_load_weights_keeps_blocks_and_unpermutes_their_rows(quantised_llama):
     assert isinstance(kept["blk.0.attn_q.weight"], QuantizedArray) and kept["blk.0.attn_q.weight"].type_name == "Q4_1"
     assert isinstance(kept["token_embd.weight"], QuantizedArray) and kept["token_embd.weight"].type_name == "Q8_0"
     assert type(kept["blk.0.attn_norm.weight"]) is np.ndarray
+    assert kept["blk.0.attn_v.weight"].dtype == np.float16 and f32["blk.0.attn_v.weight"].dtype == np.float32
     assert all(type(w) is np.ndarray for w in f32.values())
     for name in kept:  # the rope un-permutation of q/k rows moves whole rows of blocks
         np.testing.assert_array_equal(np.asarray(kept[name]), f32[name], err_msg=name)
@@ -123,6 +126,9 @@ def test_quantised_transformer_equals_float32_one(quantised_llama, n_tokens, ker
     plain = Transformer(cfg, kept, 64, kernels=kernel_set, dequantize_at_load=True)
     assert quantised.tok_embeddings.kind == "Q8_0" and quantised.layers[1].wq.kind == "Q4_1"
     assert quantised.output is quantised.tok_embeddings and plain.tok_embeddings.kind == "F32"
+    f16 = quantised.layers[1].wv  # float16 on the device, except for the C kernels (float32 or blocks only)
+    assert (f16.kind, f16.nbytes) == (("F32", cfg.n_kv_heads * cfg.head_dim * cfg.dim * 4) if kernel_set == "c" else
+                                      ("F16", cfg.n_kv_heads * cfg.head_dim * cfg.dim * 2))
     assert quantised.weight_nbytes * 3 < plain.weight_nbytes
     tokens = np.random.default_rng(2).integers(0, cfg.vocab_size, n_tokens).tolist()
     outs = []

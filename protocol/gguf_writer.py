@@ -1,4 +1,4 @@
-"""A minimal GGUF v3 writer for tests: tiny models and synthetic quantised blocks.
+"""A minimal GGUF v3 writer: the tests' tiny models and synthetic quantised blocks, the benchmarks' shape twins.
 
     write_gguf(path, {"general.architecture": "llama", ...},
                {"token_embd.weight": (np.ndarray, "Q8_0"), "output_norm.weight": (np.ndarray, "F32")})
@@ -94,25 +94,33 @@ def quantize(x: np.ndarray, type_name: str) -> bytes:
     raise ValueError(f"gguf_writer cannot quantise to {type_name}")
 
 
-def write_gguf(path: str | pathlib.Path, metadata: dict,
-               tensors: dict[str, tuple[np.ndarray, str | int]]) -> pathlib.Path:
-    path = pathlib.Path(path)
-    id_to_name = {v: k for k, v in GGML_TYPE_IDS.items()}
+def gguf_header(metadata: dict, tensors: list[tuple[str, tuple[int, ...], str, int]]) -> bytes:
+    """The header of a GGUF file (magic, metadata, tensor infos, padding up to the data) for tensors given as
+    (name, numpy-order shape, type name, byte size) in the order their data follows, each padded to ALIGNMENT."""
     header = [b"GGUF", struct.pack("<IQQ", 3, len(tensors), len(metadata))]
     for key, value in metadata.items():
         vtype, fmt = _value_type(value)
         header += [_string(key), struct.pack("<I", vtype), _payload(value, vtype, fmt)]
-    data, offset = [], 0
+    offset = 0
+    for name, shape, type_name, nbytes in tensors:
+        dims = tuple(reversed(shape))
+        header += [_string(name), struct.pack(f"<I{len(dims)}Q", len(dims), *dims),
+                   struct.pack("<IQ", GGML_TYPE_IDS[type_name], offset)]
+        offset += nbytes + (-nbytes % ALIGNMENT)
+    head = b"".join(header)
+    return head + b"\0" * (-len(head) % ALIGNMENT)
+
+
+def write_gguf(path: str | pathlib.Path, metadata: dict,
+               tensors: dict[str, tuple[np.ndarray, str | int]]) -> pathlib.Path:
+    path = pathlib.Path(path)
+    id_to_name = {v: k for k, v in GGML_TYPE_IDS.items()}
+    infos, data = [], []
     for name, (array, ggml_type) in tensors.items():
         type_name = id_to_name[ggml_type] if isinstance(ggml_type, int) else ggml_type
         array = np.asarray(array)
         raw = quantize(array, type_name)
-        dims = tuple(reversed(array.shape))
-        header += [_string(name), struct.pack(f"<I{len(dims)}Q", len(dims), *dims),
-                   struct.pack("<IQ", GGML_TYPE_IDS[type_name], offset)]
-        pad = -len(raw) % ALIGNMENT
-        data += [raw, b"\0" * pad]
-        offset += len(raw) + pad
-    head = b"".join(header)
-    path.write_bytes(head + b"\0" * (-len(head) % ALIGNMENT) + b"".join(data))
+        infos.append((name, array.shape, type_name, len(raw)))
+        data += [raw, b"\0" * (-len(raw) % ALIGNMENT)]
+    path.write_bytes(gguf_header(metadata, infos) + b"".join(data))
     return path

@@ -1,0 +1,110 @@
+"""A GGUF with a real model's shapes and synthetic weights, made from a description of a few lines: the models
+people serve on GPUs, generated on a device machine that reaches no hub (nothing large travels there).
+
+    python benchmarks/shape_twin.py --shape llama-3-8b --type Q8_0 --tokenizer-from smollm2.gguf OUT.gguf
+
+The metadata and tensor shapes are the model's (its llama.cpp conversion: names, layer count, heads, vocabulary
+rows, llama3 rope frequencies); every matrix is of --type (F16, Q8_0 or Q4_1, the types the device reads in
+its kernels), norms F32. The tokenizer is the --tokenizer-from file's (the real one does not travel): ids past
+its vocabulary exist in the embedding but are never produced by encoding. The weights are
+benchmarks/gguf_twin.py's seeded block patterns, so the text is gibberish: use it for speed only.
+"""
+import argparse
+import importlib.util
+import pathlib
+
+import numpy as np
+
+from tinyvllm.protocol.gguf_file import GGML_TYPE_IDS, GGML_TYPES, GGUFFile
+from tinyvllm.protocol.gguf_writer import ALIGNMENT, gguf_header
+
+_spec = importlib.util.spec_from_file_location("gguf_twin", pathlib.Path(__file__).parent / "gguf_twin.py")
+gguf_twin = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gguf_twin)
+
+# From each model's config.json (Hugging Face) and its llama.cpp conversion.
+SHAPES = {
+    "llama-3.2-1b": dict(dim=2048, layers=16, heads=32, kv_heads=8, ffn=8192, vocab=128256, context=131072,
+                         tied=True, llama3_rope=(32.0, 1.0, 4.0, 8192)),
+    "llama-3-8b": dict(dim=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=128256, context=8192,
+                       tied=False, llama3_rope=None),
+}
+CHUNK = 1 << 26  # bytes written at a time
+
+
+def llama3_rope_factors(head_dim: int, theta: float, factor: float, low: float, high: float, original: int) -> np.ndarray:
+    """rope_freqs.weight as llama.cpp's conversion writes it for Llama 3.1+ (the divisor of each frequency)."""
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * np.pi / freqs
+    smooth = (original / wavelen - low) / (high - low)
+    out = np.where(wavelen < original / high, 1.0, np.where(wavelen > original / low, factor, 1 / ((1 - smooth) / factor + smooth)))
+    return out.astype(np.float32)
+
+
+def tensor_specs(s: dict, matrix_type: str) -> list[tuple[str, tuple[int, ...], str]]:
+    """(GGUF name, numpy-order shape, type) of every tensor, in llama.cpp's order."""
+    head_dim = s["dim"] // s["heads"]
+    mat = lambda name, rows, cols: (name, (rows, cols), matrix_type)
+    specs = [mat("token_embd.weight", s["vocab"], s["dim"])]
+    if s["llama3_rope"]:
+        specs.append(("rope_freqs.weight", (head_dim // 2,), "F32"))
+    for i in range(s["layers"]):
+        p = f"blk.{i}."
+        specs += [(p + "attn_norm.weight", (s["dim"],), "F32"), mat(p + "attn_q.weight", s["dim"], s["dim"]),
+                  mat(p + "attn_k.weight", s["kv_heads"] * head_dim, s["dim"]),
+                  mat(p + "attn_v.weight", s["kv_heads"] * head_dim, s["dim"]),
+                  mat(p + "attn_output.weight", s["dim"], s["dim"]), (p + "ffn_norm.weight", (s["dim"],), "F32"),
+                  mat(p + "ffn_gate.weight", s["ffn"], s["dim"]), mat(p + "ffn_up.weight", s["ffn"], s["dim"]),
+                  mat(p + "ffn_down.weight", s["dim"], s["ffn"])]
+    specs.append(("output_norm.weight", (s["dim"],), "F32"))
+    if not s["tied"]:
+        specs.append(mat("output.weight", s["vocab"], s["dim"]))
+    return specs
+
+
+def metadata(name: str, s: dict, tokenizer: dict) -> dict:
+    md = {"general.architecture": "llama", "general.name": f"{name} shape twin", "llama.vocab_size": s["vocab"],
+          "llama.context_length": s["context"], "llama.embedding_length": s["dim"], "llama.block_count": s["layers"],
+          "llama.feed_forward_length": s["ffn"], "llama.attention.head_count": s["heads"],
+          "llama.attention.head_count_kv": s["kv_heads"], "llama.rope.freq_base": 500000.0,
+          "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.rope.dimension_count": s["dim"] // s["heads"]}
+    return md | {k: v for k, v in tokenizer.items() if k.startswith("tokenizer.")}
+
+
+def nbytes(shape: tuple[int, ...], type_name: str) -> int:
+    _, block_elems, block_bytes = GGML_TYPES[GGML_TYPE_IDS[type_name]]
+    return int(np.prod(shape)) // block_elems * block_bytes
+
+
+def make_shape_twin(shape: dict, name: str, matrix_type: str, tokenizer_from: str, out: str, seed: int = 0) -> None:
+    specs = tensor_specs(shape, matrix_type)
+    rng, patterns = np.random.default_rng(seed), {}
+    rope = llama3_rope_factors(shape["dim"] // shape["heads"], 500000.0, *shape["llama3_rope"]) if shape["llama3_rope"] else None
+    header = gguf_header(metadata(name, shape, GGUFFile(tokenizer_from).metadata),
+                         [(n, sh, t, nbytes(sh, t)) for n, sh, t in specs])
+    with open(out, "wb") as w:
+        w.write(header)
+        for n, sh, t in specs:
+            size = nbytes(sh, t)
+            if n == "rope_freqs.weight":
+                w.write(rope.tobytes())
+            else:
+                pat = patterns.setdefault(t, gguf_twin.pattern(t, rng))
+                chunk = pat * max(1, CHUNK // len(pat))
+                for start in range(0, size, len(chunk)):
+                    w.write(chunk[:min(len(chunk), size - start)])
+            w.write(b"\0" * (-size % ALIGNMENT))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    ap.add_argument("--type", choices=("F16", "Q8_0", "Q4_1"), required=True)
+    ap.add_argument("--tokenizer-from", required=True, help="a GGUF whose tokenizer.* metadata the twin takes")
+    ap.add_argument("out")
+    args = ap.parse_args()
+    make_shape_twin(SHAPES[args.shape], args.shape, args.type, args.tokenizer_from, args.out)
+
+
+if __name__ == "__main__":
+    main()

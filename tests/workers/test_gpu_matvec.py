@@ -1,0 +1,40 @@
+"""workers/gpu_matvec.py: the decode matvec kernels compute h @ w.T of the dequantised weight (F16, Q8_0, Q4_1),
+without the GPU layout on the CPU and with it (groups, locals, upcasts) on tinygrad's
+PYTHON device, which emulates local memory; on a GPU (benchmarks/gpu_run.sh check) on the real device too."""
+import numpy as np
+import pytest
+from tinygrad import Device, Tensor
+
+from tinyvllm.protocol.gguf_writer import quantize
+from tinyvllm.workers.gpu_matvec import gpu_matvec, gpu_matvec_device, gpu_matvec_fits
+from tinyvllm.workers.quantized_weight import DeviceWeight, QuantizedArray
+
+N, K = 32, 256
+
+
+def host_weight(kind: str, x: np.ndarray):
+    if kind == "F16":
+        return x.astype(np.float16)
+    return QuantizedArray.from_raw(kind, np.frombuffer(quantize(x, kind), np.uint8), x.shape)
+
+
+@pytest.mark.parametrize("device", [Device.DEFAULT, "PYTHON"])
+@pytest.mark.parametrize("kind", ["F16", "Q8_0", "Q4_1"])
+def test_matvec_equals_the_dequantised_product(kind, device):
+    rng = np.random.default_rng(0)
+    host = host_weight(kind, rng.standard_normal((N, K)).astype(np.float32))
+    reference_weight = np.asarray(host, dtype=np.float32)
+    w = DeviceWeight(kind, tuple(p.to(device).realize() for p in DeviceWeight.from_host(host).parts))
+    layout = device == "PYTHON" or gpu_matvec_device(Device.DEFAULT)
+    for rows in (1, 3):
+        h = rng.standard_normal((rows, K)).astype(np.float32)
+        assert gpu_matvec_fits(Tensor(h, device=device), w)
+        got = gpu_matvec(Tensor(h, device=device), w, layout).numpy()
+        np.testing.assert_allclose(got, h @ reference_weight.T, rtol=0, atol=1e-4)
+
+
+def test_only_decode_rows_of_dequantised_weights_fit():
+    h = Tensor.zeros(1, K)
+    assert not gpu_matvec_fits(h, DeviceWeight("F32", (Tensor.zeros(N, K),)))  # tinygrad's own matvec layout
+    assert not gpu_matvec_fits(Tensor.zeros(8, K), DeviceWeight("F16", (Tensor.zeros(N, K).half(),)))
+    assert not gpu_matvec_fits(h, DeviceWeight("F16", (Tensor.zeros(N + 8, K).half(),)))  # rows not whole groups
