@@ -70,8 +70,18 @@ class EventStream(SSEResponse):
 
 
 def dashboard_routes(engine, metrics, gate, model_name: str, api_key: str | None) -> list[Route]:
-    access, history = DashboardAccess(api_key), DashboardHistory(metrics)
-    page = dashboard_html()
+    """`tinyvllm serve`'s dashboard: its engines (frontend/dashboard_snapshot.py)."""
+    history = DashboardHistory(metrics)
+
+    async def make_snapshot() -> dict:
+        return snapshot(engine, history, model_name)
+    return page_routes(make_snapshot, gate, api_key)
+
+
+def page_routes(make_snapshot, gate, api_key: str | None) -> list[Route]:
+    """The page, one snapshot and the event stream, for any `async make_snapshot() -> dict` of the page's shape (the
+    server's engines, or the router's instances: frontend/router/dashboard_routes.py)."""
+    access, page = DashboardAccess(api_key), dashboard_html()
     open_streams = [0]
 
     async def dashboard(request: Request) -> Response:
@@ -85,11 +95,11 @@ def dashboard_routes(engine, metrics, gate, model_name: str, api_key: str | None
     async def current(request: Request) -> Response:
         if not access.allows(request):
             return unauthorized()
-        return JSONResponse(snapshot(engine, history, model_name))
+        return JSONResponse(await make_snapshot())
 
     async def snapshots():
         while not gate.draining:  # a stream would otherwise hold the server's graceful shutdown open
-            yield sse_event(snapshot(engine, history, model_name))
+            yield sse_event(await make_snapshot())
             await asyncio.sleep(SAMPLE_INTERVAL_S)
 
     def stream_closed() -> None:

@@ -1,4 +1,5 @@
-"""The router's HTTP app: /v1/* and /api/* proxied to the instances, /instances for membership, /health, /metrics.
+"""The router's HTTP app: /v1/* and /api/* proxied to the instances, /instances for membership, /health, /metrics,
+/dashboard (every instance's, summed and side by side).
 
 Middleware as in `tinyvllm serve` (frontend/app.py): the API key on /v1 and /api, the register secret on
 /instances, then the request gate (--max-waiting-requests counts requests without any answer yet; the drain).
@@ -11,6 +12,7 @@ from starlette.routing import Route
 
 from tinyvllm.frontend.auth import APIKeyMiddleware
 from tinyvllm.frontend.request_gate import GateMiddleware, RequestGate
+from tinyvllm.frontend.router.dashboard_routes import router_dashboard_routes
 from tinyvllm.frontend.router.instance_registry import InstanceRegistry
 from tinyvllm.frontend.router.membership_routes import membership_routes
 from tinyvllm.frontend.router.router_metrics import RouterMetrics
@@ -33,6 +35,7 @@ def build_router_app(registry: InstanceRegistry, proxy: UpstreamProxy, metrics: 
         routes=[Route("/health", health, methods=["GET"]),
                 Route("/metrics", prometheus, methods=["GET"]),
                 *membership_routes(registry),
+                *router_dashboard_routes(registry, proxy.client, gate, api_key, proxy.instance_authorization),
                 Route("/v1/{rest:path}", proxy, methods=PROXIED_METHODS),
                 Route("/api/{rest:path}", proxy, methods=PROXIED_METHODS)],
         middleware=[*([Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []),
