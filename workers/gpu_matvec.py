@@ -20,14 +20,15 @@ from tinygrad.helpers import getenv
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 
 GPU_MATVEC_MAX_ROWS = 4  # rows of h (decode batch) this layout is for
-THREADS_PER_ROW = getenv("TV_MV_THREADS", 8)  # threads sharing one output's reduction (a GROUP)
+THREADS_PER_ROW = max(1, getenv("TV_MV_THREADS", 8))  # threads sharing one output's reduction (a GROUP)
 ROWS_PER_THREAD = getenv("TV_MV_ROWS", 4)  # outputs each thread accumulates (an UPCAST)
 LOCAL_ROWS = getenv("TV_MV_LOCAL", 4)  # output rows per workgroup (a LOCAL)
 # (unrolling each thread's 32-element block as well measured no faster on an H200: 6.4 vs 6.3 ms a 1B step)
 
 
 def group_threads(blocks: int) -> int:
-    """Threads per output row: THREADS_PER_ROW, halved until it divides the row's blocks."""
+    """Threads per output row: THREADS_PER_ROW, halved until it divides the row's blocks (1: no group; tinygrad
+    loops forever on a group of one)."""
     threads = THREADS_PER_ROW
     while blocks % threads:
         threads //= 2
@@ -53,8 +54,9 @@ def _kernel(kind: str, layout: bool, out: UOp, h: UOp, *parts: UOp) -> UOp:
     kb, e = UOp.range(h.shape[1] // 32, 2, AxisType.REDUCE), UOp.range(32, 3, AxisType.REDUCE)
     acc = (h[t, kb * 32 + e] * _weight_value(kind, parts, n, kb, e)).reduce(kb, e, arg=Ops.ADD)
     col_axis = 1 if rows > 1 else 0  # a size-1 range is dropped before the opts apply
-    opts = (Opt(OptOps.GROUP, 0, group_threads(h.shape[1] // 32)), Opt(OptOps.LOCAL, col_axis, LOCAL_ROWS),
-            Opt(OptOps.UPCAST, col_axis, ROWS_PER_THREAD))
+    threads = group_threads(h.shape[1] // 32)
+    opts = ((Opt(OptOps.GROUP, 0, threads),) if threads > 1 else ()) + (Opt(OptOps.LOCAL, col_axis, LOCAL_ROWS),
+                                                                      Opt(OptOps.UPCAST, col_axis, ROWS_PER_THREAD))
     return out[t, n].store(acc).end(t, n).sink(arg=KernelInfo(name=f"matvec_{kind.lower()}_{rows}_{cols}_{h.shape[1]}",
                                                                opts_to_apply=opts if layout else ()))
 

@@ -105,16 +105,32 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
     if draft is not None:
         runner.draft = make_draft_model(*draft, num_blocks, init, kernels, init.max_model_len)
         del draft  # its host copy of the weights
+    if args.jit_warmup and spec.world_size == 1 and draft is None:  # a lone worker (the common case): see the module
+        from tinyvllm.workers.captured_steps import use_captured_steps
+        loaded = use_captured_steps(runner, captured_steps_key(args, init, cfg, kernels, num_blocks))
+        log.info("worker%d: %d of %d captured steps from the disk cache", args.rank, loaded, len(runner.forward_jits))
     if spec.samples:
         from tinyvllm.workers.grammar_masks import GrammarMasks, tokenizer_for_model
         runner.grammar_masks = GrammarMasks(lambda: tokenizer_for_model(args.model, vocab_size))
     if args.jit_warmup and not warms_up_in_background(args):
         runner.warm_up(WarmupProgress(f"worker{args.rank}"))
+        if getattr(runner, "captured_steps", None) is not None:
+            runner.captured_steps.store_all()
         if group is not None:  # log_exchange_cost reports served steps, not the warm-up's waits for slower captures
             group.busy_s = 0.0
         if link is not None:
             link.transfer_s = 0.0
     return runner, n_kv_heads
+
+
+def captured_steps_key(args: WorkerArgs, init, cfg, kernels: str, num_blocks: int) -> dict:
+    """What a captured step depends on besides the software and machine (workers/captured_steps.py adds those)."""
+    import dataclasses
+    from tinyvllm.protocol.compatibility import model_fingerprint
+    return {"model": model_fingerprint(args.model), "config": dataclasses.asdict(cfg), "kernels": kernels,
+            "beam": args.beam, "sequences": init.max_num_seqs, "context": init.max_model_len,
+            "tokens": init.max_num_batched_tokens, "block_size": init.block_size, "blocks": num_blocks,
+            "kv_dtype": init.kv_cache_dtype}
 
 
 def warms_up_in_background(args: WorkerArgs) -> bool:

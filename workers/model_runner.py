@@ -148,7 +148,8 @@ class ModelRunner:
         if self.sharded is not None:
             return self.sharded(batch)
         first = device_tensor(batch.tokens) if self.spec.first_stage else device_tensor(self.link.recv())
-        out = self.forward_jits[batch.bucket](first, *self.batch_inputs(batch))
+        capture_on_next_call(jit := self.forward_jits[batch.bucket])  # a bucket's first step captures (not eager, then again)
+        out = jit(first, *self.batch_inputs(batch))
         if not self.spec.last_stage:
             self.link.send(out.numpy())
             return None, None
@@ -281,9 +282,9 @@ class ModelRunner:
 
     def warm_up_bucket(self, size: int) -> bool:
         """Captures token bucket `size` as warm_up does; False (and nothing done) if a served step already has."""
-        if self.forward_jits[size].captured is not None:
-            return False
-        capture_on_next_call(self.forward_jits[size])
+        if (jit := self.forward_jits[size]).captured is not None and getattr(jit, "primed", True):
+            return False  # captured; a step loaded from disk (workers/captured_steps.py) is run once all the same
+        capture_on_next_call(jit)
         padding = flatten([], size, self.rows_for(size), self.max_blocks_per_seq, self.cache.block_size,
                           self.cache.scratch_block)
         logits, _ = self.run_forward(padding)

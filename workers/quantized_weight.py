@@ -106,7 +106,7 @@ class DeviceWeight:
     def from_host(cls, array, dequantize_at_load: bool = False) -> "DeviceWeight":
         """A realised device weight from a numpy array or a QuantizedArray (a 2-D float16 array stays float16)."""
         if is_f16_matrix(array) and not dequantize_at_load:
-            return cls("F16", (device_tensor(array),))  # copied straight in: a mapped file's array is read-only
+            return cls("F16", (device_tensor(array),))  # copied in through a writable host copy: mapped files are read-only
         if not isinstance(array, QuantizedArray) or dequantize_at_load:
             return cls("F32", (Tensor(np.ascontiguousarray(np.asarray(array), dtype=np.float32)).realize(),))
         b = array.blocks

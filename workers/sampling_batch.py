@@ -92,16 +92,23 @@ class BatchSampler:
     def __init__(self, buckets: list[int]):
         self.buckets = buckets
         self.jits: dict[tuple[int, SamplerVariant], TinyJit] = {}
+        self.new_jit = lambda name, fxn: TinyJit(fxn)  # workers/captured_steps.py stores and loads them by name
+
+    def jit(self, R_pad: int, variant: SamplerVariant) -> TinyJit:
+        if (fn := self.jits.get((R_pad, variant))) is None:
+            v = variant
+            fn = self.jits[(R_pad, v)] = self.new_jit(f"sample-{R_pad}-g{v.greedy:d}p{v.processed:d}t{v.top_count}m{v.masked:d}",
+                                                      sampler_body(v))
+            if fn.captured is None:
+                fn.cnt = 1  # its inputs are realized: capture on the first call, not run eagerly and capture on the next
+        return fn
 
     def warm_up(self, R_pad: int, vocab_size: int, greedy: bool, logits: Tensor) -> None:
         """Runs the plain greedy or sampling variant once for bucket R_pad (callers call it twice to capture)."""
         variant = SamplerVariant(greedy, False, None)
         params = np.array([[1.0], [0.0], [1.0], [0.0]], np.float32).repeat(R_pad, 1)  # temperature, top_k, top_p, min_p
         inputs = [] if greedy else [params, np.zeros(R_pad, np.uint32), np.zeros(R_pad, np.int32)]
-        if (fn := self.jits.get((R_pad, variant))) is None:
-            fn = self.jits[(R_pad, variant)] = TinyJit(sampler_body(variant))
-            fn.cnt = 1  # capture on this first call: see workers.model_runner.capture_on_next_call
-        fn(logits[:R_pad].contiguous().realize(), *(device_tensor(a) for a in inputs))[0].numpy()
+        self.jit(R_pad, variant)(logits[:R_pad].contiguous().realize(), *(device_tensor(a) for a in inputs))[0].numpy()
 
     def sample(self, states: list[RequestState], logits: Tensor,
                allowed: np.ndarray | None = None) -> tuple[list[int], list[TokenLogprobs | None]]:
@@ -113,9 +120,7 @@ class BatchSampler:
         # a copy, not a view of the first rows: a jit's inputs must be whole buffers
         logits = logits.pad(((0, R_pad - rows), None)) if R_pad > rows else logits[:R_pad].clone() if rows > R_pad else logits
         variant, inputs = build_inputs(states, R_pad, V, allowed)
-        if (fn := self.jits.get((R_pad, variant))) is None:
-            fn = self.jits[(R_pad, variant)] = TinyJit(sampler_body(variant))
-        outs = [o.numpy() for o in fn(logits.contiguous().realize(), *(device_tensor(a) for a in inputs))]
+        outs = [o.numpy() for o in self.jit(R_pad, variant)(logits.contiguous().realize(), *(device_tensor(a) for a in inputs))]
         tokens = outs[0][:R].tolist()
         if variant.top_count is None:
             return tokens, [None] * R

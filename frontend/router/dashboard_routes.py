@@ -2,8 +2,11 @@
 /dashboard/snapshot: the counts, KV blocks and batches summed over the instances, one panel per instance (its URL,
 role and state, or why it could not be read), and the router's own history of their summed tokens/s and mean TTFT.
 
-A snapshot asks every known instance at once with a short timeout (INSTANCE_TIMEOUT_S), so one slow instance delays
-it by that at most. The router sends the key the instances require (--instance-api-key, else its own --api-key).
+A snapshot asks every known instance at once, each within INSTANCE_TIMEOUT_S (the whole answer, at most
+MAX_SNAPSHOT_BYTES, checked for shape), so one slow or misbehaving instance delays it by that at most and shows as
+"not read"; viewers share one snapshot per interval. The router sends the key the instances require
+(--instance-api-key, else its own --api-key); it never reaches the page. Without --api-key on the router, anyone who
+reaches it sees the instances' dashboards, as its /v1 routes serve their models.
 """
 import asyncio
 import json
@@ -24,6 +27,21 @@ MAX_SNAPSHOT_BYTES = 1 << 20  # an instance's snapshot is a few KB; more is not 
 def empty_panel() -> dict:
     return {"running": 0, "waiting": 0, "preemptions": 0, "kv_blocks": {"used": 0, "cached": 0, "free": 0, "total": 0},
             "prefix_cache": {"queries": 0, "hits": 0, "hit_rate": None}, "batch": [], "batch_truncated": False}
+
+
+class _NotRead(Exception):
+    pass
+
+
+def check_snapshot(s) -> None:
+    """Raises unless `s` has the shape the page and the sums need (an instance is another process: trust nothing)."""
+    counts = [s[k] for k in ("running", "waiting", "preemptions")] + [s["kv_blocks"][k] for k in empty_panel()["kv_blocks"]] \
+        + [s["prefix_cache"][k] for k in ("queries", "hits")]
+    h = s["history"]
+    if not (all(type(c) is int for c in counts) and isinstance(s["batch"], list) and isinstance(s["batch_truncated"], bool)
+            and isinstance(s["model"], str) and len(h["time"]) == len(h["tokens_per_s"]) == len(h["ttft_s"])
+            and all(isinstance(r, dict) for r in s["batch"])):
+        raise ValueError("malformed snapshot")
 
 
 def panel_of(snapshot: dict) -> dict:
@@ -57,21 +75,31 @@ class RouterDashboard:
         self.headers = {"authorization": authorization.decode()} if authorization else {}
         self.points: deque[tuple[float, float, float | None]] = deque(maxlen=HISTORY_POINTS)
         self._last_point = float("-inf")
+        self._latest: tuple[float, asyncio.Future] | None = None  # one fan-out per interval, however many watch
 
     async def _read(self, instance: Instance) -> dict:
-        """The instance's snapshot, or {"error": why} when it cannot be read."""
+        """The instance's snapshot, or {"error": why} when it cannot be read in time, whole and well-formed."""
         try:
-            reply = await self.client.get(f"{instance.url}/dashboard/snapshot", headers=self.headers,
-                                          timeout=INSTANCE_TIMEOUT_S)
-            if reply.status_code != 200:
-                return {"error": f"HTTP {reply.status_code}"}
-            if len(reply.content) > MAX_SNAPSHOT_BYTES:
-                return {"error": "snapshot too large"}
-            snapshot = reply.json()
-            panel_of(snapshot)  # every field the page needs is there
+            snapshot = await asyncio.wait_for(self._fetch(instance.url), INSTANCE_TIMEOUT_S)
+            check_snapshot(snapshot)
             return snapshot
-        except (httpx.HTTPError, json.JSONDecodeError, KeyError, TypeError) as e:
+        except TimeoutError:
+            return {"error": "no answer in time"}
+        except _NotRead as e:
+            return {"error": str(e)}
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError) as e:
             return {"error": f"unreadable: {type(e).__name__}"}
+
+    async def _fetch(self, url: str):
+        async with self.client.stream("GET", f"{url}/dashboard/snapshot", headers=self.headers) as reply:
+            if reply.status_code != 200:
+                raise _NotRead(f"HTTP {reply.status_code}")
+            body = bytearray()
+            async for chunk in reply.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_SNAPSHOT_BYTES:
+                    raise _NotRead("snapshot too large")
+        return json.loads(body)
 
     def _sample(self, snapshots: list[dict]) -> None:
         """One history point a sample interval at most: the instances' latest tokens/s summed, their TTFTs' mean."""
@@ -84,6 +112,12 @@ class RouterDashboard:
         self._last_point = self.clock()
 
     async def snapshot(self) -> dict:
+        """The latest snapshot, taken again once it is SAMPLE_INTERVAL_S old (shared by every viewer meanwhile)."""
+        if self._latest is None or self.clock() - self._latest[0] >= SAMPLE_INTERVAL_S:
+            self._latest = (self.clock(), asyncio.ensure_future(self._take()))
+        return await asyncio.shield(self._latest[1])
+
+    async def _take(self) -> dict:
         instances = self.registry.all()
         snapshots = await asyncio.gather(*(self._read(i) for i in instances))
         read = [s for s in snapshots if "error" not in s]

@@ -1,14 +1,18 @@
 """A lone worker serves at once and captures its jitted steps while idle (workers/background_warmup.py): the server
-is ready before the captures finish, answers meanwhile, and answers the same once every bucket is captured."""
+is ready before the captures finish, answers meanwhile, and answers the same once every bucket is captured. The
+captured steps are written to the disk (workers/captured_steps.py): a restart loads every one of them instead of
+capturing, and answers the same."""
 import re
 
 from tests.e2e.http_helpers import complete, completion_body
 from tests.e2e.server_process import READY_LINE, SERVE_DEFAULTS, ServerProcess, wait_until
+from tinyvllm.workers.captured_steps import ROOT_ENV
 
 DONE = "background warm-up done"
 
 
-def test_serves_before_and_after_the_background_captures(tiny_model, tmp_path):
+def test_serves_before_and_after_the_background_captures(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setenv(ROOT_ENV, str(tmp_path / "captured-steps"))  # none stored yet
     defaults = tuple(a for a in SERVE_DEFAULTS if a != "--no-jit-warmup")
     server = ServerProcess(tiny_model, tmp_path / "server.log", "--max-num-batched-tokens", "4", "--max-num-seqs",
                            "2", defaults=defaults)
@@ -21,7 +25,18 @@ def test_serves_before_and_after_the_background_captures(tiny_model, tmp_path):
         assert again == first
         log = server.log()
         assert log.index(READY_LINE) < log.index(DONE)
-        captured = re.findall(r"captured the (\d+)-token step", log)
+        captured = re.findall(r"prepared the (\d+)-token step", log)
         assert captured == sorted(captured, key=int) and set(captured) <= {"1", "2", "4"}, captured
+        assert "0 of 3 captured steps from the disk cache" in log
     finally:
         assert not server.stop(), server.leftover_description
+    restarted = ServerProcess(tiny_model, tmp_path / "restart.log", "--max-num-batched-tokens", "4", "--max-num-seqs",
+                              "2", defaults=defaults)
+    try:
+        restarted.wait_ready()
+        assert "3 of 3 captured steps from the disk cache" in restarted.log(), restarted.log_tail()
+        assert complete(restarted.url, "/v1/completions", body)[0] == first
+        assert wait_until(lambda: DONE in restarted.log(), 180), restarted.log_tail()
+        assert complete(restarted.url, "/v1/completions", body)[0] == first
+    finally:
+        assert not restarted.stop(), restarted.leftover_description

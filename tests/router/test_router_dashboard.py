@@ -1,5 +1,6 @@
 """The router's /dashboard: every instance's /dashboard/snapshot summed, one panel per instance (an unreadable one
 says why), the instances' key sent to them, and the router's own key required of whoever watches."""
+import asyncio
 import json
 
 import httpx
@@ -34,8 +35,9 @@ async def test_instances_are_summed_and_shown_side_by_side():
             assert (await client.get(router.url + "/dashboard/snapshot")).status_code == 401
             page = await client.get(router.url + "/dashboard?key=router-key")
             assert page.status_code == 200 and "EventSource" in page.text
-            snap = (await client.get(router.url + "/dashboard/snapshot",
-                                     headers={"Authorization": "Bearer router-key"})).json()
+            reply = await client.get(router.url + "/dashboard/snapshot", headers={"Authorization": "Bearer router-key"})
+            snap = reply.json()
+    assert "instance-key" not in page.text + reply.text
     assert {e.headers["authorization"] for e in one.exchanges + two.exchanges} == {"Bearer instance-key"}
     assert (snap["running"], snap["waiting"], snap["preemptions"]) == (3, 2, 4)
     assert snap["kv_blocks"] == {"used": 10, "cached": 6, "free": 20, "total": 36}
@@ -55,3 +57,27 @@ async def test_an_instance_that_refuses_the_key_is_shown_as_not_read():
         async with running_router({locked.url: 0}) as router, httpx.AsyncClient() as client:
             snap = (await client.get(router.url + "/dashboard/snapshot")).json()
     assert snap["replicas"][0]["error"] == "HTTP 401" and snap["running"] == 0 and snap["model"] == "(no instance answered)"
+
+
+async def test_a_malformed_endless_or_huge_snapshot_is_not_read(monkeypatch):
+    from tinyvllm.frontend.router import dashboard_routes
+    monkeypatch.setattr(dashboard_routes, "INSTANCE_TIMEOUT_S", 0.5)
+    bad = instance_snapshot(1, 1, 1, "x", 1.0) | {"running": "many"}
+
+    async def endless(exchange):
+        await exchange.start(content_type="application/json")
+        while True:
+            await exchange.chunk(b" " * 1000)
+            await asyncio.sleep(0.01)
+
+    async def huge(exchange):
+        await exchange.whole(200, b" " * (dashboard_routes.MAX_SNAPSHOT_BYTES + 1))
+    async with RawUpstream(answering(bad)) as malformed, RawUpstream(endless) as slow, RawUpstream(huge) as big, \
+            RawUpstream(answering(instance_snapshot(1, 1, 1, "ok", 1.0))) as good:
+        async with running_router({malformed.url: 0, slow.url: 0, big.url: 0, good.url: 0}) as router, \
+                httpx.AsyncClient() as client:
+            snap = (await client.get(router.url + "/dashboard/snapshot")).json()
+    errors = {p["engine"]: p["error"] for p in snap["replicas"]}
+    assert errors == {malformed.url: "unreadable: ValueError", slow.url: "no answer in time",
+                      big.url: "snapshot too large", good.url: None}
+    assert snap["running"] == 1 and [r["id"] for r in snap["batch"]] == ["ok"]

@@ -1,0 +1,60 @@
+"""workers/captured_steps.py: captured steps written to the disk and loaded by another runner of the same setup
+compute the same tokens without capturing; a step reading a buffer that is not the model's, the cache's or its own
+is not written; an unreadable file is dropped and the step captured again."""
+import numpy as np
+from tinygrad import Tensor, TinyJit
+
+from tests.workers.dense_reference import random_llama
+from tests.workers.test_paged_attention import CFG
+from tinyvllm.protocol.messages import CachedRequestData, NewRequestData, StepPlan
+from tinyvllm.protocol.sampling import SamplingParams
+from tinyvllm.workers.captured_steps import ROOT_ENV, CapturedSteps, LoadedJit, use_captured_steps
+from tinyvllm.workers.kv_cache import PagedKVCache
+from tinyvllm.workers.model import Transformer
+from tinyvllm.workers.model_runner import ModelRunner
+
+WEIGHTS = random_llama(CFG, seed=21)
+
+
+def runner_with_steps(kernel_set) -> ModelRunner:
+    runner = ModelRunner(Transformer(CFG, WEIGHTS, CFG.max_context, kernels=kernel_set), PagedKVCache(CFG, 16, 4),
+                         max_num_seqs=2, max_model_len=32, max_num_batched_tokens=8)
+    use_captured_steps(runner, {"test": "captured steps"})
+    return runner
+
+
+def generate(runner: ModelRunner) -> list[int]:
+    r = runner.execute(StepPlan(0, [NewRequestData("a", [3, 1, 4, 1, 5], SamplingParams(max_tokens=9, temperature=0.0),
+                                                   [1, 2, 3], 0, 5)], [], []))
+    tokens = [r.sampled_token_ids[0]]
+    for s in range(4):
+        r = runner.execute(StepPlan(1 + s, [], [CachedRequestData("a", [], 5 + s, 1, [tokens[-1]])], []))
+        tokens.append(r.sampled_token_ids[0])
+    runner.execute(StepPlan(9, [], [], ["a"]))
+    return tokens
+
+
+def test_a_second_runner_loads_the_steps_and_computes_the_same(kernel_set, tmp_path, monkeypatch):
+    monkeypatch.setenv(ROOT_ENV, str(tmp_path))
+    first = runner_with_steps(kernel_set)
+    expected = generate(first)
+    assert not any(tmp_path.rglob("*.pkl"))  # written while idle, not by the step that captured
+    first.captured_steps.store_all()
+    stored = sorted(p.name for p in tmp_path.rglob("*.pkl"))
+    assert {"forward-1.pkl", "forward-8.pkl"} <= set(stored) and any(n.startswith("sample-1-g1") for n in stored)
+    second = runner_with_steps(kernel_set)
+    assert isinstance(second.forward_jits[1], LoadedJit) and isinstance(second.forward_jits[8], LoadedJit)
+    assert generate(second) == expected
+    assert all(j.fxn is None for j in (second.forward_jits[1], second.forward_jits[8]))  # replayed, never traced
+
+
+def test_a_step_reading_another_buffer_is_not_written_and_a_broken_file_is_dropped(tmp_path):
+    steps = CapturedSteps(tmp_path, {"w": Tensor.ones(4).contiguous().realize()})
+    outside = Tensor.full((4,), 2.0).contiguous().realize()
+    jit = TinyJit(lambda x: (x * outside).realize())
+    for _ in range(3):
+        jit(Tensor.ones(4).contiguous().realize())
+    assert not steps.save("reads-outside", jit.captured) and not steps.path("reads-outside").exists()
+    steps.path("broken").write_bytes(b"not a pickle")
+    assert steps.load("broken") is None and not steps.path("broken").exists()
+    np.testing.assert_array_equal(jit(Tensor.ones(4).contiguous().realize()).numpy(), [2.0] * 4)

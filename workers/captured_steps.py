@@ -1,0 +1,210 @@
+"""Captured forward steps kept on disk, so that a restart serves at once instead of capturing its buckets again.
+
+Capturing a bucket's step (tracing the model, scheduling it, linearising ~600 kernels) costs seconds per bucket
+even when every kernel's binary comes from tinygrad's disk cache; that, not the model load, kept a restart from
+its first token. A captured step (tinygrad's CapturedJit: the scheduled, compiled kernels and the buffers they
+use) is pickled per jit (a token bucket's forward, a sampler variant of a row bucket) into
+<cache>/tinyvllm/captured-steps/<key>/<name>.pkl, except its buffers:
+the model's weights and the KV cache are written as their names (pickle's persistent ids) and bound to this
+process's own on load; buffers the step writes itself (its intermediates) get fresh ones. A step that reads any
+other buffer is not saved, since that buffer's contents would be lost.
+
+The key hashes what a step depends on: the model's fingerprint and config, the runner's shapes (buckets,
+sequences, context, blocks, KV dtype), the kernel set, device, CPU, environment knobs, and the tinyvllm and
+tinygrad versions: a changed setup finds no file and captures afresh. Pickle runs code on load: these files are
+only read from the user's own cache directory, which this process writes, never from a socket.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import pathlib
+import pickle
+import platform
+import sys
+
+from tinygrad import Device, Tensor
+from tinygrad.engine.jit import CapturedJit, _TinyJit
+from tinygrad.nn.state import get_state_dict
+from tinygrad.uop.ops import Ops, ParamArg, UOp
+
+log = logging.getLogger("tinyvllm.worker")
+SCHEMA = 1  # bump when the stored form changes
+ROOT_ENV = "TINYVLLM_CAPTURED_STEPS"
+KEY_ENV = ("DEV", "BEAM", "NOOPT", "CPU_THREADS", "TV_GPU_MATVEC", "TV_MV_THREADS", "TV_MV_ROWS", "TV_MV_LOCAL")
+PICKLE_RECURSION = 20_000  # a step's kernel graph is deep; the default limit of 1,000 is not enough
+
+
+def cache_root() -> pathlib.Path:
+    """TINYVLLM_CAPTURED_STEPS (a directory; the tests give each run its own), else ~/.cache/tinyvllm/captured-steps."""
+    if root := os.environ.get(ROOT_ENV):
+        return pathlib.Path(root)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "tinyvllm" / "captured-steps"
+
+
+def _cpu_identity() -> str:
+    """The CPU's model and flags (the C kernels are built for this CPU)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "".join(line for line in f if line.startswith(("model name", "flags")))[:4096]
+    except OSError:
+        return platform.processor()
+
+
+def store_key(parts: dict) -> str:
+    import tinygrad
+    from tinyvllm import __version__
+    described = {**parts, "schema": SCHEMA, "tinyvllm": __version__, "tinygrad": getattr(tinygrad, "__version__", "?"),
+                 "python": sys.version_info[:2], "device": Device.DEFAULT, "machine": platform.machine(),
+                 "cpu": _cpu_identity(), "cores": os.cpu_count(), "env": {k: os.environ.get(k) for k in KEY_ENV}}
+    return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+class _NotSavable(Exception):
+    pass
+
+
+class CapturedSteps:
+    """The stored steps of one runner setup. `live`: every Tensor a step may read that outlives it (weights, the
+    KV cache), by a name that is the same in every process of this setup."""
+
+    def __init__(self, directory: pathlib.Path, live: dict[str, Tensor]):
+        self.directory = directory
+        self.pending: list[tuple[str, CapturedJit]] = []  # captured, not yet written: written while the worker idles
+        self.by_name = {name: t.uop.base for name, t in live.items() if t.uop.base.op is Ops.BUFFER}
+        self.names = {uop: name for name, uop in self.by_name.items()}
+
+    @classmethod
+    def for_runner(cls, runner, key_parts: dict) -> CapturedSteps:
+        live = {**get_state_dict(runner.model, "model."), **get_state_dict(runner.cache, "cache.")}
+        return cls(cache_root() / store_key(key_parts), live)
+
+    def store_next(self) -> None:
+        """Writes the oldest pending step (~0.5 s: left to idle time, off the step that captured it)."""
+        name, captured = self.pending.pop(0)
+        try:
+            self.save(name, captured)
+        except OSError as e:  # a full or read-only disk costs the next restart its speed, nothing else
+            log.warning("captured step %s not stored: %s", name, e)
+
+    def store_all(self) -> None:
+        while self.pending:
+            self.store_next()
+
+    def path(self, name: str) -> pathlib.Path:
+        return self.directory / f"{name}.pkl"
+
+    def save(self, name: str, captured: CapturedJit) -> bool:
+        """Writes the step (atomically); False when it reads a buffer that is neither live nor its own."""
+        written = captured._written_uops
+        names = self.names
+
+        class Pickler(pickle._Pickler):  # the Python pickler: its recursion is bounded by the limit set below
+            def persistent_id(self, obj):
+                if not (isinstance(obj, UOp) and obj.op is Ops.BUFFER) or obj.arg.device is None:
+                    return None  # a kernel's own registers are BUFFERs too, of no device: part of its code
+                if obj in names:
+                    return ("live", names[obj])
+                if obj not in written:
+                    raise _NotSavable(f"reads a buffer of {obj.arg} it does not write")
+                return ("fresh", id(obj), obj.src, obj.arg.dtype, obj.arg.device)
+
+        data = io.BytesIO()
+        try:
+            with _recursion_limit(PICKLE_RECURSION):
+                # with the set of buffers it writes, which tinygrad otherwise works out on the first call (~0.5 s)
+                Pickler(data, protocol=pickle.HIGHEST_PROTOCOL).dump((captured, list(written)))
+        except _NotSavable as e:
+            log.info("captured step %s not stored: it %s", name, e)
+            return False
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.path(name).with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(data.getvalue())
+        os.replace(tmp, self.path(name))
+        return True
+
+    def load(self, name: str) -> _TinyJit | None:
+        """The stored step as a captured TinyJit bound to this process's buffers, or None (none stored, or
+        unreadable: then the file goes, and the step is captured as usual)."""
+        path = self.path(name)
+        if not path.is_file():
+            return None
+        by_name, fresh = self.by_name, {}
+
+        class Unpickler(pickle.Unpickler):
+            def persistent_load(self, pid):
+                if pid[0] == "live":
+                    return by_name[pid[1]]
+                _, key, src, dtype, device = pid
+                if key not in fresh:
+                    fresh[key] = UOp(Ops.BUFFER, src=src, arg=ParamArg(next(UOp.unique_num), dtype, device=device))
+                return fresh[key]
+
+        try:
+            with open(path, "rb") as f, _recursion_limit(PICKLE_RECURSION):
+                captured, written = Unpickler(f).load()
+            if not isinstance(captured, CapturedJit):
+                raise TypeError(type(captured).__name__)
+            captured.__dict__["_written_uops"] = set(written)  # the cached_property's own slot
+        except Exception as e:  # a file from a crash, or a tinygrad that reads it differently: capture anew
+            log.warning("stored step %s unreadable (%s): capturing it again", name, e)
+            path.unlink(missing_ok=True)
+            return None
+        return LoadedJit(captured)
+
+
+class _recursion_limit:
+    def __init__(self, limit: int):
+        self.limit = limit
+
+    def __enter__(self):
+        self.saved = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(self.saved, self.limit))
+
+    def __exit__(self, *exc):
+        sys.setrecursionlimit(self.saved)
+
+
+class LoadedJit(_TinyJit):
+    """A stored step, replayed as captured. Its first call still links it (builds the device graph): `primed`
+    says whether a call did (ModelRunner.warm_up_bucket runs it once while idle, with the bucket's samplers)."""
+
+    def __init__(self, captured: CapturedJit):
+        super().__init__(None, captured)
+        self.primed = False
+
+    def __call__(self, *args, **kwargs):
+        self.primed = True
+        return super().__call__(*args, **kwargs)
+
+
+class StoringJit(_TinyJit):
+    """A TinyJit that stores its step once captured."""
+
+    def __init__(self, fxn, steps: CapturedSteps, name: str):
+        super().__init__(fxn)
+        self.steps, self.name, self.stored = steps, name, False
+
+    def __call__(self, *args, **kwargs):
+        ret = super().__call__(*args, **kwargs)
+        if not self.stored and self.captured is not None:
+            self.stored = True
+            self.steps.pending.append((self.name, self.captured))
+        return ret
+
+
+def use_captured_steps(runner, key_parts: dict) -> int:
+    """Gives `runner` the steps stored for its setup (token buckets' forwards, and samplers as they are asked
+    for), and makes the others store themselves once captured. Returns how many forwards were loaded."""
+    steps = CapturedSteps.for_runner(runner, key_parts)
+
+    def jit(name: str, fxn) -> _TinyJit:
+        return steps.load(name) or StoringJit(fxn, steps, name)
+    runner.forward_jits = {bucket: jit(f"forward-{bucket}", runner._forward) for bucket in runner.forward_jits}
+    runner.sampler.new_jit = jit
+    runner.captured_steps = steps
+    return sum(isinstance(j, LoadedJit) for j in runner.forward_jits.values())
