@@ -16,6 +16,7 @@ only read from the user's own cache directory, which this process writes, never 
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -29,12 +30,14 @@ import sys
 from tinygrad import Device, Tensor
 from tinygrad.engine.jit import CapturedJit, _TinyJit
 from tinygrad.nn.state import get_state_dict
-from tinygrad.uop.ops import Ops, ParamArg, UOp
+from tinygrad.uop.ops import Ops, UOp
 
 log = logging.getLogger("tinyvllm.worker")
 SCHEMA = 1  # bump when the stored form changes
 ROOT_ENV = "TINYVLLM_CAPTURED_STEPS"
-KEY_ENV = ("DEV", "BEAM", "NOOPT", "CPU_THREADS", "TV_GPU_MATVEC", "TV_MV_THREADS", "TV_MV_ROWS", "TV_MV_LOCAL")
+KEY_ENV = ("DEV", "BEAM", "NOOPT", "CPU_THREADS", "JIT", "JITBEAM", "JIT_BATCH_SIZE", "GRAPH_ONE_KERNEL", "HCQ2",
+           "NO_MEMORY_PLANNER", "TV_GPU_MATVEC", "TV_MV_THREADS", "TV_MV_ROWS", "TV_MV_LOCAL")
+SOURCES = pathlib.Path(__file__).parent  # workers/: the model, its kernels (and workers/c/), the runner
 PICKLE_RECURSION = 20_000  # a step's kernel graph is deep; the default limit of 1,000 is not enough
 
 
@@ -55,11 +58,22 @@ def _cpu_identity() -> str:
         return platform.processor()
 
 
+def _sources_digest() -> str:
+    """The code that builds a step (a changed kernel or model must not replay the old one; the version is not bumped
+    per change)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in SOURCES.rglob("*") if p.suffix in (".py", ".c", ".h")):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
 def store_key(parts: dict) -> str:
     import tinygrad
     from tinyvllm import __version__
+    renderer = Device[Device.DEFAULT].renderer
     described = {**parts, "schema": SCHEMA, "tinyvllm": __version__, "tinygrad": getattr(tinygrad, "__version__", "?"),
-                 "python": sys.version_info[:2], "device": Device.DEFAULT, "machine": platform.machine(),
+                 "sources": _sources_digest(), "python": sys.version_info[:2], "device": Device.DEFAULT,
+                 "renderer": f"{type(renderer).__name__} {getattr(renderer, 'arch', '')}", "machine": platform.machine(),
                  "cpu": _cpu_identity(), "cores": os.cpu_count(), "env": {k: os.environ.get(k) for k in KEY_ENV}}
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
@@ -107,11 +121,11 @@ class CapturedSteps:
             def persistent_id(self, obj):
                 if not (isinstance(obj, UOp) and obj.op is Ops.BUFFER) or obj.arg.device is None:
                     return None  # a kernel's own registers are BUFFERs too, of no device: part of its code
-                if obj in names:
-                    return ("live", names[obj])
+                if obj in names:  # with its shape and type, checked against the buffer it is bound to on load
+                    return ("live", names[obj], obj.src, obj.arg.dtype, obj.arg.device)
                 if obj not in written:
                     raise _NotSavable(f"reads a buffer of {obj.arg} it does not write")
-                return ("fresh", id(obj), obj.src, obj.arg.dtype, obj.arg.device)
+                return ("fresh", id(obj), obj.src, obj.arg)
 
         data = io.BytesIO()
         try:
@@ -121,27 +135,41 @@ class CapturedSteps:
         except _NotSavable as e:
             log.info("captured step %s not stored: it %s", name, e)
             return False
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not self.trusted():
+            return False
         tmp = self.path(name).with_suffix(f".tmp{os.getpid()}")
         tmp.write_bytes(data.getvalue())
         os.replace(tmp, self.path(name))
         return True
 
-    def load(self, name: str) -> _TinyJit | None:
-        """The stored step as a captured TinyJit bound to this process's buffers, or None (none stored, or
-        unreadable: then the file goes, and the step is captured as usual)."""
+    def trusted(self) -> bool:
+        """Only a directory, and files, that this user owns and nobody else may write: pickle runs code on load."""
+        paths = [self.directory, *self.directory.glob("*.pkl")] if self.directory.is_dir() else []
+        bad = [p for p in paths if (st := p.stat()).st_uid != os.getuid() or st.st_mode & 0o022]
+        if bad:
+            log.warning("captured steps in %s ignored: %s is not only this user's", self.directory, bad[0])
+        return not bad
+
+    def load(self, name: str, fxn) -> _TinyJit | None:
+        """The stored step as a captured TinyJit bound to this process's buffers (fxn: what it captured, should it
+        have to be captured again), or None (none stored, or unreadable: then the file goes)."""
         path = self.path(name)
-        if not path.is_file():
+        if not path.is_file() or not self.trusted():
             return None
         by_name, fresh = self.by_name, {}
 
         class Unpickler(pickle.Unpickler):
             def persistent_load(self, pid):
                 if pid[0] == "live":
-                    return by_name[pid[1]]
-                _, key, src, dtype, device = pid
+                    _, name, src, dtype, device = pid
+                    live = by_name[name]
+                    if (live.src, live.arg.dtype, live.arg.device) != (src, dtype, device):
+                        raise ValueError(f"{name} is not the buffer it was")
+                    return live
+                _, key, src, arg = pid
                 if key not in fresh:
-                    fresh[key] = UOp(Ops.BUFFER, src=src, arg=ParamArg(next(UOp.unique_num), dtype, device=device))
+                    fresh[key] = UOp(Ops.BUFFER, src=src, arg=dataclasses.replace(arg, slot=next(UOp.unique_num)))
                 return fresh[key]
 
         try:
@@ -154,7 +182,7 @@ class CapturedSteps:
             log.warning("stored step %s unreadable (%s): capturing it again", name, e)
             path.unlink(missing_ok=True)
             return None
-        return LoadedJit(captured)
+        return LoadedJit(fxn, self, name, captured)
 
 
 class _recursion_limit:
@@ -169,21 +197,8 @@ class _recursion_limit:
         sys.setrecursionlimit(self.saved)
 
 
-class LoadedJit(_TinyJit):
-    """A stored step, replayed as captured. Its first call still links it (builds the device graph): `primed`
-    says whether a call did (ModelRunner.warm_up_bucket runs it once while idle, with the bucket's samplers)."""
-
-    def __init__(self, captured: CapturedJit):
-        super().__init__(None, captured)
-        self.primed = False
-
-    def __call__(self, *args, **kwargs):
-        self.primed = True
-        return super().__call__(*args, **kwargs)
-
-
 class StoringJit(_TinyJit):
-    """A TinyJit that stores its step once captured."""
+    """A TinyJit that queues its step for the disk once captured (CapturedSteps.pending, written while idle)."""
 
     def __init__(self, fxn, steps: CapturedSteps, name: str):
         super().__init__(fxn)
@@ -197,13 +212,35 @@ class StoringJit(_TinyJit):
         return ret
 
 
+class LoadedJit(StoringJit):
+    """A stored step, replayed as captured. Its first call links it (builds the device graph): `primed` says whether
+    one did (ModelRunner.warm_up_bucket runs it while idle). Should that first call fail (a device or setting the
+    key does not tell apart), the file goes and the step is captured anew from fxn."""
+
+    def __init__(self, fxn, steps: CapturedSteps, name: str, captured: CapturedJit):
+        super().__init__(fxn, steps, name)
+        self.captured, self.cnt, self.stored, self.primed = captured, 2, True, False
+
+    def __call__(self, *args, **kwargs):
+        if self.primed:
+            return super().__call__(*args, **kwargs)
+        self.primed = True
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as e:
+            log.warning("stored step %s failed (%s): capturing it again", self.name, e)
+            self.steps.path(self.name).unlink(missing_ok=True)
+            self.captured, self.cnt, self.stored = None, 1, False
+            return super().__call__(*args, **kwargs)
+
+
 def use_captured_steps(runner, key_parts: dict) -> int:
     """Gives `runner` the steps stored for its setup (token buckets' forwards, and samplers as they are asked
     for), and makes the others store themselves once captured. Returns how many forwards were loaded."""
     steps = CapturedSteps.for_runner(runner, key_parts)
 
     def jit(name: str, fxn) -> _TinyJit:
-        return steps.load(name) or StoringJit(fxn, steps, name)
+        return steps.load(name, fxn) or StoringJit(fxn, steps, name)
     runner.forward_jits = {bucket: jit(f"forward-{bucket}", runner._forward) for bucket in runner.forward_jits}
     runner.sampler.new_jit = jit
     runner.captured_steps = steps

@@ -41,5 +41,11 @@ def router_routes() -> set[str]:
     """The paths `tinyvllm router`'s app serves itself (not proxied)."""
     from tinyvllm.frontend.router.app import build_router_app
     from tinyvllm.frontend.request_gate import RequestGate
-    app = build_router_app(None, None, None, RequestGate())
+
+    class Proxy:  # only its routes are read: never called
+        client = instance_authorization = None
+
+        async def __call__(self, scope, receive, send):
+            raise AssertionError("not served")
+    app = build_router_app(None, Proxy(), None, RequestGate())
     return {route.path for route in app.routes}

@@ -1,6 +1,7 @@
 """workers/captured_steps.py: captured steps written to the disk and loaded by another runner of the same setup
-compute the same tokens without capturing; a step reading a buffer that is not the model's, the cache's or its own
-is not written; an unreadable file is dropped and the step captured again."""
+compute the same tokens without capturing; a loaded step that fails is captured again; a step reading a buffer that
+is not the model's, the cache's or its own is not written; an unreadable file is dropped, and a folder others may
+write is not read."""
 import numpy as np
 from tinygrad import Tensor, TinyJit
 
@@ -43,9 +44,26 @@ def test_a_second_runner_loads_the_steps_and_computes_the_same(kernel_set, tmp_p
     stored = sorted(p.name for p in tmp_path.rglob("*.pkl"))
     assert {"forward-1.pkl", "forward-8.pkl"} <= set(stored) and any(n.startswith("sample-1-g1") for n in stored)
     second = runner_with_steps(kernel_set)
-    assert isinstance(second.forward_jits[1], LoadedJit) and isinstance(second.forward_jits[8], LoadedJit)
+    loaded = [second.forward_jits[b] for b in (1, 8)]
+    assert all(isinstance(j, LoadedJit) for j in loaded)
+    captured = [j.captured for j in loaded]
     assert generate(second) == expected
-    assert all(j.fxn is None for j in (second.forward_jits[1], second.forward_jits[8]))  # replayed, never traced
+    assert [j.captured for j in loaded] == captured and all(j.primed for j in loaded)  # replayed, never traced again
+    assert all((d.stat().st_mode & 0o077) == 0 for d in tmp_path.iterdir())
+
+
+def test_a_stored_step_that_fails_is_captured_again(kernel_set, tmp_path, monkeypatch):
+    monkeypatch.setenv(ROOT_ENV, str(tmp_path))
+    first = runner_with_steps(kernel_set)
+    expected = generate(first)
+    first.captured_steps.store_all()
+    second = runner_with_steps(kernel_set)
+    broken = second.forward_jits[1]
+    broken.captured = object()  # as a step would that a different device cannot run
+    assert generate(second) == expected
+    assert broken.captured is not None and not broken.steps.path("forward-1").exists()
+    second.captured_steps.store_all()
+    assert broken.steps.path("forward-1").exists()  # the new capture replaces it
 
 
 def test_a_step_reading_another_buffer_is_not_written_and_a_broken_file_is_dropped(tmp_path):
@@ -56,5 +74,8 @@ def test_a_step_reading_another_buffer_is_not_written_and_a_broken_file_is_dropp
         jit(Tensor.ones(4).contiguous().realize())
     assert not steps.save("reads-outside", jit.captured) and not steps.path("reads-outside").exists()
     steps.path("broken").write_bytes(b"not a pickle")
-    assert steps.load("broken") is None and not steps.path("broken").exists()
+    tmp_path.chmod(0o777)  # others may write here: nothing is read (pickle would run their code)
+    assert steps.load("broken", None) is None and steps.path("broken").exists()
+    tmp_path.chmod(0o700)
+    assert steps.load("broken", None) is None and not steps.path("broken").exists()
     np.testing.assert_array_equal(jit(Tensor.ones(4).contiguous().realize()).numpy(), [2.0] * 4)
