@@ -49,7 +49,8 @@ def c_kernel(name: str, source: str, cores: int, estimates: Estimates):
     return fxn
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
+    """~/.cache/tinyvllm (XDG_CACHE_HOME's): the C kernels' libraries, and captured steps (workers/captured_steps.py)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "tinyvllm"
 
@@ -59,7 +60,7 @@ def shared_library(file: str, flags: tuple[str, ...] = ()) -> Path:
     (keyed by the source, its includes and the flags)."""
     source = _text(file)
     key = hashlib.sha256("\0".join((source, *flags)).encode()).hexdigest()[:16]
-    lib_path = _cache_dir() / f"{Path(file).stem}-{key}.so"
+    lib_path = cache_dir() / f"{Path(file).stem}-{key}.so"
     if not lib_path.exists():
         clang = shutil.which("clang")
         if clang is None:

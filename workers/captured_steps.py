@@ -43,10 +43,8 @@ PICKLE_RECURSION = 20_000  # a step's kernel graph is deep; the default limit of
 
 def cache_root() -> pathlib.Path:
     """TINYVLLM_CAPTURED_STEPS (a directory; the tests give each run its own), else ~/.cache/tinyvllm/captured-steps."""
-    if root := os.environ.get(ROOT_ENV):
-        return pathlib.Path(root)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "tinyvllm" / "captured-steps"
+    from tinyvllm.workers.c_kernel import cache_dir
+    return pathlib.Path(root) if (root := os.environ.get(ROOT_ENV)) else cache_dir() / "captured-steps"
 
 
 def _cpu_identity() -> str:

@@ -281,9 +281,10 @@ class ModelRunner:
             self.grammar_masks.tokenizer
 
     def warm_up_bucket(self, size: int) -> bool:
-        """Captures token bucket `size` as warm_up does; False (and nothing done) if a served step already has."""
+        """Captures token bucket `size` as warm_up does, or runs once a step loaded from the disk; False (and nothing
+        done) if a served step already has."""
         if (jit := self.forward_jits[size]).captured is not None and getattr(jit, "primed", True):
-            return False  # captured; a step loaded from disk (workers/captured_steps.py) is run once all the same
+            return False
         capture_on_next_call(jit)
         padding = flatten([], size, self.rows_for(size), self.max_blocks_per_seq, self.cache.block_size,
                           self.cache.scratch_block)
