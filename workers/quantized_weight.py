@@ -12,6 +12,10 @@ In-kernel types and their device layout (d, m: the block's float16 scale and min
           (in each 32-block, byte j holds element j in its low nibble and element j+16 in its high one)
     Q8_0: int8 [N, K/32, 32], d float32 [N, K/32, 1]; value = q * d
     F16:  float16 [N, K] (a 2-D float16 host array), widened in the kernel: half the bytes a step reads
+For the GPU kernels (workers/gpu_matvec.py) F16 and Q8_0 keep their values as the same bytes in uint32 words,
+[N, K/32, words per block] (`words=True`): tinygrad folds only 32-bit loads into vector loads, and reinterpreting
+int8 as uint32 inside a traced step would copy the weight every step. Dequantising words takes bytes apart with
+shifts, which fuse into the kernel that reads them.
 Any other type (F32, BF16, Q4_0, Q5_*, K-quants) is dequantised at load to a float32 "F32" weight.
 The dequantisation computes what workers/gguf_dequantize.py's numpy does, in the same order, in float32.
 """
@@ -79,16 +83,34 @@ def _f16_field(blocks: np.ndarray, start: int) -> np.ndarray:
     return np.ascontiguousarray(blocks[:, :, start:start + 2]).view("<f2").astype(np.float32)
 
 
+WORDS_PER_BLOCK = {"F16": 16, "Q8_0": 8}  # uint32 words of a 32-element block's values
+# (not Q4_1: tinygrad 0.14 fails to schedule its nibble arithmetic on uint32 inside a traced layer function)
+
+
+def _from_words(words: Tensor, bits: int) -> Tensor:
+    """The `bits`-wide little-endian fields of uint32 words [..., W], as uint32: [..., W * 32 / bits]."""
+    fields = Tensor.stack(*((words >> s) & ((1 << bits) - 1) for s in range(0, 32, bits)), dim=-1)
+    return fields.reshape(*words.shape[:-1], -1)
+
+
 def _dequant_q4_1(packed: Tensor, d: Tensor, m: Tensor) -> Tensor:
     q = Tensor.stack(packed & 15, packed >> 4, dim=2).reshape(*packed.shape[:-1], 32)
     return q.cast(dtypes.float32) * d + m
 
 
 def _dequant_q8_0(q: Tensor, d: Tensor) -> Tensor:
+    if q.dtype == dtypes.uint32:
+        q = _from_words(q, 8).cast(dtypes.uint8).bitcast(dtypes.int8)
     return q.cast(dtypes.float32) * d
 
 
-_DEQUANT = {"Q4_1": _dequant_q4_1, "Q8_0": _dequant_q8_0, "F16": lambda w: w.cast(dtypes.float32)}
+def _widen_f16(w: Tensor) -> Tensor:
+    if w.dtype == dtypes.uint32:
+        w = _from_words(w, 16).cast(dtypes.uint16).bitcast(dtypes.half)
+    return w.cast(dtypes.float32)
+
+
+_DEQUANT = {"Q4_1": _dequant_q4_1, "Q8_0": _dequant_q8_0, "F16": _widen_f16}
 
 
 class DeviceWeight:
@@ -103,9 +125,12 @@ class DeviceWeight:
         self.kind, self.parts = kind, tuple(parts)
 
     @classmethod
-    def from_host(cls, array, dequantize_at_load: bool = False) -> "DeviceWeight":
-        """A realised device weight from a numpy array or a QuantizedArray (a 2-D float16 array stays float16)."""
+    def from_host(cls, array, dequantize_at_load: bool = False, words: bool = False) -> "DeviceWeight":
+        """A realised device weight from a numpy array or a QuantizedArray (a 2-D float16 array stays float16).
+        words: the values' part as uint32 words (see the module's docstring)."""
         if is_f16_matrix(array) and not dequantize_at_load:
+            if words:
+                array = np.ascontiguousarray(array).view(np.uint32).reshape(array.shape[0], -1, WORDS_PER_BLOCK["F16"])
             return cls("F16", (device_tensor(array),))  # copied in through a writable host copy: mapped files are read-only
         if not isinstance(array, QuantizedArray) or dequantize_at_load:
             return cls("F32", (Tensor(np.ascontiguousarray(np.asarray(array), dtype=np.float32)).realize(),))
@@ -114,13 +139,15 @@ class DeviceWeight:
             host = (b[:, :, 4:], _f16_field(b, 0), _f16_field(b, 2))
         else:  # Q8_0
             host = (b[:, :, 2:].view(np.int8), _f16_field(b, 0))
+        if words and array.type_name in WORDS_PER_BLOCK:
+            host = (np.ascontiguousarray(host[0]).view(np.uint32),) + host[1:]
         return cls(array.type_name, tuple(Tensor(np.ascontiguousarray(p)).realize() for p in host))
 
     @property
     def shape(self) -> tuple[int, int] | tuple[int]:
-        if self.kind in ("F32", "F16"):
-            return self.parts[0].shape
         first = self.parts[0].shape
+        if self.kind == "F32" or len(first) == 2:  # F32, or F16 not in words
+            return first
         return (first[0], first[1] * 32)
 
     @property

@@ -3,10 +3,10 @@ without the GPU layout on the CPU and with it (groups, locals, upcasts) on tinyg
 PYTHON device, which emulates local memory; on a GPU (benchmarks/gpu_run.sh check) on the real device too."""
 import numpy as np
 import pytest
-from tinygrad import Device, Tensor
+from tinygrad import Device, Tensor, dtypes
 
 from tinyvllm.protocol.gguf_writer import quantize
-from tinyvllm.workers.gpu_matvec import gpu_matvec, gpu_matvec_device, gpu_matvec_fits
+from tinyvllm.workers.gpu_matvec import Layout, gpu_matvec, gpu_matvec_device, gpu_matvec_fits
 from tinyvllm.workers.quantized_weight import DeviceWeight, QuantizedArray
 
 N = 32
@@ -25,8 +25,8 @@ def test_matvec_equals_the_dequantised_product(kind, device, K):
     rng = np.random.default_rng(0)
     host = host_weight(kind, rng.standard_normal((N, K)).astype(np.float32))
     reference_weight = np.asarray(host, dtype=np.float32)
-    w = DeviceWeight(kind, tuple(p.to(device).realize() for p in DeviceWeight.from_host(host).parts))
-    layout = device == "PYTHON" or gpu_matvec_device(Device.DEFAULT)
+    w = DeviceWeight(kind, tuple(p.to(device).realize() for p in DeviceWeight.from_host(host, words=True).parts))
+    layout = Layout() if device == "PYTHON" or gpu_matvec_device(Device.DEFAULT) else None
     for rows in (1, 4):
         h = rng.standard_normal((rows, K)).astype(np.float32)
         assert gpu_matvec_fits(Tensor(h, device=device), w)
@@ -38,5 +38,8 @@ def test_only_decode_rows_of_dequantised_weights_fit():
     K = 64
     h = Tensor.zeros(1, K)
     assert not gpu_matvec_fits(h, DeviceWeight("F32", (Tensor.zeros(N, K),)))  # tinygrad's own matvec layout
-    assert not gpu_matvec_fits(Tensor.zeros(8, K), DeviceWeight("F16", (Tensor.zeros(N, K).half(),)))
-    assert not gpu_matvec_fits(h, DeviceWeight("F16", (Tensor.zeros(N + 8, K).half(),)))  # rows not whole groups
+    words = lambda rows: Tensor.zeros(rows, K // 32, 16, dtype=dtypes.uint32)  # noqa: E731
+    assert gpu_matvec_fits(h, DeviceWeight("F16", (words(N),)))
+    assert not gpu_matvec_fits(Tensor.zeros(8, K), DeviceWeight("F16", (words(N),)))
+    assert not gpu_matvec_fits(h, DeviceWeight("F16", (words(N + 8),)))  # rows not whole groups
+    assert not gpu_matvec_fits(h, DeviceWeight("F16", (Tensor.zeros(N, K).half(),)))  # not in words

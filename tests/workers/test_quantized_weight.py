@@ -3,6 +3,8 @@ values, load_weights keeps Q4_1/Q8_0 matrices as blocks (rope rows un-permuted t
 quantised weights computes what the float32 one does, with either kernel set (tests/workers/conftest.py): the C
 kernels, or tinygrad's on both the fused (few rows) and the scratch-buffer (many rows) matmul paths. F16 matrices
 stay float16 (widened inside tinygrad's kernels; at load for the C kernels)."""
+import functools
+
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
@@ -12,8 +14,10 @@ from tests.workers.dense_reference import dense_logits
 from tests.workers.test_model_config import DIMS, llama_cpp_permute, random_hf_weights
 from tinyvllm.protocol.gguf_file import GGUFFile
 from tinyvllm.workers.gguf_dequantize import dequantize_tensor
+from tinyvllm.workers import model as model_module
+from tinyvllm.workers.gpu_matvec import gpu_matvec
 from tinyvllm.workers.model import FUSED_DEQUANT_MAX_ROWS, Transformer
-from tinyvllm.workers.quantized_weight import DeviceWeight, QuantizedArray
+from tinyvllm.workers.quantized_weight import WORDS_PER_BLOCK, DeviceWeight, QuantizedArray
 from tinyvllm.workers.weights import hf_to_gguf_name, load_weights
 
 IN_KERNEL = ("Q4_1", "Q8_0")
@@ -38,14 +42,19 @@ def gguf(tmp_path_factory):
     return GGUFFile(write_gguf(path, {"general.architecture": "test"}, {t: (x, t) for t in IN_KERNEL}))
 
 
-@pytest.mark.parametrize("type_name", IN_KERNEL)
-def test_device_dequantisation_equals_numpy_exactly(gguf, type_name):
-    reference = dequantize_tensor(gguf, type_name)  # the numpy dequantisation
-    host = QuantizedArray.from_raw(gguf.tensor_type(type_name), gguf.raw(type_name), gguf.tensor_shape(type_name))
-    assert host.shape == reference.shape == (48, 160) and host.dtype == np.float32
-    np.testing.assert_array_equal(np.asarray(host), reference)
-    weight = DeviceWeight.from_host(host)
+@pytest.mark.parametrize("words", [False, True])  # True: the GPU kernels' uint32 layout
+@pytest.mark.parametrize("type_name", IN_KERNEL + ("F16",))
+def test_device_dequantisation_equals_numpy_exactly(gguf, type_name, words):
+    if type_name == "F16":
+        host = reference = awkward_matrix(np.random.default_rng(1), 48, 160).astype(np.float16)
+    else:
+        reference = dequantize_tensor(gguf, type_name)  # the numpy dequantisation
+        host = QuantizedArray.from_raw(gguf.tensor_type(type_name), gguf.raw(type_name), gguf.tensor_shape(type_name))
+        assert host.shape == reference.shape == (48, 160) and host.dtype == np.float32
+        np.testing.assert_array_equal(np.asarray(host), reference)
+    weight = DeviceWeight.from_host(host, words=words)
     assert weight.kind == type_name and weight.shape == (48, 160)
+    assert (weight.parts[0].dtype == dtypes.uint32) == (words and type_name in WORDS_PER_BLOCK)
     got = weight.dequantized().numpy()
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, reference)
@@ -138,3 +147,22 @@ def test_quantised_transformer_equals_float32_one(quantised_llama, n_tokens, ker
         outs.append(model.logits(hidden).numpy())
     np.testing.assert_allclose(outs[0], outs[1], rtol=0, atol=2e-5 * np.abs(outs[1]).max())
     np.testing.assert_allclose(outs[0], dense_logits(cfg, f32, tokens), rtol=0, atol=1e-4 * np.abs(outs[1]).max())
+
+
+@pytest.mark.parametrize("n_tokens", [1, FUSED_DEQUANT_MAX_ROWS + 3])  # the GPU matvec / scratch weight from words
+def test_gpu_kernel_path_equals_float32_one(quantised_llama, n_tokens, monkeypatch):
+    """The path a GPU takes (words layout, workers/gpu_matvec.py's kernels inside the layer functions), on the
+    CPU: its kernels without the GPU layout, which needs local memory."""
+    (cfg, kept), _ = quantised_llama
+    monkeypatch.setattr(model_module, "gpu_matvec_device", lambda device: True)
+    monkeypatch.setattr(model_module, "gpu_matvec", functools.partial(gpu_matvec, layout=None))
+    gpu_path = Transformer(cfg, kept, 64, kernels="tinygrad")
+    assert gpu_path.gpu_kernels and gpu_path.layers[1].wv.parts[0].dtype == dtypes.uint32
+    plain = Transformer(cfg, kept, 64, kernels="tinygrad", dequantize_at_load=True)
+    tokens = np.random.default_rng(3).integers(0, cfg.vocab_size, n_tokens).tolist()
+    outs = []
+    for model in (gpu_path, plain):
+        hidden = model.forward(Tensor(tokens, dtype=dtypes.int32), Tensor.arange(n_tokens, dtype=dtypes.int32),
+                               dense_attention(cfg))
+        outs.append(model.logits(hidden).numpy())
+    np.testing.assert_allclose(outs[0], outs[1], rtol=0, atol=2e-5 * np.abs(outs[1]).max())
