@@ -1,4 +1,5 @@
-"""The CPU backend's C matmul kernels side by side: cpu_matvec vs cpu_gemm per weight shape and row count.
+"""The CPU backend's C matmul kernels side by side: cpu_matvec (float32 and int8 activations) vs cpu_gemm per weight
+shape and row count.
 
     DEV=CPU python benchmarks/cpu_kernels.py --shapes 576x576 1536x1536 --rows 1 2 4 8 16
 
@@ -52,8 +53,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     args = ap.parse_args()
     configure_device(Device.DEFAULT, "c")  # raises unless DEV=CPU
-    print("| weight | rows | cpu_matvec us | cpu_gemm us | matvec GFLOP/s | gemm GFLOP/s |")
-    print("|---|---|---|---|---|---|")
+    print("| weight | rows | cpu_matvec us | int8 matvec us | cpu_gemm us | matvec GFLOP/s | int8 GFLOP/s | gemm GFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|")
     rng = np.random.default_rng(0)
     for shape in args.shapes:
         n, k = (int(v) for v in shape.split("x"))
@@ -61,9 +62,10 @@ def main() -> None:
         weights = [q4_1_weight(rng, n, k) for _ in range(4)]
         for rows in args.rows:
             mv, gm = time_chain(cpu_matvec, weights, rows, n), time_chain(cpu_gemm, weights, rows, n)
+            i8 = time_chain(lambda h, w: cpu_matvec(h, w, int8_activations=True), weights, rows, n)
             flops = 2 * rows * n * k
-            print(f"| Q4_1 {n}x{k} | {rows} | {mv * 1e6:.1f} | {gm * 1e6:.1f} | {flops / mv / 1e9:.1f} | {flops / gm / 1e9:.1f} |",
-                  flush=True)
+            print(f"| Q4_1 {n}x{k} | {rows} | {mv * 1e6:.1f} | {i8 * 1e6:.1f} | {gm * 1e6:.1f} | {flops / mv / 1e9:.1f} | "
+                  f"{flops / i8 / 1e9:.1f} | {flops / gm / 1e9:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ log = logging.getLogger("tinyvllm.frontend")
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 DEFAULT_KV_CACHE_DIR_BYTES = 4 << 30
 WORKER_ROLES = {"both": "mixed", "prefill": "prefill", "decode": "decode"}  # protocol.messages.WorkerRole
-CPU_KERNEL_SETS = ("c", "tinygrad")  # workers/kernel_set.py's KERNEL_SETS, named here without importing tinygrad
+CPU_KERNEL_SETS = ("c", "c-int8", "tinygrad")  # workers/kernel_set.py's KERNEL_SETS, named here without importing tinygrad
 
 
 @dataclass(slots=True)

@@ -65,12 +65,13 @@ def _f32_kernel(out: UOp, h: UOp, w: UOp) -> UOp:
     return _finish(out, (h[t, k] * w[n, k]).reduce(k, arg=Ops.ADD), t, n, "matmul_f32")
 
 
-def cpu_linear(h: Tensor, w) -> Tensor:
+def cpu_linear(h: Tensor, w, int8_activations: bool = False) -> Tensor:
     """h [T, K] @ w.T for a workers.quantized_weight.DeviceWeight w [N, K]: [T, N] float32. Weights of whole
     32-blocks per row (every quantised weight) take the C kernels: workers/cpu_matvec.py for a few rows,
-    workers/cpu_gemm.py for more. Others (float32 with an odd K) take the tinygrad kernel above."""
+    workers/cpu_gemm.py for more. Others (float32 with an odd K) take the tinygrad kernel above. int8_activations:
+    see cpu_matvec."""
     if c_kernels_support(w):
-        return cpu_matvec(h, w) if h.shape[0] < GEMM_MIN_ROWS else cpu_gemm(h, w)
+        return cpu_matvec(h, w, int8_activations) if h.shape[0] < GEMM_MIN_ROWS else cpu_gemm(h, w)
     assert w.kind == "F32", w  # quantised rows are whole blocks
     out = Tensor.empty(h.shape[0], w.shape[0], dtype=dtypes.float32, device=h.device)
     return out.custom_kernel(h.float().contiguous(), w.parts[0], fxn=_f32_kernel)[0]

@@ -42,7 +42,14 @@ def c_matmul(h: Tensor, w, kernel: str) -> Tensor:
     return out.custom_kernel(h.float().contiguous(), *w.parts, fxn=fxn)[0]
 
 
-def cpu_matvec(h: Tensor, w) -> Tensor:
+INT8_ACTIVATION_KINDS = ("Q4_1", "Q8_0")
+INT8_MAX_ROWS = 2  # from 3 rows the float kernel's dequantisation, shared by the rows, is cheaper (docs/BENCHMARKS.md)
+
+
+def cpu_matvec(h: Tensor, w, int8_activations: bool = False) -> Tensor:
     """h [T, K] @ w.T (see c_matmul). Best for a few rows; workers/cpu_gemm.py's register tiles win from
-    GEMM_MIN_ROWS rows."""
-    return c_matmul(h, w, "matvec")
+    GEMM_MIN_ROWS rows. int8_activations (Q4_1 and Q8_0 weights, up to INT8_MAX_ROWS rows): workers/c/matvec_i8.c,
+    h quantised to int8 per block and multiplied with integer dot products (not exact: within half a step of each
+    block's scale)."""
+    int8 = int8_activations and w.kind in INT8_ACTIVATION_KINDS and h.shape[0] <= INT8_MAX_ROWS
+    return c_matmul(h, w, "matvec_i8" if int8 else "matvec")

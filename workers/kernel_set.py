@@ -3,6 +3,8 @@
 - "c": the hand-written C kernels (workers/c/) for the matrix products and attention, tinygrad's own kernels
   rendered with permission to reassociate (workers/cpu_matmul.py's ReassociatingClangRenderer), and the C
   graph executor for jitted steps (workers/cpu_graph.py). Only on tinygrad's CPU backend with its clang renderer.
+- "c-int8": the same, with the decode matvecs of Q4_1 and Q8_0 weights taking int8 activations and integer dot
+  products (workers/c/matvec_i8.c; not bit-exact: within each activation block's quantisation step).
 - "tinygrad": tinygrad's own kernels and graph, what CUDA, AMD and Metal run; on CPU too, so CI runs that path.
 
 `Transformer(..., kernels=...)` picks the kernels a model traces; `configure_device(device, kernels)` sets the
@@ -17,7 +19,8 @@ from tinyvllm.workers.cpu_graph import CPUGraph
 from tinyvllm.workers.cpu_matmul import ReassociatingClangRenderer
 from tinyvllm.workers.cuda_graph import use_cuda_graph
 
-KERNEL_SETS = ("c", "tinygrad")
+KERNEL_SETS = ("c", "c-int8", "tinygrad")
+C_KERNEL_SETS = ("c", "c-int8")  # the sets of the hand-written C kernels
 
 
 def _backend(device: str) -> str:
@@ -25,19 +28,21 @@ def _backend(device: str) -> str:
 
 
 def c_kernels_run_on(device: str) -> bool:
-    """Whether the "c" set can run on `device`: tinygrad's CPU backend rendering with clang (not DEV=CPU:LLVM)."""
+    """Whether the C kernel sets can run on `device`: tinygrad's CPU backend rendering with clang (not DEV=CPU:LLVM)."""
     return _backend(device) == "CPU" and isinstance(Device[device].renderer, ClangRenderer)
 
 
 def default_kernel_set(device: str) -> str:
-    return "c" if c_kernels_run_on(device) else "tinygrad"
+    """"c-int8" where the C kernels run: its greedy tokens equal Hugging Face's on tests/reference's prompts as the
+    exact "c" set's do, and a single stream decodes ~10% faster (docs/BENCHMARKS.md)."""
+    return "c-int8" if c_kernels_run_on(device) else "tinygrad"
 
 
 def check_kernel_set(device: str, kernels: str) -> None:
     if kernels not in KERNEL_SETS:
         raise ValueError(f"unknown kernel set {kernels!r}: choose one of {', '.join(KERNEL_SETS)}")
-    if kernels == "c" and not c_kernels_run_on(device):
-        raise ValueError(f"the c kernel set needs tinygrad's CPU backend with its clang renderer (DEV=CPU), not "
+    if kernels in C_KERNEL_SETS and not c_kernels_run_on(device):
+        raise ValueError(f"the {kernels} kernel set needs tinygrad's CPU backend with its clang renderer (DEV=CPU), not "
                          f"{device}: use --cpu-kernels tinygrad")
 
 
@@ -49,8 +54,8 @@ def configure_device(device: str, kernels: str) -> None:
     dev = Device[device]
     if _backend(device) == "CPU":
         stock = [r for r in dev.renderers if r is not ReassociatingClangRenderer]
-        dev.renderers = [ReassociatingClangRenderer, *stock] if kernels == "c" else stock
-        if kernels == "c":
+        dev.renderers = [ReassociatingClangRenderer, *stock] if kernels in C_KERNEL_SETS else stock
+        if kernels in C_KERNEL_SETS:
             dev.graph = CPUGraph
         elif dev.graph is CPUGraph:
             dev.graph = None

@@ -16,7 +16,7 @@ from tinygrad.function import function
 from tinyvllm.workers.attention_spec import AttentionSpec
 from tinyvllm.workers.cpu_matmul import cpu_linear
 from tinyvllm.workers.gpu_matvec import gpu_matvec, gpu_matvec_device, gpu_matvec_fits
-from tinyvllm.workers.kernel_set import check_kernel_set, default_kernel_set
+from tinyvllm.workers.kernel_set import C_KERNEL_SETS, check_kernel_set, default_kernel_set
 from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.protocol.rope_scaling import rope_frequencies
 from tinyvllm.workers.quantized_weight import DeviceWeight, is_f16_matrix
@@ -61,14 +61,15 @@ FUSED_DEQUANT_MAX_ROWS = 8  # with tinygrad's own CPU kernels fused beat the scr
 
 
 def linear(h: Tensor, w: DeviceWeight, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS, cpu_kernels: bool = False,
-           gpu_kernels: bool = False) -> Tensor:
+           gpu_kernels: bool = False, int8_activations: bool = False) -> Tensor:
     """h @ w.T. With cpu_kernels (tinygrad's CPU backend): workers/cpu_matmul.py's kernels. Otherwise, for up to max_fused_rows
     rows of h (decode) the dequantisation is fused into the matmul's loads; for more rows (larger batches,
     prefill) the fused kernel would redo it for every few rows, so the weight is dequantised once into a
     scratch float32 buffer first (h.shape is static: each jitted step picks one). A float16 weight is only widened:
-    always fused. gpu_kernels (a device with local memory): decode rows take workers/gpu_matvec.py's kernels."""
+    always fused. gpu_kernels (a device with local memory): decode rows take workers/gpu_matvec.py's kernels.
+    int8_activations (with cpu_kernels: the "c-int8" set): decode rows take workers/c/matvec_i8.c."""
     if cpu_kernels:
-        return cpu_linear(h, w)
+        return cpu_linear(h, w, int8_activations)
     if gpu_kernels and gpu_matvec_fits(h, w):
         return gpu_matvec(h, w)
     weight = w.dequantized()
@@ -76,12 +77,12 @@ def linear(h: Tensor, w: DeviceWeight, max_fused_rows: int = FUSED_DEQUANT_MAX_R
 
 
 def make_layer_functions(cfg: ModelConfig, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS, cpu_kernels: bool = False,
-                         gpu_kernels: bool = False):
+                         gpu_kernels: bool = False, int8_activations: bool = False):
     """The dense halves of a layer as tinygrad functions: weights are explicit arguments (a DeviceWeight's
     Tensors become arguments too), so all layers share one graph and tinygrad schedules and compiles it once
     instead of once per layer (once per combination of weight kinds, if layers are quantised differently)."""
     def lin(h: Tensor, w: DeviceWeight) -> Tensor:
-        return linear(h, w, max_fused_rows, cpu_kernels, gpu_kernels)
+        return linear(h, w, max_fused_rows, cpu_kernels, gpu_kernels, int8_activations)
 
     @function(precompile=True, allow_implicit=cpu_kernels or gpu_kernels)
     def qkv(x, cos, sin, norm, wq, wk, wv, *extras):
@@ -138,12 +139,13 @@ class Transformer:
         self.cos, self.sin = rope_tables(cfg, max_positions, weights.get("rope_freqs.weight"))
         self.local_rope = rope_tables(cfg, max_positions, local=True) if cfg.rope_local_theta else None
         self.attention_specs = [AttentionSpec(cfg.scale, cfg.window(i), cfg.attn_softcap) for i in range(cfg.n_layers)]
-        self._qkv, self._attn_out, self._mlp = make_layer_functions(cfg, max_fused_rows, self.cpu_kernels, self.gpu_kernels)
+        self._qkv, self._attn_out, self._mlp = make_layer_functions(cfg, max_fused_rows, self.cpu_kernels, self.gpu_kernels,
+                                                                    self.kernels == "c-int8")
 
     @property
     def cpu_kernels(self) -> bool:
-        """Whether the model runs the hand-written C kernels (the "c" set)."""
-        return self.kernels == "c"
+        """Whether the model runs the hand-written C kernels (the "c" and "c-int8" sets)."""
+        return self.kernels in C_KERNEL_SETS
 
     def forward(self, tokens: Tensor, positions: Tensor, attend) -> Tensor:
         """The whole model, unsharded: hidden states [T, dim] after the final norm.
@@ -194,6 +196,6 @@ class Transformer:
     def logits(self, hidden: Tensor) -> Tensor:
         """[R, V] (a tensor-parallel rank: its vocabulary shard's columns)."""
         # always fused: the scratch float32 copy of a tied embedding would be vocab x dim x 4 bytes per jitted step
-        logits = linear(hidden, self.output, hidden.shape[0], self.cpu_kernels, self.gpu_kernels)
+        logits = linear(hidden, self.output, hidden.shape[0], self.cpu_kernels, self.gpu_kernels, self.kernels == "c-int8")
         cap = self.cfg.final_softcap
         return (logits / cap).tanh() * cap if cap else logits

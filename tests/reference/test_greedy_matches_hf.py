@@ -11,6 +11,7 @@ from tests.reference.hf_reference import reference_greedy
 
 N_TOKENS = 32
 TIE_GAP = 1e-3
+INT8_TIE_GAP = 0.25  # int8 activations (the "c-int8" set) move logits by up to ~this much: a near-tie for them
 LONG_TEXT = ("The history of the bicycle begins in the early nineteenth century, when inventors across Europe "
              "experimented with two-wheeled machines pushed along by the rider's feet. ") * 9
 
@@ -34,7 +35,7 @@ def prompts_and_reference(default_tokenizer):
     return ids, reference_greedy(ids, n_tokens=N_TOKENS)
 
 
-@pytest.fixture(scope="module", params=["c", "tinygrad"])
+@pytest.fixture(scope="module", params=["c", "tinygrad", "c-int8"])
 def ours_and_reference(prompts_and_reference, request):
     ids, reference = prompts_and_reference
     with LLM(max_num_seqs=8, max_model_len=1024, num_kv_blocks=256, cpu_kernels=request.param) as llm:
@@ -42,8 +43,10 @@ def ours_and_reference(prompts_and_reference, request):
     return ids, ours, reference
 
 
-def test_greedy_tokens_equal_transformers(ours_and_reference):
+def test_greedy_tokens_equal_transformers(ours_and_reference, request):
     ids, ours, reference = ours_and_reference
+    if request.node.callspec.params["ours_and_reference"] == "c-int8":
+        return greedy_tokens_equal_up_to_a_near_tie(ids, ours, reference)
     compared = 0
     for i, (prompt, got, ref) in enumerate(zip(ids, ours, reference)):
         assert got.finish_reason == "length" and len(got.token_ids) == N_TOKENS
@@ -54,3 +57,19 @@ def test_greedy_tokens_equal_transformers(ours_and_reference):
         assert got.token_ids[:upto - 1 if ties else upto] == ref["token_ids"][:upto - 1 if ties else upto], f"prompt {i}"
         compared += upto - 1 if ties else upto
     assert compared >= 5 * N_TOKENS  # the comparison must not be hollowed out by ties
+
+
+def greedy_tokens_equal_up_to_a_near_tie(ids, ours, reference):
+    """The "c-int8" set's tolerant comparison: equal tokens, or equal up to a first difference where the
+    reference's top two logits are within INT8_TIE_GAP (its int8 activations are not exact, so a near-tie may go
+    the other way; after it the texts diverge and are not compared)."""
+    compared = 0
+    for i, (prompt, got, ref) in enumerate(zip(ids, ours, reference)):
+        assert got.finish_reason == "length" and len(got.token_ids) == N_TOKENS
+        differ = next((t for t, (a, b) in enumerate(zip(got.token_ids, ref["token_ids"])) if a != b), N_TOKENS)
+        if differ < N_TOKENS:
+            gap = ref["top2_gap"][differ]
+            print(f"prompt {i} ({len(prompt)} tokens): first difference at step {differ}, reference top-2 gap {gap:.4f}")
+            assert gap < INT8_TIE_GAP, f"prompt {i}: differs at step {differ} where the reference is sure ({gap:.3f})"
+        compared += differ
+    assert compared >= 4 * N_TOKENS  # most of the text must match, not just its first tokens

@@ -27,8 +27,8 @@ CFG = ModelConfig(arch="llama", vocab_size=89, dim=32, n_layers=1, n_heads=4, n_
 
 
 def test_names_defaults_and_refusals():
-    assert KERNEL_SETS == CPU_KERNEL_SETS == ("c", "tinygrad")  # the CLI names them without importing tinygrad
-    assert default_kernel_set(Device.DEFAULT) == "c", "the test suite runs on tinygrad's CPU backend"
+    assert KERNEL_SETS == CPU_KERNEL_SETS == ("c", "c-int8", "tinygrad")  # the CLI names them without importing tinygrad
+    assert default_kernel_set(Device.DEFAULT) == "c-int8", "the test suite runs on tinygrad's CPU backend"
     assert default_kernel_set("NULL") == default_kernel_set("CUDA") == "tinygrad"
     check_kernel_set("NULL", "tinygrad")
     with pytest.raises(ValueError, match="DEV=CPU"):
@@ -80,7 +80,7 @@ assert (list(dev.renderers), dev.graph) == before, ((list(dev.renderers), dev.gr
 
 def test_the_kernel_set_reaches_the_model(kernel_set, monkeypatch):
     c_products = []
-    monkeypatch.setattr(model_module, "cpu_linear", lambda h, w: c_products.append(w) or cpu_linear(h, w))
+    monkeypatch.setattr(model_module, "cpu_linear", lambda h, w, *a: c_products.append(w) or cpu_linear(h, w, *a))
     weights = random_llama(CFG)
     model = Transformer(CFG, weights, 16, kernels=kernel_set)
     assert model.kernels == kernel_set and model.cpu_kernels == (kernel_set == "c")

@@ -1,0 +1,44 @@
+"""A numpy model of workers/c/matvec_i8.c's arithmetic, step for step in the same types (int8 codes, exact
+integer lanes, float32 operations one rounding each, in the kernel's order), so a kernel built for any target
+must equal it bit for bit."""
+import numpy as np
+
+f32 = np.float32
+
+
+def quantize_rows(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """h [T, K] float32 -> int8 codes [T, K/32, 32], scales [T, K/32], scale x code sum [T, K/32] (quantize_row)."""
+    x = h.astype(f32).reshape(h.shape[0], -1, 32)
+    d = (np.abs(x).max(-1) / f32(127)).astype(f32)
+    with np.errstate(divide="ignore"):
+        inverse = np.where(d != 0, f32(1) / d, f32(0)).astype(f32)
+    v = (x * inverse[..., None]).astype(f32)
+    q = np.trunc((v + np.where(v >= 0, f32(0.5), f32(-0.5))).astype(f32)).astype(np.int64)
+    return q, d, (d * q.sum(-1).astype(f32)).astype(f32)
+
+
+def weight_codes(kind: str, parts: list[np.ndarray]) -> np.ndarray:
+    """The integer values the kernel multiplies: [N, K/32, 32] (Q4_1's nibbles, Q8_0's signed bytes)."""
+    if kind == "Q4_1":
+        packed = parts[0].astype(np.int64)
+        return np.concatenate([packed & 15, packed >> 4], axis=-1)
+    return parts[0].astype(np.int64)
+
+
+def int8_matvec(kind: str, h: np.ndarray, parts: list[np.ndarray]) -> np.ndarray:
+    """out [T, N] as matvec_i8.c computes it. parts: the DeviceWeight's (codes, d[, m]) as numpy arrays."""
+    xq, xd, xm = quantize_rows(h)
+    w = weight_codes(kind, parts)
+    wd = parts[1].reshape(w.shape[:2]).astype(f32)
+    wm = parts[2].reshape(w.shape[:2]).astype(f32) if kind == "Q4_1" else None
+    # lanes[t, n, b, j]: the sum of the products of elements 4j..4j+3 (exact in int64, as int32 in the kernel)
+    lanes = np.einsum("tbji,nbji->tnbj", xq.reshape(*xq.shape[:2], 8, 4), w.reshape(*w.shape[:2], 8, 4))
+    acc = np.zeros((h.shape[0], w.shape[0], 8), f32)
+    mins = np.zeros((h.shape[0], w.shape[0]), f32)
+    for b in range(w.shape[1]):
+        scale = (wd[None, :, b] * xd[:, None, b]).astype(f32)  # [T, N]
+        acc = (acc + (lanes[:, :, b].astype(f32) * scale[..., None]).astype(f32)).astype(f32)
+        if wm is not None:
+            mins = (mins + (wm[None, :, b] * xm[:, None, b]).astype(f32)).astype(f32)
+    a = [acc[..., j] for j in range(8)]
+    return ((((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) + mins).astype(f32)
