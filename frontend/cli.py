@@ -131,7 +131,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="the kernels the model runs: c, hand-written C kernels and a C graph executor (tinygrad's "
                              "CPU backend only); c-int8, the same with int8 activations in the decode matvecs of "
                              "Q4_1 and Q8_0 weights (faster, not bit-exact); or tinygrad, tinygrad's own kernels "
-                             "(what GPUs run); default: c-int8 on DEV=CPU, tinygrad elsewhere")
+                             "(what GPUs run); default: c on DEV=CPU, tinygrad elsewhere")
 
 
 def engine_args_from(args: argparse.Namespace) -> EngineArgs:

@@ -8,7 +8,7 @@ arguments), and each replay patches only what changes (input buffer addresses, s
 positions) and calls `tv_run` in workers/c/graph_exec.c, which runs the table on a pool of threads.
 
 Command table row (uint64): [function address, core count | (core_id argument index + 1) << 16, args...].
-The "c" kernel set installs it (workers/kernel_set.py).
+The C kernel sets ("c", "c-int8") install it (workers/kernel_set.py).
 """
 from __future__ import annotations
 

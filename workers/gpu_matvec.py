@@ -89,7 +89,8 @@ def gpu_matvec_device(device: str) -> bool:
 def gpu_matvec_fits(h: Tensor, w, layout: Layout = Layout()) -> bool:
     """Whether h @ w.T suits the kernel: a few rows, a weight widened or dequantised in the kernel, whole 32-element
     blocks per row and output rows that fill the layout's workgroups."""
-    return (w.kind == "Q4_1" or w.kind in WORDS_PER_BLOCK and w.parts[0].dtype == dtypes.uint32) and h.shape[0] <= GPU_MATVEC_MAX_ROWS and w.shape[1] % 32 == 0 \
+    values_fit = w.kind == "Q4_1" or w.kind in WORDS_PER_BLOCK and w.parts[0].dtype == dtypes.uint32  # words only
+    return values_fit and h.shape[0] <= GPU_MATVEC_MAX_ROWS and w.shape[1] % 32 == 0 \
         and w.shape[0] % (layout.local * layout.rows) == 0
 
 

@@ -3,8 +3,8 @@
 - "c": the hand-written C kernels (workers/c/) for the matrix products and attention, tinygrad's own kernels
   rendered with permission to reassociate (workers/cpu_matmul.py's ReassociatingClangRenderer), and the C
   graph executor for jitted steps (workers/cpu_graph.py). Only on tinygrad's CPU backend with its clang renderer.
-- "c-int8": the same, with the decode matvecs of Q4_1 and Q8_0 weights taking int8 activations and integer dot
-  products (workers/c/matvec_i8.c; not bit-exact: within each activation block's quantisation step).
+- "c-int8": the same, with the decode matvecs (1-2 rows) of Q4_1 and Q8_0 weights taking int8 activations and
+  integer dot products (workers/c/matvec_i8.c; within each activation block's quantisation step of "c").
 - "tinygrad": tinygrad's own kernels and graph, what CUDA, AMD and Metal run; on CPU too, so CI runs that path.
 
 `Transformer(..., kernels=...)` picks the kernels a model traces; `configure_device(device, kernels)` sets the
@@ -33,9 +33,10 @@ def c_kernels_run_on(device: str) -> bool:
 
 
 def default_kernel_set(device: str) -> str:
-    """"c-int8" where the C kernels run: its greedy tokens equal Hugging Face's on tests/reference's prompts as the
-    exact "c" set's do, and a single stream decodes ~10% faster (docs/BENCHMARKS.md)."""
-    return "c-int8" if c_kernels_run_on(device) else "tinygrad"
+    """"c" where the C kernels run. Not "c-int8" yet, though it decodes a single stream ~10% faster and keeps
+    Hugging Face's greedy tokens (docs/BENCHMARKS.md): it takes int8 for 1-2 rows only, so its output would change
+    with how many requests share a step."""
+    return "c" if c_kernels_run_on(device) else "tinygrad"
 
 
 def check_kernel_set(device: str, kernels: str) -> None:
@@ -47,7 +48,7 @@ def check_kernel_set(device: str, kernels: str) -> None:
 
 
 def configure_device(device: str, kernels: str) -> None:
-    """Sets `device` up for the kernel set: on CPU, "c" installs the reassociating renderer and the C graph
+    """Sets `device` up for the kernel set: on CPU, the C sets ("c", "c-int8") install the reassociating renderer and the C graph
     executor and "tinygrad" takes them out again (tinygrad's defaults); on CUDA, the graph that accepts
     symbolic grids (workers/cuda_graph.py)."""
     check_kernel_set(device, kernels)

@@ -129,7 +129,7 @@ class DeviceWeight:
         """A realised device weight from a numpy array or a QuantizedArray (a 2-D float16 array stays float16).
         words: the values' part as uint32 words (see the module's docstring)."""
         if is_f16_matrix(array) and not dequantize_at_load:
-            if words:
+            if words and array.shape[1] % 32 == 0:
                 array = np.ascontiguousarray(array).view(np.uint32).reshape(array.shape[0], -1, WORDS_PER_BLOCK["F16"])
             return cls("F16", (device_tensor(array),))  # copied in through a writable host copy: mapped files are read-only
         if not isinstance(array, QuantizedArray) or dequantize_at_load:

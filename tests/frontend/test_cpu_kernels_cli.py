@@ -25,7 +25,7 @@ def test_an_unknown_kernel_set_is_refused(serve_calls, capsys):
 def test_help_names_the_option(capsys):
     with pytest.raises(SystemExit):
         cli.main(["serve", "--help"])
-    assert "--cpu-kernels {c,tinygrad}" in capsys.readouterr().out
+    assert "--cpu-kernels {c,c-int8,tinygrad}" in capsys.readouterr().out
 
 
 def test_the_launcher_hands_it_to_the_workers(default_model_path):

@@ -9,11 +9,16 @@ f32 = np.float32
 def quantize_rows(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """h [T, K] float32 -> int8 codes [T, K/32, 32], scales [T, K/32], scale x code sum [T, K/32] (quantize_row)."""
     x = h.astype(f32).reshape(h.shape[0], -1, 32)
-    d = (np.abs(x).max(-1) / f32(127)).astype(f32)
-    with np.errstate(divide="ignore"):
-        inverse = np.where(d != 0, f32(1) / d, f32(0)).astype(f32)
-    v = (x * inverse[..., None]).astype(f32)
-    q = np.trunc((v + np.where(v >= 0, f32(0.5), f32(-0.5))).astype(f32)).astype(np.int64)
+    amax = np.abs(x).max(-1)
+    finite = amax <= np.finfo(f32).max  # False for NaN and infinity
+    d = np.where(finite, amax / f32(127), f32(np.nan)).astype(f32)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        inverse = np.where(finite & (d != 0), f32(1) / d, f32(0)).astype(f32)
+    inverse = np.where(inverse <= np.finfo(f32).max, inverse, f32(0)).astype(f32)
+    with np.errstate(invalid="ignore"):
+        v = (x * inverse[..., None]).astype(f32)
+        q = np.where(finite[..., None], np.trunc((v + np.where(v >= 0, f32(0.5), f32(-0.5))).astype(f32)), 0)
+    q = q.astype(np.int64)
     return q, d, (d * q.sum(-1).astype(f32)).astype(f32)
 
 

@@ -1,7 +1,7 @@
 """workers/c/matvec_i8.c, the decode matvec with int8 activations: bit-exact against a numpy model of the same
-integer and float32 arithmetic (tests/workers/int8_matvec_model.py) on every target it compiles for here
-(VNNI where the CPU has it, AVX2, the baseline's portable loop), through tinygrad too, and within the
-activations' quantisation error of the float32 product."""
+integer and float32 arithmetic (tests/workers/int8_matvec_model.py) on the targets it compiles for here
+(VNNI where the CPU has it, AVX2, the baseline's portable loop; NEON's is not built on x86), through tinygrad
+too, and within the activations' quantisation error of the float32 product."""
 import platform
 
 import numpy as np
@@ -23,7 +23,16 @@ def activations(rows: int) -> np.ndarray:
     h = np.random.default_rng(rows).standard_normal((rows, K)).astype(np.float32)
     h[0, :32] = 0  # a block of zeros: scale 0
     h[-1, 32:64] *= 1e3  # one large block
+    h[-1, 64:96] *= 1e-38  # one too small to invert: codes 0
     return h
+
+
+def with_extremes(kind: str, parts: list[np.ndarray]) -> list[np.ndarray]:
+    """Q8_0's most negative code, which the GGUF writer never emits (-128: 128 unsigned in the AVX2 path)."""
+    if kind == "Q8_0":
+        parts[0] = parts[0].copy()
+        parts[0][0, 0, :4] = -128
+    return parts
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -31,9 +40,14 @@ def activations(rows: int) -> np.ndarray:
 @pytest.mark.parametrize("rows", [1, 3])  # the kernel takes any row count; cpu_matvec uses it up to INT8_MAX_ROWS
 def test_kernel_equals_the_numpy_model_bit_for_bit(weights, target, kind, rows):  # noqa: F811
     weight, _ = weights[kind]
-    parts = [np.ascontiguousarray(p.numpy()) for p in weight.parts]
+    parts = with_extremes(kind, [np.ascontiguousarray(p.numpy()) for p in weight.parts])
     h = activations(rows)
     got = run_kernel("matvec_i8", TARGETS[target], kind, h, parts)
+    np.testing.assert_array_equal(got, int8_matvec(kind, h, parts))
+    h[0, 100] = np.nan  # a NaN (or an infinity) makes its row's outputs NaN, as with float activations
+    h[-1, 5] = np.inf
+    got = run_kernel("matvec_i8", TARGETS[target], kind, h, parts)
+    assert np.isnan(got[0]).all() and np.isnan(got[-1]).all()
     np.testing.assert_array_equal(got, int8_matvec(kind, h, parts))
 
 
@@ -65,3 +79,4 @@ def test_the_c_int8_set_takes_int8_for_one_and_two_rows_only(quantised_llama, mo
     int8 = {(k, rows, kind) for k, rows, kind, kernel in used if kernel == "matvec_i8"}
     assert int8 == {("c-int8", rows, kind) for rows in (1, 2) for kind in ("Q4_1", "Q8_0")}
     assert ("c-int8", 3, "Q4_1", "matvec") in used and ("c-int8", 1, "F32", "matvec") in used  # v: F16, widened
+    assert ("c", 1, "Q4_1", "matvec") in used

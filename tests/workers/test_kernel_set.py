@@ -28,7 +28,7 @@ CFG = ModelConfig(arch="llama", vocab_size=89, dim=32, n_layers=1, n_heads=4, n_
 
 def test_names_defaults_and_refusals():
     assert KERNEL_SETS == CPU_KERNEL_SETS == ("c", "c-int8", "tinygrad")  # the CLI names them without importing tinygrad
-    assert default_kernel_set(Device.DEFAULT) == "c-int8", "the test suite runs on tinygrad's CPU backend"
+    assert default_kernel_set(Device.DEFAULT) == "c", "the test suite runs on tinygrad's CPU backend"
     assert default_kernel_set("NULL") == default_kernel_set("CUDA") == "tinygrad"
     check_kernel_set("NULL", "tinygrad")
     with pytest.raises(ValueError, match="DEV=CPU"):
@@ -47,6 +47,17 @@ def test_configure_device_sets_up_each_set(kernel_set):
         assert dev.renderers.count(ReassociatingClangRenderer) == 1
     else:
         assert ReassociatingClangRenderer not in dev.renderers and dev.graph is None
+
+
+def test_the_c_int8_set_sets_the_device_up_as_the_c_set():
+    dev = Device[Device.DEFAULT]
+    renderers, graph = dev.renderers, dev.graph
+    try:
+        configure_device(Device.DEFAULT, "tinygrad")
+        configure_device(Device.DEFAULT, "c-int8")
+        assert isinstance(dev.renderer, ReassociatingClangRenderer) and dev.graph is CPUGraph
+    finally:
+        dev.renderers, dev.graph = renderers, graph
 
 
 def test_the_c_set_renders_tinygrads_kernels_with_the_reassociation_pragma(c_kernel_set):

@@ -62,6 +62,12 @@ def test_device_dequantisation_equals_numpy_exactly(gguf, type_name, words):
     np.testing.assert_array_equal(weight.rows(Tensor(rows, dtype=dtypes.int32)).numpy(), reference[rows])
 
 
+def test_f16_rows_of_partial_blocks_stay_half_not_words():
+    weight = DeviceWeight.from_host(np.ones((4, 48), np.float16), words=True)  # the GPU kernels take whole blocks
+    assert weight.parts[0].dtype == dtypes.half and weight.shape == (4, 48)
+    np.testing.assert_array_equal(weight.dequantized().numpy(), np.ones((4, 48), np.float32))
+
+
 def test_device_bytes_per_weight(gguf):
     n = 48 * 160
     host = {t: QuantizedArray.from_raw(t, gguf.raw(t), gguf.tensor_shape(t)) for t in IN_KERNEL}

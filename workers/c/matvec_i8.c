@@ -28,19 +28,23 @@ typedef int i32x8 __attribute__((vector_size(32), aligned(4)));
 typedef float f32x8 __attribute__((vector_size(32), aligned(4)));
 
 // x[K] as int8 codes xq and per block a scale xd and xm = xd * (the codes' sum), what a Q4_1 minimum multiplies;
-// code = x / scale rounded half away from 0
+// code = (int)(x * (1 / scale) +- 0.5) in float32. A block with a NaN or an infinity gets codes 0 and scale NaN
+// (its outputs turn NaN, as the float kernel's would); one too small for 1 / scale to be finite, codes 0.
 ALWAYS_INLINE void quantize_row(const float *restrict x, signed char *restrict xq, float *restrict xd, float *restrict xm) {
   for (int b = 0; b < KB; b++) {
     float amax = 0.0f;
     for (int e = 0; e < 32; e++) {
       const float a = x[b * 32 + e] < 0.0f ? -x[b * 32 + e] : x[b * 32 + e];
-      amax = a > amax ? a : amax;
+      amax = a > amax || a != a ? a : amax;  // a NaN stays
     }
-    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int finite = amax <= 3.40282347e38f;  // false for NaN and infinity
+    const float d = finite ? amax / 127.0f : __builtin_nanf("");
+    float id = finite && d != 0.0f ? 1.0f / d : 0.0f;
+    id = id <= 3.40282347e38f ? id : 0.0f;
     int sum = 0;
     for (int e = 0; e < 32; e++) {
       const float v = x[b * 32 + e] * id;
-      const int q = (int)(v + (v >= 0.0f ? 0.5f : -0.5f));
+      const int q = finite ? (int)(v + (v >= 0.0f ? 0.5f : -0.5f)) : 0;
       xq[b * 32 + e] = (signed char)q;
       sum += q;
     }
