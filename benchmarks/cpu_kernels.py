@@ -1,5 +1,5 @@
-"""The CPU backend's C matmul kernels side by side: cpu_matvec (float32 and int8 activations) vs cpu_gemm per weight
-shape and row count.
+"""The CPU backend's C matmul kernels side by side (workers/c/: matvec and gemm with float32 activations,
+matvec_i8 and gemm_i8 with int8 activations; gemm_i8's time includes quantize_i8's) per weight shape and row count.
 
     DEV=CPU python benchmarks/cpu_kernels.py --shapes 576x576 1536x1536 --rows 1 2 4 8 16
 
@@ -13,18 +13,20 @@ import time
 import numpy as np
 from tinygrad import Device, Tensor, TinyJit
 
-from tinyvllm.workers.cpu_gemm import cpu_gemm
-from tinyvllm.workers.cpu_matvec import cpu_matvec
+from tinyvllm.workers.cpu_gemm import int8_tiles
+from tinyvllm.workers.cpu_matvec import c_matmul
 from tinyvllm.workers.kernel_set import configure_device
 from tinyvllm.workers.quantized_weight import DeviceWeight, QuantizedArray
 
 CHAIN = 32
+KERNELS = ("matvec", "matvec_i8", "gemm", "gemm_i8")
 
 
 def q4_1_weight(rng, n: int, k: int) -> DeviceWeight:
     blocks = rng.integers(0, 256, size=(n, k // 32, 20), dtype=np.uint8)
-    blocks[:, :, 0:2] = np.frombuffer(np.float16(1.0 / k).tobytes(), np.uint8)  # scale: keeps the chain finite
-    blocks[:, :, 2:4] = np.frombuffer(np.float16(-7.5 / k).tobytes(), np.uint8)
+    scale = 1.0 / (4.6 * k ** 0.5)  # the chain's activations keep their size (4.6: the codes' spread), never denormal
+    blocks[:, :, 0:2] = np.frombuffer(np.float16(scale).tobytes(), np.uint8)
+    blocks[:, :, 2:4] = np.frombuffer(np.float16(-7.5 * scale).tobytes(), np.uint8)
     return DeviceWeight.from_host(QuantizedArray("Q4_1", blocks))
 
 
@@ -51,21 +53,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["576x576", "1536x1536"], help="square NxN weights (a chain)")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
     args = ap.parse_args()
     configure_device(Device.DEFAULT, "c")  # raises unless DEV=CPU
-    print("| weight | rows | cpu_matvec us | int8 matvec us | cpu_gemm us | matvec GFLOP/s | int8 GFLOP/s | gemm GFLOP/s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| weight | rows | " + " | ".join(f"{k} us" for k in args.kernels) + " | " +
+          " | ".join(f"{k} GFLOP/s" for k in args.kernels) + " |")
+    print("|---|---|" + "---|" * 2 * len(args.kernels))
     rng = np.random.default_rng(0)
     for shape in args.shapes:
         n, k = (int(v) for v in shape.split("x"))
         assert n == k, "the chain feeds each product's output into the next"
         weights = [q4_1_weight(rng, n, k) for _ in range(4)]
         for rows in args.rows:
-            mv, gm = time_chain(cpu_matvec, weights, rows, n), time_chain(cpu_gemm, weights, rows, n)
-            i8 = time_chain(lambda h, w: cpu_matvec(h, w, int8_activations=True), weights, rows, n)
+            times = [time_chain(lambda h, w, kernel=kernel: c_matmul(h, w, kernel, int8_tiles(h) if kernel == "gemm_i8"
+                                                                      else None), weights, rows, n)
+                     for kernel in args.kernels]
             flops = 2 * rows * n * k
-            print(f"| Q4_1 {n}x{k} | {rows} | {mv * 1e6:.1f} | {i8 * 1e6:.1f} | {gm * 1e6:.1f} | {flops / mv / 1e9:.1f} | "
-                  f"{flops / i8 / 1e9:.1f} | {flops / gm / 1e9:.1f} |", flush=True)
+            print(f"| Q4_1 {n}x{k} | {rows} | " + " | ".join(f"{t * 1e6:.1f}" for t in times) + " | " +
+                  " | ".join(f"{flops / t / 1e9:.1f}" for t in times) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -129,9 +129,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                          "blocks, required for a --kv-host other machines reach (default: $TINYVLLM_KV_SECRET)")
     parser.add_argument("--cpu-kernels", choices=CPU_KERNEL_SETS, default=None,
                         help="the kernels the model runs: c, hand-written C kernels and a C graph executor (tinygrad's "
-                             "CPU backend only); c-int8, the same with int8 activations in the decode matvecs of "
-                             "Q4_1 and Q8_0 weights (faster, not bit-exact); or tinygrad, tinygrad's own kernels "
-                             "(what GPUs run); default: c on DEV=CPU, tinygrad elsewhere")
+                             "CPU backend only); c-int8, the same with int8 activations in the products of "
+                             "Q4_1 and Q8_0 weights (faster, within the activations' int8 step of c); or tinygrad, "
+                             "tinygrad's own kernels (what GPUs run); default: c-int8 on DEV=CPU, tinygrad elsewhere")
 
 
 def engine_args_from(args: argparse.Namespace) -> EngineArgs:

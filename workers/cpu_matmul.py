@@ -26,8 +26,8 @@ from tinygrad.helpers import NUM_CPU_THREADS
 from tinygrad.renderer.cstyle import ClangRenderer
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 
-from tinyvllm.workers.cpu_gemm import GEMM_MIN_ROWS, cpu_gemm
-from tinyvllm.workers.cpu_matvec import c_kernels_support, cpu_matvec
+from tinyvllm.workers.cpu_gemm import GEMM_MIN_ROWS, INT8_GEMM_MIN_ROWS, cpu_gemm
+from tinyvllm.workers.cpu_matvec import INT8_ACTIVATION_KINDS, c_kernels_support, cpu_matvec
 
 REASSOCIATE_PRAGMA = "#pragma clang fp reassociate(on)\n"
 MAX_UPCAST_ROWS = 16  # accumulators per weight row; 16 fits the 32 AVX-512 registers with room for loads
@@ -71,7 +71,8 @@ def cpu_linear(h: Tensor, w, int8_activations: bool = False) -> Tensor:
     workers/cpu_gemm.py for more. Others (float32 with an odd K) take the tinygrad kernel above. int8_activations:
     see cpu_matvec."""
     if c_kernels_support(w):
-        return cpu_matvec(h, w, int8_activations) if h.shape[0] < GEMM_MIN_ROWS else cpu_gemm(h, w)
+        gemm_from = INT8_GEMM_MIN_ROWS if int8_activations and w.kind in INT8_ACTIVATION_KINDS else GEMM_MIN_ROWS
+        return cpu_matvec(h, w, int8_activations) if h.shape[0] < gemm_from else cpu_gemm(h, w, int8_activations)
     assert w.kind == "F32", w  # quantised rows are whole blocks
     out = Tensor.empty(h.shape[0], w.shape[0], dtype=dtypes.float32, device=h.device)
     return out.custom_kernel(h.float().contiguous(), w.parts[0], fxn=_f32_kernel)[0]

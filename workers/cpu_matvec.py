@@ -27,9 +27,9 @@ def c_kernels_support(w) -> bool:
     return w.kind in BLOCK_BYTES and w.shape[1] % 32 == 0
 
 
-def c_matmul(h: Tensor, w, kernel: str) -> Tensor:
+def c_matmul(h: Tensor, w, kernel: str, h_input: Tensor | None = None) -> Tensor:
     """h [T, K] @ w.T for a workers.quantized_weight.DeviceWeight w [N, K] (c_kernels_support): [T, N] float32,
-    by workers/c/<kernel>.c (its columns split across cores)."""
+    by workers/c/<kernel>.c (its columns split across cores), which reads h_input (default: h as float32)."""
     assert c_kernels_support(w), w
     (rows, k), cols = h.shape, w.shape[0]
     cores = max(1, min(NUM_CPU_THREADS.value, cols))
@@ -39,17 +39,15 @@ def c_matmul(h: Tensor, w, kernel: str) -> Tensor:
     fxn = c_kernel(name, source, cores, Estimates(
         ops=2 * rows * cols * k, lds=weight_bytes + 4 * rows * k, mem=weight_bytes + 4 * rows * (k + cols)))
     out = Tensor.empty(rows, cols, dtype=dtypes.float32, device=h.device)
-    return out.custom_kernel(h.float().contiguous(), *w.parts, fxn=fxn)[0]
+    return out.custom_kernel(h.float().contiguous() if h_input is None else h_input, *w.parts, fxn=fxn)[0]
 
 
 INT8_ACTIVATION_KINDS = ("Q4_1", "Q8_0")
-INT8_MAX_ROWS = 2  # from 3 rows the float kernel's dequantisation, shared by the rows, is cheaper (docs/BENCHMARKS.md)
 
 
 def cpu_matvec(h: Tensor, w, int8_activations: bool = False) -> Tensor:
     """h [T, K] @ w.T (see c_matmul). Best for a few rows; workers/cpu_gemm.py's register tiles win from
-    GEMM_MIN_ROWS rows. int8_activations (Q4_1 and Q8_0 weights, up to INT8_MAX_ROWS rows): workers/c/matvec_i8.c,
+    GEMM_MIN_ROWS rows (int8: INT8_GEMM_MIN_ROWS). int8_activations (Q4_1 and Q8_0 weights): workers/c/matvec_i8.c,
     h quantised to int8 per block and multiplied with integer dot products (not exact: within half a step of each
     block's scale)."""
-    int8 = int8_activations and w.kind in INT8_ACTIVATION_KINDS and h.shape[0] <= INT8_MAX_ROWS
-    return c_matmul(h, w, "matvec_i8" if int8 else "matvec")
+    return c_matmul(h, w, "matvec_i8" if int8_activations and w.kind in INT8_ACTIVATION_KINDS else "matvec")

@@ -3,8 +3,9 @@
 - "c": the hand-written C kernels (workers/c/) for the matrix products and attention, tinygrad's own kernels
   rendered with permission to reassociate (workers/cpu_matmul.py's ReassociatingClangRenderer), and the C
   graph executor for jitted steps (workers/cpu_graph.py). Only on tinygrad's CPU backend with its clang renderer.
-- "c-int8": the same, with the decode matvecs (1-2 rows) of Q4_1 and Q8_0 weights taking int8 activations and
-  integer dot products (workers/c/matvec_i8.c; within each activation block's quantisation step of "c").
+- "c-int8" (the CPU default): the same, with every product of a Q4_1 or Q8_0 weight taking int8 activations and
+  integer dot products (workers/c/matvec_i8.c for 1-2 rows, quantize_i8.c + gemm_i8.c from 3; within each
+  activation block's quantisation step of "c"; a row's result does not depend on the rows beside it).
 - "tinygrad": tinygrad's own kernels and graph, what CUDA, AMD and Metal run; on CPU too, so CI runs that path.
 
 `Transformer(..., kernels=...)` picks the kernels a model traces; `configure_device(device, kernels)` sets the
@@ -33,10 +34,9 @@ def c_kernels_run_on(device: str) -> bool:
 
 
 def default_kernel_set(device: str) -> str:
-    """"c" where the C kernels run. Not "c-int8" yet, though it decodes a single stream ~10% faster and keeps
-    Hugging Face's greedy tokens (docs/BENCHMARKS.md): it takes int8 for 1-2 rows only, so its output would change
-    with how many requests share a step."""
-    return "c" if c_kernels_run_on(device) else "tinygrad"
+    """"c-int8" where the C kernels run: it decodes a single stream ~10% faster than "c", batches and prefills as
+    fast or faster, and keeps Hugging Face's greedy tokens up to near-ties (docs/BENCHMARKS.md)."""
+    return "c-int8" if c_kernels_run_on(device) else "tinygrad"
 
 
 def check_kernel_set(device: str, kernels: str) -> None:

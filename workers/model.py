@@ -67,7 +67,7 @@ def linear(h: Tensor, w: DeviceWeight, max_fused_rows: int = FUSED_DEQUANT_MAX_R
     prefill) the fused kernel would redo it for every few rows, so the weight is dequantised once into a
     scratch float32 buffer first (h.shape is static: each jitted step picks one). A float16 weight is only widened:
     always fused. gpu_kernels (a device with local memory): decode rows take workers/gpu_matvec.py's kernels.
-    int8_activations (with cpu_kernels: the "c-int8" set): decode rows take workers/c/matvec_i8.c."""
+    int8_activations (with cpu_kernels: the "c-int8" set): Q4_1 and Q8_0 products take int8 activations."""
     if cpu_kernels:
         return cpu_linear(h, w, int8_activations)
     if gpu_kernels and gpu_matvec_fits(h, w):
@@ -140,12 +140,17 @@ class Transformer:
         self.local_rope = rope_tables(cfg, max_positions, local=True) if cfg.rope_local_theta else None
         self.attention_specs = [AttentionSpec(cfg.scale, cfg.window(i), cfg.attn_softcap) for i in range(cfg.n_layers)]
         self._qkv, self._attn_out, self._mlp = make_layer_functions(cfg, max_fused_rows, self.cpu_kernels, self.gpu_kernels,
-                                                                    self.kernels == "c-int8")
+                                                                    self.int8_activations)
 
     @property
     def cpu_kernels(self) -> bool:
         """Whether the model runs the hand-written C kernels (the "c" and "c-int8" sets)."""
         return self.kernels in C_KERNEL_SETS
+
+    @property
+    def int8_activations(self) -> bool:
+        """Whether products of Q4_1/Q8_0 weights quantise their activations to int8 (the "c-int8" set)."""
+        return self.kernels == "c-int8"
 
     def forward(self, tokens: Tensor, positions: Tensor, attend) -> Tensor:
         """The whole model, unsharded: hidden states [T, dim] after the final norm.
@@ -196,6 +201,6 @@ class Transformer:
     def logits(self, hidden: Tensor) -> Tensor:
         """[R, V] (a tensor-parallel rank: its vocabulary shard's columns)."""
         # always fused: the scratch float32 copy of a tied embedding would be vocab x dim x 4 bytes per jitted step
-        logits = linear(hidden, self.output, hidden.shape[0], self.cpu_kernels, self.gpu_kernels, self.kernels == "c-int8")
+        logits = linear(hidden, self.output, hidden.shape[0], self.cpu_kernels, self.gpu_kernels, self.int8_activations)
         cap = self.cfg.final_softcap
         return (logits / cap).tanh() * cap if cap else logits

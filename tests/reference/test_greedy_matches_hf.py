@@ -39,9 +39,7 @@ def prompts_and_reference(default_tokenizer):
 @pytest.fixture(scope="module", params=["c", "tinygrad", "c-int8"])
 def ours_and_reference(prompts_and_reference, request):
     ids, reference = prompts_and_reference
-    # c-int8 takes int8 activations for steps of 1-2 rows only: one sequence at a time, so that it does here
-    seqs = 1 if request.param == "c-int8" else 8
-    with LLM(max_num_seqs=seqs, max_model_len=1024, num_kv_blocks=256, cpu_kernels=request.param) as llm:
+    with LLM(max_num_seqs=8, max_model_len=1024, num_kv_blocks=256, cpu_kernels=request.param) as llm:
         ours = llm.generate(ids, SamplingParams(temperature=0, max_tokens=N_TOKENS, ignore_eos=True))
     return ids, ours, reference
 

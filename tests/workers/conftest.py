@@ -29,7 +29,8 @@ def _each_set(request):
 
 
 # the sets this device runs: both on CPU (CI), tinygrad's alone on a GPU (a parameter left out, not a skip).
-# "c-int8" differs from "c" only in its decode matvecs: tests/workers/test_int8_matvec.py and tests/reference.
+# "c-int8" differs from "c" only in its products of Q4_1/Q8_0 weights: tests/workers/test_int8_matvec.py and
+# tests/reference, and every test that serves with the CPU's default set.
 RUNNABLE_SETS = [k for k in KERNEL_SETS if k == "tinygrad" or k == "c" and c_kernels_run_on(Device.DEFAULT)]
 kernel_set = pytest.fixture(params=RUNNABLE_SETS)(_each_set)
 module_kernel_set = pytest.fixture(scope="module", params=RUNNABLE_SETS)(_each_set)

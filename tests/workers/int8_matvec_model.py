@@ -1,9 +1,10 @@
-"""A numpy model of workers/c/matvec_i8.c's arithmetic, step for step in the same types (int8 codes, exact
-integer lanes, float32 operations one rounding each, in the kernel's order), so a kernel built for any target
-must equal it bit for bit."""
+"""A numpy model of the int8-activation kernels' arithmetic (workers/c/matvec_i8.c, workers/c/gemm_i8.c), step
+for step in the same types (int8 codes, exact integer block sums, float32 operations one rounding each, in the
+kernels' order), so a kernel built for any target, at any row count, must equal it bit for bit."""
 import numpy as np
 
 f32 = np.float32
+LANES = 8  # float accumulators per output: block b adds into lane b % 8
 
 
 def quantize_rows(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -23,7 +24,7 @@ def quantize_rows(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def weight_codes(kind: str, parts: list[np.ndarray]) -> np.ndarray:
-    """The integer values the kernel multiplies: [N, K/32, 32] (Q4_1's nibbles, Q8_0's signed bytes)."""
+    """The integer values the kernels multiply: [N, K/32, 32] (Q4_1's nibbles, Q8_0's signed bytes)."""
     if kind == "Q4_1":
         packed = parts[0].astype(np.int64)
         return np.concatenate([packed & 15, packed >> 4], axis=-1)
@@ -31,19 +32,20 @@ def weight_codes(kind: str, parts: list[np.ndarray]) -> np.ndarray:
 
 
 def int8_matvec(kind: str, h: np.ndarray, parts: list[np.ndarray]) -> np.ndarray:
-    """out [T, N] as matvec_i8.c computes it. parts: the DeviceWeight's (codes, d[, m]) as numpy arrays."""
+    """out [T, N] as the kernels compute it. parts: the DeviceWeight's (codes, d[, m]) as numpy arrays. Per output:
+    8 float lanes; block b adds float(its exact integer dot product) * (d_w * d_x) to lane b % 8, then for Q4_1
+    m_w * (d_x * the block's code sum); out = ((L0 + L1) + (L2 + L3)) + ((L4 + L5) + (L6 + L7))."""
     xq, xd, xm = quantize_rows(h)
     w = weight_codes(kind, parts)
     wd = parts[1].reshape(w.shape[:2]).astype(f32)
     wm = parts[2].reshape(w.shape[:2]).astype(f32) if kind == "Q4_1" else None
-    # lanes[t, n, b, j]: the sum of the products of elements 4j..4j+3 (exact in int64, as int32 in the kernel)
-    lanes = np.einsum("tbji,nbji->tnbj", xq.reshape(*xq.shape[:2], 8, 4), w.reshape(*w.shape[:2], 8, 4))
-    acc = np.zeros((h.shape[0], w.shape[0], 8), f32)
-    mins = np.zeros((h.shape[0], w.shape[0]), f32)
-    for b in range(w.shape[1]):
-        scale = (wd[None, :, b] * xd[:, None, b]).astype(f32)  # [T, N]
-        acc = (acc + (lanes[:, :, b].astype(f32) * scale[..., None]).astype(f32)).astype(f32)
-        if wm is not None:
-            mins = (mins + (wm[None, :, b] * xm[:, None, b]).astype(f32)).astype(f32)
-    a = [acc[..., j] for j in range(8)]
-    return ((((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) + mins).astype(f32)
+    dots = np.einsum("tbe,nbe->tnb", xq, w).astype(f32)  # exact integers (int32 in the kernels), then float32
+    lanes = np.zeros((h.shape[0], w.shape[0], LANES), f32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for b in range(w.shape[1]):
+            scale = (wd[None, :, b] * xd[:, None, b]).astype(f32)  # [T, N]
+            lanes[..., b % LANES] = (lanes[..., b % LANES] + (dots[..., b] * scale).astype(f32)).astype(f32)
+            if wm is not None:
+                lanes[..., b % LANES] = (lanes[..., b % LANES] + (wm[None, :, b] * xm[:, None, b]).astype(f32)).astype(f32)
+        a = [lanes[..., j] for j in range(LANES)]
+        return ((((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])))).astype(f32)

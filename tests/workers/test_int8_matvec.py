@@ -2,6 +2,7 @@
 integer and float32 arithmetic (tests/workers/int8_matvec_model.py) on the targets it compiles for here
 (VNNI where the CPU has it, AVX2, the baseline's portable loop; NEON's is not built on x86), through tinygrad
 too, and within the activations' quantisation error of the float32 product."""
+import ctypes
 import platform
 
 import numpy as np
@@ -9,9 +10,11 @@ import pytest
 from tinygrad import Tensor
 
 from tests.workers.int8_matvec_model import int8_matvec
-from tests.workers.test_c_kernel_builds import run_kernel
+from tests.workers.test_c_kernel_builds import CORES, run_kernel
 from tests.workers.test_cpu_matmul import K, N, weights  # noqa: F401 (weights: the fixture)
 from tests.workers.test_quantized_weight import dense_attention, quantised_llama  # noqa: F401 (a fixture)
+from tinyvllm.workers.c_kernel import shared_library
+from tinyvllm.workers.cpu_gemm import TILE_BYTES_PER_BLOCK, cpu_gemm
 from tinyvllm.workers.cpu_matvec import cpu_matvec
 
 TARGETS = {"native": ("-march=native",), "baseline": ()}
@@ -27,6 +30,17 @@ def activations(rows: int) -> np.ndarray:
     return h
 
 
+def run_int8_gemm(flags: tuple[str, ...], kind: str, h: np.ndarray, parts: list[np.ndarray]) -> np.ndarray:
+    """workers/c/quantize_i8.c, then workers/c/gemm_i8.c (built with `flags`), each core by core."""
+    rows = h.shape[0]
+    quantize = shared_library("quantize_i8.c", (*flags, f"-DROWS={rows}", f"-DK={K}", f"-DCORES={CORES}")).as_posix()
+    tiles = np.zeros((rows + 3) // 4 * K // 32 * TILE_BYTES_PER_BLOCK, np.uint8)
+    for core in range(CORES):
+        ctypes.CDLL(quantize).quantize_i8(tiles.ctypes.data_as(ctypes.c_void_p), h.ctypes.data_as(ctypes.c_void_p),
+                                          ctypes.c_int(core))
+    return run_kernel("gemm_i8", flags, kind, tiles, parts, rows=rows)
+
+
 def with_extremes(kind: str, parts: list[np.ndarray]) -> list[np.ndarray]:
     """Q8_0's most negative code, which the GGUF writer never emits (-128: 128 unsigned in the AVX2 path)."""
     if kind == "Q8_0":
@@ -37,16 +51,20 @@ def with_extremes(kind: str, parts: list[np.ndarray]) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
-@pytest.mark.parametrize("rows", [1, 3])  # the kernel takes any row count; cpu_matvec uses it up to INT8_MAX_ROWS
-def test_kernel_equals_the_numpy_model_bit_for_bit(weights, target, kind, rows):  # noqa: F811
+@pytest.mark.parametrize("kernel,rows", [("matvec_i8", 1), ("matvec_i8", 3), ("gemm_i8", 2), ("gemm_i8", 13)])
+def test_kernel_equals_the_numpy_model_bit_for_bit(weights, target, kind, kernel, rows):  # noqa: F811
+    """gemm_i8 with 13 rows: 3 full tiles and a part one, in slabs of 3 tiles (a pair and a single, a single)."""
     weight, _ = weights[kind]
     parts = with_extremes(kind, [np.ascontiguousarray(p.numpy()) for p in weight.parts])
+    flags = TARGETS[target] + ((f"-DSLAB_BYTES={3 * K // 32 * TILE_BYTES_PER_BLOCK}",) if kernel == "gemm_i8" else ())
+    run = (lambda h: run_int8_gemm(flags, kind, h, parts)) if kernel == "gemm_i8" else \
+        (lambda h: run_kernel(kernel, flags, kind, h, parts))
     h = activations(rows)
-    got = run_kernel("matvec_i8", TARGETS[target], kind, h, parts)
+    got = run(h)
     np.testing.assert_array_equal(got, int8_matvec(kind, h, parts))
     h[0, 100] = np.nan  # a NaN (or an infinity) makes its row's outputs NaN, as with float activations
     h[-1, 5] = np.inf
-    got = run_kernel("matvec_i8", TARGETS[target], kind, h, parts)
+    got = run(h)
     assert np.isnan(got[0]).all() and np.isnan(got[-1]).all()
     np.testing.assert_array_equal(got, int8_matvec(kind, h, parts))
 
@@ -64,19 +82,27 @@ def test_through_tinygrad_equals_the_model_and_stays_near_the_float_product(weig
     assert not np.array_equal(got, cpu_matvec(Tensor(h), weight).numpy())  # it is a different path
 
 
-def test_the_c_int8_set_takes_int8_for_one_and_two_rows_only(quantised_llama, monkeypatch):  # noqa: F811
+def test_the_c_int8_set_takes_int8_at_every_row_count_and_a_row_keeps_its_bits(quantised_llama, monkeypatch):  # noqa: F811
+    """c-int8: every Q4_1/Q8_0 product takes int8 activations (matvec_i8 for 1-2 rows, gemm_i8 from 3), and a row's
+    logits do not depend on the rows beside it: alone, with 1 or 2 more (matvec_i8, then gemm_i8) bit for bit; with
+    4 more within a float rounding (tinygrad's own kernels, norms and this test's attention, change with the shape)."""
     from tinyvllm.workers import cpu_matvec as cpu_matvec_module
     from tinyvllm.workers.model import Transformer
     (cfg, kept), _ = quantised_llama
     used = set()
     c_matmul = cpu_matvec_module.c_matmul
-    monkeypatch.setattr(cpu_matvec_module, "c_matmul", lambda h, w, kernel: used.add((kernels, h.shape[0], w.kind, kernel))
-                        or c_matmul(h, w, kernel))
+    monkeypatch.setattr(cpu_matvec_module, "c_matmul", lambda h, w, kernel, *a: used.add((kernels, h.shape[0], w.kind, kernel))
+                        or c_matmul(h, w, kernel, *a))
+    monkeypatch.setattr("tinyvllm.workers.cpu_gemm.c_matmul", cpu_matvec_module.c_matmul)
+    first_rows = {}
     for kernels in ("c-int8", "c"):
         model = Transformer(cfg, kept, 64, kernels=kernels)
-        for n in (1, 2, 3):
-            model.forward(Tensor([1] * n), Tensor.arange(n), dense_attention(cfg)).realize()
-    int8 = {(k, rows, kind) for k, rows, kind, kernel in used if kernel == "matvec_i8"}
-    assert int8 == {("c-int8", rows, kind) for rows in (1, 2) for kind in ("Q4_1", "Q8_0")}
-    assert ("c-int8", 3, "Q4_1", "matvec") in used and ("c-int8", 1, "F32", "matvec") in used  # v: F16, widened
-    assert ("c", 1, "Q4_1", "matvec") in used
+        for n in (1, 2, 3, 5):
+            first_rows[kernels, n] = model.forward(Tensor([1] + [7] * (n - 1)), Tensor.arange(n), dense_attention(cfg)).numpy()[0]
+    int8 = {(k, rows, kind, kernel) for k, rows, kind, kernel in used if kernel.endswith("_i8")}
+    assert int8 == {("c-int8", rows, kind, "matvec_i8" if rows <= 2 else "gemm_i8") for rows in (1, 2, 3, 5)
+                    for kind in ("Q4_1", "Q8_0")}
+    assert ("c-int8", 1, "F32", "matvec") in used and ("c", 1, "Q4_1", "matvec") in used  # v: F16, widened
+    for n in (2, 3):
+        np.testing.assert_array_equal(first_rows["c-int8", n], first_rows["c-int8", 1])
+    np.testing.assert_allclose(first_rows["c-int8", 5], first_rows["c-int8", 1], rtol=0, atol=1e-6)

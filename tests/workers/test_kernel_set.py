@@ -28,7 +28,7 @@ CFG = ModelConfig(arch="llama", vocab_size=89, dim=32, n_layers=1, n_heads=4, n_
 
 def test_names_defaults_and_refusals():
     assert KERNEL_SETS == CPU_KERNEL_SETS == ("c", "c-int8", "tinygrad")  # the CLI names them without importing tinygrad
-    assert default_kernel_set(Device.DEFAULT) == "c", "the test suite runs on tinygrad's CPU backend"
+    assert default_kernel_set(Device.DEFAULT) == "c-int8", "the test suite runs on tinygrad's CPU backend"
     assert default_kernel_set("NULL") == default_kernel_set("CUDA") == "tinygrad"
     check_kernel_set("NULL", "tinygrad")
     with pytest.raises(ValueError, match="DEV=CPU"):

@@ -1,18 +1,14 @@
 // out[ROWS, COLS] = h[ROWS, K] @ weight.T for a few rows and a Q4_1 or Q8_0 weight, with h quantised to int8 per
-// 32-element block (scale = max |x| / 127, as llama.cpp's Q8_0/Q8_1 activations) and each block's products summed
-// as integers: 4 multiplies per instruction lane (VNNI's vpdpbusd, AVX2's vpmaddubsw + vpmaddwd, NEON's sdot),
-// where the float32 kernel (matvec.c) widens every weight to a float first. Core core_id of CORES computes its
-// share of the columns; each core quantises h itself (ROWS x K, small next to the weight it reads).
-//
-// The arithmetic is fixed so that tests/workers/int8_matvec_model.py's numpy model gives the same bits on every
-// target: per block, 8 int32 lanes, lane j the sum of the products of elements 4j..4j+3; per output, 8 float
-// lanes acc[j] += (float)lane_j * (d_w * d_x), and for Q4_1 a scalar sum of m_w * (d_x * (float)(the block's
-// int8 codes summed)); out = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)) + that sum. No reassociation, no
-// contraction into fused multiply-adds.
+// 32-element block and each block's products summed as integers: 4 multiplies per instruction lane (VNNI's
+// vpdpbusd, AVX2's vpmaddubsw + vpmaddwd, NEON's sdot), where the float32 kernel (matvec.c) widens every weight
+// to a float first. Core core_id of CORES computes its share of the columns; each core quantises h itself
+// (ROWS x K, small next to the weight it reads). The arithmetic is int8_rows.h's, as gemm_i8.c's for more rows:
+// here the 8 float lanes are 8 consecutive blocks of one output, their integer sums reduced by a
+// transpose-and-add tree.
 #include "kernel.h"
 #include "weights.h"
+#include "int8_rows.h"
 
-#pragma clang fp contract(off)
 #if defined(__AVX2__)
 #include <immintrin.h>
 #elif defined(__ARM_FEATURE_DOTPROD)
@@ -23,35 +19,6 @@
 #endif
 #define PER_CORE ((COLS + CORES - 1) / CORES)
 #define PREFETCH_AHEAD 4
-
-typedef int i32x8 __attribute__((vector_size(32), aligned(4)));
-typedef float f32x8 __attribute__((vector_size(32), aligned(4)));
-
-// x[K] as int8 codes xq and per block a scale xd and xm = xd * (the codes' sum), what a Q4_1 minimum multiplies;
-// code = (int)(x * (1 / scale) +- 0.5) in float32. A block with a NaN or an infinity gets codes 0 and scale NaN
-// (its outputs turn NaN, as the float kernel's would); one too small for 1 / scale to be finite, codes 0.
-ALWAYS_INLINE void quantize_row(const float *restrict x, signed char *restrict xq, float *restrict xd, float *restrict xm) {
-  for (int b = 0; b < KB; b++) {
-    float amax = 0.0f;
-    for (int e = 0; e < 32; e++) {
-      const float a = x[b * 32 + e] < 0.0f ? -x[b * 32 + e] : x[b * 32 + e];
-      amax = a > amax || a != a ? a : amax;  // a NaN stays
-    }
-    const int finite = amax <= 3.40282347e38f;  // false for NaN and infinity
-    const float d = finite ? amax / 127.0f : __builtin_nanf("");
-    float id = finite && d != 0.0f ? 1.0f / d : 0.0f;
-    id = id <= 3.40282347e38f ? id : 0.0f;
-    int sum = 0;
-    for (int e = 0; e < 32; e++) {
-      const float v = x[b * 32 + e] * id;
-      const int q = finite ? (int)(v + (v >= 0.0f ? 0.5f : -0.5f)) : 0;
-      xq[b * 32 + e] = (signed char)q;
-      sum += q;
-    }
-    xd[b] = d;
-    xm[b] = d * (float)sum;
-  }
-}
 
 // weight row n's block b as the instructions take it (loaded and unpacked once for every activation row)
 #if defined(__AVX2__)
@@ -119,6 +86,25 @@ ALWAYS_INLINE i32x8 block_dot(block_t blk, const signed char *restrict x) {
 #endif
 }
 
+// lane b of the result = the sum of v[b]'s 8 lanes (integers: any order gives the same sum)
+#define PAIRS(x, y, ...) (__builtin_shufflevector(x, y, __VA_ARGS__))
+ALWAYS_INLINE i32x8 sums_of_8(const i32x8 *v) {
+  i32x8 w[4], u[2];
+  for (int i = 0; i < 4; i++)
+    w[i] = PAIRS(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) + PAIRS(v[2 * i], v[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+  for (int i = 0; i < 2; i++)  // [v4i x2, v4i+2 x2, v4i+1 x2, v4i+3 x2]
+    u[i] = PAIRS(w[2 * i], w[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) + PAIRS(w[2 * i], w[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+  return PAIRS(u[0], u[1], 0, 4, 2, 6, 8, 12, 10, 14) + PAIRS(u[0], u[1], 1, 5, 3, 7, 9, 13, 11, 15);
+}
+
+// p[0 .. n) as 8 lanes, zeros after
+ALWAYS_INLINE f32x8 load8(const float *p, int n) {
+  if (n == 8) return *(const f32x8 *)p;
+  f32x8 r = {0};
+  for (int i = 0; i < n; i++) r[i] = p[i];
+  return r;
+}
+
 void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int core_id) {
   signed char xq[ROWS][K];
   float xd[ROWS][KB];
@@ -128,22 +114,29 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
   for (int n = core_id * PER_CORE; n < n_end; n++) {
     if (n + PREFETCH_AHEAD < n_end) prefetch_row(WEIGHT_ARGS, n + PREFETCH_AHEAD);
     f32x8 acc[ROWS];
-    float mins[ROWS];
-    for (int t = 0; t < ROWS; t++) acc[t] = (f32x8){0}, mins[t] = 0.0f;
-    for (int b = 0; b < KB; b++) {
-      const float wd = d[(long)n * KB + b];
-      const block_t blk = load_block(WEIGHT_ARGS, n, b);
-      for (int t = 0; t < ROWS; t++) {
-        const f32x8 lanes = __builtin_convertvector(block_dot(blk, xq[t] + b * 32), f32x8);
-        acc[t] += lanes * (wd * xd[t][b]);
+    for (int t = 0; t < ROWS; t++) acc[t] = (f32x8){0};
+    for (int b0 = 0; b0 < KB; b0 += 8) {
+      const int nb = KB - b0 < 8 ? KB - b0 : 8;
+      i32x8 dots[ROWS][8];
+      for (int i = 0; i < 8; i++) {
+        if (i < nb) {
+          const block_t blk = load_block(WEIGHT_ARGS, n, b0 + i);
+          for (int t = 0; t < ROWS; t++) dots[t][i] = block_dot(blk, xq[t] + (b0 + i) * 32);
+        } else {
+          for (int t = 0; t < ROWS; t++) dots[t][i] = (i32x8){0};
+        }
+      }
+      const f32x8 wd = load8(d + (long)n * KB + b0, nb);
 #if defined(WEIGHT_Q4_1)
-        mins[t] += m[(long)n * KB + b] * xm[t][b];
+      const f32x8 wm = load8(m + (long)n * KB + b0, nb);
+#endif
+      for (int t = 0; t < ROWS; t++) {
+        acc[t] += __builtin_convertvector(sums_of_8(dots[t]), f32x8) * (wd * load8(xd[t] + b0, nb));
+#if defined(WEIGHT_Q4_1)
+        acc[t] += wm * load8(xm[t] + b0, nb);
 #endif
       }
     }
-    for (int t = 0; t < ROWS; t++) {
-      const f32x8 a = acc[t];
-      out[(long)t * COLS + n] = (((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) + mins[t];
-    }
+    for (int t = 0; t < ROWS; t++) out[(long)t * COLS + n] = LANE_SUM8(acc[t]);
   }
 }

@@ -1,0 +1,161 @@
+// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a Q4_1 or Q8_0 weight and more rows than matvec_i8.c takes, h given
+// as quantize_i8.c's tiles of int8 codes: int8_rows.h's arithmetic, so every row gets the bits matvec_i8.c would
+// give it (a request's tokens do not depend on what shares its steps). Core core_id of CORES takes its share of
+// the columns, in panels of 4 weight rows, each unpacked once into L1 per slab of tiles (L2-sized), every tile
+// of 4 activation rows run against it. A 16-lane vector holds a tile's 16
+// (row, column) pairs, lane 4j + i = row i, column j, so one vpdpbusd adds 4 products to each of 16 outputs and
+// a block's integer sums need no horizontal reduction.
+#include "kernel.h"
+#include "weights.h"
+#include "int8_rows.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#elif defined(__ARM_FEATURE_DOTPROD)
+#include <arm_neon.h>
+#endif
+#if !defined(WEIGHT_Q4_1) && !defined(WEIGHT_Q8_0)
+#error "int8 activations are for Q4_1 and Q8_0 weights"
+#endif
+#define PER_CORE ((COLS + CORES - 1) / CORES)
+#if defined(__AVX512VNNI__) && defined(WEIGHT_Q8_0)
+#define OFFSET_CODES 1  // Q8_0 codes + 128 as unsigned bytes (vpdpbusd: unsigned x signed), 128 x the codes' sum taken off
+#endif
+#define TILES ((ROWS + 3) / 4)
+#ifndef SLAB_BYTES
+#define SLAB_BYTES 262144  // the tiles a panel meets before the next panel: they stay in L2 (tests set it smaller)
+#endif
+#define SLAB (SLAB_BYTES / (int)sizeof(tile_t) > 1 ? SLAB_BYTES / (int)sizeof(tile_t) : 1)
+
+typedef int i32x16 __attribute__((vector_size(64), aligned(64)));
+typedef float f32x16 __attribute__((vector_size(64), aligned(64)));
+typedef signed char i8x32 __attribute__((vector_size(32), aligned(1)));
+#define SPREAD4(v) __builtin_shufflevector(v, v, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)  // lane 4j + i: v[i]
+#define EACH4(v) __builtin_shufflevector(v, v, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)    // lane 4j + i: v[j]
+
+// acc + per lane the sum of the 4 products of w's and x's bytes in it (w: Q4_1's nibbles or Q8_0's codes)
+#if defined(__AVX2__) && !defined(__AVX512VNNI__)
+ALWAYS_INLINE __m256i dot4_half(__m256i w, __m256i x) {  // pairs of products fit int16 (see matvec_i8.c)
+#if defined(WEIGHT_Q8_0)
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+#endif
+}
+#endif
+#define HALF(v, h) __builtin_shufflevector(v, v, 8 * h, 8 * h + 1, 8 * h + 2, 8 * h + 3, 8 * h + 4, 8 * h + 5, 8 * h + 6, 8 * h + 7)
+#define QUARTER(v, q) __builtin_shufflevector(v, v, 4 * q, 4 * q + 1, 4 * q + 2, 4 * q + 3)
+ALWAYS_INLINE i32x16 dot4(i32x16 acc, i32x16 w, i32x16 x) {
+#if defined(__AVX512VNNI__)
+  return (i32x16)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)w, (__m512i)x);
+#elif defined(__AVX2__)
+  const i32x8 lo = (i32x8)dot4_half((__m256i)HALF(w, 0), (__m256i)HALF(x, 0));
+  const i32x8 hi = (i32x8)dot4_half((__m256i)HALF(w, 1), (__m256i)HALF(x, 1));
+  return acc + __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#elif defined(__ARM_FEATURE_DOTPROD)
+#define DOT_QUARTER(q) (i32x4)vdotq_s32((int32x4_t)QUARTER(acc, q), (int8x16_t)QUARTER(w, q), (int8x16_t)QUARTER(x, q))
+  const i32x4 q0 = DOT_QUARTER(0), q1 = DOT_QUARTER(1), q2 = DOT_QUARTER(2), q3 = DOT_QUARTER(3);
+  return __builtin_shufflevector(__builtin_shufflevector(q0, q1, 0, 1, 2, 3, 4, 5, 6, 7),
+                                 __builtin_shufflevector(q2, q3, 0, 1, 2, 3, 4, 5, 6, 7),
+                                 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+  const signed char *wb = (const signed char *)&w, *xb = (const signed char *)&x;
+  for (int l = 0; l < 16; l++)
+    for (int e = 0; e < 4; e++) acc[l] += wb[4 * l + e] * xb[4 * l + e];
+  return acc;
+#endif
+}
+
+// weight row n's block b as 32 code bytes (8 dwords: dword k = elements 4k..4k+3)
+ALWAYS_INLINE i32x8 block_codes(WEIGHT_PARAMS, int n, int b) {
+#if defined(WEIGHT_Q4_1)
+  const u8x16 q = *(const u8x16 *)(weight + ((long)n * KB + b) * 16);
+  return (i32x8)__builtin_shufflevector(q & (unsigned char)15, q >> 4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                        14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+#elif defined(OFFSET_CODES)
+  return (i32x8)(*(const i8x32 *)(weight + ((long)n * KB + b) * 32) ^ (signed char)-128);
+#else
+  return (i32x8) * (const i8x32 *)(weight + ((long)n * KB + b) * 32);
+#endif
+}
+
+typedef struct {
+  i32x16 codes[KB][8];  // [b][k]: lane 4j + i = dword k of weight row j
+  f32x16 d[KB], m[KB];
+} panel_t;
+
+#define SPREAD_ROWS(k) __builtin_shufflevector(c01, c23, k, k, k, k, 8 + k, 8 + k, 8 + k, 8 + k, 16 + k, 16 + k, 16 + k, \
+                                               16 + k, 24 + k, 24 + k, 24 + k, 24 + k)
+// weight rows n0 .. n0 + nr - 1 as a panel (its rows from nr on repeat the last: their outputs are not kept)
+ALWAYS_INLINE void unpack_panel(WEIGHT_PARAMS, int n0, int nr, panel_t *restrict panel) {
+  int n[4];
+  for (int j = 0; j < 4; j++) n[j] = n0 + (j < nr ? j : nr - 1);
+  for (int b = 0; b < KB; b++) {
+    const i32x16 c01 = __builtin_shufflevector(block_codes(WEIGHT_ARGS, n[0], b), block_codes(WEIGHT_ARGS, n[1], b),
+                                               0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const i32x16 c23 = __builtin_shufflevector(block_codes(WEIGHT_ARGS, n[2], b), block_codes(WEIGHT_ARGS, n[3], b),
+                                               0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    panel->codes[b][0] = SPREAD_ROWS(0), panel->codes[b][1] = SPREAD_ROWS(1);
+    panel->codes[b][2] = SPREAD_ROWS(2), panel->codes[b][3] = SPREAD_ROWS(3);
+    panel->codes[b][4] = SPREAD_ROWS(4), panel->codes[b][5] = SPREAD_ROWS(5);
+    panel->codes[b][6] = SPREAD_ROWS(6), panel->codes[b][7] = SPREAD_ROWS(7);
+    const f32x4 ds = {d[(long)n[0] * KB + b], d[(long)n[1] * KB + b], d[(long)n[2] * KB + b], d[(long)n[3] * KB + b]};
+    panel->d[b] = EACH4(ds);
+#if defined(WEIGHT_Q4_1)
+    const f32x4 ms = {m[(long)n[0] * KB + b], m[(long)n[1] * KB + b], m[(long)n[2] * KB + b], m[(long)n[3] * KB + b]};
+    panel->m[b] = EACH4(ms);
+#endif
+  }
+}
+
+// acc + block b's products of the tile's rows and the panel's rows (16 pairs)
+ALWAYS_INLINE f32x16 block_step(f32x16 acc, const tile_t *restrict tile, const panel_t *restrict panel, int b) {
+#if defined(OFFSET_CODES)
+  i32x16 s0 = SPREAD4(tile->offset[b]), s1 = (i32x16){0};
+#else
+  i32x16 s0 = (i32x16){0}, s1 = (i32x16){0};
+#endif
+  for (int k = 0; k < 4; k++) s0 = dot4(s0, panel->codes[b][k], SPREAD4(tile->codes[b][k]));
+  for (int k = 4; k < 8; k++) s1 = dot4(s1, panel->codes[b][k], SPREAD4(tile->codes[b][k]));
+  acc += __builtin_convertvector(s0 + s1, f32x16) * (panel->d[b] * SPREAD4(tile->d[b]));
+#if defined(WEIGHT_Q4_1)
+  acc += panel->m[b] * SPREAD4(tile->m[b]);
+#endif
+  return acc;
+}
+
+// out[r0 + i, n0 + j] for `count` (1 or 2) tiles from r0 (rows < ROWS) and the panel's rows j < nr
+ALWAYS_INLINE void tiles_product(float *restrict out, const tile_t *restrict tiles, int count, const panel_t *restrict panel,
+                                 int r0, int n0, int nr) {
+  f32x16 acc[2][8];
+  for (int t = 0; t < count; t++)
+    for (int r = 0; r < 8; r++) acc[t][r] = (f32x16){0};
+  int b0 = 0;
+  for (; b0 + 8 <= KB; b0 += 8) {
+#pragma clang loop unroll(full)
+    for (int r = 0; r < 8; r++)
+      for (int t = 0; t < count; t++) acc[t][r] = block_step(acc[t][r], &tiles[t], panel, b0 + r);
+  }
+  for (int r = 0; b0 + r < KB; r++)
+    for (int t = 0; t < count; t++) acc[t][r] = block_step(acc[t][r], &tiles[t], panel, b0 + r);
+  for (int t = 0; t < count; t++) {
+    const f32x16 sums = LANE_SUM8(acc[t]);
+    for (int j = 0; j < nr; j++)
+      for (int i = 0; i < 4 && r0 + 4 * t + i < ROWS; i++) out[(long)(r0 + 4 * t + i) * COLS + n0 + j] = sums[4 * j + i];
+  }
+}
+
+void gemm_i8(float *restrict out, const tile_t *restrict tiles, WEIGHT_PARAMS, int core_id) {
+  panel_t panel;
+  const int n_end = (core_id + 1) * PER_CORE < COLS ? (core_id + 1) * PER_CORE : COLS;
+  for (int s0 = 0; s0 < TILES; s0 += SLAB) {
+    const int s_end = TILES - s0 < SLAB ? TILES : s0 + SLAB;
+    for (int n0 = core_id * PER_CORE; n0 < n_end; n0 += 4) {
+      const int nr = n_end - n0 < 4 ? n_end - n0 : 4;
+      unpack_panel(WEIGHT_ARGS, n0, nr, &panel);
+      int t = s0;
+      for (; t + 2 <= s_end; t += 2) tiles_product(out, &tiles[t], 2, &panel, 4 * t, n0, nr);
+      if (t < s_end) tiles_product(out, &tiles[t], 1, &panel, 4 * t, n0, nr);
+    }
+  }
+}
