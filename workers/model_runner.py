@@ -7,7 +7,6 @@ sampler call picks their tokens. Two features read more than those rows, from th
 embeddings (summed per request on the host) and prompt logprobs (a jitted head over every position, compiled
 only when first asked for).
 """
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,7 +16,7 @@ from tinyvllm.protocol.messages import StepPlan, StepResult
 from tinyvllm.protocol.parallel_layout import ShardSpec
 from tinyvllm.workers.attention import PagedAttention
 from tinyvllm.workers.batch_state import BatchState, ScheduledChunk
-from tinyvllm.workers.device_input import device_tensor
+from tinyvllm.workers.device_input import HostInputs, device_tensor, host_array
 from tinyvllm.workers.flat_batch import FlatBatch, flatten, split_into_forwards
 from tinyvllm.workers.grammar_masks import GrammarMasks
 from tinyvllm.workers.host_swap import HostSwap
@@ -75,6 +74,7 @@ class ModelRunner:
         self.token_buckets = sorted(set(buckets_up_to(max_num_batched_tokens)) | set(self.row_buckets))
         self.nb_var = UOp.variable("nb", 1, self.max_blocks_per_seq)
         self.forward_jits = {t: TinyJit(self._forward) for t in self.token_buckets}
+        self.inputs = HostInputs()
         self.sharded = ShardedForward(self) if group is not None else None  # a group of one runs it too (tests)
         self.prompt_logprobs_jits: dict[tuple[int, int], TinyJit] = {}  # (tokens, top-k bucket)
         self.sampler = BatchSampler(self.row_buckets)
@@ -137,9 +137,9 @@ class ModelRunner:
 
     def batch_inputs(self, batch: FlatBatch) -> tuple:
         """(positions, token_rows, tables, n_valid, sample_index, nb): a forward's inputs besides its tokens."""
-        return (device_tensor(batch.positions), device_tensor(batch.token_rows), device_tensor(batch.tables),
-                device_tensor(np.array([batch.num_tokens], np.int32)), device_tensor(batch.sample_index),
-                self.nb_var.bind(batch.num_blocks))
+        return (self.inputs("positions", batch.positions), self.inputs("token_rows", batch.token_rows),
+                self.inputs("tables", batch.tables), self.inputs("n_valid", np.array([batch.num_tokens], np.int32)),
+                self.inputs("sample_index", batch.sample_index), self.nb_var.bind(batch.num_blocks))
 
     def run_forward(self, batch: FlatBatch) -> tuple[Tensor | None, Tensor | None]:
         """(the sampling rows' logits, the final hidden states), each None on a worker that does not have them
@@ -147,11 +147,12 @@ class ModelRunner:
         the jits' buffers: valid until the same bucket runs again."""
         if self.sharded is not None:
             return self.sharded(batch)
-        first = device_tensor(batch.tokens) if self.spec.first_stage else device_tensor(self.link.recv())
+        first = self.inputs("tokens" if self.spec.first_stage else "hidden", batch.tokens if self.spec.first_stage
+                            else self.link.recv())
         capture_on_next_call(jit := self.forward_jits[batch.bucket])  # a bucket's first step captures (not eager, then again)
         out = jit(first, *self.batch_inputs(batch))
         if not self.spec.last_stage:
-            self.link.send(out.numpy())
+            self.link.send(host_array(out))
             return None, None
         return out
 
@@ -254,7 +255,7 @@ class ModelRunner:
         for piece, offset in asking:
             following = piece.state.token_ids[piece.start + 1:piece.start + piece.length + 1]
             next_tokens[offset:offset + len(following)] = following
-        outs = [o.numpy() for o in jit(hidden, device_tensor(next_tokens))]
+        outs = [host_array(o) for o in jit(hidden, device_tensor(next_tokens))]
         for piece, offset in asking:
             state, k = piece.state, piece.state.sampling.prompt_logprobs
             n = min(piece.length, state.num_prompt_tokens - 1 - piece.start)  # positions whose next token is a prompt token

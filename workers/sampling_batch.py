@@ -13,7 +13,7 @@ from tinygrad import Tensor, TinyJit, dtypes
 
 from tinyvllm.protocol.messages import TokenLogprobs
 from tinyvllm.workers.batch_state import RequestState
-from tinyvllm.workers.device_input import device_tensor
+from tinyvllm.workers.device_input import device_tensor, host_array
 from tinyvllm.workers.logprobs import logprobs_of, to_token_logprobs, top_count_bucket
 from tinyvllm.workers.penalties import additive_bias, apply_logit_processing
 from tinyvllm.workers.sampler import sample
@@ -108,7 +108,7 @@ class BatchSampler:
         variant = SamplerVariant(greedy, False, None)
         params = np.array([[1.0], [0.0], [1.0], [0.0]], np.float32).repeat(R_pad, 1)  # temperature, top_k, top_p, min_p
         inputs = [] if greedy else [params, np.zeros(R_pad, np.uint32), np.zeros(R_pad, np.int32)]
-        self.jit(R_pad, variant)(logits[:R_pad].contiguous().realize(), *(device_tensor(a) for a in inputs))[0].numpy()
+        host_array(self.jit(R_pad, variant)(logits[:R_pad].contiguous().realize(), *(device_tensor(a) for a in inputs))[0])
 
     def sample(self, states: list[RequestState], logits: Tensor,
                allowed: np.ndarray | None = None) -> tuple[list[int], list[TokenLogprobs | None]]:
@@ -120,7 +120,7 @@ class BatchSampler:
         # a copy, not a view of the first rows: a jit's inputs must be whole buffers
         logits = logits.pad(((0, R_pad - rows), None)) if R_pad > rows else logits[:R_pad].clone() if rows > R_pad else logits
         variant, inputs = build_inputs(states, R_pad, V, allowed)
-        outs = [o.numpy() for o in self.jit(R_pad, variant)(logits.contiguous().realize(), *(device_tensor(a) for a in inputs))]
+        outs = [host_array(o) for o in self.jit(R_pad, variant)(logits.contiguous().realize(), *(device_tensor(a) for a in inputs))]
         tokens = outs[0][:R].tolist()
         if variant.top_count is None:
             return tokens, [None] * R

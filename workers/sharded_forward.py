@@ -40,14 +40,6 @@ class ShardedForward:
         self.runner, self.model, self.group = runner, runner.model, runner.group
         self.spec, self.link = runner.spec, runner.link
         self.jits: dict[tuple, TinyJit] = {}
-        self.residuals: dict[int, Tensor] = {}  # by bucket: the device copy of the host residual stream, reused
-
-    def _residual(self, x: np.ndarray) -> Tensor:
-        """x on the device, in the bucket's one input buffer: every piece has finished with it (host_array synced)."""
-        if (t := self.residuals.get(x.shape[0])) is None or t.shape != x.shape:
-            t = self.residuals[x.shape[0]] = device_tensor(x)
-            return t
-        return copy_into(t, x)
 
     def _jit(self, key: tuple, body) -> TinyJit:
         if (jit := self.jits.get(key)) is None:
@@ -86,10 +78,10 @@ class ShardedForward:
         b, reduce = batch.bucket, self.group.all_reduce
         positions, token_rows, tables, n_valid, sample_index, nb = self.runner.batch_inputs(batch)
         if self.spec.first_stage:
-            x = reduce(host_array(self._jit((b, "embed"), self._embed)(device_tensor(batch.tokens))))
+            x = reduce(host_array(self._jit((b, "embed"), self._embed)(self.runner.inputs("tokens", batch.tokens))))
         else:
             x = self.link.recv()
-        residual = self._residual(x)
+        residual = self.runner.inputs("residual", x)
         attention_args = SharedArguments(residual, positions, token_rows, tables, n_valid, nb)
         mlp_args = SharedArguments(residual)
         for i in range(len(self.model.layers)):  # the residual stream on the host, its copy in `residual`
