@@ -6,7 +6,9 @@
 Drives workers.model_runner.ModelRunner directly with StepPlans (no scheduler, no IPC), so the numbers are
 the worker's own cost per step: forward and sampling timed apart, then `execute ms`, the same number of
 further steps through ModelRunner.execute (what the worker runs per StepPlan). Prints a table of medians;
-`kernels`: how many kernels the captured decode step runs.
+`kernels`: how many kernels the captured decode step runs. `host ms` (the CPU's C kernel sets, whose graph
+executor runs a step's kernels synchronously): execute ms minus the time inside those graphs, i.e. the worker's
+own Python, input copies and tinygrad's call overhead per step.
 --prefill-len N also times whole-prompt prefills of N tokens (one sequence, after two compiling runs).
 `GB/s` is the fewest bytes a decode step must read (every weight once, each sequence's keys and values once)
 over the step time; --copy-bandwidth first measures the device's own copy rate (bytes read + written), the
@@ -91,19 +93,39 @@ def profile_batch(runner, batch: int, prompt_len: int, steps: int, step0: int) -
             t_capture = time.perf_counter() - t_capture
         if s >= 3:
             forward.append(t1 - t0), sample.append(t2 - t1), total.append(t2 - t0)
-    executed = []  # the same steps the way the worker runs a StepPlan: ModelRunner.execute
+    executed, host = [], []  # the same steps the way the worker runs a StepPlan: ModelRunner.execute
     for s in range(steps + 3, 2 * steps + 3):
+        in_graphs = GRAPH_SECONDS[0]
         t0 = time.perf_counter()
         result = runner.execute(StepPlan(step0 + 1 + s, [], [CachedRequestData(r, [], prompt_len + s, 1, [last[r]])
                                                              for r in ids], []))
         last.update(zip(result.req_ids, result.sampled_token_ids))
         executed.append(time.perf_counter() - t0)
+        host.append(executed[-1] - (GRAPH_SECONDS[0] - in_graphs))
     runner.execute(StepPlan(step0 + 2 * steps + 10, [], [], ids))
     med = statistics.median
     return {"batch": batch, "forward_ms": med(forward) * 1e3, "sample_ms": med(sample) * 1e3,
             "step_ms": med(total) * 1e3, "tok_s": batch / med(total), "execute_ms": med(executed) * 1e3, "capture_s": t_capture,
+            "host_ms": med(host) * 1e3 if GRAPH_SECONDS[0] else None,
             "gb_s": decode_bytes(runner, batch, prompt_len + 1.5 * steps + 3) / med(executed) / 1e9,
             "kernels": kernels_per_step(runner, batch)}
+
+
+GRAPH_SECONDS = [0.0]  # time spent inside the C graph executor's calls (time_graphs)
+
+
+def time_graphs() -> None:
+    """Counts the seconds of every workers/cpu_graph.py graph call into GRAPH_SECONDS."""
+    from tinyvllm.workers.cpu_graph import CPUGraph
+    call = CPUGraph.__call__
+
+    def timed(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return call(self, *args, **kwargs)
+        finally:
+            GRAPH_SECONDS[0] += time.perf_counter() - t0
+    CPUGraph.__call__ = timed
 
 
 def kernels_per_step(runner, batch: int) -> int:
@@ -156,11 +178,14 @@ def main() -> None:
     print(f"KV cache {runner.cache.dtype}: {bytes_per_slot(cfg, args.kv_cache_dtype)} bytes per token; "
           f"sequences of {context} tokens in 1 GiB: {fit}")
     print(f"weights on the device: {runner.model.weight_nbytes / 1e6:.1f} MB")
-    print("| batch | forward ms | sampling ms | step ms | tokens/s | execute ms | GB/s | kernels | capture s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    time_graphs()
+    print("| batch | forward ms | sampling ms | step ms | tokens/s | execute ms | host ms | GB/s | kernels | capture s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for i, b in enumerate(args.batch):
         r = profile_batch(runner, b, args.prompt_len, args.steps, i * 1000)
-        print(f"| {r['batch']} | {r['forward_ms']:.1f} | {r['sample_ms']:.1f} | {r['step_ms']:.1f} | {r['tok_s']:.2f} | {r['execute_ms']:.1f} | {r['gb_s']:.1f} | {r['kernels']} | {r['capture_s']:.1f} |", flush=True)
+        host = "-" if r["host_ms"] is None else f"{r['host_ms']:.2f}"
+        print(f"| {r['batch']} | {r['forward_ms']:.1f} | {r['sample_ms']:.1f} | {r['step_ms']:.1f} | {r['tok_s']:.2f} | "
+              f"{r['execute_ms']:.1f} | {host} | {r['gb_s']:.1f} | {r['kernels']} | {r['capture_s']:.1f} |", flush=True)
     if args.prefill_len:
         ms = profile_prefill(runner, args.prefill_len, 3, 100_000)
         print(f"\n| prefill tokens | execute ms | tokens/s |\n|---|---|---|\n| {args.prefill_len} | {ms:.1f} | {args.prefill_len / ms * 1e3:.0f} |")

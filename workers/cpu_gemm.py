@@ -19,27 +19,24 @@ from tinyvllm.workers.cpu_matvec import INT8_ACTIVATION_KINDS, c_matmul
 GEMM_MIN_ROWS = 4  # MR: with fewer rows cpu_matvec is faster (measured: docs/BENCHMARKS.md)
 INT8_GEMM_MIN_ROWS = 3  # the same with int8 activations
 TILE_BYTES_PER_BLOCK = 176  # workers/c/int8_rows.h's tile_t (4 rows) per 32-element block: 8 x 16 code bytes, 3 x 16
-_last_quantized: list = [None, None]  # h and its tiles: q, k and v (gate and up) read one h, quantised once
 
 
 def int8_tiles(h: Tensor) -> Tensor:
     """h [T, K] quantised to int8 per 32-element block, in the tiles of 4 rows workers/c/gemm_i8.c reads (uint8)."""
-    if _last_quantized[0] is not h:
-        (rows, k), tiles = h.shape, (h.shape[0] + 3) // 4
-        cores = max(1, min(NUM_CPU_THREADS.value, tiles))
-        source = c_source("quantize_i8.c", {"ROWS": rows, "K": k, "CORES": cores})
-        fxn = c_kernel(f"quantize_i8_{rows}_{k}_c{cores}", source, cores,
-                       Estimates(ops=4 * rows * k, lds=4 * rows * k, mem=4 * rows * k + tiles * k // 32 * TILE_BYTES_PER_BLOCK))
-        out = Tensor.empty(tiles * k // 32 * TILE_BYTES_PER_BLOCK, dtype=dtypes.uint8, device=h.device)
-        _last_quantized[:] = h, out.custom_kernel(h.float().contiguous(), fxn=fxn)[0]
-    return _last_quantized[1]
+    (rows, k), tiles = h.shape, (h.shape[0] + 3) // 4
+    cores = max(1, min(NUM_CPU_THREADS.value, tiles))
+    source = c_source("quantize_i8.c", {"ROWS": rows, "K": k, "CORES": cores})
+    fxn = c_kernel(f"quantize_i8_{rows}_{k}_c{cores}", source, cores,
+                   Estimates(ops=4 * rows * k, lds=4 * rows * k, mem=4 * rows * k + tiles * k // 32 * TILE_BYTES_PER_BLOCK))
+    out = Tensor.empty(tiles * k // 32 * TILE_BYTES_PER_BLOCK, dtype=dtypes.uint8, device=h.device)
+    return out.custom_kernel(h.float().contiguous(), fxn=fxn)[0]
 
 
-def cpu_gemm(h: Tensor, w, int8_activations: bool = False) -> Tensor:
+def cpu_gemm(h: Tensor, w, int8_activations: bool = False, tiles: Tensor | None = None) -> Tensor:
     """h [T, K] @ w.T (see workers/cpu_matvec.py's c_matmul), for GEMM_MIN_ROWS rows or more. int8_activations
     (Q4_1 and Q8_0 weights, INT8_GEMM_MIN_ROWS rows or more): h quantised as cpu_matvec's int8 path does, by
-    workers/c/quantize_i8.c, then multiplied with integer dot products by workers/c/gemm_i8.c; each row's result
-    has the bits cpu_matvec would give it."""
+    workers/c/quantize_i8.c (or given as `tiles`, int8_tiles(h) shared by products of one input), then multiplied
+    with integer dot products by workers/c/gemm_i8.c; each row's result has the bits cpu_matvec would give it."""
     if int8_activations and w.kind in INT8_ACTIVATION_KINDS:
-        return c_matmul(h, w, "gemm_i8", int8_tiles(h))
+        return c_matmul(h, w, "gemm_i8", int8_tiles(h) if tiles is None else tiles)
     return c_matmul(h, w, "gemm")

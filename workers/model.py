@@ -14,7 +14,7 @@ from tinygrad import Device, Tensor, dtypes
 from tinygrad.function import function
 
 from tinyvllm.workers.attention_spec import AttentionSpec
-from tinyvllm.workers.cpu_matmul import cpu_linear
+from tinyvllm.workers.cpu_matmul import cpu_linear, shared_int8_tiles
 from tinyvllm.workers.gpu_matvec import gpu_matvec, gpu_matvec_device, gpu_matvec_fits
 from tinyvllm.workers.kernel_set import C_KERNEL_SETS, check_kernel_set, default_kernel_set
 from tinyvllm.protocol.model_config import ModelConfig
@@ -61,15 +61,16 @@ FUSED_DEQUANT_MAX_ROWS = 8  # with tinygrad's own CPU kernels fused beat the scr
 
 
 def linear(h: Tensor, w: DeviceWeight, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS, cpu_kernels: bool = False,
-           gpu_kernels: bool = False, int8_activations: bool = False) -> Tensor:
+           gpu_kernels: bool = False, int8_activations: bool = False, tiles: Tensor | None = None) -> Tensor:
     """h @ w.T. With cpu_kernels (tinygrad's CPU backend): workers/cpu_matmul.py's kernels. Otherwise, for up to max_fused_rows
     rows of h (decode) the dequantisation is fused into the matmul's loads; for more rows (larger batches,
     prefill) the fused kernel would redo it for every few rows, so the weight is dequantised once into a
     scratch float32 buffer first (h.shape is static: each jitted step picks one). A float16 weight is only widened:
     always fused. gpu_kernels (a device with local memory): decode rows take workers/gpu_matvec.py's kernels.
-    int8_activations (with cpu_kernels: the "c-int8" set): Q4_1 and Q8_0 products take int8 activations."""
+    int8_activations (with cpu_kernels: the "c-int8" set): Q4_1 and Q8_0 products take int8 activations; tiles: h
+    already quantised for them (workers/cpu_matmul.py's shared_int8_tiles)."""
     if cpu_kernels:
-        return cpu_linear(h, w, int8_activations)
+        return cpu_linear(h, w, int8_activations, tiles)
     if gpu_kernels and gpu_matvec_fits(h, w):
         return gpu_matvec(h, w)
     weight = w.dequantized()
@@ -81,14 +82,18 @@ def make_layer_functions(cfg: ModelConfig, max_fused_rows: int = FUSED_DEQUANT_M
     """The dense halves of a layer as tinygrad functions: weights are explicit arguments (a DeviceWeight's
     Tensors become arguments too), so all layers share one graph and tinygrad schedules and compiles it once
     instead of once per layer (once per combination of weight kinds, if layers are quantised differently)."""
-    def lin(h: Tensor, w: DeviceWeight) -> Tensor:
-        return linear(h, w, max_fused_rows, cpu_kernels, gpu_kernels, int8_activations)
+    def lin(h: Tensor, w: DeviceWeight, tiles: Tensor | None = None) -> Tensor:
+        return linear(h, w, max_fused_rows, cpu_kernels, gpu_kernels, int8_activations, tiles)
+
+    def shared_tiles(h: Tensor, *ws: DeviceWeight) -> Tensor | None:  # h quantised once for its products
+        return shared_int8_tiles(h, ws, int8_activations) if cpu_kernels else None
 
     @function(precompile=True, allow_implicit=cpu_kernels or gpu_kernels)
     def qkv(x, cos, sin, norm, wq, wk, wv, *extras):
         """extras: the q, k and v biases (cfg.attention_bias), then the q and k norms (cfg.qk_norm)."""
         T, h = x.shape[0], rms_norm(x, norm, cfg.rms_eps).contiguous()  # else each output recomputes the norm
-        q, k, v = (lin(h, w) for w in (wq, wk, wv))
+        tiles = shared_tiles(h, wq, wk, wv)
+        q, k, v = (lin(h, w, tiles) for w in (wq, wk, wv))
         if cfg.attention_bias:
             q, k, v = q + extras[0], k + extras[1], v + extras[2]
         q, k = q.reshape(T, cfg.n_heads, cfg.head_dim), k.reshape(T, cfg.n_kv_heads, cfg.head_dim)
@@ -108,9 +113,10 @@ def make_layer_functions(cfg: ModelConfig, max_fused_rows: int = FUSED_DEQUANT_M
     @function(precompile=True, allow_implicit=cpu_kernels or gpu_kernels)
     def mlp(x, norm, w_gate, w_up, w_down, *post):
         h = rms_norm(x, norm, cfg.rms_eps).contiguous()
-        gate = lin(h, w_gate)
+        tiles = shared_tiles(h, w_gate, w_up)
+        gate = lin(h, w_gate, tiles)
         gate = gate.gelu() if cfg.hidden_act == "gelu_tanh" else gate.silu()  # tinygrad's gelu: the tanh form
-        return post_norm(lin(gate * lin(h, w_up), w_down), post)
+        return post_norm(lin(gate * lin(h, w_up, tiles), w_down), post)
 
     return qkv, attn_out, mlp
 

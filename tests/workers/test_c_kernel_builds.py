@@ -19,12 +19,13 @@ if platform.machine().lower() in ("x86_64", "amd64"):
 
 
 def run_kernel(kernel: str, flags: tuple[str, ...], kind: str, h: np.ndarray, parts: list[np.ndarray],
-               rows: int | None = None) -> np.ndarray:
-    """out [rows, N] of workers/c/<kernel>.c, reading h (its rows, or `rows` of h in another form)."""
+               rows: int | None = None, cols: int = N, k: int = K) -> np.ndarray:
+    """out [rows, cols] of workers/c/<kernel>.c for a [cols, k] weight, reading h (its rows, or `rows` of h in
+    another form)."""
     rows = h.shape[0] if rows is None else rows
-    defines = (f"-DROWS={rows}", f"-DCOLS={N}", f"-DK={K}", f"-DCORES={CORES}", f"-DWEIGHT_{kind}")
+    defines = (f"-DROWS={rows}", f"-DCOLS={cols}", f"-DK={k}", f"-DCORES={CORES}", f"-DWEIGHT_{kind}")
     entry = getattr(ctypes.CDLL(str(shared_library(f"{kernel}.c", (*flags, *defines)))), kernel)
-    out = np.full((rows, N), np.nan, np.float32)
+    out = np.full((rows, cols), np.nan, np.float32)
     pointers = [a.ctypes.data_as(ctypes.c_void_p) for a in (out, h, *parts)]
     for core in range(CORES):
         entry(*pointers, ctypes.c_int(core))

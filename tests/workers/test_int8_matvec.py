@@ -32,13 +32,22 @@ def activations(rows: int) -> np.ndarray:
 
 def run_int8_gemm(flags: tuple[str, ...], kind: str, h: np.ndarray, parts: list[np.ndarray]) -> np.ndarray:
     """workers/c/quantize_i8.c, then workers/c/gemm_i8.c (built with `flags`), each core by core."""
-    rows = h.shape[0]
-    quantize = shared_library("quantize_i8.c", (*flags, f"-DROWS={rows}", f"-DK={K}", f"-DCORES={CORES}")).as_posix()
-    tiles = np.zeros((rows + 3) // 4 * K // 32 * TILE_BYTES_PER_BLOCK, np.uint8)
+    (rows, k), cols = h.shape, parts[0].shape[0]
+    quantize = shared_library("quantize_i8.c", (*flags, f"-DROWS={rows}", f"-DK={k}", f"-DCORES={CORES}")).as_posix()
+    tiles = np.zeros((rows + 3) // 4 * k // 32 * TILE_BYTES_PER_BLOCK, np.uint8)
     for core in range(CORES):
         ctypes.CDLL(quantize).quantize_i8(tiles.ctypes.data_as(ctypes.c_void_p), h.ctypes.data_as(ctypes.c_void_p),
                                           ctypes.c_int(core))
-    return run_kernel("gemm_i8", flags, kind, tiles, parts, rows=rows)
+    return run_kernel("gemm_i8", flags, kind, tiles, parts, rows=rows, cols=cols, k=k)
+
+
+def random_parts(kind: str, cols: int, k: int) -> list[np.ndarray]:
+    """A DeviceWeight's parts of random blocks: codes, scales (and Q4_1's minimums)."""
+    rng, blocks = np.random.default_rng(cols), (cols, k // 32)
+    scales = (rng.standard_normal(blocks) * 0.02).astype(np.float32)
+    if kind == "Q4_1":
+        return [rng.integers(0, 256, (*blocks, 16), dtype=np.uint8), scales, (rng.standard_normal(blocks) * 0.1).astype(np.float32)]
+    return [rng.integers(-128, 128, (*blocks, 32), dtype=np.int8), scales]
 
 
 def with_extremes(kind: str, parts: list[np.ndarray]) -> list[np.ndarray]:
@@ -67,6 +76,30 @@ def test_kernel_equals_the_numpy_model_bit_for_bit(weights, target, kind, kernel
     got = run(h)
     assert np.isnan(got[0]).all() and np.isnan(got[-1]).all()
     np.testing.assert_array_equal(got, int8_matvec(kind, h, parts))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_both_kernels_give_every_row_the_models_bits_on_a_larger_odd_shape(target, kind):
+    """K = 544 (17 blocks: two whole groups of 8 lanes and one more), 30 columns (15 a core: a part panel of 3)."""
+    parts, h = random_parts(kind, 30, 544), np.random.default_rng(5).standard_normal((13, 544)).astype(np.float32)
+    want = int8_matvec(kind, h, parts)
+    np.testing.assert_array_equal(run_int8_gemm(TARGETS[target], kind, h, parts), want)
+    for rows in (slice(0, 1), slice(11, 13)):
+        np.testing.assert_array_equal(run_kernel("matvec_i8", TARGETS[target], kind, h[rows], parts, cols=30, k=544), want[rows])
+
+
+def test_a_jitted_int8_product_follows_its_input(weights):  # noqa: F811
+    """The captured quantize_i8 + gemm_i8 read the step's input buffer anew on every call."""
+    from tinygrad import TinyJit
+    from tinyvllm.workers.cpu_matmul import cpu_linear
+    from tinyvllm.workers.device_input import HostInputs
+    weight, _ = weights["Q4_1"]
+    jit, inputs = TinyJit(lambda h: cpu_linear(h, weight, int8_activations=True).realize()), HostInputs()
+    for seed in range(4):
+        h = np.random.default_rng(seed).standard_normal((5, K)).astype(np.float32)
+        got = jit(inputs("h", h)).numpy()
+        np.testing.assert_array_equal(got, int8_matvec("Q4_1", h, [p.numpy() for p in weight.parts]))
 
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])

@@ -1,8 +1,8 @@
 // out[ROWS, COLS] = h[ROWS, K] @ weight.T for a Q4_1 or Q8_0 weight and more rows than matvec_i8.c takes, h given
 // as quantize_i8.c's tiles of int8 codes: int8_rows.h's arithmetic, so every row gets the bits matvec_i8.c would
 // give it (a request's tokens do not depend on what shares its steps). Core core_id of CORES takes its share of
-// the columns, in panels of 4 weight rows, each unpacked once into L1 per slab of tiles (L2-sized), every tile
-// of 4 activation rows run against it. A 16-lane vector holds a tile's 16
+// the columns, in panels of 4 weight rows, each unpacked once per slab of tiles (L2-sized) into a stack buffer
+// (640 bytes per block: L1-sized up to K ~ 2,400), every tile of 4 activation rows run against it. A 16-lane vector holds a tile's 16
 // (row, column) pairs, lane 4j + i = row i, column j, so one vpdpbusd adds 4 products to each of 16 outputs and
 // a block's integer sums need no horizontal reduction.
 #include "kernel.h"

@@ -91,7 +91,11 @@ int tv_start(int nthreads) {
   if (n_threads > 1) return n_threads;  // already started
   for (int t = 1; t < nthreads; t++) {
     if (sem_init(&wake[t], 0, 0) != 0) return n_threads;
-    if (pthread_create(&threads[t], 0, helper_main, (void *)(intptr_t)t) != 0) return n_threads;
+    pthread_attr_t attr;  // the kernels keep panels on the stack (~300 KB at K = 14336): not the C library's default
+    if (pthread_attr_init(&attr) != 0 || pthread_attr_setstacksize(&attr, 8 << 20) != 0) return n_threads;
+    const int failed = pthread_create(&threads[t], &attr, helper_main, (void *)(intptr_t)t);
+    pthread_attr_destroy(&attr);
+    if (failed) return n_threads;
     pthread_detach(threads[t]);
     n_threads = t + 1;
   }

@@ -18,11 +18,12 @@ typedef float f32x8 __attribute__((vector_size(32), aligned(4)));
 // (its outputs turn NaN, as the float kernel's would); one too small for 1 / scale to be finite, codes 0.
 // max |x| is taken on the bits (integer max vectorises; a NaN's bits exceed an infinity's, which exceed any number's).
 ALWAYS_INLINE void quantize_row(const float *restrict x, signed char *restrict xq, float *restrict xd, float *restrict xm) {
-  const unsigned *bits = (const unsigned *)x;
   for (int b = 0; b < KB; b++) {
     unsigned amax_bits = 0;
     for (int e = 0; e < 32; e++) {
-      const unsigned a = bits[b * 32 + e] & 0x7fffffffu;
+      unsigned a;
+      __builtin_memcpy(&a, x + b * 32 + e, 4);
+      a &= 0x7fffffffu;
       amax_bits = a > amax_bits ? a : amax_bits;
     }
     int sum = 0;
@@ -55,6 +56,7 @@ typedef struct {
   f32x4 d[KB], m[KB];  // the rows' scales, scale x code sum
   i32x4 offset[KB];    // -128 x the rows' code sums (for Q8_0 codes stored + 128)
 } tile_t;
+_Static_assert(sizeof(tile_t) == 176 * KB, "workers/cpu_gemm.py's TILE_BYTES_PER_BLOCK");
 
 // rows r0 .. r0 + 3 of h[rows, K] (zeros past `rows`) as a tile
 ALWAYS_INLINE void quantize_tile(const float *restrict h, int rows, int r0, tile_t *restrict tile) {
