@@ -34,8 +34,8 @@ def c_kernels_run_on(device: str) -> bool:
 
 
 def default_kernel_set(device: str) -> str:
-    """"c-int8" where the C kernels run: it decodes a single stream ~10% faster than "c", batches and prefills as
-    fast or faster, and keeps Hugging Face's greedy tokens up to near-ties (docs/BENCHMARKS.md)."""
+    """"c-int8" where the C kernels run: it decodes a single stream ~12% faster than "c", batches and prefills
+    about as fast, and keeps Hugging Face's greedy tokens up to near-ties (docs/BENCHMARKS.md)."""
     return "c-int8" if c_kernels_run_on(device) else "tinygrad"
 
 
