@@ -7,17 +7,8 @@
 // a block's integer sums need no horizontal reduction.
 #include "kernel.h"
 #include "weights.h"
-#include "int8_rows.h"
+#include "int8_products.h"
 
-#if defined(__AVX2__)
-#include <immintrin.h>
-#elif defined(__ARM_FEATURE_DOTPROD)
-#include <arm_neon.h>
-#endif
-#if !defined(WEIGHT_Q4_1) && !defined(WEIGHT_Q8_0)
-#error "int8 activations are for Q4_1 and Q8_0 weights"
-#endif
-#define PER_CORE ((COLS + CORES - 1) / CORES)
 #if defined(__AVX512VNNI__) && defined(WEIGHT_Q8_0)
 #define OFFSET_CODES 1  // Q8_0 codes + 128 as unsigned bytes (vpdpbusd: unsigned x signed), 128 x the codes' sum taken off
 #endif

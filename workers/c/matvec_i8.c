@@ -7,17 +7,8 @@
 // transpose-and-add tree.
 #include "kernel.h"
 #include "weights.h"
-#include "int8_rows.h"
+#include "int8_products.h"
 
-#if defined(__AVX2__)
-#include <immintrin.h>
-#elif defined(__ARM_FEATURE_DOTPROD)
-#include <arm_neon.h>
-#endif
-#if !defined(WEIGHT_Q4_1) && !defined(WEIGHT_Q8_0)
-#error "int8 activations are for Q4_1 and Q8_0 weights"
-#endif
-#define PER_CORE ((COLS + CORES - 1) / CORES)
 #define PREFETCH_AHEAD 4
 
 // weight row n's block b as the instructions take it (loaded and unpacked once for every activation row)
