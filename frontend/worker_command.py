@@ -41,7 +41,7 @@ def add_arguments(worker: argparse.ArgumentParser) -> None:
                              "tcp://10.0.0.2:7100; default: this machine's address on the route to the scheduler, "
                              "a port the system picks")
     worker.add_argument("--cpu-kernels", choices=CPU_KERNEL_SETS, default=None,
-                        help="as `tinyvllm serve --cpu-kernels`; default: c on DEV=CPU, tinygrad elsewhere")
+                        help="as `tinyvllm serve --cpu-kernels`; default: c-int8 on DEV=CPU, tinygrad elsewhere")
     worker.add_argument("--beam", type=int, default=0, help="tinygrad BEAM search width for the kernels (0: off)")
     worker.add_argument("--no-jit-warmup", dest="jit_warmup", action="store_false",
                         help="skip capturing every batch size's jitted step at start-up")

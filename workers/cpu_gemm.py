@@ -14,7 +14,7 @@ from tinygrad.helpers import NUM_CPU_THREADS
 from tinygrad.renderer import Estimates
 
 from tinyvllm.workers.c_kernel import c_kernel, c_source
-from tinyvllm.workers.cpu_matvec import INT8_ACTIVATION_KINDS, c_matmul
+from tinyvllm.workers.cpu_matvec import c_matmul, takes_int8
 
 GEMM_MIN_ROWS = 4  # MR: with fewer rows cpu_matvec is faster (measured: docs/BENCHMARKS.md)
 INT8_GEMM_MIN_ROWS = 3  # the same with int8 activations
@@ -37,6 +37,6 @@ def cpu_gemm(h: Tensor, w, int8_activations: bool = False, tiles: Tensor | None 
     (Q4_1 and Q8_0 weights, INT8_GEMM_MIN_ROWS rows or more): h quantised as cpu_matvec's int8 path does, by
     workers/c/quantize_i8.c (or given as `tiles`, int8_tiles(h) shared by products of one input), then multiplied
     with integer dot products by workers/c/gemm_i8.c; each row's result has the bits cpu_matvec would give it."""
-    if int8_activations and w.kind in INT8_ACTIVATION_KINDS:
+    if takes_int8(w, int8_activations):
         return c_matmul(h, w, "gemm_i8", int8_tiles(h) if tiles is None else tiles)
     return c_matmul(h, w, "gemm")

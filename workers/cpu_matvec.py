@@ -45,9 +45,14 @@ def c_matmul(h: Tensor, w, kernel: str, h_input: Tensor | None = None) -> Tensor
 INT8_ACTIVATION_KINDS = ("Q4_1", "Q8_0")
 
 
+def takes_int8(w, int8_activations: bool) -> bool:
+    """Whether a product with weight w quantises its activations to int8 (asked for, and a Q4_1 or Q8_0 weight)."""
+    return int8_activations and w.kind in INT8_ACTIVATION_KINDS
+
+
 def cpu_matvec(h: Tensor, w, int8_activations: bool = False) -> Tensor:
     """h [T, K] @ w.T (see c_matmul). Best for a few rows; workers/cpu_gemm.py's register tiles win from
     GEMM_MIN_ROWS rows (int8: INT8_GEMM_MIN_ROWS). int8_activations (Q4_1 and Q8_0 weights): workers/c/matvec_i8.c,
     h quantised to int8 per block and multiplied with integer dot products (not exact: within half a step of each
     block's scale)."""
-    return c_matmul(h, w, "matvec_i8" if int8_activations and w.kind in INT8_ACTIVATION_KINDS else "matvec")
+    return c_matmul(h, w, "matvec_i8" if takes_int8(w, int8_activations) else "matvec")

@@ -1,7 +1,7 @@
-"""workers/c/matvec_i8.c, the decode matvec with int8 activations: bit-exact against a numpy model of the same
-integer and float32 arithmetic (tests/workers/int8_matvec_model.py) on the targets it compiles for here
-(VNNI where the CPU has it, AVX2, the baseline's portable loop; NEON's is not built on x86), through tinygrad
-too, and within the activations' quantisation error of the float32 product."""
+"""The int8-activation products (workers/c/matvec_i8.c for 1-2 rows, quantize_i8.c + gemm_i8.c from 3): bit-exact
+against a numpy model of the same integer and float32 arithmetic (tests/workers/int8_matvec_model.py) on the
+targets they compile for here (VNNI where the CPU has it, AVX2, the baseline's portable loop; NEON's is not built
+on x86), through tinygrad too, and within the activations' quantisation error of the float32 product."""
 import ctypes
 import platform
 
@@ -14,7 +14,7 @@ from tests.workers.test_c_kernel_builds import CORES, run_kernel
 from tests.workers.test_cpu_matmul import K, N, weights  # noqa: F401 (weights: the fixture)
 from tests.workers.test_quantized_weight import dense_attention, quantised_llama  # noqa: F401 (a fixture)
 from tinyvllm.workers.c_kernel import shared_library
-from tinyvllm.workers.cpu_gemm import TILE_BYTES_PER_BLOCK, cpu_gemm
+from tinyvllm.workers.cpu_gemm import TILE_BYTES_PER_BLOCK
 from tinyvllm.workers.cpu_matvec import cpu_matvec
 
 TARGETS = {"native": ("-march=native",), "baseline": ()}

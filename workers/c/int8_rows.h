@@ -13,11 +13,13 @@
 typedef int i32x8 __attribute__((vector_size(32), aligned(4)));
 typedef float f32x8 __attribute__((vector_size(32), aligned(4)));
 
-// x[K] as int8 codes xq and per block a scale xd and xm = xd * (the codes' sum), what a Q4_1 minimum multiplies;
+// x[K] as int8 codes xq and per block a scale xd and xm = xd * (the codes' sum), what a Q4_1 minimum multiplies
+// (and that sum in xs, unless xs is 0);
 // code = (int)(x * (1 / scale) +- 0.5) in float32. A block with a NaN or an infinity gets codes 0 and scale NaN
 // (its outputs turn NaN, as the float kernel's would); one too small for 1 / scale to be finite, codes 0.
 // max |x| is taken on the bits (integer max vectorises; a NaN's bits exceed an infinity's, which exceed any number's).
-ALWAYS_INLINE void quantize_row(const float *restrict x, signed char *restrict xq, float *restrict xd, float *restrict xm) {
+ALWAYS_INLINE void quantize_row(const float *restrict x, signed char *restrict xq, float *restrict xd, float *restrict xm,
+                                int *restrict xs) {
   for (int b = 0; b < KB; b++) {
     unsigned amax_bits = 0;
     for (int e = 0; e < 32; e++) {
@@ -44,6 +46,7 @@ ALWAYS_INLINE void quantize_row(const float *restrict x, signed char *restrict x
       xd[b] = __builtin_nanf("");
     }
     xm[b] = xd[b] * (float)sum;
+    if (xs) xs[b] = sum;
   }
 }
 
@@ -63,17 +66,16 @@ ALWAYS_INLINE void quantize_tile(const float *restrict h, int rows, int r0, tile
   for (int i = 0; i < 4; i++) {
     signed char xq[K] __attribute__((aligned(32)));
     float xd[KB], xm[KB];
+    int xs[KB];
     if (r0 + i < rows) {
-      quantize_row(h + (long)(r0 + i) * K, xq, xd, xm);
+      quantize_row(h + (long)(r0 + i) * K, xq, xd, xm, xs);
     } else {
       for (int e = 0; e < K; e++) xq[e] = 0;
-      for (int b = 0; b < KB; b++) xd[b] = xm[b] = 0.0f;
+      for (int b = 0; b < KB; b++) xd[b] = xm[b] = 0.0f, xs[b] = 0;
     }
     for (int b = 0; b < KB; b++) {
-      int sum = 0;
-      for (int e = 0; e < 32; e++) sum += xq[b * 32 + e];
       for (int k = 0; k < 8; k++) tile->codes[b][k][i] = ((const int *)xq)[b * 8 + k];
-      tile->d[b][i] = xd[b], tile->m[b][i] = xm[b], tile->offset[b][i] = -128 * sum;
+      tile->d[b][i] = xd[b], tile->m[b][i] = xm[b], tile->offset[b][i] = -128 * xs[b];
     }
   }
 }

@@ -100,7 +100,7 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
   signed char xq[ROWS][K];
   float xd[ROWS][KB];
   float xm[ROWS][KB];
-  for (int t = 0; t < ROWS; t++) quantize_row(h + (long)t * K, xq[t], xd[t], xm[t]);
+  for (int t = 0; t < ROWS; t++) quantize_row(h + (long)t * K, xq[t], xd[t], xm[t], 0);
   const int n_end = (core_id + 1) * PER_CORE < COLS ? (core_id + 1) * PER_CORE : COLS;
   for (int n = core_id * PER_CORE; n < n_end; n++) {
     if (n + PREFETCH_AHEAD < n_end) prefetch_row(WEIGHT_ARGS, n + PREFETCH_AHEAD);
