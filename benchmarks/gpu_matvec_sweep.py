@@ -6,7 +6,8 @@ For each weight kind and each layout (threads per output row, output rows per th
 captured step runs the batch-`rows` matvecs of --layers transformer layers of the shape (q, k, v, o, gate, up,
 down, each its own weights: more bytes than any L2 holds), as the model's decode step does. `GB/s`: the weights'
 bytes over the median step time. The weights are uninitialised device memory: only their size matters here.
-`best` lines name the fastest layout, as TV_MV_* settings for the other benchmarks.
+`best` lines name the fastest layout, as benchmarks/profile_step.py's --matvec-layout THREADS,ROWS,LOCAL (the
+model's is KernelChoice.matvec_layout, protocol/kernel_choice.py).
 """
 import argparse
 import itertools
@@ -15,7 +16,8 @@ import time
 
 from tinygrad import Device, Tensor, TinyJit, dtypes
 
-from tinyvllm.workers.gpu_matvec import Layout, gpu_matvec, gpu_matvec_fits
+from tinyvllm.protocol.kernel_choice import MatvecLayout
+from tinyvllm.workers.gpu_matvec import gpu_matvec, gpu_matvec_fits
 from tinyvllm.workers.quantized_weight import WORDS_PER_BLOCK, DeviceWeight
 
 SHAPES = {  # dim, kv dim, hidden dim of the models benchmarks/shape_twin.py imitates
@@ -38,7 +40,7 @@ def layer_shapes(shape: str) -> list[tuple[int, int]]:
     return [(dim, dim), (kv, dim), (kv, dim), (dim, dim), (hidden, dim), (hidden, dim), (dim, hidden)]
 
 
-def time_layout(weights: list[DeviceWeight], h: dict[int, Tensor], layout: Layout, runs: int) -> float:
+def time_layout(weights: list[DeviceWeight], h: dict[int, Tensor], layout: MatvecLayout, runs: int) -> float:
     """Median seconds of one captured step of every matvec."""
     step = TinyJit(lambda: Tensor.realize(*[gpu_matvec(h[w.shape[1]], w, layout) for w in weights]))
     times = []
@@ -70,7 +72,7 @@ def main() -> None:
         weights = [device_weight(kind, n, k) for n, k in shapes]
         nbytes = sum(w.nbytes for w in weights)
         best = None
-        for layout in itertools.starmap(Layout, itertools.product(args.threads, args.rows_per_thread, args.local)):
+        for layout in itertools.starmap(MatvecLayout, itertools.product(args.threads, args.rows_per_thread, args.local)):
             if not all(gpu_matvec_fits(h[w.shape[1]], w, layout) for w in weights):
                 continue
             try:
@@ -80,9 +82,9 @@ def main() -> None:
                 continue
             print(f"| {kind} | {layout.threads} | {layout.rows} | {layout.local} | {nbytes / 1e6:.0f} | "
                   f"{seconds * 1e3:.3f} | {nbytes / seconds / 1e9:.0f} |", flush=True)
-            best = min(best or (seconds, layout), (seconds, layout))
+            best = min(best or (seconds, layout), (seconds, layout), key=lambda b: b[0])
         if best:
-            print(f"best {kind}: TV_MV_THREADS={best[1].threads} TV_MV_ROWS={best[1].rows} TV_MV_LOCAL={best[1].local} "
+            print(f"best {kind}: --matvec-layout {best[1].threads},{best[1].rows},{best[1].local} "
                   f"({nbytes / best[0] / 1e9:.0f} GB/s)")
         del weights
 

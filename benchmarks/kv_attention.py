@@ -14,10 +14,11 @@ import time
 import numpy as np
 from tinygrad import Device, Tensor, TinyJit
 
+from tinyvllm.protocol.kernel_choice import KERNEL_SETS, KernelChoice
 from tinyvllm.protocol.kv_cache_dtype import KV_CACHE_DTYPES
 from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.workers.attention import PagedAttention
-from tinyvllm.workers.kernel_set import C_KERNEL_SETS, KERNEL_SETS, configure_device, default_kernel_set
+from tinyvllm.workers.kernel_set import configure_device, default_kernel_set
 from tinyvllm.workers.kv_cache import PagedKVCache, bytes_per_slot
 from tinyvllm.workers.kv_write import write_layer
 
@@ -39,8 +40,8 @@ def time_attention(dtype: str, kernels: str, batch: int, context: int) -> float:
     n_valid = Tensor(np.array([batch], np.int32))
     q = Tensor(rng.standard_normal((batch, CFG.n_heads, CFG.head_dim)).astype(np.float32)).realize()
     new_kv = Tensor(rng.standard_normal((batch, 2, CFG.n_kv_heads, CFG.head_dim)).astype(np.float32)).realize()
-    step = TinyJit(lambda q, kv: PagedAttention(cache, tables, rows, positions, n_valid, per_seq, kernels in C_KERNEL_SETS)(
-        0, q, kv).realize())
+    choice = KernelChoice.named(kernels)
+    step = TinyJit(lambda q, kv: PagedAttention(cache, tables, rows, positions, n_valid, per_seq, choice)(0, q, kv).realize())
     times = []
     for _ in range(30):
         t0 = time.perf_counter()

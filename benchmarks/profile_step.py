@@ -14,23 +14,26 @@ own Python, input copies and tinygrad's call overhead per step.
 over the step time; --copy-bandwidth first measures the device's own copy rate (bytes read + written), the
 ceiling to hold it against.
 --kv-cache-dtype picks the cache's dtype (protocol/kv_cache_dtype.py; default float32).
---cpu-kernels picks the kernel set (workers/kernel_set.py; default: the device's); --dequantize-at-load turns
-every weight into float32 at load (the old path). Add DEBUG=2 to see tinygrad's per-kernel times (with JIT=2,
+--kernels (or --cpu-kernels) picks the kernel set (protocol/kernel_choice.py; default: the device's); with
+tinygrad's kernels, --no-gpu-matvec leaves out workers/gpu_matvec.py's decode matvecs (the old decode path) and
+--matvec-layout THREADS,ROWS,LOCAL sets their layout (benchmarks/gpu_matvec_sweep.py's `best` lines);
+--dequantize-at-load turns every weight into float32 at load (the old path). Add DEBUG=2 to see tinygrad's per-kernel times (with JIT=2,
 tinygrad's jit without graphs, else a step's kernels run inside the graph and are not timed one by one).
 """
 import argparse
+import dataclasses
 import statistics
 import time
 
 from tinygrad.uop.ops import Ops
 
-from tinyvllm.frontend.launcher import CPU_KERNEL_SETS
+from tinyvllm.protocol.kernel_choice import KERNEL_SETS, KernelChoice, MatvecLayout
 from tinyvllm.protocol.kv_cache_dtype import KV_CACHE_DTYPES
 from tinyvllm.protocol.messages import CachedRequestData, NewRequestData, StepPlan
 from tinyvllm.protocol.sampling import SamplingParams
 
 
-def build(model: str | None, max_num_seqs: int, block_size: int, max_model_len: int, kernels: str | None,
+def build(model: str | None, max_num_seqs: int, block_size: int, max_model_len: int, kernels: str | KernelChoice | None,
           dequantize_at_load: bool, kv_cache_dtype: str = "float32", max_fused_rows: int | None = None):
     from tinygrad import Device
     from tinyvllm.workers.kernel_set import configure_device, default_kernel_set
@@ -159,7 +162,10 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--prefill-len", type=int, default=0)
     ap.add_argument("--copy-bandwidth", action="store_true", help="measure the device's copy rate first")
-    ap.add_argument("--cpu-kernels", choices=CPU_KERNEL_SETS, default=None, help="the kernel set")
+    ap.add_argument("--kernels", "--cpu-kernels", choices=KERNEL_SETS, default=None, help="the kernel set")
+    ap.add_argument("--no-gpu-matvec", action="store_true", help="tinygrad's kernels without workers/gpu_matvec.py's")
+    ap.add_argument("--matvec-layout", type=lambda s: MatvecLayout(*map(int, s.split(","))), default=None,
+                    metavar="THREADS,ROWS,LOCAL", help="workers/gpu_matvec.py's layout (default: MatvecLayout())")
     ap.add_argument("--dequantize-at-load", action="store_true", help="every weight float32 on the device")
     ap.add_argument("--fused-rows", type=int, default=None,
                     help="with tinygrad's kernels: dequantise inside the matmul up to this many rows (else a scratch copy)")
@@ -169,7 +175,14 @@ def main() -> None:
     if args.copy_bandwidth:
         print(f"device copy (read + write): {copy_bandwidth():.0f} GB/s", flush=True)
     t0 = time.perf_counter()
-    cfg, runner = build(args.model, max(args.batch), 16, max(512, args.prefill_len + 64), args.cpu_kernels,
+    kernels = args.kernels
+    if args.no_gpu_matvec or args.matvec_layout:
+        from tinygrad import Device
+        from tinyvllm.workers.kernel_set import default_kernel_set
+        kernels = KernelChoice.named(kernels or default_kernel_set(Device.DEFAULT))
+        kernels = dataclasses.replace(kernels, gpu_matvec=kernels.gpu_matvec and not args.no_gpu_matvec,
+                                      matvec_layout=args.matvec_layout or kernels.matvec_layout)
+    cfg, runner = build(args.model, max(args.batch), 16, max(512, args.prefill_len + 64), kernels,
                         args.dequantize_at_load, args.kv_cache_dtype, args.fused_rows)
     print(f"loaded in {time.perf_counter() - t0:.1f}s")
     from tinyvllm.workers.kv_cache import bytes_per_slot

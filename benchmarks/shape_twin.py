@@ -12,11 +12,15 @@ benchmarks/gguf_twin.py's seeded block patterns, so the text is gibberish: use i
 import argparse
 import importlib.util
 import pathlib
+import sys
 
 import numpy as np
 
 from tinyvllm.protocol.gguf_file import GGML_TYPE_IDS, GGML_TYPES, GGUFFile
-from tinyvllm.protocol.gguf_writer import ALIGNMENT, gguf_header
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tests.helpers.gguf_writer import ALIGNMENT, gguf_header  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("gguf_twin", pathlib.Path(__file__).parent / "gguf_twin.py")
 gguf_twin = importlib.util.module_from_spec(_spec)

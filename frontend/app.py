@@ -1,9 +1,7 @@
 """The HTTP app: OpenAI-compatible routes, /tokenize and /detokenize, and the operators' routes (/health, /metrics,
 /version, /openapi.json, /dashboard), behind the optional API-key check."""
-import asyncio
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -22,6 +20,7 @@ from tinyvllm.frontend.detokenizer import IncrementalDetokenizer
 from tinyvllm.frontend.embeddings import embedding_routes
 from tinyvllm.frontend.engine_client import EngineDeadError
 from tinyvllm.frontend.http_json import DEFAULT_MAX_BODY_BYTES, error_response, exception_response, read_json_body  # noqa: F401 (re-exported)
+from tinyvllm.frontend.http_json import CLIENT_CLOSED_REQUEST, run_unless_disconnected
 from tinyvllm.frontend.metered_engine import MeteredEngine
 from tinyvllm.frontend.metrics import FrontendMetrics
 from tinyvllm.frontend.ollama.routes import mount_ollama
@@ -33,37 +32,12 @@ from tinyvllm.frontend.serving import CompletionResult, RequestServing, collect,
 from tinyvllm.frontend.tokenize_routes import tokenization_routes
 
 
-CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it, but logs do
 _GENERATION_ERRORS = (400, 404, 413, 500, 503, 504)
 openapi.describe("/v1/completions", "POST", CompletionRequest, CompletionResponse, summary="Text completion",
                  stream_media_type=openapi.SSE, error_statuses=_GENERATION_ERRORS)
 openapi.describe("/v1/chat/completions", "POST", ChatRequest, ChatResponse, summary="Chat completion",
                  stream_media_type=openapi.SSE, error_statuses=_GENERATION_ERRORS)
 openapi.describe("/v1/models", "GET", response_schema=ModelList, summary="The served model", error_statuses=())
-
-
-async def _wait_for_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def run_unless_disconnected(request: Request, work: Coroutine) -> tuple[bool, Any]:
-    """Runs `work` while watching for the client to leave (the body must already be read).
-
-    Returns (True, result), or (False, None) after cancelling `work` because the client went away.
-    """
-    work_task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
-    try:
-        await asyncio.wait((work_task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not work_task.done():
-            work_task.cancel()
-            await asyncio.gather(work_task, return_exceptions=True)
-    if work_task.cancelled():
-        return False, None
-    return True, work_task.result()
 
 
 def response_body(result: CompletionResult, req: api.GenerationRequest, request_id: str, model: str,
@@ -88,7 +62,7 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
               gate: RequestGate | None = None, allowed_origins: list[str] | None = None,
               default_max_tokens: int | None = None) -> Starlette:
     """engine: an EngineClient (or anything with its generate/stats/dead_reason);
-    tokenizer: a frontend.tokenizer.Tokenizer (encode, vocab_size, eos_token_ids, apply_chat_template).
+    tokenizer: a protocol.tokenizer.Tokenizer (encode, vocab_size, eos_token_ids, apply_chat_template).
 
     make_detokenizer(tokenizer, prompt_token_ids, skip_special_tokens=...): tests swap in a simpler one.
     api_key: when given, every /v1 and /api route needs `Authorization: Bearer <api_key>` (frontend/auth.py).

@@ -12,8 +12,20 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tinyvllm.frontend.openai_protocol import error_body
 
+API_KEY_ENV = "TINYVLLM_API_KEY"
 PROTECTED_PREFIXES = ("/v1", "/api")
 OPENAI, OLLAMA = "openai", "ollama"
+
+
+
+def resolve_api_key(flag: str | None, environ) -> str | None:
+    """--api-key wins over $TINYVLLM_API_KEY; an empty flag is a mistake, an empty variable means no key."""
+    if flag is not None:
+        if not flag:
+            raise ValueError("--api-key must not be empty")
+        return flag
+    return environ.get(API_KEY_ENV) or None
+
 
 UNAUTHORIZED_BODIES = {OPENAI: error_body("Unauthorized", "AuthenticationError", 401),
                        OLLAMA: {"error": "unauthorized"}}

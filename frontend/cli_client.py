@@ -12,8 +12,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from tinyvllm.frontend.auth import API_KEY_ENV
+
 HOST_ENV = "TINYVLLM_HOST"
-API_KEY_ENV = "TINYVLLM_API_KEY"
 DEFAULT_PORT = 8000
 DEFAULT_HOST = f"http://127.0.0.1:{DEFAULT_PORT}"
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "::")

@@ -30,21 +30,74 @@ class EngineDeadError(RuntimeError):
     pass
 
 
-class EngineClient:
+class RequestQueues:
+    """Each open request's queue of outputs, and generate()'s side of it: the request's entry, its outputs until it
+    is complete or fails, the abort when its consumer leaves early, and failing every open request at once.
+    EngineClient fills the queues from the scheduler's outputs; the tests' fake engine (tests/frontend/fake_engine.py)
+    from steps it makes up, so the two cannot differ in how a request is served."""
+
+    def __init__(self) -> None:
+        self.queues: dict[str, asyncio.Queue] = {}
+        self.dead_reason: str | None = None
+
+    async def _submit(self, req: AddRequest) -> None:
+        """Hands a new request (its queue already open) to the engine."""
+        raise NotImplementedError
+
+    def _forget(self, req_id: str) -> None:
+        """The request's generate() ended, however it did."""
+
+    def abort(self, req_ids: list[str]) -> None:
+        raise NotImplementedError
+
+    def mark_dead(self, reason: str) -> None:
+        """Called when a child process died: every open request ends with an error, new ones are refused."""
+        self.dead_reason = reason
+        self.fail_open_requests(reason)
+
+    def fail_open_requests(self, reason: str, kind: str = ErrorKind.UNAVAILABLE) -> None:
+        """Ends every open request with an ERROR output at once (generate() then aborts it in a live scheduler)."""
+        for req_id, q in self.queues.items():
+            q.put_nowait(RequestOutput(req_id, [], FinishReason.ERROR, error=reason, error_kind=kind))
+
+    async def generate(self, req_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+                       eos_token_ids: list[int]) -> AsyncIterator[RequestOutput]:
+        """Yields this request's deltas (with n > 1, every child's, told apart by RequestOutput.index) until
+        every child has finished or one output is an ERROR. Leaving early aborts the request."""
+        if self.dead_reason is not None:
+            raise EngineDeadError(self.dead_reason)
+        if req_id in self.queues:
+            raise ValueError(f"duplicate request id {req_id}")
+        q: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.queues[req_id] = q
+        completion = RequestCompletion(sampling.n)
+        try:
+            await self._submit(AddRequest(req_id, list(prompt_token_ids), sampling, list(eos_token_ids), time.time()))
+            while not completion.done:
+                out = q.get_nowait() if not q.empty() else await q.get()
+                completion.observe(out)
+                yield out
+        finally:
+            del self.queues[req_id]
+            self._forget(req_id)
+            if not completion.all_children_finished and self.dead_reason is None:
+                self.abort([req_id])  # a parent id aborts every child still running
+
+
+class EngineClient(RequestQueues):
     def __init__(self, scheduler_input: str, frontend_output: str, name: str = "engine",
                  step_timeout_s: float | None = None):
         """name: what error messages call this engine (e.g. "engine 1" among replicas); step_timeout_s: how long
         the engine may owe outputs without finishing a step before it counts as hung (None: forever)."""
+        super().__init__()
         self.name, self.step_timeout_s = name, step_timeout_s
         self.ctx = zmq.asyncio.Context()
         self.to_scheduler = make_socket(self.ctx, zmq.PUSH, scheduler_input, bind=False)
         self.from_scheduler = make_socket(self.ctx, zmq.PULL, frontend_output, bind=True)
-        self.queues: dict[str, asyncio.Queue] = {}
         self._owed: dict[str, RequestCompletion] = {}  # requests the scheduler has not finished yet
         self._last_progress = time.monotonic()  # the last step's outputs, or a request reaching an idle engine
         self.stats = SchedulerStats()
         self.ready: EngineReady | None = None
-        self.dead_reason: str | None = None
         self._ready_event = asyncio.Event()
         self._reader: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
@@ -118,42 +171,17 @@ class EngineClient:
                             del self._owed[out.req_id]
 
     def mark_dead(self, reason: str) -> None:
-        """Called when a child process died: every open request ends with an error, new ones are refused."""
-        self.dead_reason = reason
-        self._ready_event.set()
-        self.fail_open_requests(reason)
+        super().mark_dead(reason)
+        self._ready_event.set()  # a start() still waiting fails at once
 
-    def fail_open_requests(self, reason: str, kind: str = ErrorKind.UNAVAILABLE) -> None:
-        """Ends every open request with an ERROR output at once (generate() then aborts it in a live scheduler)."""
-        for req_id, q in self.queues.items():
-            q.put_nowait(RequestOutput(req_id, [], FinishReason.ERROR, error=reason, error_kind=kind))
-
-    async def generate(self, req_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                       eos_token_ids: list[int]) -> AsyncIterator[RequestOutput]:
-        """Yields this request's deltas (with n > 1, every child's, told apart by RequestOutput.index) until
-        every child has finished or one output is an ERROR. Leaving early aborts the request."""
-        if self.dead_reason is not None:
-            raise EngineDeadError(self.dead_reason)
-        if req_id in self.queues:
-            raise ValueError(f"duplicate request id {req_id}")
-        q: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self.queues[req_id] = q
+    async def _submit(self, req: AddRequest) -> None:
         if not self._owed:
             self._last_progress = time.monotonic()  # an idle engine owes nothing yet for the time before
-        self._owed[req_id] = RequestCompletion(sampling.n)
-        completion = RequestCompletion(sampling.n)
-        try:
-            await send_async(self.to_scheduler, AddRequest(req_id, list(prompt_token_ids), sampling,
-                                                           list(eos_token_ids), time.time()))
-            while not completion.done:
-                out = q.get_nowait() if not q.empty() else await q.get()
-                completion.observe(out)
-                yield out
-        finally:
-            del self.queues[req_id]
-            self._owed.pop(req_id, None)
-            if not completion.all_children_finished and self.dead_reason is None:
-                self.abort([req_id])  # a parent id aborts every child still running
+        self._owed[req.req_id] = RequestCompletion(req.sampling.n)
+        await send_async(self.to_scheduler, req)
+
+    def _forget(self, req_id: str) -> None:
+        self._owed.pop(req_id, None)
 
     def abort(self, req_ids: list[str]) -> None:
         # Not a coroutine: it must work from a generator's finally during cancellation.

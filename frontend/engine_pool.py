@@ -15,7 +15,8 @@ from dataclasses import fields
 
 from tinyvllm.frontend.engine_client import EngineClient, EngineDeadError
 from tinyvllm.frontend.engine_replica import EngineReplica, RestartPolicy
-from tinyvllm.frontend.launcher import EngineArgs, EngineProcesses
+from tinyvllm.frontend.launcher import EngineProcesses
+from tinyvllm.protocol.engine_config import EngineConfig
 from tinyvllm.frontend.replica_router import ReplicaRouter, RoutingPolicy, prompt_block_hashes
 from tinyvllm.protocol.messages import EngineReady, RequestOutput, SchedulerStats
 from tinyvllm.protocol.model_path import resolve_model_path
@@ -138,19 +139,19 @@ class EnginePool:
             replica.stop_processes()
 
 
-def launch_pool(args: EngineArgs, restart: RestartPolicy = RestartPolicy()) -> EnginePool:
-    """The replicas `args` describes (data_parallel_size of them); nothing starts before EnginePool.start."""
-    args.validate()
-    size = args.data_parallel_size
+def launch_pool(config: EngineConfig, restart: RestartPolicy = RestartPolicy()) -> EnginePool:
+    """The replicas `config` describes (data_parallel_size of them); nothing starts before EnginePool.start."""
+    config.validate()
+    size = config.parallel.data_parallel_size
 
     def launcher(index: int):
         name = "engine" if size == 1 else f"engine {index}"
 
         def launch() -> tuple[EngineProcesses, EngineClient]:
-            procs = EngineProcesses(args, index)
+            procs = EngineProcesses(config, index)
             return procs, EngineClient(procs.endpoints.scheduler_input, procs.endpoints.frontend_output, name,
-                                       args.step_timeout_s)
+                                       config.batch.step_timeout_s)
         return EngineReplica(index, launch, name, restart)
 
-    return EnginePool([launcher(i) for i in range(size)], cache_aware=args.enable_prefix_caching,
-                      model_path=resolve_model_path(args.model))
+    return EnginePool([launcher(i) for i in range(size)], cache_aware=config.cache.enable_prefix_caching,
+                      model_path=resolve_model_path(config.model.model))

@@ -2,7 +2,7 @@
 from dataclasses import dataclass, field
 
 from tinyvllm.frontend.request_completion import RequestCompletion
-from tinyvllm.frontend.tokenizer import Tokenizer
+from tinyvllm.protocol.tokenizer import Tokenizer
 from tinyvllm.protocol.messages import RequestOutput, TokenLogprobs
 
 

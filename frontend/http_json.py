@@ -1,6 +1,9 @@
-"""JSON request bodies (size-bounded, strict) and OpenAI-shaped error responses, shared by every route module."""
+"""JSON request bodies (size-bounded, strict), OpenAI-shaped error responses, and the client-disconnect watcher, shared
+by every route module (the OpenAI and the Ollama ones)."""
+import asyncio
 import json
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 from starlette.requests import Request
@@ -11,6 +14,7 @@ from tinyvllm.frontend.engine_client import EngineDeadError
 from tinyvllm.frontend.request_errors import EngineRequestError
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it, but logs do
 log = logging.getLogger(__name__)
 
 
@@ -64,3 +68,27 @@ async def read_json_object(request: Request, max_bytes: int = DEFAULT_MAX_BODY_B
     if not isinstance(body, dict):
         raise api.APIError("The request body must be a JSON object")
     return body
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def run_unless_disconnected(request: Request, work: Coroutine) -> tuple[bool, Any]:
+    """Runs `work` while watching for the client to leave (the body must already be read).
+
+    Returns (True, result), or (False, None) after cancelling `work` because the client went away.
+    """
+    work_task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait((work_task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not work_task.done():
+            work_task.cancel()
+            await asyncio.gather(work_task, return_exceptions=True)
+    if work_task.cancelled():
+        return False, None
+    return True, work_task.result()

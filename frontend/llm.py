@@ -20,9 +20,9 @@ from tinyvllm.frontend.detokenizer import IncrementalDetokenizer
 from tinyvllm.frontend.engine_client import EngineDeadError
 from tinyvllm.frontend.engine_pool import EnginePool, launch_pool
 from tinyvllm.frontend.generation_result import CompletionOutput, GenerationResult, SampleCollector
-from tinyvllm.frontend.launcher import EngineArgs
 from tinyvllm.frontend.request_errors import EngineRequestError
-from tinyvllm.frontend.tokenizer import Tokenizer
+from tinyvllm.protocol.tokenizer import Tokenizer
+from tinyvllm.protocol.engine_config import EngineConfig
 from tinyvllm.protocol.messages import SchedulerStats
 from tinyvllm.protocol.sampling import BeamSearchParams, SamplingParams
 
@@ -32,8 +32,9 @@ Prompt = str | list[int]  # text, or token ids
 
 
 class LLM:
-    def __init__(self, model: str | None = None, startup_timeout_s: float = 900.0, **engine_args):
-        engine = launch_pool(EngineArgs(model=model, **engine_args))
+    def __init__(self, model: str | None = None, startup_timeout_s: float = 900.0, **engine_options):
+        """engine_options: any engine knob by name (protocol/engine_config.py), e.g. max_num_seqs=8."""
+        engine = launch_pool(EngineConfig.of(model=model, **engine_options))
         self._start(engine, Tokenizer.from_model_path(engine.model_path), startup_timeout_s)
 
     def _start(self, engine: EnginePool, tokenizer, startup_timeout_s: float) -> None:

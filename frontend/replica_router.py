@@ -12,7 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from tinyvllm.protocol.messages import SchedulerStats
-from tinyvllm.scheduler.block_hash import BlockHash, hash_block, root_hash
+from tinyvllm.protocol.block_hash import BlockHash, hash_block, root_hash
 
 WAITING_WEIGHT = 4  # vLLM's DP load balancer: a waiting request weighs as four running ones
 CACHE, LOAD = "cache", "load"  # why decide() chose a replica

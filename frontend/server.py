@@ -9,53 +9,27 @@ and its processes stop and it exits 0; a second signal cuts the wait short. With
 import asyncio
 import logging
 import signal
-from dataclasses import dataclass, field
 
 import uvloop
 
 from tinyvllm.frontend.app import build_app
 from tinyvllm.frontend.engine_pool import EnginePool, launch_pool
-from tinyvllm.frontend.launcher import EngineArgs
 from tinyvllm.frontend.request_gate import RequestGate
-from tinyvllm.frontend.router_registration import Registration, RouterHeartbeat
-from tinyvllm.frontend.tokenizer import Tokenizer
+from tinyvllm.frontend.router_registration import RouterHeartbeat
+from tinyvllm.frontend.server_options import ServerArgs
+from tinyvllm.protocol.tokenizer import Tokenizer
 from tinyvllm.frontend.uvicorn_runner import QuietSignalServer, drain_on_signals, http_config, start_serving
+from tinyvllm.protocol.engine_config import EngineConfig
 
 log = logging.getLogger("tinyvllm.frontend")
 
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 
 
-@dataclass(slots=True)
-class ServerArgs:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    served_model_name: str | None = None
-    startup_timeout_s: float = 900.0
-    api_key: str | None = None  # required on /v1 and /api when set
-    models_dir: str | None = None  # Ollama's model store (manifests for /api/tags, /api/create, ...)
-    max_waiting_requests: int = 512
-    request_timeout_s: float | None = None
-    shutdown_timeout_s: float = 30.0
-    allowed_origins: list[str] = field(default_factory=list)  # CORS; empty: none
-    default_max_tokens: int | None = None  # chat requests that set no limit; None: the rest of the context
-    registration: Registration | None = None  # --register-with: heartbeats to a `tinyvllm router`
-
-    def validate(self) -> None:
-        if self.max_waiting_requests < 1:
-            raise ValueError("--max-waiting-requests must be at least 1")
-        if self.request_timeout_s is not None and self.request_timeout_s <= 0:
-            raise ValueError("--request-timeout must be positive")
-        if self.shutdown_timeout_s < 0:
-            raise ValueError("--shutdown-timeout must not be negative")
-        if self.default_max_tokens is not None and self.default_max_tokens < 1:
-            raise ValueError("--default-max-tokens must be at least 1")
-
-
-async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: ServerArgs) -> int:
+async def serve_async(engine: EnginePool, engine_config: EngineConfig, server_args: ServerArgs) -> int:
     """Serves until stopped (0) or until an engine gives up restarting (1)."""
     model_path = engine.model_path
-    name = server_args.served_model_name or (DEFAULT_SERVED_NAME if engine_args.model is None else
+    name = server_args.served_model_name or (DEFAULT_SERVED_NAME if engine_config.model.model is None else
                                              model_path.stem if model_path.is_file() else model_path.name)
     tokenizer = Tokenizer.from_model_path(model_path)
     gate = RequestGate(server_args.max_waiting_requests, server_args.request_timeout_s)
@@ -80,7 +54,7 @@ async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: 
         drain_on_signals(stop_asked, gate, server)
         if server_args.registration is not None and server.started:
             heartbeat = RouterHeartbeat(server_args.registration, name, lambda: engine.stats,
-                                        lambda: engine.dead_reason is None, stop_asked.is_set, role=engine_args.role)
+                                        lambda: engine.dead_reason is None, stop_asked.is_set, role=engine_config.kv_transfer.role)
             heartbeat.start()
         stopping = asyncio.create_task(stop_asked.wait())
         await asyncio.wait((serving, given_up, stopping), return_when=asyncio.FIRST_COMPLETED)
@@ -112,7 +86,7 @@ async def serve_async(engine: EnginePool, engine_args: EngineArgs, server_args: 
         await engine.close()
 
 
-def serve(engine_args: EngineArgs, server_args: ServerArgs) -> None:
+def serve(engine_config: EngineConfig, server_args: ServerArgs) -> None:
     """Serves until stopped; raises SystemExit(1) once an engine could not be restarted."""
     server_args.validate()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s frontend %(levelname)s %(message)s")
@@ -122,12 +96,13 @@ def serve(engine_args: EngineArgs, server_args: ServerArgs) -> None:
         signal.raise_signal(signal.SIGINT)
 
     signal.signal(signal.SIGTERM, stop_on_sigterm)
-    engine = launch_pool(engine_args)
+    engine = launch_pool(engine_config)
     try:
-        exit_code = uvloop.run(serve_async(engine, engine_args, server_args))
+        exit_code = uvloop.run(serve_async(engine, engine_config, server_args))
     except KeyboardInterrupt:
         exit_code = 0
     finally:
         engine.stop_processes()
     if exit_code:
         raise SystemExit(exit_code)
+

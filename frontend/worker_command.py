@@ -1,10 +1,11 @@
 """`tinyvllm worker` (a worker on its own, on any machine) and `tinyvllm serve`'s flags for waiting for such workers."""
 import argparse
+import dataclasses
 import os
 import sys
 
-from tinyvllm.frontend.launcher import CPU_KERNEL_SETS
-from tinyvllm.protocol.worker_auth import SECRET_ENV, require_secret_beyond_loopback, resolve_worker_secret
+from tinyvllm.protocol.engine_config import EngineConfig, add_engine_flags
+from tinyvllm.protocol.worker_auth import require_secret_beyond_loopback, resolve_worker_secret
 
 DESCRIPTION = """One worker process, on this or another machine, for a scheduler started with `tinyvllm serve
 --external-workers`: one per device, the ranks 0 .. tensor x pipeline-parallel size - 1. See docs/DEPLOY.md.
@@ -14,38 +15,22 @@ DESCRIPTION = """One worker process, on this or another machine, for a scheduler
 
 Exit codes: 0 when the server stops, 1 on a failure, 2 on a usage error, 3 when the scheduler refuses this worker
 (another secret, model or version; a rank taken) or cannot prove it knows the secret."""
-SECRET_HELP = (f"the secret shared by the scheduler and its workers (at least 16 characters); default: the "
-               f"{SECRET_ENV} environment variable, which, unlike the command line, other users cannot see in ps. "
-               f"Required when the address is reachable from other machines")
-
-
-def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
-    serve.add_argument("--external-workers", action="store_true",
-                       help="start no workers: wait for `tinyvllm worker` processes (on this or other machines) to "
-                            "connect to --worker-address")
-    serve.add_argument("--worker-address", default=None,
-                       help="with --external-workers: where the scheduler listens for its workers, e.g. "
-                            "tcp://0.0.0.0:7000")
-    serve.add_argument("--worker-secret", default=None, help=SECRET_HELP)
+# what a worker decides for itself; the rest of the engine's configuration comes from the scheduler (InitWorker)
+WORKER_KNOBS = ("model", "tensor_parallel_size", "pipeline_parallel_size", "kernels", "beam", "jit_warmup",
+                "worker_secret")
 
 
 def add_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument("--connect", required=True, help="the scheduler's --worker-address, e.g. tcp://10.0.0.1:7000")
     worker.add_argument("--rank", type=int, required=True,
                         help="this worker's rank: pipeline stage x tensor-parallel size + tensor-parallel rank")
-    worker.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="as given to `tinyvllm serve`")
-    worker.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, help="as given to `tinyvllm serve`")
-    worker.add_argument("--model", default=None, help="the same model as the server's (a copy on this machine)")
     worker.add_argument("--stage-address", default=None,
                         help="a later pipeline stage: where it receives the previous stage's output, e.g. "
                              "tcp://10.0.0.2:7100; default: this machine's address on the route to the scheduler, "
                              "a port the system picks")
-    worker.add_argument("--cpu-kernels", choices=CPU_KERNEL_SETS, default=None,
-                        help="as `tinyvllm serve --cpu-kernels`; default: c-int8 on DEV=CPU, tinygrad elsewhere")
-    worker.add_argument("--beam", type=int, default=0, help="tinygrad BEAM search width for the kernels (0: off)")
-    worker.add_argument("--no-jit-warmup", dest="jit_warmup", action="store_false",
-                        help="skip capturing every batch size's jitted step at start-up")
-    worker.add_argument("--worker-secret", default=None, help=SECRET_HELP)
+    add_engine_flags(worker, only=WORKER_KNOBS, helps={
+        "model": "the same model as the server's (a copy on this machine)",
+        "tensor_parallel_size": "as given to `tinyvllm serve`", "pipeline_parallel_size": "as given to `tinyvllm serve`"})
 
 
 def default_stage_address(connect: str) -> str:
@@ -67,7 +52,7 @@ def worker_args_from(args: argparse.Namespace):
     from tinyvllm.protocol.model_config import read_model_config
     from tinyvllm.protocol.model_path import resolve_model_path
     from tinyvllm.protocol.parallel_layout import check_parallel_sizes
-    from tinyvllm.workers.main import WorkerArgs
+    from tinyvllm.protocol.process_args import WorkerArgs
     tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
     if tp < 1 or pp < 1 or not 0 <= args.rank < tp * pp:
         raise ValueError(f"--rank must be between 0 and {tp * pp - 1} for {tp} x {pp} workers")
@@ -80,8 +65,9 @@ def worker_args_from(args: argparse.Namespace):
         stage_address = args.stage_address or default_stage_address(args.connect)
         if any(f"//{host}:" in stage_address for host in ("0.0.0.0", "*", "[::]")):
             raise ValueError("--stage-address must name an address the previous stage can reach, not 0.0.0.0")
-    return WorkerArgs(str(model), args.rank, tp * pp, jit_warmup=args.jit_warmup, beam=args.beam,
-                      kernels=args.cpu_kernels, tp_size=tp, pp_size=pp, stage_address=stage_address)
+    config = EngineConfig.from_namespace(args)
+    return WorkerArgs(dataclasses.replace(config, model=dataclasses.replace(config.model, model=str(model))),
+                      args.rank, stage_address)
 
 
 def run(args: argparse.Namespace) -> int:

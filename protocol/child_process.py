@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 import sys
+import types
+import typing
 
 
 class ChildProcess:
@@ -48,6 +50,17 @@ class ChildProcess:
             self._popen.kill()
 
 
-def child_args(argv: list[str]) -> list:
-    """In the child: the JSON arguments ChildProcess passed (dataclasses as dicts)."""
-    return json.loads(argv[1])
+def child_args(argv: list[str], *types) -> list:
+    """In the child: the JSON arguments ChildProcess passed, each rebuilt as its type in `types` (a dataclass,
+    nested ones included, or a plain JSON type)."""
+    return [_build(tp, value) for tp, value in zip(types, json.loads(argv[1]), strict=True)]
+
+
+def _build(tp, value):
+    if value is not None and dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        return tp(**{k: _build(hints[k], v) for k, v in value.items()})
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _build(inner[0], value) if len(inner) == 1 else value
+    return value

@@ -14,8 +14,10 @@ from tinyvllm.protocol import messages as m
 from tinyvllm.protocol.sampling import SamplingParams
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # what every socket accepts: ZMQ drops a peer that sends more (MAXMSGSIZE)
-# What this process sends at most (protocol/transport.py). An environment variable may lower it, never raise it,
-# so that tests can make messages split without sending 64 MiB; whatever a peer's setting, it accepts what we send.
+# What this process sends at most (protocol/transport.py). Tests lower it to make messages split without sending
+# 64 MiB: in their own process by patching MAX_SEND_BYTES; in the engine processes they start (`python -m`, which
+# take no test hooks) through the environment, read here at import. It may lower the bound, never raise it: whatever
+# a peer's setting, it accepts what we send.
 SEND_BOUND_ENV = "TINYVLLM_MAX_SEND_BYTES"
 MAX_SEND_BYTES = min(MAX_MESSAGE_BYTES, int(os.environ.get(SEND_BOUND_ENV) or MAX_MESSAGE_BYTES))
 

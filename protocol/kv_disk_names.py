@@ -1,6 +1,6 @@
 """Where the persistent prefix cache (--kv-cache-dir) keeps a block: one folder per model, KV dtype, block size and
 parallel layout (a worker names it from its KV compatibility hash, protocol/kv_compat.py), and in it one file per block
-and worker rank, named by the block's chain hash (scheduler/block_hash.py). The scheduler lists the names; the workers
+and worker rank, named by the block's chain hash (protocol/block_hash.py). The scheduler lists the names; the workers
 write and read the files (workers/kv_disk_store.py)."""
 import re
 

@@ -26,7 +26,7 @@ class KVLoad:
 @dataclass(slots=True)
 class KVDiskBlock:
     """One block of the persistent prefix cache (scheduler/disk_kv.py): a KV block and the chain hash that names its
-    file (scheduler/block_hash.py)."""
+    file (protocol/block_hash.py)."""
     block_id: int
     block_hash: bytes
 

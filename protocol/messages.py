@@ -12,6 +12,7 @@ Worker <-> worker:      KVPull -> KVBlockData... (decode pulls a prefill worker'
 from dataclasses import dataclass, field
 
 from tinyvllm.protocol.batch_summary import RunningRequestSummary
+from tinyvllm.protocol.engine_config import EngineConfig
 from tinyvllm.protocol.handshake_messages import (SchedulerChallenge, WorkerHello, WorkerProof,  # noqa: F401
                                                   WorkerRefused)  # (re-exported)
 from tinyvllm.protocol.kv_messages import (KVBlockData, KVDiskBlock, KVLease, KVLoad, KVPull,  # noqa: F401 (re-exported)
@@ -32,12 +33,6 @@ class ErrorKind:
     ENGINE_FAILURE = "engine_failure"    # the engine failed while serving it (500)
     UNAVAILABLE = "unavailable"          # the engine died, restarts, or the server is shutting down (503)
     TIMEOUT = "timeout"                  # it did not finish within --request-timeout (504)
-
-
-class WorkerRole:
-    MIXED = "mixed"      # prefill and decode (the default)
-    PREFILL = "prefill"  # disaggregated serving: prefill only
-    DECODE = "decode"    # disaggregated serving: decode only
 
 
 # ---- frontend <-> scheduler -------------------------------------------------
@@ -153,17 +148,10 @@ class Shutdown:
 @dataclass(slots=True)
 class InitWorker:
     """Sent by the scheduler once every expected worker joined (said hello and proved it knows the secret)."""
-    num_blocks: int  # 0: size the cache from kv_cache_bytes
-    kv_cache_bytes: int
-    block_size: int
-    max_model_len: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
+    # the scheduler's (no secrets): the cache's size and dtype, the batch limits, speculation, the context served
+    engine: EngineConfig
     group_id: str = ""  # names the tensor-parallel groups' shared memory (each stage's group adds its stage)
     next_stage_address: str = ""  # where this worker sends its hidden states (a stage before the last)
-    swap_space_bytes: int = 0  # --swap-space: host memory for swapped-out KV blocks (this worker's shard of them)
-    kv_cache_dtype: str = "auto"  # what the KV cache stores (protocol/kv_cache_dtype.py)
-    speculative_config: str = ""  # --speculative-config's JSON: with "draft_model" the worker runs the draft too
 
 
 @dataclass(slots=True)

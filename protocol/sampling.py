@@ -9,6 +9,7 @@ MAX_LOGIT_BIAS = 100.0  # logit_bias values are clamped to [-100, 100], as OpenA
 MAX_LOGPROB_ENTRIES = 1_000_000
 MAX_BEAM_WIDTH = MAX_LOGPROBS // 2  # each beam search step asks for 2 x beam_width logprobs
 MAX_GRAMMAR_CHARS = 65536  # a structured output's schema, regex or grammar, and the grammar it becomes
+GREEDY_TEMPERATURE = 1e-5  # at or below it a row samples the argmax: SamplingParams.greedy and workers/sampler.py
 
 
 @dataclass(slots=True)
@@ -70,7 +71,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 1e-5
+        return self.temperature <= GREEDY_TEMPERATURE
 
     @property
     def logit_bias(self) -> dict[int, float]:

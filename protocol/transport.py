@@ -33,9 +33,6 @@ class Endpoints:
         host, port = self.workers[len("tcp://"):].rsplit(":", 1)
         return f"tcp://{host}:{int(port) + 1 + rank}"
 
-    def as_list(self) -> list[str]:
-        return [self.scheduler_input, self.frontend_output, self.workers]
-
 
 def local_ip_towards(endpoint: str) -> str:
     """This host's IPv4 address that its route to a tcp:// endpoint leaves from (found without sending anything)."""

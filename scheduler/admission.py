@@ -1,12 +1,6 @@
-"""Whether a request can ever be served: checked once, when it arrives (messages fit for an HTTP 400); and where
-it starts when it is admitted."""
-from typing import TYPE_CHECKING
-
+"""Whether a request can ever be served: checked once, when it arrives (messages fit for an HTTP 400)."""
 from tinyvllm.scheduler.parallel_sampling import child_id
 from tinyvllm.scheduler.request import Request
-
-if TYPE_CHECKING:
-    from tinyvllm.scheduler.scheduler import Scheduler
 
 MAX_TOKEN_ID = 2**31 - 1  # workers hold token ids as int32
 
@@ -43,16 +37,3 @@ def admission_error(req: Request, ids_in_use, max_model_len: int, block_size: in
                 f"but the whole cache only has {num_blocks} blocks ({num_blocks * block_size} tokens)")
     return None
 
-
-def admission_start(sched: "Scheduler", req: Request) -> tuple[list[int], int] | None:
-    """(the cached blocks req starts with, its tokens they hold): where it was if it was swapped out (swap.py), else
-    past its longest cached prefix. None: its prefix goes on in the persistent prefix cache, which loads it first
-    (disk_kv.py)."""
-    if req.swap_slots:
-        return [], req.num_computed_tokens
-    kv, window = sched.kv_cache_manager, sched.config.sliding_window
-    cached_block_ids = kv.find_cached_prefix(req)
-    if sched.disk_kv.holds_back(req, cached_block_ids):
-        return None
-    num_cached = len(cached_block_ids) * sched.config.block_size
-    return (kv.behind_window(cached_block_ids, window) if window else cached_block_ids), num_cached

@@ -5,12 +5,11 @@ there ("cached free"): a later request with the same prefix revives it (taken ou
 queue in O(1)), and only when a fresh block is needed and it reaches the queue's front is it evicted.
 Blocks join the queue's tail as their last holder lets go, so the front is the least recently used.
 """
-import itertools
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tinyvllm.scheduler.block_hash import BlockHash
+from tinyvllm.protocol.block_hash import BlockHash
 
 
 @dataclass(slots=True, eq=False)
@@ -43,17 +42,9 @@ class BlockPool:
         return len(self._free)
 
     @property
-    def num_cached_blocks(self) -> int:
-        return len(self._cached)
-
-    @property
     def num_cached_free_blocks(self) -> int:
         """Free blocks that still hold prefix-cache content (a hit revives them; a fresh block evicts them)."""
         return self._num_cached_free
-
-    def free_block_ids(self) -> list[int]:
-        """The free queue, front (next to be evicted) first."""
-        return list(self._free)
 
     def take_fresh(self, num_blocks: int) -> list[int]:
         """Hands out num_blocks blocks from the queue's front, evicting their cached contents, each with ref_count 1."""
@@ -110,28 +101,3 @@ class BlockPool:
         if block.block_hash is not None:
             del self._cached[block.block_hash]
             block.block_hash, block.parent_hash, block.token_ids = None, None, ()
-
-    def check_invariants(self, block_tables: Iterable[list[int]]) -> None:
-        """Raises AssertionError unless ref counts equal the number of tables holding each block (every holder's
-        table must be given), the free queue holds exactly the unheld blocks, and the cache map is consistent."""
-        tables = list(block_tables)
-        for table in tables:
-            assert len(set(table)) == len(table), f"a block table holds a block twice: {table}"
-        held = Counter(itertools.chain.from_iterable(tables))
-        for block_id in held:
-            assert 0 <= block_id < self.num_total_blocks, f"block id {block_id} out of range"
-        for block in self.blocks:
-            if block.block_id in self._free:
-                assert block.ref_count == 0, f"free block {block.block_id} has ref_count {block.ref_count}"
-                assert held[block.block_id] == 0, f"block {block.block_id} is free and held"
-            else:
-                assert block.ref_count > 0, f"block {block.block_id} is neither free nor held (leaked)"
-                assert block.ref_count == held[block.block_id], (
-                    f"block {block.block_id}: ref_count {block.ref_count} but {held[block.block_id]} holders")
-            if block.block_hash is not None:
-                assert self._cached.get(block.block_hash) is block, f"block {block.block_id}'s hash is not mapped to it"
-        for block_hash, block in self._cached.items():
-            assert block.block_hash == block_hash, f"cache map entry points at block {block.block_id} with another hash"
-        assert len(self._free) + len(held) == self.num_total_blocks, "free + held != total"
-        assert self._num_cached_free == sum(self.blocks[i].block_hash is not None for i in self._free), \
-            "the count of cached free blocks drifted"

@@ -1,7 +1,12 @@
-"""The scheduler's limits, fixed at start-up."""
+"""The scheduler's limits, fixed at start-up: the engine's knobs (protocol/engine_config.py) as resolved for this
+engine, with what only the start-up tells (the pool's blocks and swap slots, the context served, whether async
+scheduling applies). scheduler/main.py's scheduler_config() builds it; the tests build it directly."""
 from dataclasses import dataclass
 
+from tinyvllm.protocol.engine_config import EngineConfig
 from tinyvllm.protocol.speculative_config import SpeculativeConfig
+
+_DEFAULTS = EngineConfig()  # the knobs' declared defaults, not written again here
 
 
 @dataclass(slots=True)
@@ -11,13 +16,14 @@ class SchedulerConfig:
     max_model_len: int
     block_size: int
     num_blocks: int
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = _DEFAULTS.cache.enable_prefix_caching
     # Planned steps whose results may be outstanding at once: 2 lets the scheduler plan step N+1 while step N
     # runs; P pipeline stages need P to stay busy.
     max_steps_in_flight: int = 1
     # Plan a request again while its step is in flight (scheduler/async_scheduling.py): only for one worker.
     async_scheduling: bool = False
-    kv_lease_s: float = 30.0  # disaggregated prefill: how long finished prompts' blocks wait for a decode to pull them
+    # disaggregated prefill: how long finished prompts' blocks wait for a decode to pull them
+    kv_lease_s: float = _DEFAULTS.kv_transfer.kv_lease_s
     world_size: int = 1  # workers that each release a lease (scheduler/remote_kv.py)
     sliding_window: int = 0  # every layer of the model attends to this many last positions only (0: all of them)
     num_swap_slots: int = 0  # --swap-space: host slots of one KV block each (scheduler/swap.py); 0: always recompute

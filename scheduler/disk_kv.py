@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from tinyvllm.protocol.kv_disk_names import parse_block_file_name
 from tinyvllm.protocol.messages import KVDiskBlock, StepResult
-from tinyvllm.scheduler.block_hash import BlockHash
+from tinyvllm.protocol.block_hash import BlockHash
 from tinyvllm.scheduler.kv_cache_manager import KVCacheManager
 from tinyvllm.scheduler.request import Request
 

@@ -12,9 +12,7 @@ The scheduler owns this; workers only ever see block ids (and the block copies o
   into a block someone else also holds, it gets a private copy: the copy (src, dst) goes into the next
   StepPlan and the worker performs it before computing the step.
 """
-from collections.abc import Iterable
-
-from tinyvllm.scheduler.block_hash import BlockHash, HashFn, hash_block, root_hash
+from tinyvllm.protocol.block_hash import BlockHash, HashFn, hash_block, root_hash
 from tinyvllm.scheduler.block_pool import BlockPool
 from tinyvllm.scheduler.request import Request
 
@@ -174,15 +172,3 @@ class KVCacheManager:
         copies = [pair for pair in self._block_copies if self.pool.blocks[pair[1]].ref_count > 0]
         self._block_copies = []
         return copies
-
-    def check_invariants(self, holders: Iterable[Request], other_tables: Iterable[list[int]] = ()) -> None:
-        """For tests: every request holding blocks must be in holders, every other holder's table in other_tables."""
-        holders = list(holders)
-        self.pool.check_invariants([*(held_blocks(req) for req in holders), *other_tables])
-        for req in holders:
-            assert req.num_registered_blocks <= len(req.block_ids)
-            assert req.block_ids[:req.num_freed_blocks] == [FREED] * req.num_freed_blocks and FREED not in held_blocks(req)
-            for i in range(req.num_freed_blocks, req.num_registered_blocks):
-                block = self.pool.blocks[req.block_ids[i]]
-                assert not self.enable_caching or block.block_hash is None or block.block_hash == req.block_hashes[i], (
-                    f"{req.req_id}: block {block.block_id} is cached under another prefix")

@@ -9,7 +9,7 @@ import sys
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import zmq
 
@@ -21,7 +21,7 @@ from tinyvllm.protocol.message_parts import merge_step_results
 from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, KVReleased, KVTransferParams, Shutdown,
                                         StepPlan, StepResult, WorkerError)
 from tinyvllm.protocol.transport import Endpoints, make_socket, recv, send
-from tinyvllm.protocol.speculative_config import parse_speculative_config
+from tinyvllm.protocol.process_args import SchedulerArgs
 from tinyvllm.scheduler.request import Request
 from tinyvllm.scheduler.config import SchedulerConfig
 from tinyvllm.scheduler.disk_kv import scan_disk_dir
@@ -33,42 +33,12 @@ from tinyvllm.protocol.process_guard import exit_with_parent
 log = logging.getLogger("tinyvllm.scheduler")
 
 
-@dataclass(slots=True)
-class SchedulerArgs:
-    world_size: int
-    block_size: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-    num_kv_blocks: int  # 0: let the workers size the cache from kv_cache_bytes
-    kv_cache_bytes: int
-    enable_prefix_caching: bool = True
-    startup_timeout_s: float = 900.0
-    # What every worker must match to join (protocol/compatibility.py); world_size = tp_size * pp_size.
-    tp_size: int = 1
-    pp_size: int = 1
-    n_layers: int = 0
-    model_fingerprint: str = ""
-    max_steps_in_flight: int = 1  # plans sent before the oldest one's result is awaited (P stages: P; async: 2)
-    async_scheduling: bool = False  # plan requests again while in flight (scheduler/async_scheduling.py)
-    kv_lease_s: float = 30.0  # disaggregated prefill: how long finished prompts' blocks wait to be pulled
-    kv_host: str = "127.0.0.1"  # the host decode instances are told to pull from (the workers' side channel)
-    role: str = "both"  # serve --role: only a decode engine takes requests whose prompt's KV is remote
-    sliding_window: int = 0  # the model's, where every layer has one: blocks behind it are freed
-    swap_space_bytes: int = 0  # --swap-space: each worker's host memory for swapped-out KV blocks (scheduler/swap.py)
-    kv_cache_dir_bytes: int = 0  # the persistent prefix cache's bound on disk (its workers have the folder)
-    kv_cache_dtype: str = "auto"  # what the workers' caches store (protocol/kv_cache_dtype.py)
-    speculative_config: str = ""  # --speculative-config's JSON (scheduler/spec_decode.py); "": off
-
-
 def scheduler_config(a: SchedulerArgs, num_blocks: int, num_swap_slots: int = 0) -> SchedulerConfig:
-    """Async scheduling only where one worker samples and knows every token (a world of one), and not with
-    speculative decoding."""
-    async_scheduling = a.async_scheduling and a.world_size == 1 and not a.speculative_config
-    return SchedulerConfig(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len, a.block_size, num_blocks,
-                           a.enable_prefix_caching, a.max_steps_in_flight, async_scheduling,
-                           a.kv_lease_s, a.world_size, num_swap_slots=num_swap_slots, sliding_window=a.sliding_window,
-                           speculative=parse_speculative_config(a.speculative_config))
+    e = a.engine
+    return SchedulerConfig(e.batch.max_num_seqs, e.batch.max_num_batched_tokens, e.model.max_model_len, e.cache.block_size,
+                           num_blocks, e.cache.enable_prefix_caching, e.max_steps_in_flight, e.runs_async,
+                           e.kv_transfer.kv_lease_s, e.world_size, num_swap_slots=num_swap_slots,
+                           sliding_window=a.sliding_window, speculative=e.speculative_config)
 
 
 class SchedulerLoop:
@@ -85,35 +55,37 @@ class SchedulerLoop:
     def start(self) -> None:
         num_blocks = self.workers.handshake(self.args)
         a = self.args
-        if (pool_tokens := num_blocks * a.block_size) < a.max_model_len and not a.sliding_window:
+        e = a.engine
+        if (pool_tokens := num_blocks * e.cache.block_size) < e.model.max_model_len and not a.sliding_window:
             # one request must fit the whole pool (unless it only ever holds its window): longer prompts are then
             # refused up front with the usual 400
             log.warning("the KV cache holds %d tokens (%d blocks of %d), fewer than max_model_len %d: serving "
                         "max_model_len %d (give the cache more memory with --kv-cache-memory)", pool_tokens,
-                        num_blocks, a.block_size, a.max_model_len, pool_tokens)
-            a = self.args = replace(a, max_model_len=pool_tokens)
+                        num_blocks, e.cache.block_size, e.model.max_model_len, pool_tokens)
+            a = self.args = replace(a, engine=e.serving(pool_tokens))
+            e = a.engine
         self.scheduler = Scheduler(scheduler_config(a, num_blocks, self.workers.num_swap_slots))
-        self.scheduler.remote_kv.takes_remote_prefill = a.role == "decode"
+        self.scheduler.remote_kv.takes_remote_prefill = e.kv_transfer.role == "decode"
         if kv_address := self.workers.kv_addresses.get(0):  # a prefill engine: its workers serve their blocks
             port = int(kv_address.rsplit(":", 1)[1])
             self.scheduler.remote_kv.side_channel = KVTransferParams(
-                remote_engine_id=f"tinyvllm-{uuid.uuid4().hex[:12]}", remote_host=a.kv_host, remote_port=port,
-                tp_size=a.tp_size)
-            log.info("KV side channel at %s:%d, leases of %.0f s", a.kv_host, port, a.kv_lease_s)
+                remote_engine_id=f"tinyvllm-{uuid.uuid4().hex[:12]}", remote_host=e.kv_transfer.kv_host,
+                remote_port=port, tp_size=e.parallel.tensor_parallel_size)
+            log.info("KV side channel at %s:%d, leases of %.0f s", e.kv_transfer.kv_host, port, e.kv_transfer.kv_lease_s)
         if self.workers.kv_disk_dirs:  # every rank has its files in the same folder, named by rank
             self.open_disk_cache(self.workers.kv_disk_dirs[0])
-        send(self.to_frontend, EngineReady(num_blocks, a.block_size, a.max_model_len, a.max_num_seqs, a.world_size,
-                                               [self.workers.weight_bytes[r] for r in range(a.world_size)],
-                                               resolve_kv_cache_dtype(a.kv_cache_dtype), self.workers.device))
+        send(self.to_frontend, EngineReady(num_blocks, e.cache.block_size, e.model.max_model_len, e.batch.max_num_seqs,
+                                           e.world_size, [self.workers.weight_bytes[r] for r in range(e.world_size)],
+                                           resolve_kv_cache_dtype(e.cache.kv_cache_dtype), self.workers.device))
         log.info("scheduler ready: %d KV blocks of %d tokens, %d swap slots, up to %d steps in flight%s", num_blocks,
-                 a.block_size, self.workers.num_swap_slots, a.max_steps_in_flight,
+                 e.cache.block_size, self.workers.num_swap_slots, e.max_steps_in_flight,
                  ", async scheduling" if self.scheduler.config.async_scheduling else "")
 
     def open_disk_cache(self, folder: str) -> None:
-        a, disk = self.args, self.scheduler.disk_kv
-        disk.open(scan_disk_dir(folder, a.world_size), a.kv_cache_dir_bytes, self.workers.kv_disk_block_bytes)
+        e, disk = self.args.engine, self.scheduler.disk_kv
+        disk.open(scan_disk_dir(folder, e.world_size), e.cache.kv_cache_dir_bytes, self.workers.kv_disk_block_bytes)
         log.info("persistent prefix cache in %s: %d blocks (%.1f MB) found, up to %.1f MB", folder, len(disk.index),
-                 disk.num_bytes / 1e6, a.kv_cache_dir_bytes / 1e6)
+                 disk.num_bytes / 1e6, e.cache.kv_cache_dir_bytes / 1e6)
 
     def handle_frontend(self, msg) -> None:
         if isinstance(msg, AddRequest):
@@ -231,5 +203,4 @@ def run_scheduler(endpoints: Endpoints, args: SchedulerArgs) -> None:
 
 if __name__ == "__main__":  # started by frontend/launcher.py as a program of its own
     from tinyvllm.protocol.child_process import child_args
-    endpoints, scheduler_args = child_args(sys.argv)
-    run_scheduler(Endpoints(**endpoints), SchedulerArgs(**scheduler_args))
+    run_scheduler(*child_args(sys.argv, Endpoints, SchedulerArgs))

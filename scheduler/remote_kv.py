@@ -11,16 +11,11 @@ count as cached tokens), so only that token is computed here, and it samples. A 
 """
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING
 
 from tinyvllm.protocol.kv_compat import tokens_hash
-from tinyvllm.protocol.messages import (ErrorKind, FinishReason, KVLease, KVLoad, KVTransferParams, RequestOutput,
-                                        StepPlan, StepResult)
+from tinyvllm.protocol.messages import FinishReason, KVLease, KVLoad, KVTransferParams, StepPlan, StepResult
+from tinyvllm.scheduler.kv_cache_manager import KVCacheManager
 from tinyvllm.scheduler.request import Request, RequestStatus
-from tinyvllm.scheduler.request_outputs import request_output
-
-if TYPE_CHECKING:
-    from tinyvllm.scheduler.scheduler import Scheduler
 
 
 class KVLeases:
@@ -68,8 +63,11 @@ class KVLeases:
 
 
 class RemoteKV:
-    def __init__(self, sched: "Scheduler", lease_s: float = 30.0, world_size: int = 1):
-        self.sched = sched
+    """The scheduler's remote KV: admission checks, the decode side's pulls (`loading`) and the prefill side's leases,
+    over the scheduler's block manager; the scheduler moves the requests between its own queues."""
+
+    def __init__(self, kv_cache_manager: KVCacheManager, lease_s: float, world_size: int = 1):
+        self.kv_mgr = kv_cache_manager
         self.leases = KVLeases(lease_s, world_size)
         self.side_channel: KVTransferParams | None = None  # engine id, host, port, tp size of this prefill engine
         self.takes_remote_prefill = False  # a decode engine (serve --role decode)
@@ -97,12 +95,12 @@ class RemoteKV:
         if kv.do_remote_prefill and req.needs_every_position:
             return "kv_transfer_params.do_remote_prefill with prompt logprobs: they need the prompt computed here"
         if kv.do_remote_prefill:
-            bs = self.sched.config.block_size
+            bs = self.kv_mgr.block_size
             kv.remote_num_tokens = kv.remote_num_tokens or req.num_prompt_tokens - 1  # not given: all but the last
             if kv.remote_num_tokens != req.num_prompt_tokens - 1:
                 return (f"kv_transfer_params: the remote KV holds {kv.remote_num_tokens} tokens, this prompt needs "
                         f"{req.num_prompt_tokens - 1} (not the prompt the prefill instance computed?)")
-            if len(kv.remote_block_ids) != self.sched.kv_cache_manager.blocks_for_tokens(kv.remote_num_tokens):
+            if len(kv.remote_block_ids) != self.kv_mgr.blocks_for_tokens(kv.remote_num_tokens):
                 return (f"kv_transfer_params: {len(kv.remote_block_ids)} remote blocks for {kv.remote_num_tokens} tokens "
                         f"in blocks of {bs} (a different block size on the prefill instance?)")
             if not kv.remote_host or not kv.remote_port:
@@ -132,7 +130,7 @@ class RemoteKV:
     def start_load(self, req: Request) -> bool:
         """Admits a waiting request whose prompt KV is remote: blocks for the whole prompt, and a load for the next
         plan. False when the blocks are not free (it stays first in the queue)."""
-        if not self.sched.kv_cache_manager.admit(req, [], req.num_prompt_tokens):
+        if not self.kv_mgr.admit(req, [], req.num_prompt_tokens):
             return False
         kv = req.kv_transfer
         req.status = RequestStatus.WAITING_FOR_REMOTE_KV
@@ -145,7 +143,8 @@ class RemoteKV:
 
     def take_new_loads(self) -> list[KVLoad]:
         loads, self._new_loads = self._new_loads, []
-        loads = [load for load in loads if load.req_id in self.sched.requests]
+        still_loading = {req.req_id for req in self.loading}  # not aborted meanwhile
+        loads = [load for load in loads if load.req_id in still_loading]
         self._handed_out.update(load.req_id for load in loads)
         return loads
 
@@ -155,9 +154,12 @@ class RemoteKV:
 
     # ---- results -------------------------------------------------------------------------------------
 
-    def apply_loads(self, result: StepResult) -> list[RequestOutput]:
-        """The requests whose KV arrived start running; those whose pull failed end with an error."""
+    def take_loaded(self, result: StepResult) -> tuple[list[Request], list[tuple[Request, str]]]:
+        """Takes the requests whose pull the result reports out of `loading`: (those whose KV arrived, now RUNNING
+        with all but their last prompt token computed and cached, for the scheduler to run; (request, reason) for
+        those whose pull failed, for it to end)."""
         by_id = {req.req_id: req for req in self.loading}
+        arrived = []
         for req_id in result.kv_loaded_req_ids:
             if (req := by_id.get(req_id)) is None:
                 continue  # aborted meanwhile
@@ -165,17 +167,15 @@ class RemoteKV:
             n = req.kv_transfer.remote_num_tokens
             req.status, req.num_computed_tokens, req.num_cached_tokens = RequestStatus.RUNNING, n, n
             self.num_remote_tokens += n
-            self.sched.kv_cache_manager.cache_computed_blocks(req)
-            self.sched._insert_running(req)
-        outputs = []
+            self.kv_mgr.cache_computed_blocks(req)
+            arrived.append(req)
+        failed = []
         for req_id, reason in zip(result.kv_failed_req_ids, result.kv_failed_reasons):
             if (req := by_id.get(req_id)) is None:
                 continue
             self.loading.remove(req)
-            self.sched.finish(req, FinishReason.ERROR)
-            outputs.append(request_output(req, [], FinishReason.ERROR, f"pulling the prompt's KV failed: {reason}",
-                                          ErrorKind.ENGINE_FAILURE))
-        return outputs
+            failed.append((req, reason))
+        return arrived, failed
 
     # ---- finish and leases ---------------------------------------------------------------------------
 
@@ -186,18 +186,16 @@ class RemoteKV:
     def add_leases(self, plan: StepPlan, scheduled: list[tuple[Request, int, int]]) -> None:
         """The workers serve a prompt's blocks once the step that completes it ran (before its result, and so its
         output, exists); the plan's kv_leases_ended makes them stop before any later step writes those blocks."""
-        kv_mgr = self.sched.kv_cache_manager
         for req, start, num_new in scheduled:
             if self.leaves_kv(req) and start < req.num_prompt_tokens <= start + num_new:
                 n = req.num_prompt_tokens - 1
-                plan.kv_leases.append(KVLease(req.req_id, req.block_ids[:kv_mgr.blocks_for_tokens(n)],
+                plan.kv_leases.append(KVLease(req.req_id, req.block_ids[:self.kv_mgr.blocks_for_tokens(n)],
                                               tokens_hash(req.prompt_token_ids[:n])))
         plan.kv_leases_ended, self._ended = self._ended, []
 
     def free_or_lease(self, req: Request, reason: str) -> None:
         """Frees req's blocks, unless it is a finished prefill for a remote decode: those go under a lease and its
         outputs from now on carry where to pull them from."""
-        kv_mgr = self.sched.kv_cache_manager
         kv = req.kv_transfer
         if kv is not None and kv.do_remote_prefill and req.req_id not in self._handed_out and kv.remote_num_tokens:
             self._abandoned.append(kv)  # ended (say, aborted) while it waited for its pull
@@ -205,26 +203,26 @@ class RemoteKV:
         if not self.leaves_kv(req) or reason not in (FinishReason.STOP, FinishReason.LENGTH):
             if self.leaves_kv(req):
                 self._ended.append(req.req_id)
-            kv_mgr.free(req)
+            self.kv_mgr.free(req)
             return
         n = req.num_prompt_tokens - 1
-        num_blocks = kv_mgr.blocks_for_tokens(n)
+        num_blocks = self.kv_mgr.blocks_for_tokens(n)
         sc = self.side_channel
         req.kv_transfer_out = KVTransferParams(False, True, req.block_ids[:num_blocks], sc.remote_engine_id,
                                                sc.remote_host, sc.remote_port, req.req_id, sc.tp_size, n)
-        kv_mgr.pool.release(reversed(req.block_ids[num_blocks:]))  # the rest (the last token's) is not pulled
-        kv_mgr.pool.release(reversed(self.leases.hold(req.req_id, req.block_ids[:num_blocks])))
+        self.kv_mgr.pool.release(reversed(req.block_ids[num_blocks:]))  # the rest (the last token's) is not pulled
+        self.kv_mgr.pool.release(reversed(self.leases.hold(req.req_id, req.block_ids[:num_blocks])))
         req.block_ids, req.num_registered_blocks = [], 0
 
     def release(self, req_ids: list[str], rank: int) -> None:
         for req_id in req_ids:
             if freed := self.leases.release(req_id, rank):
                 self._ended.append(req_id)
-                self.sched.kv_cache_manager.pool.release(reversed(freed))
+                self.kv_mgr.pool.release(reversed(freed))
 
     def expire_leases(self) -> bool:
         """True when leases ran out (their blocks are free now)."""
         expired = self.leases.expire() if len(self.leases) else {}
         self._ended += expired.keys()
-        self.sched.kv_cache_manager.pool.release(reversed([b for blocks in expired.values() for b in blocks]))
+        self.kv_mgr.pool.release(reversed([b for blocks in expired.values() for b in blocks]))
         return bool(expired)

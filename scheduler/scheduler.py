@@ -7,7 +7,7 @@ A request being admitted (or resumed after preemption) starts past the longest c
 where it was if it was swapped out (swap.py).
 
 Up to max_steps_in_flight planned steps are outstanding (steps_in_flight.py), their results taken in plan
-order (step_update.py); a request in one of them is not preempted, nor planned again until its result is in
+order (update_from_output); a request in one of them is not preempted, nor planned again until its result is in
 unless async scheduling (async_scheduling.py) lets it go on where its steps in flight end.
 """
 import bisect
@@ -16,20 +16,19 @@ import time
 from collections import deque
 
 from tinyvllm.protocol.messages import ErrorKind, FinishReason, RequestOutput, SchedulerStats, StepPlan, StepResult
-from tinyvllm.scheduler.admission import admission_error, admission_start
+from tinyvllm.scheduler.admission import admission_error
 from tinyvllm.scheduler.async_scheduling import tokens_to_plan
 from tinyvllm.scheduler.config import SchedulerConfig
 from tinyvllm.scheduler.disk_kv import DiskKV
 from tinyvllm.scheduler.kv_cache_manager import KVCacheManager
 from tinyvllm.scheduler.parallel_sampling import child_id, make_children
-from tinyvllm.scheduler.preemption import choose_victim, preempt
+from tinyvllm.scheduler.preemption import choose_victim
 from tinyvllm.scheduler.remote_kv import RemoteKV
 from tinyvllm.scheduler.request import Request, RequestStatus
-from tinyvllm.scheduler.request_outputs import request_output, well_formed
+from tinyvllm.scheduler.request_outputs import request_output, sampled_output, well_formed
 from tinyvllm.scheduler.spec_decode import SpecDecode
-from tinyvllm.scheduler.stats_report import scheduler_stats
-from tinyvllm.scheduler.step_update import apply_step_result
-from tinyvllm.scheduler.steps_in_flight import StepsInFlight
+from tinyvllm.scheduler.stats_report import running_summaries
+from tinyvllm.scheduler.steps_in_flight import Step, StepsInFlight
 from tinyvllm.scheduler.swap import SwapSpace
 from tinyvllm.scheduler.worker_view import WorkerView
 
@@ -54,7 +53,7 @@ class Scheduler:
         self.steps_in_flight = StepsInFlight(config.max_steps_in_flight)
         self.prefix_cache_queries = self.prefix_cache_hits = self.num_preemptions = self.num_tokens_computed = 0
         self.swap = SwapSpace(config.num_swap_slots, config.swap_min_tokens)
-        self.remote_kv = RemoteKV(self, config.kv_lease_s, config.world_size)
+        self.remote_kv = RemoteKV(self.kv_cache_manager, config.kv_lease_s, config.world_size)
         self.disk_kv = DiskKV(self.kv_cache_manager)  # off until opened (--kv-cache-dir)
         self.spec = SpecDecode(config.speculative)  # drafts for decoding requests (--speculative-config)
 
@@ -91,7 +90,7 @@ class Scheduler:
                 if req is None or req.is_finished:
                     continue
                 self._unqueue(req)
-                self.finish(req, FinishReason.ABORT)
+                self._finish(req, FinishReason.ABORT)
                 self._pending_outputs.append(request_output(req, [], FinishReason.ABORT))
 
     def end_with_error(self, output: RequestOutput, error: str) -> RequestOutput:
@@ -100,7 +99,7 @@ class Scheduler:
         req_id = child_id(output.req_id, output.index) if output.req_id in self.groups else output.req_id
         if (req := self.requests.get(req_id)) is not None:
             self._unqueue(req)
-            self.finish(req, FinishReason.ERROR)
+            self._finish(req, FinishReason.ERROR)
         failed = RequestOutput(output.req_id, [], FinishReason.ERROR, output.num_prompt_tokens,
                                output.num_cached_tokens, error, output.index)
         failed.queue_time_s, failed.error_kind = output.queue_time_s, ErrorKind.INVALID_REQUEST  # asked too much
@@ -158,7 +157,7 @@ class Scheduler:
                 self.waiting.popleft()
                 seats_taken += 1
                 continue
-            if (start := admission_start(self, req)) is None:
+            if (start := self._admission_start(req)) is None:
                 break  # its prefix goes on on disk: that is loaded first
             cached_block_ids, num_cached = start
             if req.pending_forks and num_cached >= req.num_prompt_tokens - 1:
@@ -203,7 +202,90 @@ class Scheduler:
         if not well_formed(result, plan.step_id):
             raise ValueError(f"malformed result for step {plan.step_id}: {result}")
         self.steps_in_flight.pop_oldest()
-        return apply_step_result(self, step, result) + self.remote_kv.apply_loads(result)
+        return self._apply_step_result(step, result) + self._apply_kv_loads(result)
+
+    # ---- a step's result ---------------------------------------------------------------------------
+
+    def _apply_step_result(self, step: Step, result: StepResult) -> list[RequestOutput]:
+        """Applies `result`, the worker's answer to `step` (already taken off the steps in flight); returns one output
+        per request that gained a token or an embedding, or ended.
+
+        The requests' computed tokens advance (their full blocks enter the prefix cache, a leader that reached its fork
+        point forks), sampled tokens are appended and checked for a stop. With speculative decoding a request's news is
+        the drafts the worker accepted, then its sampled token (_append_until_stop). A request that finished or was
+        aborted while the step was in flight is skipped: with async scheduling that includes a step planned for a token
+        that turned out to end the request, whose result for it is discarded."""
+        self.disk_kv.apply(result)  # blocks filled from disk enter the prefix cache before anything is freed
+        kv, window = self.kv_cache_manager, self.config.sliding_window
+        for req, num_new in step.values():
+            if req.status is RequestStatus.RUNNING:
+                num_new -= len(req.draft_token_ids)  # the drafts count as their tokens are appended (below)
+                req.num_computed_tokens += num_new
+                self.num_tokens_computed += num_new
+                kv.cache_computed_blocks(req)
+                if window and not (req.kv_transfer and req.kv_transfer.do_remote_decode):
+                    kv.free_behind_window(req, window)  # a prefill's are leased
+                if req.pending_forks and req.num_computed_tokens == req.num_prompt_tokens - 1:
+                    self._fork(req)
+
+        def caught_up(req_id: str) -> Request | None:
+            req = step.get(req_id, (None, 0))[0]
+            ok = req is not None and req.status is RequestStatus.RUNNING and req.num_computed_tokens == req.num_tokens
+            return req if ok else None
+
+        outputs = []
+        for row, (req_id, token_id) in enumerate(zip(result.req_ids, result.sampled_token_ids)):
+            if (req := caught_up(req_id)) is None:
+                continue
+            accepted = self.spec.take_accepted(req, result.accepted_draft_ids[row] if result.accepted_draft_ids else [])
+            new_tokens = self._append_until_stop(req, accepted + [token_id])
+            self.spec.keep_proposals(req, result.proposed_draft_ids, row)
+            reason = req.stop_reason(self.max_len)
+            if reason is not None:
+                self._finish(req, reason)
+            elif accepted:
+                kv.cache_computed_blocks(req)
+            outputs.append(sampled_output(req, reason, result, row, new_tokens))
+        for req_id, embedding in zip(result.pooled_req_ids, result.embeddings):
+            if (req := caught_up(req_id)) is not None:  # an embedding request is done once its prompt is
+                self._finish(req, FinishReason.STOP)
+                out = request_output(req, [], FinishReason.STOP)
+                out.embedding = embedding
+                outputs.append(out)
+
+        # A request that caught up without a token would never be scheduled again: end it rather than hang.
+        for req, _ in step.values():
+            if req.status is RequestStatus.RUNNING and req.num_computed_tokens == req.num_tokens:
+                self._finish(req, FinishReason.ERROR)
+                outputs.append(request_output(req, [], FinishReason.ERROR,
+                                              "the worker returned no token for this request"))
+        if any(req.status is RequestStatus.FINISHED for req, _ in step.values()):
+            self.running = [req for req in self.running if req.status is RequestStatus.RUNNING]
+        return outputs
+
+    def _append_until_stop(self, req: Request, token_ids: list[int]) -> list[int]:
+        """Appends token_ids (accepted drafts, then the sampled token) up to the first that stops req; each but the
+        last had its KV computed by the step (the rejected drafts' did not count). Returns those appended."""
+        for i, token_id in enumerate(token_ids):
+            req.output_token_ids.append(token_id)
+            if i < len(token_ids) - 1:
+                req.num_computed_tokens += 1
+                self.num_tokens_computed += 1
+            if req.stop_reason(self.max_len) is not None:
+                return token_ids[:i + 1]
+        return token_ids
+
+    def _apply_kv_loads(self, result: StepResult) -> list[RequestOutput]:
+        """The requests whose prompt's KV arrived from a prefill instance run; those whose pull failed end."""
+        arrived, failed = self.remote_kv.take_loaded(result)
+        for req in arrived:
+            self._insert_running(req)
+        outputs = []
+        for req, reason in failed:
+            self._finish(req, FinishReason.ERROR)
+            outputs.append(request_output(req, [], FinishReason.ERROR, f"pulling the prompt's KV failed: {reason}",
+                                          ErrorKind.ENGINE_FAILURE))
+        return outputs
 
     # ---- state ---------------------------------------------------------------------------------------
 
@@ -222,7 +304,14 @@ class Scheduler:
         return bool(self.requests)
 
     def stats(self) -> SchedulerStats:
-        return scheduler_stats(self)
+        """Counts, cumulative counters and the running batch's summary, reported with every step."""
+        kv, swap = self.kv_cache_manager, self.swap
+        stats = SchedulerStats(
+            self.num_running, self.num_waiting, kv.num_free_blocks, kv.num_total_blocks, self._step_id,
+            self.prefix_cache_queries, self.prefix_cache_hits, self.num_preemptions, self.num_tokens_computed,
+            swap.num_free_slots, swap.num_slots, swap.num_swapped_out_blocks, swap.num_swapped_in_blocks,
+            num_cached_free_blocks=kv.pool.num_cached_free_blocks, running_requests=running_summaries(self.running))
+        return self.spec.add_stats(stats)
 
     def seats(self, req: Request) -> int:
         """max_num_seqs slots a request takes: a leader reserves seats for the siblings that will fork from it."""
@@ -240,15 +329,44 @@ class Scheduler:
             if victim is None:
                 return False
             self.running.remove(victim)
-            preempt(self, victim)
+            self._preempt(victim)
             if victim is req:
                 return False
         return True
 
-    def fork(self, leader: Request) -> None:
+    def _preempt(self, req: Request) -> None:
+        """Frees req's blocks and requeues it at the front (the caller took it out of running). Swapped out
+        (swap.py), it resumes where it was once its slots are copied back; else it resumes through the prefix cache
+        and recomputes the rest of prompt + outputs so far."""
+        self.remote_kv.preempted(req)
+        kv = self.kv_cache_manager
+        if self.swap.should_swap(req, kv):
+            self.swap.swap_out(req, kv)
+        else:
+            req.num_computed_tokens = 0
+        kv.free(req)
+        req.status, req.draft_token_ids = RequestStatus.WAITING, []  # drafts of a step it was not planned in
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+        self.worker_view.forget(req.req_id)
+
+    def _admission_start(self, req: Request) -> tuple[list[int], int] | None:
+        """(the cached blocks req starts with, its tokens they hold): where it was if it was swapped out, else past
+        its longest cached prefix. None: its prefix goes on in the persistent prefix cache, which loads it first
+        (disk_kv.py)."""
+        if req.swap_slots:
+            return [], req.num_computed_tokens
+        kv, window = self.kv_cache_manager, self.config.sliding_window
+        cached_block_ids = kv.find_cached_prefix(req)
+        if self.disk_kv.holds_back(req, cached_block_ids):
+            return None
+        num_cached = len(cached_block_ids) * self.config.block_size
+        return (kv.behind_window(cached_block_ids, window) if window else cached_block_ids), num_cached
+
+    def _fork(self, leader: Request) -> None:
         """The leader computed all but the last prompt token: its siblings take its blocks and run beside it,
-        in the seats reserved for them; any beyond max_num_seqs wait (and find the prompt in the cache).
-        Called by step_update.py, like finish()."""
+        in the seats reserved for them; any beyond max_num_seqs wait (and find the prompt in the cache)."""
         num_seated = self.seats(leader) - 1
         children, leader.pending_forks = leader.pending_forks, []
         for child in children[:num_seated]:
@@ -282,7 +400,7 @@ class Scheduler:
             leader = next(r for r in self.groups[req.parent_id] if req in r.pending_forks)
             leader.pending_forks.remove(req)
 
-    def finish(self, req: Request, reason: str) -> None:
+    def _finish(self, req: Request, reason: str) -> None:
         """Ends req and frees its blocks; the caller takes it out of waiting/running."""
         if req.pending_forks:  # only on abort: the siblings have not forked yet and go on without the leader
             self._release_forks(req, at=0)

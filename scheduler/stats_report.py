@@ -1,8 +1,7 @@
-"""The SchedulerStats a scheduler reports with every step: counts, cumulative counters and its batch's summary."""
+"""The running batch's summary that a scheduler's stats carry with every step (Scheduler.stats)."""
 import itertools
 
 from tinyvllm.protocol.batch_summary import MAX_REQUEST_ID_CHARS, MAX_SUMMARIZED_REQUESTS, RunningRequestSummary
-from tinyvllm.protocol.messages import SchedulerStats
 from tinyvllm.scheduler.kv_cache_manager import held_blocks
 
 
@@ -12,12 +11,3 @@ def running_summaries(running) -> list[RunningRequestSummary]:
                                   req.num_output_tokens, len(held_blocks(req)))
             for req in itertools.islice(running, MAX_SUMMARIZED_REQUESTS)]
 
-
-def scheduler_stats(sched) -> SchedulerStats:
-    kv, swap = sched.kv_cache_manager, sched.swap
-    stats = SchedulerStats(
-        sched.num_running, sched.num_waiting, kv.num_free_blocks, kv.num_total_blocks, sched._step_id,
-        sched.prefix_cache_queries, sched.prefix_cache_hits, sched.num_preemptions, sched.num_tokens_computed,
-        swap.num_free_slots, swap.num_slots, swap.num_swapped_out_blocks, swap.num_swapped_in_blocks,
-        num_cached_free_blocks=kv.pool.num_cached_free_blocks, running_requests=running_summaries(sched.running))
-    return sched.spec.add_stats(stats)

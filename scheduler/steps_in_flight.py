@@ -54,17 +54,6 @@ class StepsInFlight:
                 del self._num_tokens[req]
         return step
 
-    def check_invariants(self, last_step_id: int) -> None:
-        """For tests: at most max_steps, the newest ones planned, the token counts add up."""
-        assert len(self._steps) <= self.max_steps, f"{len(self._steps)} steps in flight, at most {self.max_steps}"
-        step_ids = [step_id for step_id, _ in self._steps]
-        assert step_ids == list(range(last_step_id - len(step_ids) + 1, last_step_id + 1)), f"steps {step_ids}"
-        totals: dict[Request, int] = {}
-        for req, num_new in self.requests():
-            assert num_new > 0, f"{req.req_id}: a step in flight computes nothing for it"
-            totals[req] = totals.get(req, 0) + num_new
-        assert totals == self._num_tokens, "the tokens in flight do not add up"
-
     def requests(self) -> list[tuple[Request, int]]:
         """(request, tokens) of every step in flight, oldest step first: a request may appear more than once."""
         return [entry for _, step in self._steps for entry in step.values()]

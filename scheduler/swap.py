@@ -65,9 +65,3 @@ class SwapSpace:
         self._free += self._freed_this_plan
         self._freed_this_plan = []
         return lists
-
-    def check_invariants(self, reqs) -> None:
-        """For tests: every slot is free or held by exactly one request."""
-        held = [slot for req in reqs for slot in req.swap_slots]
-        slots = held + self._free + self._freed_this_plan
-        assert sorted(slots) == list(range(self.num_slots)), f"swap slots leaked or held twice: {sorted(slots)}"

@@ -44,12 +44,13 @@ class WorkerGroup:
     def handshake(self, args) -> int:
         """Returns the number of KV blocks every worker can hold."""
         deadline = time.monotonic() + args.startup_timeout_s
-        tp_size, pp_size = args.tp_size, args.pp_size
+        world_size = args.engine.world_size
+        tp_size, pp_size = args.engine.parallel.tensor_parallel_size, args.engine.parallel.pipeline_parallel_size
         admission = WorkerAdmission(self.sock, self.secret, EngineShape(
             tinyvllm_version(), args.model_fingerprint, tp_size, pp_size, args.n_layers))
-        log.info("waiting for %d workers (tp %d x pp %d) at %s", args.world_size, tp_size, pp_size, self.address)
+        log.info("waiting for %d workers (tp %d x pp %d) at %s", world_size, tp_size, pp_size, self.address)
         try:
-            while len(admission.admitted) < args.world_size:
+            while len(admission.admitted) < world_size:
                 identity, data, peer = self.recv_frames(deadline)
                 admission.handle(identity, data, peer)
         except BaseException as e:  # they wait for InitWorker: tell them, so they exit (and may join the next one)
@@ -63,10 +64,8 @@ class WorkerGroup:
         group_id = f"tinyvllm-{uuid.uuid4().hex[:12]}"
         for rank, identity in self.identities.items():
             after = rank + tp_size  # the same tensor-parallel rank of the next stage
-            next_address = hellos[after].stage_address if after < args.world_size else ""
-            send(self.sock, InitWorker(args.num_kv_blocks, args.kv_cache_bytes, args.block_size, args.max_model_len,
-                                       args.max_num_seqs, args.max_num_batched_tokens, group_id, next_address,
-                                       args.swap_space_bytes, args.kv_cache_dtype, args.speculative_config),
+            next_address = hellos[after].stage_address if after < world_size else ""
+            send(self.sock, InitWorker(args.engine, group_id, next_address),
                  identity)
         ready: dict[int, WorkerReady] = {}
         while len(ready) < len(self.identities):

@@ -59,13 +59,3 @@ class WorkerView:
         plan = StepPlan(step_id, new_reqs, cached_reqs, self._dropped_req_ids, block_copies)
         self._dropped_req_ids = []
         return plan
-
-    def check_invariants(self, running: list[Request]) -> None:
-        """For tests: the workers' block tables are prefixes of the scheduler's (never replaced in place), but for
-        the blocks freed behind a sliding window, which the workers keep in their tables and never read."""
-        by_id = {req.req_id: req for req in running}
-        for req_id, sent in self._sent_block_ids.items():
-            assert req_id in by_id, f"the workers hold {req_id}, which is not running"
-            freed = by_id[req_id].num_freed_blocks
-            assert by_id[req_id].block_ids[freed:len(sent)] == sent[freed:], \
-                f"{req_id}: a block the workers hold was replaced"

@@ -46,7 +46,7 @@ def tiny_model(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def default_tokenizer(default_model_path):
     """The default model's real tokenizer (SmolLM2-135M-Instruct)."""
-    from tinyvllm.frontend.tokenizer import Tokenizer
+    from tinyvllm.protocol.tokenizer import Tokenizer
     return Tokenizer.from_model_path(default_model_path)
 
 

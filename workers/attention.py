@@ -10,6 +10,7 @@ not grow with the cache.
 """
 from tinygrad import Tensor, UOp, dtypes
 
+from tinyvllm.protocol.kernel_choice import KernelChoice
 from tinyvllm.workers.attention_spec import AttentionSpec
 from tinyvllm.workers.cpu_attention import cpu_paged_attention
 from tinyvllm.workers.cpu_attention import supports as supports_cpu_attention
@@ -43,13 +44,13 @@ class PagedAttention:
     """One step's attention: tables [R, max_blocks] int32 (a row per sequence), token_rows/positions [T] int32, of
     which the first n_valid ([1] int32) tokens are real (the padding writes to the scratch block); every position
     attended lies in the first nb blocks of its row. specs: each layer's AttentionSpec (default: plain attention).
-    cpu_kernels: workers/cpu_attention.py's kernel."""
+    kernels: the model's KernelChoice; its attention "c" takes workers/cpu_attention.py's kernel (None: tinygrad's)."""
 
     def __init__(self, cache: PagedKVCache, tables: Tensor, token_rows: Tensor, positions: Tensor, n_valid: Tensor,
-                 nb: UOp, cpu_kernels: bool = False, specs: list[AttentionSpec] | None = None):
+                 nb: UOp, kernels: KernelChoice | None = None, specs: list[AttentionSpec] | None = None):
         self.cache, self.tables, self.token_rows, self.positions = cache, tables, token_rows, positions
         self.specs = specs
-        self.cpu_kernels = cpu_kernels
+        self.c_attention = kernels is not None and kernels.attention == "c"
         self.write_slots = token_slots(tables, token_rows, positions, n_valid, cache.block_size, cache.scratch_slot)
         self.nb = nb
 
@@ -57,7 +58,7 @@ class PagedAttention:
         values, scales = write_layer(self.cache, layer, kv, self.write_slots)
         bs, dtype = self.cache.block_size, self.cache.dtype
         spec = self.specs[layer] if self.specs else AttentionSpec.plain(q.shape[2])
-        if self.cpu_kernels and supports_cpu_attention(q.shape[1], kv.shape[2], q.shape[2]):
+        if self.c_attention and supports_cpu_attention(q.shape[1], kv.shape[2], q.shape[2]):
             return cpu_paged_attention(q, values, self.tables, self.token_rows, self.positions, bs, dtype, scales, spec)
         # tinygrad's kernels: each token gathers its sequence's first nb blocks and masks the positions after its own
         slots = block_slots(self.tables[self.token_rows][:, :self.nb], bs)  # [T, S]

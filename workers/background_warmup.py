@@ -21,7 +21,7 @@ class BackgroundWarmup:
     @property
     def done(self) -> bool:
         """Nothing left to capture, nor to store (a step a served request captured later is stored then too)."""
-        steps = getattr(self.runner, "captured_steps", None)  # workers/captured_steps.py
+        steps = self.runner.captured_steps  # workers/captured_steps.py
         return not self.pending and not (steps is not None and steps.pending)
 
     def capture_next(self) -> None:

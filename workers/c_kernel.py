@@ -24,6 +24,8 @@ from tinygrad import dtypes
 from tinygrad.renderer import Estimates
 from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
 
+from tinyvllm.protocol.cache_dir import cache_dir
+
 KERNEL_DIR = Path(__file__).with_name("c")
 _LOCAL_INCLUDE = re.compile(r'^#include "([^"]+)"$', re.MULTILINE)
 
@@ -47,12 +49,6 @@ def c_kernel(name: str, source: str, cores: int, estimates: Estimates):
                            globals=tuple(range(len(params))), outs=(0,), ins=tuple(range(1, len(params))))
         return UOp(Ops.PROGRAM, src=(sink, UOp(Ops.LINEAR, src=(*sink.src, sink)), UOp(Ops.SOURCE, arg=source)), arg=info)
     return fxn
-
-
-def cache_dir() -> Path:
-    """~/.cache/tinyvllm (XDG_CACHE_HOME's): the C kernels' libraries, and captured steps (workers/captured_steps.py)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tinyvllm"
 
 
 def shared_library(file: str, flags: tuple[str, ...] = ()) -> Path:

@@ -32,12 +32,15 @@ from tinygrad.engine.jit import CapturedJit, _TinyJit
 from tinygrad.nn.state import get_state_dict
 from tinygrad.uop.ops import Ops, UOp
 
+from tinyvllm.protocol import kernel_choice
+
 log = logging.getLogger("tinyvllm.worker")
 SCHEMA = 1  # bump when the stored form changes
 ROOT_ENV = "TINYVLLM_CAPTURED_STEPS"
 KEY_ENV = ("DEV", "BEAM", "NOOPT", "CPU_THREADS", "JIT", "JITBEAM", "JIT_BATCH_SIZE", "GRAPH_ONE_KERNEL", "HCQ2",
-           "NO_MEMORY_PLANNER", "TV_GPU_MATVEC", "TV_MV_THREADS", "TV_MV_ROWS", "TV_MV_LOCAL")
+           "NO_MEMORY_PLANNER")
 SOURCES = pathlib.Path(__file__).parent  # workers/: the model, its kernels (and workers/c/), the runner
+KERNEL_CHOICE_SOURCE = pathlib.Path(kernel_choice.__file__)  # what a kernel set runs (the key names only the set)
 PICKLE_RECURSION = 20_000  # a step's kernel graph is deep; the default limit of 1,000 is not enough
 
 
@@ -60,7 +63,7 @@ def _sources_digest() -> str:
     """The code that builds a step (a changed kernel or model must not replay the old one; the version is not bumped
     per change)."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in SOURCES.rglob("*") if p.suffix in (".py", ".c", ".h")):
+    for path in [*sorted(p for p in SOURCES.rglob("*") if p.suffix in (".py", ".c", ".h")), KERNEL_CHOICE_SOURCE]:
         digest.update(path.name.encode() + path.read_bytes())
     return digest.hexdigest()
 
@@ -91,9 +94,15 @@ class CapturedSteps:
         self.names = {uop: name for name, uop in self.by_name.items()}
 
     @classmethod
-    def for_runner(cls, runner, key_parts: dict) -> CapturedSteps:
-        live = {**get_state_dict(runner.model, "model."), **get_state_dict(runner.cache, "cache.")}
+    def for_model(cls, model, cache, key_parts: dict) -> CapturedSteps:
+        """The stored steps of a ModelRunner of `model` over `cache`; key_parts: the rest of its setup."""
+        live = {**get_state_dict(model, "model."), **get_state_dict(cache, "cache.")}
         return cls(cache_root() / store_key(key_parts), live)
+
+    def jit(self, name: str, fxn) -> _TinyJit:
+        """The jit of step `name` that runs fxn (ModelRunner makes its forwards' and sampler's with it): the stored
+        step, else one that is stored once captured."""
+        return self.load(name, fxn) or StoringJit(fxn, self, name)
 
     def store_next(self) -> None:
         """Writes the oldest pending step (~0.5 s: left to idle time, off the step that captured it)."""
@@ -231,15 +240,3 @@ class LoadedJit(StoringJit):
             self.captured, self.cnt, self.stored = None, 1, False
             return super().__call__(*args, **kwargs)
 
-
-def use_captured_steps(runner, key_parts: dict) -> int:
-    """Gives `runner` the steps stored for its setup (token buckets' forwards, and samplers as they are asked
-    for), and makes the others store themselves once captured. Returns how many forwards were loaded."""
-    steps = CapturedSteps.for_runner(runner, key_parts)
-
-    def jit(name: str, fxn) -> _TinyJit:
-        return steps.load(name, fxn) or StoringJit(fxn, steps, name)
-    runner.forward_jits = {bucket: jit(f"forward-{bucket}", runner._forward) for bucket in runner.forward_jits}
-    runner.sampler.new_jit = jit
-    runner.captured_steps = steps
-    return sum(isinstance(j, LoadedJit) for j in runner.forward_jits.values())

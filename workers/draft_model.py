@@ -26,16 +26,15 @@ not mirrored: the draft's cache keeps what those blocks held before, which can o
 import numpy as np
 from tinygrad import Tensor, TinyJit
 
-from tinyvllm.protocol.speculative_config import check_draft_vocab, may_draft, parse_speculative_config
+from tinyvllm.protocol.speculative_config import SpeculativeConfig, check_draft_vocab, may_draft
 from tinyvllm.workers.batch_state import ScheduledChunk
 from tinyvllm.workers.device_input import host_array
 from tinyvllm.workers.flat_batch import FlatBatch, flatten
 
 
-def load_draft(speculative_config: str, target_vocab_size: int):
+def load_draft(config: SpeculativeConfig | None, target_vocab_size: int):
     """(config, weights, k) of --speculative-config's draft model, or None without one. ValueError if its vocabulary
     is not the target's (the draft must share the target's tokenizer)."""
-    config = parse_speculative_config(speculative_config)
     if config is None or config.method != "draft_model":
         return None
     from tinyvllm.workers.weights import load_weights
@@ -128,6 +127,6 @@ def make_draft_model(cfg, weights, k: int, num_blocks: int, init, kernels: str, 
     from tinyvllm.workers.model import Transformer
     from tinyvllm.workers.model_runner import ModelRunner
     model = Transformer(cfg, weights, max_model_len, kernels=kernels)
-    cache = PagedKVCache(cfg, num_blocks, init.block_size, init.kv_cache_dtype)
-    runner = ModelRunner(model, cache, init.max_num_seqs, max_model_len, init.max_num_batched_tokens)
+    cache = PagedKVCache(cfg, num_blocks, init.engine.cache.block_size, init.engine.cache.kv_cache_dtype)
+    runner = ModelRunner(model, cache, init.engine.batch.max_num_seqs, max_model_len, init.engine.batch.max_num_batched_tokens)
     return DraftModel(runner, k)

@@ -13,23 +13,16 @@ block. Devices without local memory (the CPU) keep tinygrad's own path.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.codegen.opt import Opt, OptOps
-from tinygrad.helpers import getenv
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 
+from tinyvllm.protocol.kernel_choice import MatvecLayout
 from tinyvllm.workers.quantized_weight import WORDS_PER_BLOCK
 
 GPU_MATVEC_MAX_ROWS = 4  # rows of h (decode batch) this layout is for
 VALUES_PER_BLOCK = {**WORDS_PER_BLOCK, "Q4_1": 16}  # loads of a 32-element block's values: words, or Q4_1's bytes
-
-
-class Layout(NamedTuple):
-    threads: int = max(1, getenv("TV_MV_THREADS", 32))  # threads sharing one output's reduction (a GROUP)
-    rows: int = getenv("TV_MV_ROWS", 4)  # outputs each thread accumulates (an UPCAST)
-    local: int = getenv("TV_MV_LOCAL", 4)  # output rows per workgroup (a LOCAL)
 
 
 def group_threads(blocks: int, threads: int) -> int:
@@ -61,7 +54,7 @@ def _block_product(kind: str, x: list[UOp], words: list[UOp], scales: list[UOp])
     return nibbles * scales[0] + _tree_sum(list(x)) * scales[1]
 
 
-def _kernel(kind: str, layout: Layout | None, out: UOp, h: UOp, words: UOp, *scales: UOp) -> UOp:
+def _kernel(kind: str, layout: MatvecLayout | None, out: UOp, h: UOp, words: UOp, *scales: UOp) -> UOp:
     rows, cols = out.shape
     t, n = UOp.range(rows, 0), UOp.range(cols, 1)
     blocks = h.shape[1] // 32
@@ -81,12 +74,13 @@ def _kernel(kind: str, layout: Layout | None, out: UOp, h: UOp, words: UOp, *sca
 
 
 def gpu_matvec_device(device: str) -> bool:
-    """Whether models on `device` take these kernels: one with local memory (not the CPU); TV_GPU_MATVEC=0 says no."""
+    """Whether `device` can run these kernels: one with local memory (not the CPU). Whether a model takes them is its
+    KernelChoice's gpu_matvec (protocol/kernel_choice.py)."""
     renderer = Device[device].renderer
-    return getenv("TV_GPU_MATVEC", 1) != 0 and renderer.has_local and renderer.has_shared
+    return renderer.has_local and renderer.has_shared
 
 
-def gpu_matvec_fits(h: Tensor, w, layout: Layout = Layout()) -> bool:
+def gpu_matvec_fits(h: Tensor, w, layout: MatvecLayout = MatvecLayout()) -> bool:
     """Whether h @ w.T suits the kernel: a few rows, a weight widened or dequantised in the kernel, whole 32-element
     blocks per row and output rows that fill the layout's workgroups."""
     values_fit = w.kind == "Q4_1" or w.kind in WORDS_PER_BLOCK and w.parts[0].dtype == dtypes.uint32  # words only
@@ -94,7 +88,7 @@ def gpu_matvec_fits(h: Tensor, w, layout: Layout = Layout()) -> bool:
         and w.shape[0] % (layout.local * layout.rows) == 0
 
 
-def gpu_matvec(h: Tensor, w, layout: Layout | None = Layout()) -> Tensor:
+def gpu_matvec(h: Tensor, w, layout: MatvecLayout | None = MatvecLayout()) -> Tensor:
     """h [T, K] @ w.T for a workers.quantized_weight.DeviceWeight w [N, K] (see gpu_matvec_fits): [T, N] float32.
     layout=None: the same kernel without the GPU layout, for a device without local memory (the CPU tests)."""
     out = Tensor.empty(h.shape[0], w.shape[0], dtype=dtypes.float32, device=h.device)

@@ -29,9 +29,9 @@ class GrammarState:
 
 def tokenizer_for_model(model_path: str | None, vocab_size: int) -> LLTokenizer:
     """The model's tokenizer as llguidance needs it (about a second to build: done once, on first use)."""
-    from tinyvllm.frontend.tokenizer import Tokenizer
+    from tinyvllm.protocol.tokenizer import Tokenizer
     tokenizer = Tokenizer.from_model_path(model_path)
-    return LLTokenizer(tokenizer._tok.to_str(), n_vocab=vocab_size, eos_token=tokenizer.eos_token_ids)
+    return LLTokenizer(tokenizer.hf.to_str(), n_vocab=vocab_size, eos_token=tokenizer.eos_token_ids)
 
 
 class GrammarMasks:

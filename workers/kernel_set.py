@@ -1,27 +1,28 @@
 """Which kernels a worker's model runs, chosen explicitly and set up by one start-up call.
 
-- "c": the hand-written C kernels (workers/c/) for the matrix products and attention, tinygrad's own kernels
-  rendered with permission to reassociate (workers/cpu_matmul.py's ReassociatingClangRenderer), and the C
-  graph executor for jitted steps (workers/cpu_graph.py). Only on tinygrad's CPU backend with its clang renderer.
-- "c-int8" (the CPU default): the same, with every product of a Q4_1 or Q8_0 weight taking int8 activations and
-  integer dot products (workers/c/matvec_i8.c for 1-2 rows, quantize_i8.c + gemm_i8.c from 3; within each
-  activation block's quantisation step of "c"; a row's result does not depend on the rows beside it).
-- "tinygrad": tinygrad's own kernels and graph, what CUDA, AMD and Metal run; on CPU too, so CI runs that path.
+The sets and what each one runs are protocol/kernel_choice.py's (KERNEL_SETS, KernelChoice). Here, the device side:
+- "c" and "c-int8" also render tinygrad's own kernels with permission to reassociate (workers/cpu_matmul.py's
+  ReassociatingClangRenderer) and run jitted steps on the C graph executor (workers/cpu_graph.py). "c-int8"'s
+  int8 products (workers/c/matvec_i8.c for 1-2 rows, quantize_i8.c + gemm_i8.c from 3) stay within each
+  activation block's quantisation step of "c", and a row's result does not depend on the rows beside it.
+- "tinygrad": tinygrad's own kernels and graph; on CPU too, so CI runs that path.
 
-`Transformer(..., kernels=...)` picks the kernels a model traces; `configure_device(device, kernels)` sets the
-device up for them (the worker calls it once at start-up). Nothing here acts at import or in a constructor.
+`Transformer(..., kernels=...)` picks the kernels a model traces (`kernel_choice` resolves them for the device);
+`configure_device(device, kernels)` sets the device up for them (the worker calls it once at start-up). Nothing
+here acts at import or in a constructor.
 """
 from __future__ import annotations
+
+import dataclasses
 
 from tinygrad import Device
 from tinygrad.renderer.cstyle import ClangRenderer
 
+from tinyvllm.protocol.kernel_choice import KERNEL_SETS, KernelChoice  # noqa: F401 (KERNEL_SETS: for existing imports)
 from tinyvllm.workers.cpu_graph import CPUGraph
 from tinyvllm.workers.cpu_matmul import ReassociatingClangRenderer
 from tinyvllm.workers.cuda_graph import use_cuda_graph
-
-KERNEL_SETS = ("c", "c-int8", "tinygrad")
-C_KERNEL_SETS = ("c", "c-int8")  # the sets of the hand-written C kernels
+from tinyvllm.workers.gpu_matvec import gpu_matvec_device
 
 
 def _backend(device: str) -> str:
@@ -39,24 +40,36 @@ def default_kernel_set(device: str) -> str:
     return "c-int8" if c_kernels_run_on(device) else "tinygrad"
 
 
-def check_kernel_set(device: str, kernels: str) -> None:
-    if kernels not in KERNEL_SETS:
-        raise ValueError(f"unknown kernel set {kernels!r}: choose one of {', '.join(KERNEL_SETS)}")
-    if kernels in C_KERNEL_SETS and not c_kernels_run_on(device):
-        raise ValueError(f"the {kernels} kernel set needs tinygrad's CPU backend with its clang renderer (DEV=CPU), not "
-                         f"{device}: use --cpu-kernels tinygrad")
+def _as_choice(kernels: str | KernelChoice) -> KernelChoice:
+    return kernels if isinstance(kernels, KernelChoice) else KernelChoice.named(kernels)
 
 
-def configure_device(device: str, kernels: str) -> None:
+def check_kernel_set(device: str, kernels: str | KernelChoice) -> None:
+    kernels = _as_choice(kernels)
+    if kernels.c_kernels and not c_kernels_run_on(device):
+        raise ValueError(f"the {kernels.name} kernel set needs tinygrad's CPU backend with its clang renderer (DEV=CPU), "
+                         f"not {device}: use --cpu-kernels tinygrad")
+
+
+def kernel_choice(device: str, kernels: str | KernelChoice | None = None) -> KernelChoice:
+    """The kernels a model on `device` runs: a set's name (None: the device's default) or a KernelChoice, checked,
+    with the GPU matvecs left out where the device has no local memory."""
+    choice = _as_choice(kernels or default_kernel_set(device))
+    check_kernel_set(device, choice)
+    return dataclasses.replace(choice, gpu_matvec=False) if choice.gpu_matvec and not gpu_matvec_device(device) else choice
+
+
+def configure_device(device: str, kernels: str | KernelChoice) -> None:
     """Sets `device` up for the kernel set: on CPU, the C sets ("c", "c-int8") install the reassociating renderer and the C graph
     executor and "tinygrad" takes them out again (tinygrad's defaults); on CUDA, the graph that accepts
     symbolic grids (workers/cuda_graph.py)."""
     check_kernel_set(device, kernels)
+    c_kernels = _as_choice(kernels).c_kernels
     dev = Device[device]
     if _backend(device) == "CPU":
         stock = [r for r in dev.renderers if r is not ReassociatingClangRenderer]
-        dev.renderers = [ReassociatingClangRenderer, *stock] if kernels in C_KERNEL_SETS else stock
-        if kernels in C_KERNEL_SETS:
+        dev.renderers = [ReassociatingClangRenderer, *stock] if c_kernels else stock
+        if c_kernels:
             dev.graph = CPUGraph
         elif dev.graph is CPUGraph:
             dev.graph = None

@@ -23,10 +23,6 @@ def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: str = "float32") -
     return block_size * bytes_per_slot(cfg, dtype)
 
 
-def blocks_for_budget(cfg: ModelConfig, block_size: int, budget_bytes: int, dtype: str = "float32") -> int:
-    return budget_bytes // bytes_per_block(cfg, block_size, dtype)
-
-
 class PagedKVCache:
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: str = "float32"):
         """dtype: one of protocol/kv_cache_dtype.KV_CACHE_DTYPES (auto: what it resolves to)."""

@@ -30,6 +30,11 @@ class KVPullError(RuntimeError):
     pass
 
 
+def pull_deadline() -> float:
+    """When a step's pulls must be done (time.monotonic): TINYVLLM_KV_PULL_TIMEOUT_S from now."""
+    return time.monotonic() + float(os.environ.get(PULL_TIMEOUT_ENV) or DEFAULT_PULL_TIMEOUT_S)
+
+
 @dataclass(frozen=True)
 class KVSource:
     prefill_rank: int
@@ -122,7 +127,7 @@ def pull_blocks(ctx: zmq.Context, load: KVLoad, block_io, compat_hash: str, n_kv
     the prefill instance need not wait for its lease to run out). KVPullError says what went wrong, whatever it was;
     a prefill worker that is gone (nothing listens, the connection dropped) fails it at once."""
     if deadline is None:
-        deadline = time.monotonic() + float(os.environ.get(PULL_TIMEOUT_ENV) or DEFAULT_PULL_TIMEOUT_S)
+        deadline = pull_deadline()
     remote, n = load.remote, len(load.local_block_ids)
     pulls: dict[int, _Pull] = {}
     releases: dict[int, int] = {}

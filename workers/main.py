@@ -9,11 +9,11 @@ import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 
 import zmq
 
-from tinyvllm.protocol.messages import InitWorker, Shutdown, StepPlan, WorkerError, WorkerReady, WorkerRole
+from tinyvllm.protocol.messages import InitWorker, Shutdown, StepPlan, WorkerError, WorkerReady
+from tinyvllm.protocol.process_args import WorkerArgs
 from tinyvllm.protocol.process_guard import exit_with_parent
 from tinyvllm.protocol.transport import send
 from tinyvllm.protocol.worker_auth import SECRET_ENV, stage_link_key
@@ -41,28 +41,6 @@ class WarmupProgress:
         print(("\r" if self.tty else "") + line, end=end, file=sys.stderr, flush=True)
 
 
-@dataclass(slots=True)
-class WorkerArgs:
-    model: str | None
-    rank: int = 0
-    world_size: int = 1
-    role: str = WorkerRole.MIXED
-    jit_warmup: bool = False
-    warmup_before_serving: bool = False  # capture before reporting ready even when alone (else: background_warmup)
-    beam: int = 0
-    kernels: str | None = None  # the kernel set (workers/kernel_set.py); None: the device's default
-    tp_size: int = 1
-    pp_size: int = 1
-    stage_address: str = ""  # where this worker receives the previous pipeline stage's output (not on the first)
-    kv_address: str = ""  # a prefill worker: where its KV side channel binds (workers/kv_side_channel.py)
-    kv_cache_dir: str = ""  # the persistent prefix cache's folder (workers/kv_disk_store.py); "": none
-
-    @property
-    def spec(self):
-        from tinyvllm.protocol.parallel_layout import ShardSpec
-        return ShardSpec.of_rank(self.rank, self.tp_size, self.pp_size)
-
-
 def build_runner(args: WorkerArgs, init: InitWorker, link=None):
     """(the model runner, the model's KV heads: this worker's cache may hold some of them only)."""
     from tinygrad import Device
@@ -75,6 +53,8 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
     from tinyvllm.workers.tensor_parallel import shard_weights
     from tinyvllm.workers.weights import load_weights
     spec = args.spec
+    # what the scheduler dictates (InitWorker) and what this worker decides for itself (its own flags)
+    kv, batch, max_model_len, own = init.engine.cache, init.engine.batch, init.engine.model.max_model_len, args.engine
     cfg, weights = load_weights(args.model)
     check_parallel_sizes(cfg, spec.tp_size, spec.pp_size)
     vocab_size = cfg.vocab_size  # the whole vocabulary: the sampling rank sees every logit
@@ -83,38 +63,47 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
     if spec.world_size > 1:
         cfg, weights, vocab_start = shard_weights(cfg, weights, spec)
         vocab_start = vocab_start if spec.tp_size > 1 else None
-    draft = load_draft(init.speculative_config, vocab_size)  # (config, weights, k) of a draft model, or None
-    block_bytes = bytes_per_block(cfg, init.block_size, init.kv_cache_dtype)  # the draft's cache has as many blocks
-    block_bytes += bytes_per_block(draft[0], init.block_size, init.kv_cache_dtype) if draft is not None else 0
-    num_blocks = init.num_blocks or init.kv_cache_bytes // block_bytes
-    kernels = args.kernels or default_kernel_set(Device.DEFAULT)
+    draft = load_draft(init.engine.speculative_config, vocab_size)  # (config, weights, k) of a draft model, or None
+    block_bytes = bytes_per_block(cfg, kv.block_size, kv.kv_cache_dtype)
+    if draft is not None:  # the draft's cache has as many blocks
+        block_bytes += bytes_per_block(draft[0], kv.block_size, kv.kv_cache_dtype)
+    num_blocks = kv.num_kv_blocks or kv.kv_cache_memory // block_bytes
+    kernels = own.kernels.kernels or default_kernel_set(Device.DEFAULT)
     configure_device(Device.DEFAULT, kernels)
-    model = Transformer(cfg, weights, init.max_model_len, kernels=kernels, vocab_start=vocab_start)
+    model = Transformer(cfg, weights, max_model_len, kernels=kernels, vocab_start=vocab_start)
     del weights
-    cache = PagedKVCache(cfg, num_blocks, init.block_size, init.kv_cache_dtype)
+    cache = PagedKVCache(cfg, num_blocks, kv.block_size, kv.kv_cache_dtype)
     group = None
     if spec.tp_size > 1:  # the largest exchange: a bucket's residual stream, or its sampling rows' logits shard
-        rows = min(init.max_num_seqs, init.max_num_batched_tokens)
-        max_bytes = 4 * max(init.max_num_batched_tokens * cfg.dim, rows * model.output.shape[0] if model.output is not None else 0)
+        rows = min(batch.max_num_seqs, batch.max_num_batched_tokens)
+        logits = rows * model.output.shape[0] if model.output is not None else 0
+        max_bytes = 4 * max(batch.max_num_batched_tokens * cfg.dim, logits)
         from tinyvllm.workers.collective import HostGroup
         group = HostGroup(f"{init.group_id}-stage{spec.pp_rank}", spec.tp_rank, spec.tp_size, max_bytes)
     if link is not None and init.next_stage_address:
         link.connect_next(init.next_stage_address)
-    runner = ModelRunner(model, cache, init.max_num_seqs, init.max_model_len, init.max_num_batched_tokens,
-                         spec, group, link, init.swap_space_bytes)
+    draft_model = None
     if draft is not None:
-        runner.draft = make_draft_model(*draft, num_blocks, init, kernels, init.max_model_len)
+        draft_model = make_draft_model(*draft, num_blocks, init, kernels, max_model_len)
         del draft  # its host copy of the weights
-    if args.jit_warmup and spec.world_size == 1 and draft is None:  # a lone worker (the common case): see the module
-        from tinyvllm.workers.captured_steps import use_captured_steps
-        loaded = use_captured_steps(runner, captured_steps_key(args, init, cfg, kernels, num_blocks))
-        log.info("worker%d: %d of %d captured steps from the disk cache", args.rank, loaded, len(runner.forward_jits))
+    captured_steps = None
+    if own.kernels.jit_warmup and spec.world_size == 1 and draft_model is None:  # a lone worker (the common case)
+        from tinyvllm.workers.captured_steps import CapturedSteps
+        captured_steps = CapturedSteps.for_model(model, cache, captured_steps_key(args, init, cfg, kernels, num_blocks))
+    grammar_masks = None
     if spec.samples:
         from tinyvllm.workers.grammar_masks import GrammarMasks, tokenizer_for_model
-        runner.grammar_masks = GrammarMasks(lambda: tokenizer_for_model(args.model, vocab_size))
-    if args.jit_warmup and not warms_up_in_background(args):
+        grammar_masks = GrammarMasks(lambda: tokenizer_for_model(args.model, vocab_size))
+    runner = ModelRunner(model, cache, batch.max_num_seqs, max_model_len, batch.max_num_batched_tokens, spec, group,
+                         link, kv.swap_space, draft=draft_model, grammar_masks=grammar_masks,
+                         captured_steps=captured_steps)
+    if captured_steps is not None:
+        from tinyvllm.workers.captured_steps import LoadedJit
+        loaded = sum(isinstance(jit, LoadedJit) for jit in runner.forward_jits.values())
+        log.info("worker%d: %d of %d captured steps from the disk cache", args.rank, loaded, len(runner.forward_jits))
+    if own.kernels.jit_warmup and not warms_up_in_background(args):
         runner.warm_up(WarmupProgress(f"worker{args.rank}"))
-        if getattr(runner, "captured_steps", None) is not None:
+        if runner.captured_steps is not None:
             runner.captured_steps.store_all()
         if group is not None:  # log_exchange_cost reports served steps, not the warm-up's waits for slower captures
             group.busy_s = 0.0
@@ -127,17 +116,19 @@ def captured_steps_key(args: WorkerArgs, init, cfg, kernels: str, num_blocks: in
     """What a captured step depends on besides the software and machine (workers/captured_steps.py adds those)."""
     import dataclasses
     from tinyvllm.protocol.compatibility import model_fingerprint
+    kv, batch = init.engine.cache, init.engine.batch
     return {"model": model_fingerprint(args.model), "config": dataclasses.asdict(cfg), "kernels": kernels,
-            "beam": args.beam, "sequences": init.max_num_seqs, "context": init.max_model_len,
-            "tokens": init.max_num_batched_tokens, "block_size": init.block_size, "blocks": num_blocks,
-            "kv_dtype": init.kv_cache_dtype}
+            "beam": args.engine.kernels.beam, "sequences": batch.max_num_seqs,
+            "context": init.engine.model.max_model_len,
+            "tokens": batch.max_num_batched_tokens, "block_size": kv.block_size, "blocks": num_blocks,
+            "kv_dtype": kv.kv_cache_dtype}
 
 
 def warms_up_in_background(args: WorkerArgs) -> bool:
     """A lone mixed worker captures while idle (workers/background_warmup.py). Ranks of one model would stall each
     other's collectives, and a prefill or decode worker's KV transfers would wait behind a capture (a peer's pull
     times out): they capture before serving."""
-    return args.world_size == 1 and args.role == WorkerRole.MIXED and not args.warmup_before_serving
+    return args.world_size == 1 and args.role == "both" and not args.engine.kernels.warmup_before_serving
 
 
 def log_exchange_cost(rank: int, runner, steps: int) -> None:
@@ -163,7 +154,7 @@ def run_worker(workers_endpoint: str, args: WorkerArgs, secret: str | None = Non
         os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker{args.rank} %(levelname)s %(message)s")
     from tinygrad import Context
-    with Context(BEAM=args.beam):
+    with Context(BEAM=args.engine.kernels.beam):
         return serve_steps(workers_endpoint, args, os.environ.get(SECRET_ENV, "") if secret is None else secret)
 
 
@@ -195,9 +186,9 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
                 log.info("rank %d (tp %d/%d, pp %d/%d): %.1f MB of weights, %d KV blocks", args.rank,
                          args.spec.tp_rank, args.tp_size, args.spec.pp_rank, args.pp_size, weight_bytes / 1e6,
                          runner.cache.num_blocks)
-                send(sock, WorkerReady(args.rank, runner.cache.num_blocks, runner.cache.block_size, msg.max_model_len,
+                send(sock, WorkerReady(args.rank, runner.cache.num_blocks, runner.cache.block_size, msg.engine.model.max_model_len,
                                        weight_bytes, kv.address, runner.host_swap.num_slots, *kv.disk_layout))
-                if args.jit_warmup and warms_up_in_background(args):
+                if args.engine.kernels.jit_warmup and warms_up_in_background(args):
                     warmup = BackgroundWarmup(runner, args.rank)
             elif isinstance(msg, StepPlan):
                 kv.before_step(msg)
@@ -233,5 +224,4 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
 
 if __name__ == "__main__":  # started by frontend/launcher.py as a program of its own
     from tinyvllm.protocol.child_process import child_args
-    endpoint, worker_args = child_args(sys.argv)
-    sys.exit(run_worker(endpoint, WorkerArgs(**worker_args)))
+    sys.exit(run_worker(*child_args(sys.argv, str, WorkerArgs)))

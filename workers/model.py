@@ -13,10 +13,11 @@ import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.function import function
 
+from tinyvllm.protocol.kernel_choice import KernelChoice
 from tinyvllm.workers.attention_spec import AttentionSpec
 from tinyvllm.workers.cpu_matmul import cpu_linear, shared_int8_tiles
-from tinyvllm.workers.gpu_matvec import gpu_matvec, gpu_matvec_device, gpu_matvec_fits
-from tinyvllm.workers.kernel_set import C_KERNEL_SETS, check_kernel_set, default_kernel_set
+from tinyvllm.workers.gpu_matvec import gpu_matvec, gpu_matvec_fits
+from tinyvllm.workers.kernel_set import kernel_choice
 from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.protocol.rope_scaling import rope_frequencies
 from tinyvllm.workers.quantized_weight import DeviceWeight, is_f16_matrix
@@ -60,35 +61,36 @@ class Layer:
 FUSED_DEQUANT_MAX_ROWS = 8  # with tinygrad's own CPU kernels fused beat the scratch copy up to 8 rows, ~1.4x slower at 16
 
 
-def linear(h: Tensor, w: DeviceWeight, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS, cpu_kernels: bool = False,
-           gpu_kernels: bool = False, int8_activations: bool = False, tiles: Tensor | None = None) -> Tensor:
-    """h @ w.T. With cpu_kernels (tinygrad's CPU backend): workers/cpu_matmul.py's kernels. Otherwise, for up to max_fused_rows
-    rows of h (decode) the dequantisation is fused into the matmul's loads; for more rows (larger batches,
-    prefill) the fused kernel would redo it for every few rows, so the weight is dequantised once into a
-    scratch float32 buffer first (h.shape is static: each jitted step picks one). A float16 weight is only widened:
-    always fused. gpu_kernels (a device with local memory): decode rows take workers/gpu_matvec.py's kernels.
-    int8_activations (with cpu_kernels: the "c-int8" set): Q4_1 and Q8_0 products take int8 activations; tiles: h
-    already quantised for them (workers/cpu_matmul.py's shared_int8_tiles)."""
-    if cpu_kernels:
-        return cpu_linear(h, w, int8_activations, tiles)
-    if gpu_kernels and gpu_matvec_fits(h, w):
-        return gpu_matvec(h, w)
+def linear(h: Tensor, w: DeviceWeight, kernels: KernelChoice, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS,
+           tiles: Tensor | None = None) -> Tensor:
+    """h @ w.T. C matmuls (the "c" and "c-int8" sets, tinygrad's CPU backend): workers/cpu_matmul.py's kernels, with
+    int8 activations for Q4_1 and Q8_0 products where the set says so; tiles: h already quantised for them
+    (workers/cpu_matmul.py's shared_int8_tiles). Otherwise, for up to max_fused_rows rows of h (decode) the
+    dequantisation is fused into the matmul's loads; for more rows (larger batches, prefill) the fused kernel would
+    redo it for every few rows, so the weight is dequantised once into a scratch float32 buffer first (h.shape is
+    static: each jitted step picks one). A float16 weight is only widened: always fused. kernels.gpu_matvec (a
+    device with local memory): decode rows take workers/gpu_matvec.py's kernels in kernels.matvec_layout."""
+    if kernels.matmul == "c":
+        return cpu_linear(h, w, kernels.int8_activations, tiles)
+    if kernels.gpu_matvec and gpu_matvec_fits(h, w, kernels.matvec_layout):
+        return gpu_matvec(h, w, kernels.matvec_layout)
     weight = w.dequantized()
     return h @ (weight.contiguous() if h.shape[0] > max_fused_rows and w.kind not in ("F32", "F16") else weight).T
 
 
-def make_layer_functions(cfg: ModelConfig, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS, cpu_kernels: bool = False,
-                         gpu_kernels: bool = False, int8_activations: bool = False):
+def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS):
     """The dense halves of a layer as tinygrad functions: weights are explicit arguments (a DeviceWeight's
     Tensors become arguments too), so all layers share one graph and tinygrad schedules and compiles it once
     instead of once per layer (once per combination of weight kinds, if layers are quantised differently)."""
     def lin(h: Tensor, w: DeviceWeight, tiles: Tensor | None = None) -> Tensor:
-        return linear(h, w, max_fused_rows, cpu_kernels, gpu_kernels, int8_activations, tiles)
+        return linear(h, w, kernels, max_fused_rows, tiles)
 
     def shared_tiles(h: Tensor, *ws: DeviceWeight) -> Tensor | None:  # h quantised once for its products
-        return shared_int8_tiles(h, ws, int8_activations) if cpu_kernels else None
+        return shared_int8_tiles(h, ws, kernels.int8_activations) if kernels.matmul == "c" else None
 
-    @function(precompile=True, allow_implicit=cpu_kernels or gpu_kernels)
+    custom_kernels = kernels.matmul == "c" or kernels.gpu_matvec
+
+    @function(precompile=True, allow_implicit=custom_kernels)
     def qkv(x, cos, sin, norm, wq, wk, wv, *extras):
         """extras: the q, k and v biases (cfg.attention_bias), then the q and k norms (cfg.qk_norm)."""
         T, h = x.shape[0], rms_norm(x, norm, cfg.rms_eps).contiguous()  # else each output recomputes the norm
@@ -106,11 +108,11 @@ def make_layer_functions(cfg: ModelConfig, max_fused_rows: int = FUSED_DEQUANT_M
     def post_norm(x: Tensor, post: tuple) -> Tensor:
         return rms_norm(x, post[0], cfg.rms_eps) if post else x
 
-    @function(precompile=True, allow_implicit=cpu_kernels or gpu_kernels)
+    @function(precompile=True, allow_implicit=custom_kernels)
     def attn_out(attn, wo, *post):
         return post_norm(lin(attn, wo), post)
 
-    @function(precompile=True, allow_implicit=cpu_kernels or gpu_kernels)
+    @function(precompile=True, allow_implicit=custom_kernels)
     def mlp(x, norm, w_gate, w_up, w_down, *post):
         h = rms_norm(x, norm, cfg.rms_eps).contiguous()
         tiles = shared_tiles(h, w_gate, w_up)
@@ -122,21 +124,21 @@ def make_layer_functions(cfg: ModelConfig, max_fused_rows: int = FUSED_DEQUANT_M
 
 
 class Transformer:
-    def __init__(self, cfg: ModelConfig, weights: dict, max_positions: int, kernels: str | None = None,
+    def __init__(self, cfg: ModelConfig, weights: dict, max_positions: int, kernels: str | KernelChoice | None = None,
                  dequantize_at_load: bool = False, vocab_start: int | None = None,
                  max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS):
         """weights: load_weights' dict (float32 arrays or QuantizedArrays), or one worker's share of it
         (workers/tensor_parallel.py: a pipeline stage's layers, a tensor-parallel rank's slices; then cfg is the
-        shard's and vocab_start the first token id of its embedding/head rows). kernels: the kernel set the model
-        traces (workers/kernel_set.py; default: the device's default). dequantize_at_load turns every weight into
+        shard's and vocab_start the first token id of its embedding/head rows). kernels: the kernels the model
+        traces, a KernelChoice or a set's name (protocol/kernel_choice.py; default: the device's default set),
+        resolved for the device into `self.kernels` (workers/kernel_set.py). dequantize_at_load turns every weight into
         float32 on the device (the old path, ~4x the bytes). max_fused_rows: see `linear` (tinygrad's kernels)."""
         self.cfg, self.vocab_start = cfg, vocab_start
-        self.kernels = kernels or default_kernel_set(Device.DEFAULT)
-        check_kernel_set(Device.DEFAULT, self.kernels)
-        self.gpu_kernels = not self.cpu_kernels and gpu_matvec_device(Device.DEFAULT)
+        self.kernels = kernel_choice(Device.DEFAULT, kernels)
+        c_matmul = self.kernels.matmul == "c"
         # the C kernels read float32 or GGUF blocks: a float16 matrix is widened at load for them
-        w = {name: DeviceWeight.from_host(arr, dequantize_at_load or (self.cpu_kernels and is_f16_matrix(arr)),
-                                          words=self.gpu_kernels) for name, arr in weights.items()}
+        w = {name: DeviceWeight.from_host(arr, dequantize_at_load or (c_matmul and is_f16_matrix(arr)),
+                                          words=self.kernels.gpu_matvec) for name, arr in weights.items()}
         self.tok_embeddings = w.get("token_embd.weight")  # a later pipeline stage has none, unless it is tied
         self.output = w.get("output.weight", self.tok_embeddings)
         self.norm = w["output_norm.weight"].dequantized() if "output_norm.weight" in w else None  # last stage only
@@ -145,18 +147,7 @@ class Transformer:
         self.cos, self.sin = rope_tables(cfg, max_positions, weights.get("rope_freqs.weight"))
         self.local_rope = rope_tables(cfg, max_positions, local=True) if cfg.rope_local_theta else None
         self.attention_specs = [AttentionSpec(cfg.scale, cfg.window(i), cfg.attn_softcap) for i in range(cfg.n_layers)]
-        self._qkv, self._attn_out, self._mlp = make_layer_functions(cfg, max_fused_rows, self.cpu_kernels, self.gpu_kernels,
-                                                                    self.int8_activations)
-
-    @property
-    def cpu_kernels(self) -> bool:
-        """Whether the model runs the hand-written C kernels (the "c" and "c-int8" sets)."""
-        return self.kernels in C_KERNEL_SETS
-
-    @property
-    def int8_activations(self) -> bool:
-        """Whether products of Q4_1/Q8_0 weights quantise their activations to int8 (the "c-int8" set)."""
-        return self.kernels == "c-int8"
+        self._qkv, self._attn_out, self._mlp = make_layer_functions(cfg, self.kernels, max_fused_rows)
 
     def forward(self, tokens: Tensor, positions: Tensor, attend) -> Tensor:
         """The whole model, unsharded: hidden states [T, dim] after the final norm.
@@ -207,6 +198,6 @@ class Transformer:
     def logits(self, hidden: Tensor) -> Tensor:
         """[R, V] (a tensor-parallel rank: its vocabulary shard's columns)."""
         # always fused: the scratch float32 copy of a tied embedding would be vocab x dim x 4 bytes per jitted step
-        logits = linear(hidden, self.output, hidden.shape[0], self.cpu_kernels, self.gpu_kernels, self.int8_activations)
+        logits = linear(hidden, self.output, self.kernels, max_fused_rows=hidden.shape[0])
         cap = self.cfg.final_softcap
         return (logits / cap).tanh() * cap if cap else logits

@@ -8,6 +8,7 @@ embeddings (summed per request on the host) and prompt logprobs (a jitted head o
 only when first asked for).
 """
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tinygrad import Tensor, TinyJit, UOp
@@ -28,6 +29,10 @@ from tinyvllm.workers.sampling_batch import BatchSampler
 from tinyvllm.workers.sharded_forward import ShardedForward
 from tinyvllm.workers.spec_verify import DraftLogits, verify
 from tinyvllm.workers.stage_link import StageLink
+
+if TYPE_CHECKING:
+    from tinyvllm.workers.captured_steps import CapturedSteps
+    from tinyvllm.workers.draft_model import DraftModel
 
 
 def buckets_up_to(limit: int) -> list[int]:
@@ -61,31 +66,35 @@ class StepWork:
 class ModelRunner:
     def __init__(self, model: Transformer, cache: PagedKVCache, max_num_seqs: int, max_model_len: int,
                  max_num_batched_tokens: int, spec: ShardSpec = ShardSpec(), group=None, link: StageLink | None = None,
-                 swap_space_bytes: int = 0):
+                 swap_space_bytes: int = 0, *, draft: "DraftModel | None" = None,
+                 grammar_masks: GrammarMasks | None = None, captured_steps: "CapturedSteps | None" = None):
         """spec: this worker's place among the engine's workers; group (workers/collective.HostGroup): its
         tensor-parallel peers; link: its pipeline neighbours. One worker alone needs none of them.
-        swap_space_bytes: host memory for swapped-out KV blocks (workers/host_swap.py)."""
+        swap_space_bytes: host memory for swapped-out KV blocks (workers/host_swap.py).
+        draft: --speculative-config's draft model (workers/draft_model.py). grammar_masks: structured output, on the
+        worker that samples. captured_steps: makes the forward and sampler jits, loading stored steps from the disk
+        and storing new captures (workers/captured_steps.py); None: plain TinyJits."""
         self.model, self.cache = model, cache
         self.spec, self.group, self.link = spec, group, link
+        self.draft, self.grammar_masks, self.captured_steps = draft, grammar_masks, captured_steps
+        new_jit = captured_steps.jit if captured_steps is not None else lambda name, fxn: TinyJit(fxn)
         self.max_blocks_per_seq = -(-max_model_len // cache.block_size)
         self.max_model_len = max_model_len
         self.max_rows = min(max_num_seqs, max_num_batched_tokens)
         self.row_buckets = buckets_up_to(self.max_rows)
         self.token_buckets = sorted(set(buckets_up_to(max_num_batched_tokens)) | set(self.row_buckets))
         self.nb_var = UOp.variable("nb", 1, self.max_blocks_per_seq)
-        self.forward_jits = {t: TinyJit(self._forward) for t in self.token_buckets}
+        self.forward_jits = {t: new_jit(f"forward-{t}", self._forward) for t in self.token_buckets}
         self.inputs = HostInputs()
         self.sharded = ShardedForward(self) if group is not None else None  # a group of one runs it too (tests)
         self.prompt_logprobs_jits: dict[tuple[int, int], TinyJit] = {}  # (tokens, top-k bucket)
-        self.sampler = BatchSampler(self.row_buckets)
+        self.sampler = BatchSampler(self.row_buckets, new_jit)
         self.copy_vars = (UOp.variable("copy_src", 0, cache.num_blocks), UOp.variable("copy_dst", 0, cache.num_blocks))
         self.copy_jit = TinyJit(self._copy_block)
         self.block_io = KVBlockIO(cache)  # one block of every layer to and from host bytes
         self.host_swap = HostSwap(self.block_io, swap_space_bytes)
         self.batch = BatchState()
         self.draft_logits = DraftLogits(model)  # speculative decoding (workers/spec_verify.py)
-        self.grammar_masks: GrammarMasks | None = None  # structured output; set by the worker that samples
-        self.draft = None  # a workers.draft_model.DraftModel with --speculative-config's draft_model
 
     def rows_for(self, tokens: int) -> int:
         """Table rows (and logits rows) of a forward over a bucket of `tokens`: each row has a token at least."""
@@ -96,7 +105,7 @@ class ModelRunner:
                  sample_index: Tensor, nb: UOp) -> tuple[Tensor, Tensor] | Tensor:
         """-> (the logits of the sampling rows [R, V], the final hidden states [T, dim]); a pipeline stage before
         the last takes the previous stage's residual stream instead of tokens and returns its own."""
-        attend = PagedAttention(self.cache, tables, token_rows, positions, n_valid, nb, self.model.cpu_kernels,
+        attend = PagedAttention(self.cache, tables, token_rows, positions, n_valid, nb, self.model.kernels,
                                 self.model.attention_specs)
         x = self.model.embed(tokens_or_x) if self.spec.first_stage else tokens_or_x
         x = self.model.run_layers(x, positions.clip(0, self.max_model_len - 1), attend)
@@ -186,12 +195,6 @@ class ModelRunner:
         if parts:
             work.logits = Tensor.cat(*parts).realize()
         return work
-
-    def compute_logits(self, plan: StepPlan) -> list[tuple[ScheduledChunk, Tensor]]:
-        """(chunk, its [1, V] logits) for each chunk that samples (copies: they outlive the next step)."""
-        work = self.compute(plan)
-        logits = work.logits.clone().realize() if work.rows else None
-        return [(chunk, logits[i:i + 1]) for i, chunk in enumerate(work.rows)]
 
     def execute(self, plan: StepPlan, rank: int = 0) -> StepResult:
         work = self.compute(plan)

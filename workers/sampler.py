@@ -6,8 +6,9 @@ request samples the same tokens whatever batch it lands in.
 """
 from tinygrad import Tensor, dtypes
 
+from tinyvllm.protocol.sampling import GREEDY_TEMPERATURE
+
 BISECTION_STEPS = 24
-GREEDY_TEMPERATURE = 1e-5
 
 
 def _mix32(x: Tensor) -> Tensor:

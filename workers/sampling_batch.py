@@ -89,10 +89,11 @@ def build_inputs(states: list[RequestState], R_pad: int, vocab_size: int,
 
 
 class BatchSampler:
-    def __init__(self, buckets: list[int]):
+    def __init__(self, buckets: list[int], new_jit=None):
+        """new_jit(name, fxn): makes a variant's jit (workers/captured_steps.py stores and loads them by name)."""
         self.buckets = buckets
         self.jits: dict[tuple[int, SamplerVariant], TinyJit] = {}
-        self.new_jit = lambda name, fxn: TinyJit(fxn)  # workers/captured_steps.py stores and loads them by name
+        self.new_jit = new_jit or (lambda name, fxn: TinyJit(fxn))
 
     def jit(self, R_pad: int, variant: SamplerVariant) -> TinyJit:
         if (fn := self.jits.get((R_pad, variant))) is None:

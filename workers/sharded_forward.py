@@ -54,7 +54,7 @@ class ShardedForward:
     def _attention(self, i: int, x: Tensor, positions: Tensor, token_rows: Tensor, tables: Tensor, n_valid: Tensor,
                    nb: UOp) -> Tensor:
         r = self.runner
-        attend = PagedAttention(r.cache, tables, token_rows, positions, n_valid, nb, self.model.cpu_kernels,
+        attend = PagedAttention(r.cache, tables, token_rows, positions, n_valid, nb, self.model.kernels,
                                 self.model.attention_specs)
         out = self.model.attention(i, x, self.model.rope(positions.clip(0, r.max_model_len - 1)), attend).clone()
         Tensor.realize(out, r.cache.layers[i], *r.cache.scales[i:i + 1])

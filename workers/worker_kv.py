@@ -4,7 +4,6 @@ plan's kv_loads (pulls remote blocks into its own) after the step (workers/kv_si
 with --kv-cache-dir, it saves and loads the plan's blocks to and from disk (workers/kv_disk_store.py)."""
 import logging
 import os
-import time
 
 import numpy as np
 import zmq
@@ -17,7 +16,7 @@ from tinyvllm.protocol.transport import send
 from tinyvllm.workers.kv_block_io import KVBlockIO
 from tinyvllm.workers.kv_disk_file import BlockFileKey
 from tinyvllm.workers.kv_disk_store import KVDiskStore
-from tinyvllm.workers.kv_pull import DEFAULT_PULL_TIMEOUT_S, PULL_TIMEOUT_ENV, KVPullError, pull_blocks
+from tinyvllm.workers.kv_pull import KVPullError, pull_blocks, pull_deadline
 from tinyvllm.workers.kv_side_channel import KVSideChannel
 
 log = logging.getLogger("tinyvllm.worker")
@@ -42,9 +41,9 @@ class WorkerKV:
                                               self.secret)
             log.info("rank %d: KV side channel at %s", args.rank, self.side_channel.address)
         self.disk = None
-        if args.kv_cache_dir:
+        if args.engine.cache.kv_cache_dir:
             key = BlockFileKey(self.compat_hash, args.rank, args.spec.tp_size, args.spec.pp_size)
-            self.disk = KVDiskStore(args.kv_cache_dir, key, self.block_io, self.group)
+            self.disk = KVDiskStore(args.engine.cache.kv_cache_dir, key, self.block_io, self.group)
             log.info("rank %d: persistent prefix cache in %s", args.rank, self.disk.dir)
 
     @property
@@ -79,7 +78,7 @@ class WorkerKV:
             self.disk.load(plan, result)
         if not plan.kv_loads:
             return
-        deadline = time.monotonic() + float(os.environ.get(PULL_TIMEOUT_ENV) or DEFAULT_PULL_TIMEOUT_S)
+        deadline = pull_deadline()
         failed: dict[str, str] = {}
         for load in plan.kv_loads:
             try:

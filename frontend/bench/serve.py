@@ -63,7 +63,7 @@ def auth_headers(environ) -> dict:
 
 
 def load_tokenizer(tokenizer: str | None, model: str | None):
-    from tinyvllm.frontend.tokenizer import Tokenizer
+    from tinyvllm.protocol.tokenizer import Tokenizer
     source = tokenizer or (model if model and pathlib.Path(model).expanduser().exists() else None)
     return Tokenizer.from_model_path(None if source is None else pathlib.Path(source).expanduser())
 

@@ -18,7 +18,7 @@ import sys
 import time
 
 from tinyvllm.frontend.bench.random_prompts import random_prompts
-from tinyvllm.frontend.launcher import EngineArgs
+from tinyvllm.protocol.engine_config import EngineConfig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,7 +53,7 @@ def measure(llm, num_prompts: int, input_len: int, output_len: int, seed: int = 
             "errors": sorted({r.error for r in results if r.error is not None})}
 
 
-def run(args: argparse.Namespace, engine_args: EngineArgs) -> int:
+def run(args: argparse.Namespace, engine_config: EngineConfig) -> int:
     for name in ("num_prompts", "input_len", "output_len"):
         if getattr(args, name) < 1:
             print(f"tinyvllm: error: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace, engine_args: EngineArgs) -> int:
     started = time.perf_counter()
     try:
         # every bucket captured before the clock starts, never by a background warm-up during the measurement
-        llm = LLM(**{**dataclasses.asdict(engine_args), "warmup_before_serving": True})
+        llm = LLM(**{**engine_config.flat(), "warmup_before_serving": True})
     except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as e:
         print(f"tinyvllm: error: {e}", file=sys.stderr)
         return 2
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace, engine_args: EngineArgs) -> int:
     for error in result["errors"]:
         print(f"error: {error}", file=sys.stderr)
     if args.json:
-        config = {"engine": dataclasses.asdict(engine_args), "num_prompts": args.num_prompts,
+        config = {"engine": dataclasses.asdict(engine_config.public()), "num_prompts": args.num_prompts,
                   "input_len": args.input_len, "output_len": args.output_len, "seed": args.seed,
                   "warmup": args.warmup, "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
         pathlib.Path(args.json).write_text(json.dumps({"config": config, **result}, indent=1))

@@ -19,7 +19,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from tinyvllm.frontend.ollama.http_io import CLIENT_CLOSED_REQUEST, streamed, timestamp, unless_disconnected
+from tinyvllm.frontend.http_json import CLIENT_CLOSED_REQUEST, run_unless_disconnected
+from tinyvllm.frontend.ollama.http_io import streamed, timestamp
 from tinyvllm.frontend.ollama.options import GenerationSettings
 from tinyvllm.frontend.ollama.service import OllamaService
 from tinyvllm.frontend.openai_protocol import GenerationRequest
@@ -114,5 +115,5 @@ async def respond(request: Request, service: OllamaService, prep: PreparedReques
             final["response"] = "".join(pieces)
         return final
 
-    finished, final = await unless_disconnected(request, collect())
+    finished, final = await run_unless_disconnected(request, collect())
     return JSONResponse(final) if finished else Response(status_code=CLIENT_CLOSED_REQUEST)

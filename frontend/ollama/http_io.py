@@ -1,17 +1,16 @@
 """Ollama's HTTP conventions: `{"error": "..."}` bodies, NDJSON streams, bounded JSON bodies, RFC3339 times."""
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from tinyvllm.frontend.http_json import read_bounded_body
+from tinyvllm.frontend.http_json import CLIENT_CLOSED_REQUEST, read_bounded_body, run_unless_disconnected
 from tinyvllm.frontend.engine_client import EngineDeadError
 from tinyvllm.frontend.ollama.go_template import TemplateError
 from tinyvllm.frontend.ollama.model_store import StoreError, now_rfc3339
@@ -23,7 +22,6 @@ from tinyvllm.frontend.request_errors import EngineRequestError
 
 log = logging.getLogger(__name__)
 NDJSON = "application/x-ndjson"
-CLIENT_CLOSED_REQUEST = 499
 
 timestamp = now_rfc3339
 
@@ -36,10 +34,6 @@ class OllamaError(Exception):
 
 def error_response(message: str, status: int) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
-
-
-def model_not_found(name: str) -> OllamaError:
-    return OllamaError(f"model '{name}' not found", 404)
 
 
 def as_ollama_error(exc: Exception) -> OllamaError:
@@ -99,7 +93,7 @@ async def _first(items: AsyncIterator[dict]) -> dict | None:
 
 async def streamed(request: Request, items: AsyncIterator[dict]) -> Response:
     """NDJSON, as Ollama streams: an error before the first item gets its own status; later, an error line."""
-    finished, first = await unless_disconnected(request, _first(items))
+    finished, first = await run_unless_disconnected(request, _first(items))
     if not finished:
         await items.aclose()
         return Response(status_code=CLIENT_CLOSED_REQUEST)
@@ -117,26 +111,6 @@ async def streamed(request: Request, items: AsyncIterator[dict]) -> Response:
             await items.aclose()
 
     return StreamingResponse(body(), media_type=NDJSON)
-
-
-async def _wait_for_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def unless_disconnected(request: Request, work: Coroutine) -> tuple[bool, Any]:
-    """Runs `work` (the body already read); (False, None) if the client left first and `work` was cancelled."""
-    task, watcher = asyncio.ensure_future(work), asyncio.ensure_future(_wait_for_disconnect(request))
-    try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    if task.cancelled():
-        return False, None
-    return True, task.result()
 
 
 def status_reply(statuses: list[dict], stream: bool) -> Response:

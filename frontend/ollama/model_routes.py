@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from tinyvllm.frontend.ollama import model_info, modelfile, names
-from tinyvllm.frontend.ollama.http_io import OllamaError, handler, model_not_found, read_request, timestamp
+from tinyvllm.frontend.ollama.http_io import OllamaError, handler, read_request, timestamp
 from tinyvllm.frontend.ollama.model_store import ModelEntry
 from tinyvllm.frontend.ollama.requests import CopyRequest, NamedRequest, ShowRequest
 from tinyvllm.frontend.ollama.service import OllamaService
@@ -76,9 +76,7 @@ def make_routes(service: OllamaService):
     async def show(request: Request) -> Response:
         req = await read_request(request, ShowRequest, service.max_body_bytes)
         name, verbose = req.model_name, req.verbose
-        entry = store.get(name)
-        if entry is None:
-            raise model_not_found(name)
+        entry = store.require(name)
         info = await asyncio.to_thread(weights_info, entry)
         default_template = getattr(service.tokenizer, "chat_template", None) if entry.served else None
         template = entry.template or (info.chat_template if info else None) or default_template or ""
@@ -101,9 +99,7 @@ def make_routes(service: OllamaService):
         source, destination = req.source, req.destination
         if not names.is_valid(destination):
             raise OllamaError(f'destination "{destination}" is invalid')
-        entry = store.get(source)
-        if entry is None:
-            raise model_not_found(source)
+        entry = store.require(source)
         store.put(dataclasses.replace(entry, name=names.full_name(destination), parent=entry.name,
                                       created=timestamp(), served=False))
         return Response(status_code=200)
@@ -111,8 +107,7 @@ def make_routes(service: OllamaService):
     @handler
     async def delete(request: Request) -> Response:
         name = (await read_request(request, NamedRequest, service.max_body_bytes)).model_name
-        if store.get(name) is None:
-            raise model_not_found(name)
+        store.require(name)
         store.remove(name)
         return Response(status_code=200)
 

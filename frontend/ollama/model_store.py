@@ -23,13 +23,13 @@ import urllib.parse
 from dataclasses import dataclass, field
 
 from tinyvllm.frontend.ollama import model_info, names
+from tinyvllm.protocol.cache_dir import cache_dir
 
 log = logging.getLogger(__name__)
 
 
 def default_models_dir() -> pathlib.Path:
-    cache = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
-    return pathlib.Path(cache) / "tinyvllm" / "models"
+    return cache_dir() / "models"
 
 
 def now_rfc3339(ts: float | None = None) -> str:
@@ -97,6 +97,12 @@ class ModelStore:
         if path is None or not path.exists():
             return None
         return self._read(path)
+
+    def require(self, name: str) -> ModelEntry:
+        """The model `name`; a 404 StoreError if there is none."""
+        if (entry := self.get(name)) is None:
+            raise StoreError(f"model '{name}' not found", 404)
+        return entry
 
     def list(self) -> list[ModelEntry]:
         """The served model first, then the stored ones by name."""

@@ -34,7 +34,7 @@ class TokenRecordingEngine:
 @dataclass
 class OllamaService:
     engine: object  # EngineClient (embeddings, dead_reason)
-    tokenizer: object  # frontend.tokenizer.Tokenizer
+    tokenizer: object  # protocol.tokenizer.Tokenizer
     serving: object  # a RequestServing whose engine is `recorder`
     recorder: TokenRecordingEngine
     store: ModelStore

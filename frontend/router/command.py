@@ -4,12 +4,13 @@ import asyncio
 import logging
 import os
 import sys
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 
 import httpx
 import uvloop
 
-from tinyvllm.frontend.cli import API_KEY_ENV, resolve_api_key
+from tinyvllm.frontend.auth import API_KEY_ENV, resolve_api_key
 from tinyvllm.frontend.request_gate import RequestGate
 from tinyvllm.frontend.router.app import build_router_app
 from tinyvllm.frontend.router.dns_discovery import parse_target
@@ -20,6 +21,7 @@ from tinyvllm.frontend.router.router_metrics import RouterMetrics
 from tinyvllm.frontend.router.upstream_proxy import Shutdown, UpstreamProxy
 from tinyvllm.frontend.router_registration import ROUTER_SECRET_ENV, http_base_url
 from tinyvllm.frontend.uvicorn_runner import QuietSignalServer, drain_on_signals, http_config, start_serving
+from tinyvllm.protocol.knobs import add_flags, knob, knobs_of, options_from
 from tinyvllm.protocol.worker_auth import is_loopback, resolve_secret
 
 log = logging.getLogger("tinyvllm.router")
@@ -35,54 +37,44 @@ or to one that recently served the same prompt prefix; streams pass through as t
 
 
 def add_arguments(router: argparse.ArgumentParser) -> None:
-    router.add_argument("--host", default="127.0.0.1",
-                        help="address to bind; beyond loopback a register secret is required")
-    router.add_argument("--port", type=int, default=8080, help="HTTP port")
-    router.add_argument("--instances", nargs="+", default=[], metavar="URL",
-                        help="instances to route to from the start (checked with GET /health every 2 s)")
-    router.add_argument("--prefill", nargs="+", default=[], metavar="URL",
-                        help="`serve --role prefill` instances, from the start: with --decode ones, completions and "
-                             "chat go prefill then decode")
-    router.add_argument("--decode", nargs="+", default=[], metavar="URL", help="`serve --role decode` instances")
-    router.add_argument("--discover-dns", default=None, metavar="NAME:PORT",
-                        help="resolve NAME (e.g. a Kubernetes headless Service) periodically; every address is an "
-                             "instance http://ADDRESS:PORT")
-    router.add_argument("--discover-interval", dest="discover_interval_s", type=float, default=5.0,
-                        help="seconds between two resolutions of --discover-dns")
-    router.add_argument("--heartbeat-timeout", dest="heartbeat_timeout_s", type=float, default=6.0,
-                        help="seconds without a heartbeat after which a registered instance is dropped (instances "
-                             "beat every 2 s)")
-    router.add_argument("--api-key", default=None,
-                        help=f"require `Authorization: Bearer <key>` on /v1 and /api; default: {API_KEY_ENV}")
-    router.add_argument("--instance-api-key", default=None,
-                        help=f"the key the instances require (`serve --api-key`), sent in place of the client's; "
-                             f"default: {INSTANCE_API_KEY_ENV}, else the client's own Authorization is passed on")
-    router.add_argument("--register-secret", default=None,
-                        help=f"the bearer token /instances requires (registration, drain, listing); default: "
-                             f"{ROUTER_SECRET_ENV}; required when --host is beyond loopback")
-    router.add_argument("--max-waiting-requests", type=int, default=512,
-                        help="generation requests that may wait for an instance's first answer before new ones get "
-                             "503 with Retry-After")
-    router.add_argument("--shutdown-timeout", dest="shutdown_timeout_s", type=float, default=30.0,
-                        help="on SIGTERM or Ctrl-C, seconds open requests get to finish before the rest end with an "
-                             "error")
+    add_flags(router, ROUTER_KNOBS)
+
+
+def _urls(help: str) -> list[str]:
+    return knob(None, help, nargs="+", metavar="URL", default_factory=list)
 
 
 @dataclass(slots=True)
 class RouterArgs:
-    host: str = "127.0.0.1"
-    port: int = 8080
-    instances: list[str] = field(default_factory=list)
-    dns_target: tuple[str, int] | None = None
-    discover_interval_s: float = 5.0
-    heartbeat_timeout_s: float = 6.0
-    api_key: str | None = None
-    instance_api_key: str | None = None
-    register_secret: str = ""
-    max_waiting_requests: int = 512
-    shutdown_timeout_s: float = 30.0
-    prefill: list[str] = field(default_factory=list)
-    decode: list[str] = field(default_factory=list)
+    """`tinyvllm router`'s options (its flags are made from these declarations, protocol/knobs.py)."""
+    host: str = knob("127.0.0.1", "address to bind; beyond loopback a register secret is required")
+    port: int = knob(8080, "HTTP port")
+    instances: list[str] = _urls("instances to route to from the start (checked with GET /health every 2 s)")
+    prefill: list[str] = _urls("`serve --role prefill` instances, from the start: with --decode ones, completions and "
+                               "chat go prefill then decode")
+    decode: list[str] = _urls("`serve --role decode` instances")
+    discover_dns: tuple[str, int] | None = knob(
+        None, "resolve NAME (e.g. a Kubernetes headless Service) periodically; every address is an instance "
+              "http://ADDRESS:PORT", parse=parse_target, flag_type=str, metavar="NAME:PORT")
+    discover_interval_s: float = knob(5.0, "seconds between two resolutions of --discover-dns",
+                                      flag="--discover-interval")
+    heartbeat_timeout_s: float = knob(6.0, "seconds without a heartbeat after which a registered instance is dropped "
+                                           "(instances beat every 2 s)", flag="--heartbeat-timeout")
+    api_key: str | None = knob(None, f"require `Authorization: Bearer <key>` on /v1 and /api; default: {API_KEY_ENV}",
+                               secret=True)
+    instance_api_key: str | None = knob(
+        None, f"the key the instances require (`serve --api-key`), sent in place of the client's; default: "
+              f"{INSTANCE_API_KEY_ENV}, else the client's own Authorization is passed on", secret=True)
+    register_secret: str = knob("", f"the bearer token /instances requires (registration, drain, listing); default: "
+                                    f"{ROUTER_SECRET_ENV}; required when --host is beyond loopback", cli_default=None,
+                                secret=True)
+    max_waiting_requests: int = knob(512, "generation requests that may wait for an instance's first answer before "
+                                          "new ones get 503 with Retry-After")
+    shutdown_timeout_s: float = knob(30.0, "on SIGTERM or Ctrl-C, seconds open requests get to finish before the "
+                                           "rest end with an error", flag="--shutdown-timeout")
+
+
+ROUTER_KNOBS = knobs_of(RouterArgs)
 
 
 def router_args_from(args: argparse.Namespace, environ) -> RouterArgs:
@@ -99,13 +91,12 @@ def router_args_from(args: argparse.Namespace, environ) -> RouterArgs:
                          f"loopback authenticates its peers: set a register secret in {ROUTER_SECRET_ENV} (or "
                          f"--register-secret), the same for the router and every instance, e.g. "
                          f"`export {ROUTER_SECRET_ENV}=$(openssl rand -hex 32)`")
-    return RouterArgs(args.host, args.port, [http_base_url(url, "--instances") for url in args.instances],
-                      parse_target(args.discover_dns) if args.discover_dns else None, args.discover_interval_s,
-                      args.heartbeat_timeout_s, resolve_api_key(args.api_key, environ),
-                      args.instance_api_key or environ.get(INSTANCE_API_KEY_ENV) or None, secret,
-                      args.max_waiting_requests, args.shutdown_timeout_s,
-                      [http_base_url(url, "--prefill") for url in args.prefill],
-                      [http_base_url(url, "--decode") for url in args.decode])
+    return dataclasses.replace(
+        options_from(RouterArgs, ROUTER_KNOBS, args),
+        **{role: [http_base_url(url, f"--{role}") for url in getattr(args, role)]
+           for role in ("instances", "prefill", "decode")},
+        api_key=resolve_api_key(args.api_key, environ),
+        instance_api_key=args.instance_api_key or environ.get(INSTANCE_API_KEY_ENV) or None, register_secret=secret)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -136,14 +127,14 @@ async def serve_router(a: RouterArgs) -> int:
         metrics = RouterMetrics(registry)
         proxy = UpstreamProxy(registry, InstancePicker(), client, metrics, shutdown, a.instance_api_key)
         app = build_router_app(registry, proxy, metrics, gate, a.api_key, a.register_secret or None)
-        monitor = asyncio.create_task(InstanceMonitor(registry, client, a.dns_target, a.discover_interval_s).run())
+        monitor = asyncio.create_task(InstanceMonitor(registry, client, a.discover_dns, a.discover_interval_s).run())
         server = QuietSignalServer(http_config(app, a.host, a.port))
         serving = await start_serving(server)
         try:
             if not server.started:
                 return 1
             print(f"tinyvllm router ready: routing at http://{a.host}:{a.port} ({len(a.instances) + len(a.prefill) + len(a.decode)} static instances"
-                  f"{f', discovering {a.dns_target[0]}' if a.dns_target else ''})", flush=True)
+                  f"{f', discovering {a.discover_dns[0]}' if a.discover_dns else ''})", flush=True)
             stop_asked = asyncio.Event()
             drain_on_signals(stop_asked, gate, server)
             stopping = asyncio.create_task(stop_asked.wait())

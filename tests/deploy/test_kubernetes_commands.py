@@ -5,8 +5,8 @@ import tomllib
 
 from tests.deploy import cli_check, test_containerfile as containerfile
 from tests.deploy.kube import REPO, port_number, sample_secret
-from tinyvllm.frontend.cli import engine_args_from
 from tinyvllm.frontend.server import ServerArgs
+from tinyvllm.protocol.engine_config import EngineConfig
 
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
 SECRET_FLAGS = ("--api-key", "--worker-secret", "--register-secret", "--kv-secret")
@@ -23,7 +23,7 @@ def test_every_container_runs_a_command_tinyvllm_accepts(started):
         args = cli_check.parse(s.argv)
         assert args.command == s.argv[0], s.name
         if args.command == "serve":
-            engine_args_from(args)
+            EngineConfig.from_namespace(args)
 
 
 def test_every_probe_asks_the_commands_port_and_a_route_it_serves(started):

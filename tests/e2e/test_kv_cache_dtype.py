@@ -10,7 +10,7 @@ import pytest
 from tests.e2e.server_process import MODEL_NAME, REQUEST_TIMEOUT_S, SIZED_BY_MEMORY, ServerProcess
 from tests.helpers.tiny_model import make_tiny_gguf
 from tinyvllm.protocol.model_config import read_model_config
-from tinyvllm.workers.kv_cache import blocks_for_budget
+from tinyvllm.workers.kv_cache import bytes_per_block
 
 BUDGET = 4 << 20
 DTYPES = ("float32", "float16", "int8")
@@ -40,7 +40,7 @@ def test_metrics_report_the_blocks_each_dtype_buys(wide_model, tmp_path):
         blocks = {d: int(c["num_gpu_blocks"]) for d, c in configs.items()}
         print("blocks for", BUDGET, "bytes:", blocks)
         assert {d: c["cache_dtype"] for d, c in configs.items()} == {d: d for d in DTYPES}
-        assert blocks == {d: blocks_for_budget(cfg, 16, BUDGET, d) for d in DTYPES}
+        assert blocks == {d: BUDGET // bytes_per_block(cfg, 16, d) for d in DTYPES}
         assert blocks["float16"] == 2 * blocks["float32"]
         assert blocks["int8"] / blocks["float32"] == pytest.approx(4 / (1 + 4 / cfg.head_dim), rel=0.01)
         assert f"{blocks['int8']} KV blocks of 16 tokens in int8" in servers["int8"].log()  # the ready line

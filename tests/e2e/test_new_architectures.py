@@ -22,7 +22,7 @@ def served_model(arch: str, folder):
     """(the transformers model, the path to serve): saved by transformers with a tokenizer.json (HF_FOLDERS), or
     converted to a GGUF with the tokenizer's metadata."""
     import torch
-    from tinyvllm.frontend.tokenizer import _tokenizer_from_gguf_metadata
+    from tinyvllm.protocol.tokenizer import _tokenizer_from_gguf_metadata
     torch.manual_seed(0)
     archs.VOCAB = VOCAB_SIZE  # the factories read it: the real tokenizer's vocabulary
     try:
@@ -56,7 +56,7 @@ def transformers_greedy(model, prompt: list[int]) -> tuple[np.ndarray, list[int]
 
 @pytest.mark.parametrize("arch", ["gemma2", "gemma3", "mistral", "qwen3", "phi3"])
 def test_served_model_equals_transformers(arch, tmp_path):
-    from tinyvllm.frontend.tokenizer import Tokenizer
+    from tinyvllm.protocol.tokenizer import Tokenizer
     model, path = served_model(arch, tmp_path)
     prompt = np.random.default_rng(2).integers(100, VOCAB_SIZE - 100, PROMPT).tolist()
     expected_lps, expected_tokens, gaps = transformers_greedy(model, prompt)

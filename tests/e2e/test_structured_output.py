@@ -13,7 +13,7 @@ import ollama
 
 from tests.e2e.http_helpers import assert_openai_error, chat_body, complete, completion_body
 from tests.e2e.server_process import MODEL_NAME, REQUEST_TIMEOUT_S
-from tinyvllm.frontend.tokenizer import Tokenizer
+from tinyvllm.protocol.tokenizer import Tokenizer
 
 NUM_SCHEMAS = 50
 MAX_TOKENS = 400  # far more than any of the schemas below needs

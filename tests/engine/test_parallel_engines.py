@@ -19,7 +19,7 @@ from tests.workers.dense_reference import dense_logits
 N_TOKENS = 10
 GREEDY = SamplingParams(temperature=0, max_tokens=N_TOKENS, ignore_eos=True)
 TIE_GAP = 1e-3
-ENGINE = dict(max_num_seqs=4, num_kv_blocks=64, max_num_batched_tokens=32, max_model_len=256, cpu_kernels="c")
+ENGINE = dict(max_num_seqs=4, num_kv_blocks=64, max_num_batched_tokens=32, max_model_len=256, kernels="c")
 
 
 @pytest.fixture(scope="module")

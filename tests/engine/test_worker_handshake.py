@@ -12,23 +12,24 @@ import zmq
 from tests.e2e.server_process import wait_until
 from tinyvllm.protocol.codec import decode
 from tinyvllm.protocol.compatibility import tinyvllm_version
-from tinyvllm.protocol.messages import (Shutdown, WorkerError, WorkerHello, WorkerProof, WorkerReady, WorkerRefused,
-                                        WorkerRole)
+from tinyvllm.protocol.engine_config import EngineConfig
+from tinyvllm.protocol.messages import Shutdown, WorkerError, WorkerHello, WorkerProof, WorkerReady, WorkerRefused
+from tinyvllm.protocol.process_args import SchedulerArgs
 from tinyvllm.protocol.transport import make_socket, send
 from tinyvllm.protocol.worker_auth import new_nonce
-from tinyvllm.scheduler.main import SchedulerArgs
 from tinyvllm.scheduler.worker_group import WorkerGroup
 from tinyvllm.workers.scheduler_connection import SchedulerWatch
 from tinyvllm.workers.scheduler_join import NoScheduler, WorkerRefusedError, join_scheduler
 
 SECRET = "handshake-test-secret-0123"
 FINGERPRINT = "llama 4 layers #0123"
-ARGS = SchedulerArgs(2, 16, 4, 32, 256, 64, 0, startup_timeout_s=30, tp_size=1, pp_size=2, n_layers=4,
-                     model_fingerprint=FINGERPRINT)
+ARGS = SchedulerArgs(EngineConfig.of(pipeline_parallel_size=2, block_size=16, max_num_seqs=4, max_num_batched_tokens=32,
+                                     num_kv_blocks=64, max_model_len=256), n_layers=4, model_fingerprint=FINGERPRINT,
+                     startup_timeout_s=30)
 
 
 def hello(rank: int, **change) -> WorkerHello:
-    return dataclasses.replace(WorkerHello(rank, 2, WorkerRole.MIXED, 1000 + rank, "CPU", 1, 2,
+    return dataclasses.replace(WorkerHello(rank, 2, "both", 1000 + rank, "CPU", 1, 2,
                                            f"tcp://127.0.0.1:{7100 + rank}" if rank else "", tinyvllm_version(),
                                            FINGERPRINT, [0, 2] if rank == 0 else [2, 4], new_nonce()), **change)
 
@@ -100,7 +101,8 @@ def test_strangers_are_refused_and_the_right_workers_join(engine, caplog):
     joined1 = in_thread(join_scheduler, second, hello(1), SECRET, 10)
     init0, init1 = joined0(), joined1()
     assert (init0.next_stage_address, init1.next_stage_address) == ("tcp://127.0.0.1:7101", "")
-    assert init0.group_id == init1.group_id and init0.num_blocks == 64
+    assert init0.group_id == init1.group_id and init0.engine.cache.num_kv_blocks == 64 and init0.engine.model.max_model_len == 256
+    assert init0.engine == init1.engine == ARGS.engine
     for sock, rank in ((first, 0), (second, 1)):
         send(sock, WorkerReady(rank, 40 + rank, 16, 256))
     assert handshake() == 40  # the smallest pool

@@ -19,10 +19,10 @@ def served():
 
 @pytest.fixture
 def serve_calls(monkeypatch) -> list:
-    """(engine_args, server_args) of each server.serve call `cli.main(["serve", ...])` makes; nothing is served. The
+    """(engine_config, server_args) of each server.serve call `cli.main(["serve", ...])` makes; nothing is served. The
     API key and worker secret variables are cleared: only what the test sets is seen."""
     calls = []
-    monkeypatch.setattr(server_module, "serve", lambda engine_args, server_args: calls.append((engine_args, server_args)))
+    monkeypatch.setattr(server_module, "serve", lambda engine_config, server_args: calls.append((engine_config, server_args)))
     monkeypatch.delenv("TINYVLLM_API_KEY", raising=False)
     monkeypatch.delenv("TINYVLLM_WORKER_SECRET", raising=False)
     return calls

@@ -1,4 +1,5 @@
-"""An in-process stand-in for frontend.engine_client.EngineClient: same methods and attributes, no processes.
+"""An in-process stand-in for frontend.engine_client.EngineClient: same methods and attributes, no processes. It is
+built on the client's own request queues (engine_client.RequestQueues: generate, mark_dead, fail_open_requests).
 
 Each request gets one producer task per child (the "scheduler"; n > 1 forks n children, as the real one does)
 that puts one token per step on the request's queue, under the parent id with the child's index. Child i
@@ -10,20 +11,18 @@ stop_token_ids and aborts (of the whole parent), holds every first output while 
 so tests can check it.
 """
 import asyncio
-from collections.abc import AsyncIterator
 
-from tinyvllm.frontend.engine_client import EngineDeadError
-from tinyvllm.frontend.request_completion import RequestCompletion
-from tinyvllm.protocol.messages import (AddRequest, EngineReady, ErrorKind, FinishReason, RequestOutput, SchedulerStats,
-                                        TokenLogprobs)
+from tinyvllm.frontend.engine_client import RequestQueues
+from tinyvllm.protocol.messages import AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats, TokenLogprobs
 from tinyvllm.protocol.sampling import SamplingParams
 
 
-class FakeEngine:
+class FakeEngine(RequestQueues):
     def __init__(self, reply_token_ids: list[int], eos_token_id: int, max_model_len: int = 256,
                  step_delay_s: float = 0.001, fail_after: int | None = None,
                  choice_replies: list[list[int]] | None = None, num_cached_tokens: int = 0,
                  fail_kind: str | None = None):
+        super().__init__()
         self.reply_token_ids = list(reply_token_ids)
         self.choice_replies = choice_replies
         self.eos_token_id = eos_token_id
@@ -33,11 +32,9 @@ class FakeEngine:
         self.fail_kind = fail_kind  # the ErrorKind of fail_after's error
         self.hold = asyncio.Event()  # every child waits for it before its first output; set: no waiting
         self.hold.set()
-        self.queues: dict[str, asyncio.Queue] = {}
         self.stats = SchedulerStats(num_free_blocks=75, num_total_blocks=100)
         self.ready: EngineReady | None = EngineReady(num_blocks=100, block_size=16, max_model_len=max_model_len,
                                                      max_num_seqs=8, num_workers=1)
-        self.dead_reason: str | None = None
         self.requests: dict[str, AddRequest] = {}
         self.aborted: list[str] = []
         self.finished: list[str] = []
@@ -48,39 +45,15 @@ class FakeEngine:
     async def start(self, timeout_s: float = 600.0) -> EngineReady:
         return self.ready
 
-    def mark_dead(self, reason: str) -> None:
-        self.dead_reason = reason
-        self.fail_open_requests(reason)
-
-    def fail_open_requests(self, reason: str, kind: str = ErrorKind.UNAVAILABLE) -> None:
-        for req_id, q in self.queues.items():
-            q.put_nowait(RequestOutput(req_id, [], FinishReason.ERROR, error=reason, error_kind=kind))
-
-    async def generate(self, req_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                       eos_token_ids: list[int]) -> AsyncIterator[RequestOutput]:
-        if self.dead_reason is not None:
-            raise EngineDeadError(self.dead_reason)
-        if req_id in self.queues:
-            raise ValueError(f"duplicate request id {req_id}")
-        q: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self.queues[req_id] = q
-        completion = RequestCompletion(sampling.n)
-        try:
-            self.requests[req_id] = AddRequest(req_id, list(prompt_token_ids), sampling, list(eos_token_ids))
-            self._prefix_cache_queries += len(prompt_token_ids)
-            self._prefix_cache_hits += self.num_cached_tokens
-            self._producers[req_id] = {
-                i: asyncio.create_task(self._produce(req_id, i, len(prompt_token_ids), sampling, q))
-                for i in range(sampling.n)}
-            self._update_stats()
-            while not completion.done:
-                out = q.get_nowait() if not q.empty() else await q.get()
-                completion.observe(out)
-                yield out
-        finally:
-            del self.queues[req_id]
-            if not completion.all_children_finished and self.dead_reason is None:
-                self.abort([req_id])
+    async def _submit(self, req: AddRequest) -> None:
+        self.requests[req.req_id] = req
+        self._prefix_cache_queries += len(req.prompt_token_ids)
+        self._prefix_cache_hits += self.num_cached_tokens
+        q = self.queues[req.req_id]
+        self._producers[req.req_id] = {
+            i: asyncio.create_task(self._produce(req.req_id, i, len(req.prompt_token_ids), req.sampling, q))
+            for i in range(req.sampling.n)}
+        self._update_stats()
 
     def _reply(self, index: int) -> list[int]:
         return self.choice_replies[index % len(self.choice_replies)] if self.choice_replies else self.reply_token_ids

@@ -9,7 +9,7 @@ from app_harness import MODEL, REPLY
 from fake_engine import FakeEngine
 from fake_tokenizer import CharDetokenizer, CharTokenizer
 from tinyvllm.frontend.app import build_app
-from tinyvllm.protocol.gguf_writer import write_gguf
+from tests.helpers.gguf_writer import write_gguf
 
 SERVED = MODEL + ":latest"
 MAX_MODEL_LEN = 256  # one token per character: room for templates and format instructions

@@ -2,6 +2,7 @@
 import pytest
 
 from tinyvllm.frontend import cli
+from tinyvllm.frontend.auth import resolve_api_key
 
 
 @pytest.mark.parametrize("flag,env,expected", [
@@ -11,12 +12,12 @@ from tinyvllm.frontend import cli
     ("from-flag", {"TINYVLLM_API_KEY": "from-env"}, "from-flag"),
 ])
 def test_flag_wins_over_the_environment(flag, env, expected):
-    assert cli.resolve_api_key(flag, env) == expected
+    assert resolve_api_key(flag, env) == expected
 
 
 def test_an_empty_flag_is_an_error():
     with pytest.raises(ValueError):
-        cli.resolve_api_key("", {})
+        resolve_api_key("", {})
 
 
 def test_serve_passes_the_key_to_the_server(serve_calls, monkeypatch):

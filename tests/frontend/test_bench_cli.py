@@ -12,6 +12,7 @@ import tinyvllm.frontend.bench.serve as bench_serve
 from app_harness import MODEL, make_app
 from fake_tokenizer import OFFSET, CharTokenizer
 from tinyvllm.frontend import cli
+from tinyvllm.protocol.engine_config import EngineConfig
 
 
 class AsciiTokenizer(CharTokenizer):
@@ -39,12 +40,13 @@ def test_bench_throughput_shares_the_engine_flags_with_serve():
     args = cli.build_parser().parse_args(["bench", "throughput", "--model", "m.gguf", "--max-num-seqs", "4",
                                           "--num-kv-blocks", "64", "--no-prefix-caching", "--input-len", "8",
                                           "--random-output-len", "3"])
-    engine = cli.engine_args_from(args)
-    assert (engine.model, engine.max_num_seqs, engine.num_kv_blocks, engine.enable_prefix_caching) == \
-        ("m.gguf", 4, 64, False)
+    engine = EngineConfig.from_namespace(args)
+    assert (engine.model.model, engine.batch.max_num_seqs, engine.cache.num_kv_blocks,
+            engine.cache.enable_prefix_caching) == ("m.gguf", 4, 64, False)
     assert (args.input_len, args.output_len, args.num_prompts) == (8, 3, 1000)
-    serve_engine = cli.engine_args_from(cli.build_parser().parse_args(["serve", "--max-num-seqs", "4"]))
-    assert serve_engine.max_num_seqs == 4 and serve_engine.max_num_batched_tokens == engine.max_num_batched_tokens
+    serve_engine = EngineConfig.from_namespace(cli.build_parser().parse_args(["serve", "--max-num-seqs", "4"]))
+    assert serve_engine.batch.max_num_seqs == 4
+    assert serve_engine.batch.max_num_batched_tokens == engine.batch.max_num_batched_tokens
 
 
 def test_bench_serve_refuses_bad_values(capsys):

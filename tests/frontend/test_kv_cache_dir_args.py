@@ -5,7 +5,8 @@ import json
 import pytest
 
 from tinyvllm.frontend import cli
-from tinyvllm.frontend.launcher import DEFAULT_KV_CACHE_DIR_BYTES, EngineArgs, EngineProcesses
+from tinyvllm.frontend.launcher import EngineProcesses
+from tinyvllm.protocol.engine_config import CacheConfig, EngineConfig
 
 
 @pytest.mark.parametrize("change, message", [
@@ -15,22 +16,23 @@ from tinyvllm.frontend.launcher import DEFAULT_KV_CACHE_DIR_BYTES, EngineArgs, E
 ])
 def test_engine_args_refuse(change, message):
     with pytest.raises(ValueError, match=message):
-        EngineArgs(kv_cache_dir="/tmp/kv", **change).validate()
-    EngineArgs(kv_cache_dir="/tmp/kv").validate()
+        EngineConfig.of(kv_cache_dir="/tmp/kv", **change).validate()
+    EngineConfig.of(kv_cache_dir="/tmp/kv").validate()
 
 
 def test_serve_flags(serve_calls):
     assert cli.main(["serve", "--kv-cache-dir", "/data/kv", "--kv-cache-dir-size", "2G"]) == 0
     assert cli.main(["serve"]) == 0
-    (with_dir, _), (without, _) = serve_calls
+    with_dir, without = (c.cache for c, _ in serve_calls)
     assert (with_dir.kv_cache_dir, with_dir.kv_cache_dir_bytes) == ("/data/kv", 2 << 30)
-    assert (without.kv_cache_dir, without.kv_cache_dir_bytes) == (None, DEFAULT_KV_CACHE_DIR_BYTES)
+    assert (without.kv_cache_dir, without.kv_cache_dir_bytes) == (None, CacheConfig().kv_cache_dir_bytes) == \
+        (None, 4 << 30)
 
 
 def test_the_launcher_gives_the_folder_to_the_workers_and_the_bound_to_the_scheduler(tiny_model, tmp_path):
-    procs = EngineProcesses(EngineArgs(model=tiny_model, kv_cache_dir=str(tmp_path), kv_cache_dir_bytes=12345))
+    procs = EngineProcesses(EngineConfig.of(model=tiny_model, kv_cache_dir=str(tmp_path), kv_cache_dir_bytes=12345))
     try:
-        scheduler, worker = (json.loads(p.command[-1])[1] for p in procs.processes)
+        scheduler, worker = (json.loads(p.command[-1])[1]["engine"]["cache"] for p in procs.processes)
         assert scheduler["kv_cache_dir_bytes"] == 12345 and worker["kv_cache_dir"] == str(tmp_path)
     finally:
         procs.stop()

@@ -5,15 +5,16 @@ import json
 import pytest
 
 from tinyvllm.frontend import cli
-from tinyvllm.frontend.launcher import EngineArgs, EngineProcesses
+from tinyvllm.frontend.launcher import EngineProcesses
 from tinyvllm.frontend.metrics import cache_config_info
+from tinyvllm.protocol.engine_config import EngineConfig
 from tinyvllm.protocol.messages import EngineReady
 
 
 def test_serve_passes_the_dtype(serve_calls):
     for argv in (["serve", "--kv-cache-dtype", "int8"], ["serve", "--kv-cache-dtype", "bfloat16"], ["serve"]):
         assert cli.main(argv) == 0
-    assert [a.kv_cache_dtype for a, _ in serve_calls] == ["int8", "bfloat16", "auto"]
+    assert [a.cache.kv_cache_dtype for a, _ in serve_calls] == ["int8", "bfloat16", "auto"]
 
 
 def test_an_unknown_dtype_is_refused(serve_calls, capsys):
@@ -21,13 +22,13 @@ def test_an_unknown_dtype_is_refused(serve_calls, capsys):
         cli.main(["serve", "--kv-cache-dtype", "fp4"])
     assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err and not serve_calls
     with pytest.raises(ValueError, match="--kv-cache-dtype 'fp4'"):
-        EngineArgs(kv_cache_dtype="fp4").validate()
+        EngineConfig.of(kv_cache_dtype="fp4").validate()
 
 
 def test_the_launcher_hands_it_to_the_scheduler(default_model_path):
-    processes = EngineProcesses(EngineArgs(model=str(default_model_path), kv_cache_dtype="fp8")).processes
+    processes = EngineProcesses(EngineConfig.of(model=str(default_model_path), kv_cache_dtype="fp8")).processes
     scheduler = next(p for p in processes if p.name == "tinyvllm-scheduler")
-    assert json.loads(scheduler.command[-1])[1]["kv_cache_dtype"] == "fp8"  # SchedulerArgs
+    assert json.loads(scheduler.command[-1])[1]["engine"]["cache"]["kv_cache_dtype"] == "fp8"  # SchedulerArgs
 
 
 def test_cache_config_info_labels():

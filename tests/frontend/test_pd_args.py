@@ -6,7 +6,8 @@ import json
 import pytest
 
 from tinyvllm.frontend import cli
-from tinyvllm.frontend.launcher import EngineArgs, EngineProcesses
+from tinyvllm.frontend.launcher import EngineProcesses
+from tinyvllm.protocol.engine_config import EngineConfig
 
 SECRET = "kv-test-secret-0123456789"
 
@@ -22,23 +23,24 @@ SECRET = "kv-test-secret-0123456789"
 ])
 def test_engine_args_refuse(change, message):
     with pytest.raises(ValueError, match=message):
-        EngineArgs(**change).validate()
-    EngineArgs(role="prefill", kv_host="10.0.0.5", kv_secret=SECRET).validate()
-    EngineArgs(role="prefill").validate()  # loopback: no secret needed
+        EngineConfig.of(**change).validate()
+    EngineConfig.of(role="prefill", kv_host="10.0.0.5", kv_secret=SECRET).validate()
+    EngineConfig.of(role="prefill").validate()  # loopback: no secret needed
 
 
 def test_serve_takes_the_kv_secret_from_the_flag_or_the_environment(serve_calls, monkeypatch, capsys):
     assert cli.main(["serve", "--role", "decode", "--kv-secret", SECRET]) == 0
     monkeypatch.setenv("TINYVLLM_KV_SECRET", SECRET + "-env")
     assert cli.main(["serve", "--role", "prefill", "--kv-host", "0.0.0.0"]) == 0
-    assert [(a.role, a.kv_secret) for a, _ in serve_calls] == [("decode", SECRET), ("prefill", SECRET + "-env")]
+    assert [(a.kv_transfer.role, a.kv_transfer.kv_secret) for a, _ in serve_calls] == \
+        [("decode", SECRET), ("prefill", SECRET + "-env")]
     assert SECRET not in repr(serve_calls[0][0])
     assert cli.main(["serve", "--role", "decode", "--kv-secret", "short"]) == 2
     assert "KV secret is too short" in capsys.readouterr().err
 
 
 def test_the_launcher_gives_the_kv_secret_to_its_children_in_their_environment(tiny_model):
-    procs = EngineProcesses(EngineArgs(model=tiny_model, role="prefill", kv_secret=SECRET))
+    procs = EngineProcesses(EngineConfig.of(model=tiny_model, role="prefill", kv_secret=SECRET))
     try:
         assert {p.env.get("TINYVLLM_KV_SECRET") for p in procs.processes} == {SECRET}
         assert all(SECRET not in " ".join(p.command) for p in procs.processes)

@@ -2,7 +2,7 @@
 waiting), idle replicas in turn, and the replica caching the prompt's prefix unless it is overloaded."""
 from tinyvllm.frontend.replica_router import PrefixIndex, ReplicaRouter, RoutingPolicy, prompt_block_hashes
 from tinyvllm.protocol.messages import SchedulerStats
-from tinyvllm.scheduler.block_hash import hash_block, root_hash
+from tinyvllm.protocol.block_hash import hash_block, root_hash
 
 BLOCK = 16
 IDLE = SchedulerStats()

@@ -4,7 +4,7 @@ import json
 import pytest
 from tokenizers import pre_tokenizers
 
-from tinyvllm.frontend.tokenizer import Tokenizer
+from tinyvllm.protocol.tokenizer import Tokenizer
 from tinyvllm.protocol.gguf_file import GGUFFile
 
 TEXTS = [
@@ -79,23 +79,23 @@ def test_chat_template_matches_transformers(tok, hf_tok, messages, add_generatio
 def test_chat_template_errors_become_value_errors(tok):
     with pytest.raises(ValueError, match="chat template"):
         tok.apply_chat_template([{"role": "user"}])  # no content: template adds str + undefined
-    custom = Tokenizer(tok._tok, bos_token_id=1, eos_token_ids=[2], add_bos=False,
+    custom = Tokenizer(tok.hf, bos_token_id=1, eos_token_ids=[2], add_bos=False,
                        chat_template="{{ raise_exception('only user turns, please') }}")
     with pytest.raises(ValueError, match="only user turns, please"):
         custom.apply_chat_template([{"role": "user", "content": "x"}])
-    broken = Tokenizer(tok._tok, bos_token_id=1, eos_token_ids=[2], add_bos=False, chat_template="{% if %}")
+    broken = Tokenizer(tok.hf, bos_token_id=1, eos_token_ids=[2], add_bos=False, chat_template="{% if %}")
     with pytest.raises(ValueError, match="chat template"):
         broken.apply_chat_template([])
-    no_template = Tokenizer(tok._tok, bos_token_id=1, eos_token_ids=[2], add_bos=False, chat_template=None)
+    no_template = Tokenizer(tok.hf, bos_token_id=1, eos_token_ids=[2], add_bos=False, chat_template=None)
     with pytest.raises(ValueError, match="no chat template"):
         no_template.apply_chat_template([])
 
 
 def test_template_helpers_and_sandbox(tok):
-    t = Tokenizer(tok._tok, bos_token_id=1, eos_token_ids=[2], add_bos=False, chat_template=(
+    t = Tokenizer(tok.hf, bos_token_id=1, eos_token_ids=[2], add_bos=False, chat_template=(
         "{{ bos_token }}{% for m in messages %}{{ m | tojson }}\n{% endfor %}{{ eos_token }}"))
     assert t.apply_chat_template([{"role": "user", "content": "é"}]) == '<|im_start|>{"role": "user", "content": "é"}\n<|im_end|>'
-    sneaky = Tokenizer(tok._tok, bos_token_id=1, eos_token_ids=[2], add_bos=False,
+    sneaky = Tokenizer(tok.hf, bos_token_id=1, eos_token_ids=[2], add_bos=False,
                        chat_template="{{ messages.append(1) }}")  # the immutable sandbox forbids mutation
     with pytest.raises(ValueError):
         sneaky.apply_chat_template([])

@@ -7,7 +7,9 @@ import pytest
 
 import tinyvllm.workers.main as worker_main
 from tinyvllm.frontend import cli
-from tinyvllm.frontend.launcher import EngineArgs, EngineProcesses
+from tinyvllm.frontend.launcher import EngineProcesses
+from tinyvllm.protocol.engine_config import EngineConfig
+from tinyvllm.protocol.process_args import WorkerArgs
 
 SECRET = "cli-test-secret-0123456789"
 
@@ -16,7 +18,8 @@ def test_serve_passes_the_worker_flags_and_the_secret(serve_calls, monkeypatch):
     assert cli.main(["serve", "--external-workers", "--worker-address", "tcp://0.0.0.0:7000", "-pp", "2"]) == 0
     monkeypatch.setenv("TINYVLLM_WORKER_SECRET", SECRET)
     assert cli.main(["serve", "--external-workers", "--worker-address", "tcp://0.0.0.0:7000"]) == 0
-    assert [(a.external_workers, a.worker_address, a.worker_secret) for a, _ in serve_calls] == \
+    assert [(a.parallel.external_workers, a.parallel.worker_address, a.parallel.worker_secret)
+            for a, _ in serve_calls] == \
         [(True, "tcp://0.0.0.0:7000", ""), (True, "tcp://0.0.0.0:7000", SECRET)]
     assert SECRET not in repr(serve_calls[1][0])
 
@@ -30,8 +33,9 @@ def test_serve_passes_the_worker_flags_and_the_secret(serve_calls, monkeypatch):
 ])
 def test_engine_args_refuse(change, message):
     with pytest.raises(ValueError, match=message):
-        EngineArgs(**change).validate()
-    EngineArgs(external_workers=True, worker_address="tcp://127.0.0.1:7000").validate()  # loopback: no secret needed
+        EngineConfig.of(**change).validate()
+    # loopback: no secret needed
+    EngineConfig.of(external_workers=True, worker_address="tcp://127.0.0.1:7000").validate()
 
 
 def test_serve_refuses_a_short_secret(serve_calls, capsys):
@@ -40,13 +44,15 @@ def test_serve_refuses_a_short_secret(serve_calls, capsys):
 
 
 def test_the_launcher_starts_only_the_scheduler(tiny_model):
-    procs = EngineProcesses(EngineArgs(model=tiny_model, pipeline_parallel_size=2, external_workers=True,
-                                       worker_address="tcp://0.0.0.0:7000", worker_secret=SECRET))
+    procs = EngineProcesses(EngineConfig.of(model=tiny_model, pipeline_parallel_size=2, external_workers=True,
+                                            worker_address="tcp://0.0.0.0:7000", worker_secret=SECRET))
     try:
         (scheduler,) = procs.processes
         endpoints, args = json.loads(scheduler.command[-1])
         assert endpoints["workers"] == "tcp://0.0.0.0:7000" and endpoints["scheduler_input"].startswith("ipc://")
-        assert (args["tp_size"], args["pp_size"], args["n_layers"]) == (1, 2, 2)
+        parallel = args["engine"]["parallel"]
+        assert (parallel["tensor_parallel_size"], parallel["pipeline_parallel_size"], args["n_layers"]) == (1, 2, 2)
+        assert parallel["worker_secret"] == ""
         assert args["model_fingerprint"].startswith("llama 2 layers dim 64")
         assert scheduler.env == {"TINYVLLM_WORKER_SECRET": SECRET} and SECRET not in " ".join(scheduler.command)
     finally:
@@ -80,7 +86,8 @@ def test_worker_starts_standalone(tiny_model, monkeypatch):
                      "--cpu-kernels", "tinygrad"]) == 0
     (endpoint, args, kw), = calls
     assert endpoint == "tcp://127.0.0.1:7000" and kw == {"secret": SECRET, "started_by_launcher": False}
-    assert (args.rank, args.world_size, args.pp_size, args.kernels, args.jit_warmup) == (1, 2, 2, "tinygrad", True)
+    assert (args.rank, args.world_size, args.pp_size, args.engine.kernels.kernels, args.engine.kernels.jit_warmup) == \
+        (1, 2, 2, "tinygrad", True)
     assert args.stage_address == "tcp://127.0.0.1:0"  # where the route to the scheduler leaves this machine
 
 
@@ -90,6 +97,6 @@ def test_only_a_launchers_worker_dies_with_its_parent(by_launcher, monkeypatch):
     monkeypatch.setattr(worker_main, "exit_with_parent", lambda: followed.append(True))
     monkeypatch.setattr(worker_main, "serve_steps", lambda endpoint, args, secret: 0)
     monkeypatch.setattr(worker_main.signal, "signal", lambda *a: None)  # keep pytest's own handlers
-    assert worker_main.run_worker("ipc:///nowhere", worker_main.WorkerArgs(None), secret="",
+    assert worker_main.run_worker("ipc:///nowhere", WorkerArgs(EngineConfig()), secret="",
                                   started_by_launcher=by_launcher) == 0
     assert followed == ([True] if by_launcher else [])

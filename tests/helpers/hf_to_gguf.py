@@ -13,7 +13,7 @@ import pathlib
 
 import numpy as np
 
-from tinyvllm.protocol.gguf_writer import write_gguf
+from tests.helpers.gguf_writer import write_gguf
 
 
 def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:

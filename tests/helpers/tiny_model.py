@@ -16,7 +16,7 @@ import pathlib
 
 import numpy as np
 
-from tinyvllm.protocol.gguf_writer import write_gguf
+from tests.helpers.gguf_writer import write_gguf
 
 VOCAB_SIZE = 49152
 

@@ -6,6 +6,7 @@ import pytest
 
 from tinyvllm.protocol import messages as m
 from tinyvllm.protocol.codec import MESSAGE_TYPES, CodecError, decode, encode
+from tinyvllm.protocol.engine_config import EngineConfig
 from tinyvllm.protocol.sampling import SamplingParams
 
 SP = SamplingParams(temperature=0.7, top_p=0.9, top_k=40, max_tokens=33, seed=-5, stop_token_ids=[7, 8], ignore_eos=True,
@@ -13,6 +14,17 @@ SP = SamplingParams(temperature=0.7, top_p=0.9, top_k=40, max_tokens=33, seed=-5
                     logit_bias_token_ids=[5, 9], logit_bias_values=[100.0, -2.5], min_tokens=2, logprobs=3,
                     prompt_logprobs=0)
 LP = m.TokenLogprobs(5, -0.25, [5, 6], [-0.25, -1.5])
+ENGINE = EngineConfig.of(num_kv_blocks=0, kv_cache_memory=1 << 30, block_size=16, max_num_seqs=16,
+                         max_num_batched_tokens=512)
+# every part of the tree away from its defaults (secrets are never sent: public() leaves them out)
+FULL_ENGINE = EngineConfig.of(
+    model="/m.gguf", max_model_len=2048, max_num_seqs=16, max_num_batched_tokens=512, step_timeout_s=7.5,
+    async_scheduling=False, block_size=32, kv_cache_memory=1 << 29, num_kv_blocks=100, swap_space=1 << 28,
+    kv_cache_dir="/kv", kv_cache_dir_bytes=12345, kv_cache_dtype="int8", enable_prefix_caching=False,
+    kernels="tinygrad", beam=2, jit_warmup=True, warmup_before_serving=True, tensor_parallel_size=2,
+    pipeline_parallel_size=2, data_parallel_size=3, external_workers=True, worker_address="tcp://10.0.0.1:7000",
+    worker_secret="w" * 32, transport="tcp", tcp_base_port=6000, role="prefill", kv_host="10.0.0.2", kv_port=5600,
+    kv_lease_s=12.5, kv_secret="k" * 32, speculative_config={"method": "ngram", "num_speculative_tokens": 3}).public()
 
 EXAMPLES = [
     m.AddRequest("r1", [1, 2, 3], SP, [2], 1700000000.5),
@@ -30,9 +42,9 @@ EXAMPLES = [
     m.EngineReady(128, 16, 2048, 16, 2, [70_000_000, 69_000_000]),
     m.EngineReady(128, 16, 2048, 16, 1, [70_000_000], "int8", "CUDA"),
     m.Shutdown("bye"),
-    m.WorkerHello(0, 1, m.WorkerRole.MIXED, 1234, "CPU"),
-    m.WorkerHello(3, 4, m.WorkerRole.MIXED, 1234, "CUDA:1", 2, 2, "tcp://10.0.0.2:6001"),
-    m.WorkerHello(3, 4, m.WorkerRole.MIXED, 1234, "CUDA:1", 2, 2, "tcp://10.0.0.2:6001", "0.1.0",
+    m.WorkerHello(0, 1, "both", 1234, "CPU"),
+    m.WorkerHello(3, 4, "prefill", 1234, "CUDA:1", 2, 2, "tcp://10.0.0.2:6001"),
+    m.WorkerHello(3, 4, "decode", 1234, "CUDA:1", 2, 2, "tcp://10.0.0.2:6001", "0.1.0",
                   "llama 30 layers #0123456789abcdef", [15, 30], bytes(range(32))),
     m.SchedulerChallenge(b"\x00" * 32, b"\xff" * 32),
     m.WorkerProof(b"\x01" * 32),
@@ -48,8 +60,9 @@ EXAMPLES = [
                                                                            "r9", 1, 20))],
                [m.KVLease("r8", [3, 4])], ["r7", "r6"]),
     m.WorkerReady(0, 128, 16, 2048, 1, "tcp://127.0.0.1:5600"),
-    m.InitWorker(0, 1 << 30, 16, 2048, 16, 512),
-    m.InitWorker(0, 1 << 30, 16, 2048, 16, 512, "engine-1", "ipc:///tmp/x/stage-2"),
+    m.InitWorker(ENGINE.serving(2048)),
+    m.InitWorker(ENGINE.serving(2048), "engine-1", "ipc:///tmp/x/stage-2"),
+    m.InitWorker(FULL_ENGINE, "engine-1", "ipc:///tmp/x/stage-2"),
     m.WorkerReady(0, 128, 16, 2048),
     m.WorkerReady(1, 128, 16, 2048, 56_000_000),
     m.StepPlan(3, [m.NewRequestData("r1", [1, 2, 3], SP, [4, 9], 0, 3),
@@ -62,7 +75,10 @@ EXAMPLES = [
     m.StepResult(4, 0, ["r1"], [5], 0.02, more_parts=True),
     m.StepResult(5, 0, ["r1", "r0"], [5, 6], 0.02, accepted_draft_ids=[[3, 4], []],
                  proposed_draft_ids=[[7, 8, 9], []]),
-    m.InitWorker(0, 1 << 30, 16, 2048, 16, 512, speculative_config='{"method": "draft_model", "model": "/m.gguf"}'),
+    m.InitWorker(EngineConfig.of(num_kv_blocks=0, kv_cache_memory=1 << 30, block_size=16, max_num_seqs=16,
+                                 max_num_batched_tokens=512,
+                                 speculative_config='{"method": "draft_model", "model": "/m.gguf"}',
+                                 max_model_len=2048)),
     m.WorkerError(1, "boom"),
 ]
 

@@ -2,6 +2,7 @@
 bounds its message size, ipc:// endpoints live in a folder only their user can enter, and tcp:// ones default to
 loopback (beyond it, workers authenticate: tests/protocol/test_worker_auth.py)."""
 import ast
+import dataclasses
 import os
 import pathlib
 import stat
@@ -73,8 +74,8 @@ def test_ipc_endpoints_live_in_a_private_folder_and_tcp_defaults_to_loopback():
     endpoints = Endpoints.ipc()
     folder = pathlib.Path(endpoints.scheduler_input[len("ipc://"):]).parent
     try:
-        assert all(e.startswith(f"ipc://{folder}/") for e in endpoints.as_list())
+        assert all(e.startswith(f"ipc://{folder}/") for e in dataclasses.astuple(endpoints))
         assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
     finally:
         folder.rmdir()
-    assert all(e.startswith("tcp://127.0.0.1:") for e in Endpoints.tcp().as_list())
+    assert all(e.startswith("tcp://127.0.0.1:") for e in dataclasses.astuple(Endpoints.tcp()))

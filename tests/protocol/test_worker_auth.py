@@ -7,7 +7,7 @@ import pytest
 
 from tests.helpers.tiny_model import make_tiny_gguf
 from tinyvllm.protocol.compatibility import EngineShape, compatibility_problem, model_fingerprint, tinyvllm_version
-from tinyvllm.protocol.messages import WorkerHello, WorkerRole
+from tinyvllm.protocol.messages import WorkerHello
 from tinyvllm.protocol.worker_auth import (is_loopback, new_nonce, proof_matches, require_secret_beyond_loopback,
                                            resolve_worker_secret, scheduler_proof, seal, stage_link_key,
                                            worker_proof)
@@ -70,7 +70,7 @@ def test_the_fingerprint_follows_the_content_not_the_name(models):
 
 
 EXPECTED = EngineShape(tinyvllm_version(), "model #1", tp_size=2, pp_size=2, n_layers=30)
-GOOD = WorkerHello(3, 4, WorkerRole.MIXED, 99, "CUDA:1", 2, 2, "tcp://10.0.0.2:7100", tinyvllm_version(), "model #1",
+GOOD = WorkerHello(3, 4, "both", 99, "CUDA:1", 2, 2, "tcp://10.0.0.2:7100", tinyvllm_version(), "model #1",
                    [15, 30], new_nonce())
 
 

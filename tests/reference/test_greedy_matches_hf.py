@@ -6,7 +6,7 @@ comparison stops there (and says so)."""
 import pytest
 
 from tinyvllm.frontend.llm import LLM
-from tinyvllm.frontend.tokenizer import Tokenizer
+from tinyvllm.protocol.tokenizer import Tokenizer
 from tinyvllm.protocol.sampling import SamplingParams
 from tests.reference.hf_reference import reference_greedy
 
@@ -39,7 +39,7 @@ def prompts_and_reference(default_tokenizer):
 @pytest.fixture(scope="module", params=["c", "tinygrad", "c-int8"])
 def ours_and_reference(prompts_and_reference, request):
     ids, reference = prompts_and_reference
-    with LLM(max_num_seqs=8, max_model_len=1024, num_kv_blocks=256, cpu_kernels=request.param) as llm:
+    with LLM(max_num_seqs=8, max_model_len=1024, num_kv_blocks=256, kernels=request.param) as llm:
         ours = llm.generate(ids, SamplingParams(temperature=0, max_tokens=N_TOKENS, ignore_eos=True))
     return ids, ours, reference
 

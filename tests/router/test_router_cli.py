@@ -16,7 +16,7 @@ def router_args(*argv: str, environ=None):
 
 def test_router_defaults():
     args = router_args()
-    assert (args.host, args.port, args.instances, args.dns_target) == ("127.0.0.1", 8080, [], None)
+    assert (args.host, args.port, args.instances, args.discover_dns) == ("127.0.0.1", 8080, [], None)
     assert (args.discover_interval_s, args.heartbeat_timeout_s, args.shutdown_timeout_s) == (5.0, 6.0, 30.0)
     assert (args.api_key, args.instance_api_key, args.register_secret) == (None, None, "")
 
@@ -33,7 +33,7 @@ def test_router_flags_and_environment():
     from tinyvllm.frontend.router.instance_registry import STATIC, InstanceRegistry
     registry = InstanceRegistry()
     assert registry.add(pd.prefill[0], STATIC, "prefill").role == "prefill"  # as serve_router adds them
-    assert args.dns_target == ("tinyvllm.default.svc.cluster.local", 8000)
+    assert args.discover_dns == ("tinyvllm.default.svc.cluster.local", 8000)
     assert (args.register_secret, args.api_key, args.instance_api_key) == (SECRET, "client-key", "instance-key")
 
 

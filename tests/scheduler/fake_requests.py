@@ -2,8 +2,8 @@
 import zlib
 
 from fake_tokens import EOS, VOCAB
+from invariants import check_scheduler_invariants
 from tinyvllm.protocol.sampling import SamplingParams
-from tinyvllm.scheduler.invariants import check_scheduler_invariants
 from tinyvllm.scheduler.request import Request
 
 

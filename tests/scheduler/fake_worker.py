@@ -22,11 +22,11 @@ from fake_requests import make_prompt, make_request, step  # noqa: F401 (re-expo
 from fake_disk import FakeDisk
 from fake_tokens import (EOS, VOCAB, SampleFn, TokenFn, content_sample_fn, default_token_fn,  # noqa: F401
                          eos_at, with_random_eos)
+from invariants import check_scheduler_invariants
 from tinyvllm.protocol.messages import StepPlan, StepResult
 from tinyvllm.protocol.sampling import SamplingParams
 from tinyvllm.protocol.speculative_config import SpeculativeConfig, may_draft
 from tinyvllm.scheduler.config import SchedulerConfig
-from tinyvllm.scheduler.invariants import check_scheduler_invariants
 from tinyvllm.scheduler.scheduler import Scheduler
 
 POOLED = -1  # _run's answer for an embedding request that computed its whole prompt

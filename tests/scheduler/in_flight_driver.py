@@ -4,8 +4,8 @@ result is taken: in plan order, after the later plans were made and any aborts i
 from collections import deque
 
 from fake_worker import FakeWorker
+from invariants import check_scheduler_invariants
 from tinyvllm.protocol.messages import RequestOutput, StepPlan
-from tinyvllm.scheduler.invariants import check_scheduler_invariants
 from tinyvllm.scheduler.scheduler import Scheduler
 
 

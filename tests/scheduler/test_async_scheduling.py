@@ -5,9 +5,11 @@ import pytest
 
 from fake_worker import EOS, default_token_fn, eos_at, make_request, make_scheduler, run_to_completion, tokens_of
 from in_flight_driver import InFlightDriver, scheduled_ids
+from invariants import check_scheduler_invariants
+from tinyvllm.protocol.engine_config import EngineConfig
 from tinyvllm.protocol.messages import FinishReason
-from tinyvllm.scheduler.invariants import check_scheduler_invariants
-from tinyvllm.scheduler.main import SchedulerArgs, scheduler_config
+from tinyvllm.protocol.process_args import SchedulerArgs
+from tinyvllm.scheduler.main import scheduler_config
 
 
 def async_scheduler(**kwargs):
@@ -127,11 +129,13 @@ def test_without_async_scheduling_a_request_in_flight_waits():
     assert plan(sched) is not None and plan(sched) is None
 
 
-@pytest.mark.parametrize("tp, pp, expected", [(1, 1, True), (2, 1, False), (1, 2, False)])
-def test_only_a_world_of_one_schedules_asynchronously(tp, pp, expected):
-    args = SchedulerArgs(tp * pp, 4, 8, 64, 128, 64, 0, tp_size=tp, pp_size=pp, max_steps_in_flight=2,
-                         async_scheduling=True)
-    assert scheduler_config(args, 64).async_scheduling is expected
+@pytest.mark.parametrize("tp, pp, expected, steps_in_flight", [(1, 1, True, 2), (2, 1, False, 1), (1, 2, False, 2)])
+def test_only_a_world_of_one_schedules_asynchronously(tp, pp, expected, steps_in_flight):
+    args = SchedulerArgs(EngineConfig.of(tensor_parallel_size=tp, pipeline_parallel_size=pp, block_size=4,
+                                         max_num_seqs=8, max_num_batched_tokens=64, num_kv_blocks=64,
+                                         async_scheduling=True, max_model_len=128))
+    config = scheduler_config(args, 64)
+    assert config.async_scheduling is expected and config.max_steps_in_flight == steps_in_flight
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])

@@ -1,6 +1,7 @@
 import pytest
 
 from fake_worker import make_request
+from invariants import check_kv_cache, free_block_ids, num_cached_blocks
 from tinyvllm.scheduler.kv_cache_manager import KVCacheManager
 from tinyvllm.scheduler.request import Request, RequestStatus
 
@@ -37,7 +38,7 @@ def test_allocate_on_demand_grows_the_block_table():
     assert kv.allocate_slots(req, 5) and len(req.block_ids) == 2
     assert kv.allocate_slots(req, 3) and len(req.block_ids) == 2  # never shrinks
     assert kv.num_free_blocks == 6 and kv.usage == pytest.approx(2 / 8)
-    kv.check_invariants([req])
+    check_kv_cache(kv, [req])
 
 
 def test_allocate_is_all_or_nothing():
@@ -46,7 +47,7 @@ def test_allocate_is_all_or_nothing():
     assert kv.allocate_slots(a, 8)
     assert not kv.allocate_slots(b, 8)
     assert b.block_ids == [] and kv.num_free_blocks == 1
-    kv.check_invariants([a, b])
+    check_kv_cache(kv, [a, b])
 
 
 def test_free_returns_blocks_tail_first_and_clears_the_table():
@@ -56,8 +57,8 @@ def test_free_returns_blocks_tail_first_and_clears_the_table():
     held = list(req.block_ids)
     kv.free(req)
     assert req.block_ids == [] and kv.num_free_blocks == 4
-    assert kv.pool.free_block_ids()[-3:] == held[::-1]
-    kv.check_invariants([req])
+    assert free_block_ids(kv.pool)[-3:] == held[::-1]
+    check_kv_cache(kv, [req])
 
 
 def test_the_cache_hit_stops_before_the_last_token():
@@ -86,13 +87,13 @@ def test_admit_revives_cached_blocks_and_allocates_the_rest_all_or_nothing():
     assert other.block_ids == [] and kv.num_free_blocks == 3
     assert kv.admit(other, hits, 12)
     assert other.block_ids[:2] == cached and other.num_registered_blocks == 2 and kv.num_free_blocks == 0
-    kv.check_invariants([other, hog])
+    check_kv_cache(kv, [other, hog])
 
 
 def test_disabled_caching_never_hits_nor_registers():
     kv = KVCacheManager(num_blocks=8, block_size=4, enable_caching=False)
     first = computed(kv, make_request("a", 12), 12)
-    assert kv.pool.num_cached_blocks == 0
+    assert num_cached_blocks(kv.pool) == 0
     assert kv.find_cached_prefix(make_request("b", 0, prompt=first.prompt_token_ids + [1])) == []
 
 
@@ -111,7 +112,7 @@ def test_cache_salt_separates_caches():
 def test_a_hash_collision_is_not_a_hit():
     kv = KVCacheManager(num_blocks=8, block_size=2, hash_fn=lambda parent, tokens: b"everything collides")
     first = computed(kv, make_request("a", 4), 4)
-    assert kv.pool.num_cached_blocks == 1  # the second block's hash was taken: not registered
+    assert num_cached_blocks(kv.pool) == 1  # the second block's hash was taken: not registered
     assert kv.find_cached_prefix(make_request("b", 0, prompt=first.prompt_token_ids + [9])) == first.block_ids[:1]
     assert kv.find_cached_prefix(make_request("c", 0, prompt=[0, 0, 0])) == []
 
@@ -123,14 +124,14 @@ def test_fork_shares_every_block_and_copy_on_write_separates_the_writer():
     kv.fork(parent, child)
     child.num_computed_tokens = 6
     assert child.block_ids == parent.block_ids and kv.pool.blocks[parent.block_ids[1]].ref_count == 2
-    kv.check_invariants([parent, child])
+    check_kv_cache(kv, [parent, child])
     assert kv.shared_blocks_to_write(child) == [1]  # block 0 is full: never written again
     assert kv.allocate_slots(child, 7)
     assert child.block_ids[0] == parent.block_ids[0] and child.block_ids[1] != parent.block_ids[1]
     assert kv.take_block_copies() == [[parent.block_ids[1], child.block_ids[1]]]
     assert kv.shared_blocks_to_write(parent) == []  # the last holder writes in place
     assert kv.take_block_copies() == []
-    kv.check_invariants([parent, child])
+    check_kv_cache(kv, [parent, child])
 
 
 def test_copy_on_write_needs_a_free_block():

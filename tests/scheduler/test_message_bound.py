@@ -8,12 +8,14 @@ import zmq
 
 from fake_worker import FakeWorker, make_request, make_scheduler, run_to_completion, tokens_of
 from in_flight_driver import InFlightDriver
+from invariants import check_scheduler_invariants
 from tinyvllm.protocol import codec
 from tinyvllm.protocol.codec import decode, encode
+from tinyvllm.protocol.engine_config import EngineConfig
 from tinyvllm.protocol.messages import FinishReason, Shutdown, StepOutputs, StepPlan, StepResult, TokenLogprobs
+from tinyvllm.protocol.process_args import SchedulerArgs
 from tinyvllm.protocol.transport import Endpoints, make_socket, send
-from tinyvllm.scheduler.invariants import check_scheduler_invariants
-from tinyvllm.scheduler.main import SchedulerArgs, SchedulerLoop
+from tinyvllm.scheduler.main import SchedulerLoop
 from tinyvllm.scheduler.output_messages import split_step_outputs
 from tinyvllm.scheduler.request import RequestStatus
 from tinyvllm.workers.scheduler_connection import send_step_result
@@ -69,7 +71,8 @@ def test_the_loop_merges_result_parts_and_splits_step_outputs(tmp_path, monkeypa
     endpoints = Endpoints.ipc(str(tmp_path))
     frontend_ctx = zmq.Context()
     from_scheduler = make_socket(frontend_ctx, zmq.PULL, endpoints.frontend_output, bind=True)
-    loop = SchedulerLoop(endpoints, SchedulerArgs(1, 4, 8, 64, 128, 64, 0))
+    engine = EngineConfig.of(block_size=4, max_num_seqs=8, max_num_batched_tokens=64, num_kv_blocks=64, max_model_len=128)
+    loop = SchedulerLoop(endpoints, SchedulerArgs(engine))
     to_scheduler = make_socket(frontend_ctx, zmq.PUSH, endpoints.scheduler_input, bind=False)
     loop.workers, loop.scheduler = PartsWorkers(loop.ctx, worker), sched
     for req in requests():

@@ -2,7 +2,7 @@
 import pytest
 
 from fake_worker import by_index, content_sample_fn, make_request, make_scheduler, run_to_completion, step, tokens_of
-from tinyvllm.scheduler.invariants import check_scheduler_invariants
+from invariants import check_scheduler_invariants
 from tinyvllm.protocol.messages import FinishReason
 from tinyvllm.scheduler.parallel_sampling import child_seed
 

@@ -1,11 +1,14 @@
 """Automatic prefix caching through the scheduler, checked by the fake worker's KV contents."""
+import functools
 import random
 
 import pytest
 
 from fake_worker import (content_sample_fn, make_prompt, make_request, make_scheduler, run_to_completion, step,
                          tokens_of)
+from invariants import free_block_ids
 from tinyvllm.scheduler.kv_cache_manager import KVCacheManager
+from tinyvllm.scheduler import scheduler as scheduler_module
 
 PREFIX = make_prompt("shared system prompt", 1000)
 
@@ -73,7 +76,7 @@ def test_cached_free_blocks_are_revived_and_evicted_least_recently_used_first():
     plan, _ = step(sched, worker)
     assert plan.new_reqs[0].num_computed_tokens == 8 and not sched.has_unfinished()
     # Free queue: the never-used block, y's tail and head, x2's partial block, x's tail and head (x: 0, 1; y: 2, 3).
-    assert sched.kv_cache_manager.pool.free_block_ids() == [5, 3, 2, 4, 1, 0]
+    assert free_block_ids(sched.kv_cache_manager.pool) == [5, 3, 2, 4, 1, 0]
     sched.add_request(make_request("z", 8, max_tokens=1))
     run_to_completion(sched, worker)
     # z took the never-used block, then y's tail (y was used less recently than x): y keeps its head only.
@@ -88,10 +91,11 @@ def test_a_hash_collision_is_never_served():
     specs = [(f"r{i}", PREFIX[:40 * (i % 3)] + make_prompt(f"r{i}", 5 + i)) for i in range(12)]
 
     def run(hash_fn):
-        sched, worker = make_scheduler(block_size=4, num_blocks=200, max_model_len=256, max_num_seqs=3,
-                                       sample_fn=content_sample_fn)
-        if hash_fn is not None:
-            sched.kv_cache_manager = KVCacheManager(200, 4, True, hash_fn=hash_fn)
+        with pytest.MonkeyPatch.context() as patch:
+            if hash_fn is not None:  # the scheduler's one block manager, which its KV tiers share, hashes with it
+                patch.setattr(scheduler_module, "KVCacheManager", functools.partial(KVCacheManager, hash_fn=hash_fn))
+            sched, worker = make_scheduler(block_size=4, num_blocks=200, max_model_len=256, max_num_seqs=3,
+                                           sample_fn=content_sample_fn)
         for req_id, prompt in specs:
             sched.add_request(greedy(req_id, prompt))
         outputs = run_to_completion(sched, worker)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from fake_worker import (EOS, content_sample_fn, make_prompt, make_request, make_scheduler, prefix_hashes,
                          with_random_eos)
 from in_flight_driver import InFlightDriver
-from tinyvllm.scheduler.invariants import check_scheduler_invariants
+from invariants import check_scheduler_invariants
 from tinyvllm.protocol.messages import FinishReason
 from tinyvllm.protocol.speculative_config import SpeculativeConfig
 from tinyvllm.scheduler.parallel_sampling import child_id, child_seed

@@ -2,9 +2,8 @@
 leases a finished prompt's blocks, a decode scheduler pulls them (the fake decode worker copies the fake prefill
 worker's KV slots, which record each position's token history) and computes only the last prompt token."""
 from fake_worker import make_request, make_scheduler, run_to_completion, step, tokens_of
+from invariants import check_scheduler_invariants
 from tinyvllm.protocol.messages import ErrorKind, FinishReason, KVTransferParams
-from tinyvllm.scheduler.invariants import check_scheduler_invariants
-from tinyvllm.scheduler.preemption import preempt
 from tinyvllm.scheduler.remote_kv import KVLeases
 from tinyvllm.scheduler.request import RequestStatus
 
@@ -207,6 +206,6 @@ def test_a_preempted_prefill_stops_its_workers_serving_blocks_it_lost():
     plan = sched.schedule()
     assert [lease.req_id for lease in plan.kv_leases] == ["p"]
     sched._unqueue(req)
-    preempt(sched, req)  # as the scheduler would before the step's result, under memory pressure
+    sched._preempt(req)  # as the scheduler would before the step's result, under memory pressure
     sched.update_from_output(plan, worker.execute(plan))
     assert sched.schedule().kv_leases_ended[:1] == ["p"]

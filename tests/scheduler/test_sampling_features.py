@@ -3,7 +3,7 @@ prefill-only requests that end with their vector, prompt logprobs bypass the pre
 not recomputed after preemption), and the worker's logprobs reach the outputs."""
 from fake_worker import (EOS, default_token_fn, eos_at, fake_embedding, make_request, make_scheduler,
                          run_to_completion, step, tokens_of)
-from tinyvllm.scheduler.invariants import check_scheduler_invariants
+from invariants import check_scheduler_invariants
 from tinyvllm.protocol.messages import FinishReason, StepResult, TokenLogprobs
 
 

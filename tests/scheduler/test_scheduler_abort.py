@@ -1,5 +1,5 @@
 from fake_worker import make_request, make_scheduler, run_to_completion, step, tokens_of
-from tinyvllm.scheduler.invariants import check_scheduler_invariants
+from invariants import check_scheduler_invariants
 from tinyvllm.protocol.messages import FinishReason
 from tinyvllm.scheduler.request import RequestStatus
 

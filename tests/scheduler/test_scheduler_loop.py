@@ -6,9 +6,11 @@ import pytest
 import zmq
 
 from fake_worker import FakeWorker, make_request, make_scheduler, run_to_completion, tokens_of
+from tinyvllm.protocol.engine_config import EngineConfig
 from tinyvllm.protocol.messages import Shutdown, StepOutputs, StepPlan, StepResult
+from tinyvllm.protocol.process_args import SchedulerArgs
 from tinyvllm.protocol.transport import Endpoints, make_socket, recv, send
-from tinyvllm.scheduler.main import SchedulerArgs, SchedulerLoop
+from tinyvllm.scheduler.main import SchedulerLoop
 from tinyvllm.scheduler.request import Request
 
 
@@ -43,17 +45,20 @@ def prompts() -> list[Request]:
     return [make_request(name, 6, max_tokens=5) for name in ("a", "b")]
 
 
-@pytest.mark.parametrize("steps_in_flight", [1, 2])
-def test_the_loop_keeps_steps_in_flight_and_reads_the_sampling_rank(steps_in_flight, tmp_path):
+# two workers either way (rank 1 samples): two tensor-parallel ranks keep one step in flight, two pipeline stages two
+@pytest.mark.parametrize("tp, pp, steps_in_flight", [(2, 1, 1), (1, 2, 2)])
+def test_the_loop_keeps_steps_in_flight_and_reads_the_sampling_rank(tp, pp, steps_in_flight, tmp_path):
     sched, worker = make_scheduler(max_num_batched_tokens=6, max_steps_in_flight=steps_in_flight)
     endpoints = Endpoints.ipc(str(tmp_path))
-    args = SchedulerArgs(2, 4, 8, 6, 128, 64, 0, max_steps_in_flight=steps_in_flight)
+    args = SchedulerArgs(EngineConfig.of(tensor_parallel_size=tp, pipeline_parallel_size=pp, block_size=4,
+                                         max_num_seqs=8, max_num_batched_tokens=6, num_kv_blocks=64, max_model_len=128))
+    assert args.engine.max_steps_in_flight == steps_in_flight and not args.engine.runs_async
     frontend_ctx = zmq.Context()
     from_scheduler = make_socket(frontend_ctx, zmq.PULL, endpoints.frontend_output, bind=True)
     loop = SchedulerLoop(endpoints, args)
     to_scheduler = make_socket(frontend_ctx, zmq.PUSH, endpoints.scheduler_input, bind=False)
     loop.workers, loop.scheduler = StubWorkers(loop.ctx, worker), sched
-    assert sched.config.max_steps_in_flight == args.max_steps_in_flight
+    assert sched.config.max_steps_in_flight == args.engine.max_steps_in_flight
     for req in prompts():
         sched.add_request(req)
     thread = threading.Thread(target=loop.loop, daemon=True)

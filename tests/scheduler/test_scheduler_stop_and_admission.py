@@ -1,7 +1,7 @@
 import pytest
 
 from fake_worker import EOS, default_token_fn, eos_at, make_request, make_scheduler, run_to_completion, tokens_of
-from tinyvllm.scheduler.invariants import check_scheduler_invariants
+from invariants import check_scheduler_invariants
 from tinyvllm.protocol.messages import FinishReason
 from tinyvllm.scheduler.request import RequestStatus
 

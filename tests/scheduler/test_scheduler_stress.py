@@ -5,7 +5,7 @@ import zlib
 import pytest
 
 from fake_worker import EOS, default_token_fn, make_request, make_scheduler
-from tinyvllm.scheduler.invariants import check_scheduler_invariants
+from invariants import check_scheduler_invariants
 from tinyvllm.protocol.messages import FinishReason
 
 

@@ -123,9 +123,10 @@ def test_a_draft_model_of_another_vocabulary_is_refused_at_start_up(tmp_path):
         "max_position_embeddings": 512}))
     (tmp_path / "model.safetensors").write_bytes(b"")
     (tmp_path / "tokenizer.json").write_text("{}")
-    from tinyvllm.frontend.launcher import EngineArgs, EngineProcesses
+    from tinyvllm.frontend.launcher import EngineProcesses
+    from tinyvllm.protocol.engine_config import EngineConfig
     with pytest.raises(ValueError, match="vocabulary of 1000 tokens, the target 49152: a draft model must share"):
-        EngineProcesses(EngineArgs(speculative_config={"method": "draft_model", "model": str(tmp_path)}))
+        EngineProcesses(EngineConfig.of(speculative_config={"method": "draft_model", "model": str(tmp_path)}))
     same = resolve_draft_model(parse_speculative_config({"method": "draft_model", "model": "default"}), target)
     assert same.model == str(resolve_model_path(None))
 
@@ -146,11 +147,16 @@ def test_draft_model_proposals_are_kept_for_the_tokens_they_follow_and_hold_look
 
 
 def test_the_scheduler_process_plans_speculation_without_async_scheduling():
-    from tinyvllm.scheduler.main import SchedulerArgs, scheduler_config
-    args = SchedulerArgs(1, 4, 8, 64, 128, 64, 0, async_scheduling=True, max_steps_in_flight=2,
-                         speculative_config='{"method": "ngram", "num_speculative_tokens": 3}')
+    from tinyvllm.protocol.engine_config import EngineConfig
+    from tinyvllm.protocol.process_args import SchedulerArgs
+    from tinyvllm.scheduler.main import scheduler_config
+    args = SchedulerArgs(EngineConfig.of(block_size=4, max_num_seqs=8, max_num_batched_tokens=64, num_kv_blocks=64,
+                                         async_scheduling=True,
+                                         speculative_config='{"method": "ngram", "num_speculative_tokens": 3}',
+                                         max_model_len=128))
     config = scheduler_config(args, 64)
     assert config.speculative is not None and not config.async_scheduling
+    assert config.max_steps_in_flight == 1  # drafts are planned between steps
 
 
 def test_draft_model_proposals_from_the_worker_are_verified_next_step_with_lookahead_slots_held():

@@ -1,6 +1,7 @@
 """The scheduler's stats carry a bounded summary of its running batch and the count of cached free blocks, which
 /dashboard shows (frontend/dashboard_snapshot.py)."""
 from fake_worker import make_prompt, make_request, make_scheduler, run_to_completion, step
+from invariants import num_cached_blocks
 
 from tinyvllm.scheduler import stats_report
 
@@ -43,4 +44,4 @@ def test_cached_free_blocks_are_counted_until_evicted():
     assert stats.running_requests[0].num_blocks == 4
     assert (stats.num_free_blocks, stats.num_cached_free_blocks) == (2, 2)
     run_to_completion(sched, worker)
-    assert sched.stats().num_cached_free_blocks == sched.kv_cache_manager.pool.num_cached_blocks
+    assert sched.stats().num_cached_free_blocks == num_cached_blocks(sched.kv_cache_manager.pool)

@@ -4,9 +4,9 @@ import pytest
 
 from fake_worker import make_request, make_scheduler, run_to_completion, tokens_of
 from in_flight_driver import InFlightDriver, scheduled_ids
+from invariants import check_scheduler_invariants
 from tinyvllm.protocol.messages import FinishReason
 from tinyvllm.scheduler.config import SchedulerConfig
-from tinyvllm.scheduler.invariants import check_scheduler_invariants
 from tinyvllm.scheduler.request import RequestStatus
 
 

@@ -2,7 +2,7 @@
 import pytest
 
 from fake_worker import make_request, make_scheduler, run_to_completion, step, tokens_of
-from tinyvllm.scheduler.invariants import check_scheduler_invariants
+from invariants import check_scheduler_invariants, check_swap_space
 from tinyvllm.scheduler.kv_cache_manager import KVCacheManager
 from tinyvllm.scheduler.swap import SwapSpace
 
@@ -100,4 +100,4 @@ def test_a_swap_in_slot_is_not_reused_by_a_swap_out_of_the_same_plan():
     swap.swap_in(c)
     assert not swap.should_swap(d, kv)  # c's slots are free only once this plan is made
     assert swap.take_plan_lists() == ([], [[0, c.block_ids[0]], [1, c.block_ids[1]]]) and swap.should_swap(d, kv)
-    swap.check_invariants([c, d])
+    check_swap_space(swap, [c, d])

@@ -5,6 +5,7 @@ from tinyvllm.workers.background_warmup import BackgroundWarmup
 
 class Runner:
     token_buckets = [1, 2, 4, 8]
+    captured_steps = None  # none stored on the disk
 
     def __init__(self, already: set[int]):
         self.already, self.calls = already, []

@@ -9,7 +9,7 @@ from tests.workers.dense_reference import random_llama
 from tests.workers.test_paged_attention import CFG
 from tinyvllm.protocol.messages import CachedRequestData, NewRequestData, StepPlan
 from tinyvllm.protocol.sampling import SamplingParams
-from tinyvllm.workers.captured_steps import ROOT_ENV, CapturedSteps, LoadedJit, use_captured_steps
+from tinyvllm.workers.captured_steps import ROOT_ENV, CapturedSteps, LoadedJit
 from tinyvllm.workers.kv_cache import PagedKVCache
 from tinyvllm.workers.model import Transformer
 from tinyvllm.workers.model_runner import ModelRunner
@@ -18,10 +18,9 @@ WEIGHTS = random_llama(CFG, seed=21)
 
 
 def runner_with_steps(kernel_set) -> ModelRunner:
-    runner = ModelRunner(Transformer(CFG, WEIGHTS, CFG.max_context, kernels=kernel_set), PagedKVCache(CFG, 16, 4),
-                         max_num_seqs=2, max_model_len=32, max_num_batched_tokens=8)
-    use_captured_steps(runner, {"test": "captured steps"})
-    return runner
+    model, cache = Transformer(CFG, WEIGHTS, CFG.max_context, kernels=kernel_set), PagedKVCache(CFG, 16, 4)
+    return ModelRunner(model, cache, max_num_seqs=2, max_model_len=32, max_num_batched_tokens=8,
+                       captured_steps=CapturedSteps.for_model(model, cache, {"test": "captured steps"}))
 
 
 def generate(runner: ModelRunner) -> list[int]:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from tinygrad import Tensor
 
-from tinyvllm.protocol.gguf_writer import write_gguf
+from tests.helpers.gguf_writer import write_gguf
 from tests.workers.test_quantized_weight import awkward_matrix
 from tinyvllm.workers.cpu_matmul import cpu_linear, upcast_rows
 from tinyvllm.protocol.gguf_file import GGUFFile

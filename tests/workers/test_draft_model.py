@@ -21,9 +21,11 @@ PROMPT = [5, 17, 42, 8, 5, 17, 42]
 GREEDY = SamplingParams(temperature=0)
 
 
-def make_runner(weights) -> ModelRunner:
+def make_runner(weights, draft_weights=None) -> ModelRunner:
+    """A runner of `weights`, with a draft model of draft_weights if given."""
+    draft = DraftModel(make_runner(draft_weights), K) if draft_weights is not None else None
     return ModelRunner(Transformer(CFG, weights, CFG.max_context), PagedKVCache(CFG, BLOCKS, BLOCK), max_num_seqs=4,
-                       max_model_len=64, max_num_batched_tokens=16)
+                       max_model_len=64, max_num_batched_tokens=16, draft=draft)
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +33,7 @@ def models():
     target, draft = random_llama(CFG, seed=4), random_llama(CFG, seed=9)
     for i, w in enumerate((target, draft)):  # an untied head of some spread: greedy wanders over the vocabulary
         w["output.weight"] = np.random.default_rng(5 + i).standard_normal((CFG.vocab_size, CFG.dim)).astype(np.float32)
-    runner = make_runner(target)
-    runner.draft = DraftModel(make_runner(draft), K)
-    return target, draft, runner
+    return target, draft, make_runner(target, draft)
 
 
 def greedy_continuation(weights, tokens: list[int], n: int) -> list[int]:
@@ -63,8 +63,7 @@ def test_proposals_are_the_drafts_greedy_tokens_and_survive_rejections(models):
 
 def test_the_target_as_its_own_draft_is_always_accepted(models):
     target, _, _ = models
-    runner = make_runner(target)
-    runner.draft = DraftModel(make_runner(target), K)
+    runner = make_runner(target, target)
     first = runner.execute(StepPlan(1, [NewRequestData("a", PROMPT, GREEDY, [0, 1, 2, 3], 0, len(PROMPT))], [], []))
     tokens = PROMPT + first.sampled_token_ids
     second = runner.execute(StepPlan(2, [], [CachedRequestData("a", [], len(PROMPT), 1 + K, tokens[-1:],
@@ -103,12 +102,16 @@ def test_a_draft_of_another_vocabulary_is_refused():
 def test_the_worker_splits_its_kv_memory_over_both_caches(tmp_path):
     import json
     from tests.helpers.tiny_model import make_tiny_gguf
+    from tinyvllm.protocol.engine_config import EngineConfig
     from tinyvllm.protocol.messages import InitWorker
+    from tinyvllm.protocol.process_args import WorkerArgs
     from tinyvllm.workers.kv_cache import bytes_per_block
-    from tinyvllm.workers.main import WorkerArgs, build_runner
+    from tinyvllm.workers.main import build_runner
     target, draft = make_tiny_gguf(tmp_path / "t.gguf"), make_tiny_gguf(tmp_path / "d.gguf", seed=1, n_layers=1)
     spec = json.dumps({"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2})
-    runner, _ = build_runner(WorkerArgs(str(target)), InitWorker(0, 1 << 20, 16, 64, 2, 16, speculative_config=spec))
+    engine = EngineConfig.of(num_kv_blocks=0, kv_cache_memory=1 << 20, block_size=16, max_num_seqs=2,
+                             max_num_batched_tokens=16, speculative_config=spec, max_model_len=64)
+    runner, _ = build_runner(WorkerArgs(EngineConfig.of(model=str(target))), InitWorker(engine))
     per_block = bytes_per_block(runner.model.cfg, 16, "auto") + bytes_per_block(runner.draft.runner.model.cfg, 16, "auto")
     assert runner.cache.num_blocks == runner.draft.runner.cache.num_blocks == (1 << 20) // per_block
     assert runner.draft.k == 2 and runner.draft.runner.model.cfg.n_layers == 1
@@ -116,8 +119,7 @@ def test_the_worker_splits_its_kv_memory_over_both_caches(tmp_path):
 
 def test_warming_up_a_bucket_captures_the_drafts_too(models):
     target, draft, _ = models
-    runner = make_runner(target)
-    runner.draft = DraftModel(make_runner(draft), K)
+    runner = make_runner(target, draft)
     assert runner.warm_up_bucket(1) and not runner.warm_up_bucket(1)  # a captured bucket is skipped
     assert runner.forward_jits[1].captured is not None and runner.draft.runner.forward_jits[1].captured is not None
     first = runner.execute(StepPlan(1, [NewRequestData("a", PROMPT, GREEDY, [0, 1, 2], 0, len(PROMPT))], [], []))

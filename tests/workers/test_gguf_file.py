@@ -7,7 +7,7 @@ import pytest
 
 os.environ.setdefault("DEV", "CPU")
 
-from tinyvllm.protocol.gguf_writer import GGML_TYPE_IDS, write_gguf  # noqa: E402
+from tests.helpers.gguf_writer import GGML_TYPE_IDS, write_gguf  # noqa: E402
 from tinyvllm.protocol.gguf_file import GGML_TYPES, GGUFFile  # noqa: E402
 from tinyvllm.workers.gguf_dequantize import dequantize, dequantize_tensor  # noqa: E402
 

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 from tinygrad import Device, Tensor, dtypes
 
-from tinyvllm.protocol.gguf_writer import quantize
-from tinyvllm.workers.gpu_matvec import Layout, gpu_matvec, gpu_matvec_device, gpu_matvec_fits
+from tests.helpers.gguf_writer import quantize
+from tinyvllm.protocol.kernel_choice import MatvecLayout
+from tinyvllm.workers.gpu_matvec import gpu_matvec, gpu_matvec_device, gpu_matvec_fits
 from tinyvllm.workers.quantized_weight import DeviceWeight, QuantizedArray
 
 N = 32
@@ -26,7 +27,7 @@ def test_matvec_equals_the_dequantised_product(kind, device, K):
     host = host_weight(kind, rng.standard_normal((N, K)).astype(np.float32))
     reference_weight = np.asarray(host, dtype=np.float32)
     w = DeviceWeight(kind, tuple(p.to(device).realize() for p in DeviceWeight.from_host(host, words=True).parts))
-    layout = Layout() if device == "PYTHON" or gpu_matvec_device(Device.DEFAULT) else None
+    layout = MatvecLayout() if device == "PYTHON" or gpu_matvec_device(Device.DEFAULT) else None
     for rows in (1, 4):
         h = rng.standard_normal((rows, K)).astype(np.float32)
         assert gpu_matvec_fits(Tensor(h, device=device), w)

@@ -7,7 +7,7 @@ from tinygrad import Tensor
 
 from tests.helpers.tiny_model import make_tiny_gguf
 from tinyvllm.frontend.structured_output import choice_grammar
-from tinyvllm.frontend.tokenizer import Tokenizer
+from tinyvllm.protocol.tokenizer import Tokenizer
 from tinyvllm.protocol.sampling import SamplingParams
 from tinyvllm.workers.batch_state import RequestState
 from tinyvllm.workers.grammar_masks import GrammarMasks, tokenizer_for_model

@@ -1,4 +1,5 @@
-"""workers/kernel_set.py: the kernel set is a checked name the model is built with; only configure_device changes
+"""workers/kernel_set.py: the kernel set is a checked name (or protocol/kernel_choice.py's KernelChoice) the model is
+built with, resolved for the device once; only configure_device changes
 the device (the "c" set: the reassociating renderer and the C graph executor; "tinygrad": tinygrad's defaults),
 never an import or a model's constructor; and each set's model computes the same logits."""
 import os
@@ -14,11 +15,12 @@ from tinygrad.uop.ops import Ops
 
 import tinyvllm.workers.model as model_module
 from tests.workers.dense_reference import random_llama
-from tinyvllm.frontend.launcher import CPU_KERNEL_SETS
 from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.workers.cpu_graph import CPUGraph
 from tinyvllm.workers.cpu_matmul import REASSOCIATE_PRAGMA, ReassociatingClangRenderer, cpu_linear
-from tinyvllm.workers.kernel_set import KERNEL_SETS, check_kernel_set, configure_device, default_kernel_set
+import tinyvllm.protocol.kernel_choice as kernel_choice_module
+from tinyvllm.protocol.kernel_choice import KernelChoice
+from tinyvllm.workers.kernel_set import KERNEL_SETS, check_kernel_set, configure_device, default_kernel_set, kernel_choice
 from tinyvllm.workers.model import Transformer
 from tinyvllm.workers.quantized_weight import DeviceWeight
 
@@ -27,7 +29,7 @@ CFG = ModelConfig(arch="llama", vocab_size=89, dim=32, n_layers=1, n_heads=4, n_
 
 
 def test_names_defaults_and_refusals():
-    assert KERNEL_SETS == CPU_KERNEL_SETS == ("c", "c-int8", "tinygrad")  # the CLI names them without importing tinygrad
+    assert KERNEL_SETS is kernel_choice_module.KERNEL_SETS == ("c", "c-int8", "tinygrad")  # named in protocol/, no tinygrad
     assert default_kernel_set(Device.DEFAULT) == "c-int8", "the test suite runs on tinygrad's CPU backend"
     assert default_kernel_set("NULL") == default_kernel_set("CUDA") == "tinygrad"
     check_kernel_set("NULL", "tinygrad")
@@ -37,6 +39,19 @@ def test_names_defaults_and_refusals():
         check_kernel_set("CPU", "clang")
     with pytest.raises(ValueError, match="unknown kernel set"):
         Transformer(CFG, random_llama(CFG), 8, kernels="clang")
+    with pytest.raises(ValueError, match="DEV=CPU"):
+        kernel_choice("NULL", KernelChoice.named("c-int8"))
+
+
+def test_the_choice_is_resolved_for_the_device():
+    """A name or a KernelChoice becomes one KernelChoice; the GPU matvecs only where the device has local memory."""
+    assert kernel_choice(Device.DEFAULT) == KernelChoice.named("c-int8")
+    assert kernel_choice(Device.DEFAULT, "c") == KernelChoice.named("c")
+    tinygrad_here = kernel_choice(Device.DEFAULT, "tinygrad")  # the CPU has no local memory
+    assert tinygrad_here.matmul == "tinygrad" and not tinygrad_here.gpu_matvec
+    assert kernel_choice("PYTHON", "tinygrad") == KernelChoice.named("tinygrad")  # PYTHON emulates local memory
+    model = Transformer(CFG, random_llama(CFG), 8, kernels=KernelChoice.named("tinygrad"))
+    assert model.kernels == tinygrad_here
 
 
 def test_configure_device_sets_up_each_set(kernel_set):
@@ -94,7 +109,7 @@ def test_the_kernel_set_reaches_the_model(kernel_set, monkeypatch):
     monkeypatch.setattr(model_module, "cpu_linear", lambda h, w, *a: c_products.append(w) or cpu_linear(h, w, *a))
     weights = random_llama(CFG)
     model = Transformer(CFG, weights, 16, kernels=kernel_set)
-    assert model.kernels == kernel_set and model.cpu_kernels == (kernel_set == "c")
+    assert model.kernels.name == kernel_set and (model.kernels.matmul == "c") == (kernel_set == "c")
     hidden = np.random.default_rng(3).standard_normal((3, CFG.dim)).astype(np.float32)
     got = model.logits(Tensor(hidden)).numpy()
     assert bool(c_products) == (kernel_set == "c")

@@ -11,6 +11,7 @@ import torch
 from tinygrad import Tensor
 
 from tests.workers.dense_reference import random_llama
+from tinyvllm.protocol.kernel_choice import KernelChoice
 from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.workers.attention import PagedAttention
 from tinyvllm.workers.kv_block_io import KVBlockIO
@@ -49,14 +50,14 @@ def attention_reference(q: np.ndarray, kv: np.ndarray) -> np.ndarray:
     return out.reshape(T, H * D)
 
 
-def attend_in_two_chunks(cache: PagedKVCache, q: np.ndarray, kv: np.ndarray, table: np.ndarray, cpu_kernels: bool):
+def attend_in_two_chunks(cache: PagedKVCache, q: np.ndarray, kv: np.ndarray, table: np.ndarray, kernels: KernelChoice):
     """Writes and attends positions 0..9, then 10..19 (later tokens land in a block already holding others)."""
     outs = []
     for start, stop in ((0, 10), (10, len(q))):
         n = stop - start
         positions = Tensor(np.arange(start, stop, dtype=np.int32))
         attend = PagedAttention(cache, Tensor(table[None]), Tensor(np.zeros(n, np.int32)), positions,
-                                Tensor(np.array([n], np.int32)), MAXB, cpu_kernels)
+                                Tensor(np.array([n], np.int32)), MAXB, kernels)
         outs.append(attend(0, Tensor(q[start:stop]), Tensor(kv[start:stop])).numpy())
     return np.concatenate(outs)
 
@@ -83,7 +84,7 @@ def inputs():
 def test_attention_over_each_dtype(name, inputs, kernel_set):
     q, kv, table = inputs
     cache = PagedKVCache(CFG, NUM_BLOCKS, BS, name)
-    got = attend_in_two_chunks(cache, q, kv, table, kernel_set == "c")
+    got = attend_in_two_chunks(cache, q, kv, table, KernelChoice.named(kernel_set))
     stored = stored_values(cache, table, len(q))
     assert np.all(np.abs(stored - kv) <= stored_bound(name, kv)), f"{name}: a value off by more than its rounding"
     np.testing.assert_allclose(got, attention_reference(q, stored), atol=2e-5, rtol=0)

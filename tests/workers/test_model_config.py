@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from tinyvllm.protocol.gguf_writer import write_gguf
+from tests.helpers.gguf_writer import write_gguf
 from tests.helpers.hf_to_gguf import llama_cpp_permute
 from tinyvllm.protocol import model_path
 from tinyvllm.protocol.model_config import ModelConfig

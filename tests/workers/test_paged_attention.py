@@ -2,10 +2,12 @@
 blocks are scattered through the pool, across unaligned prefill chunks and batched decode steps."""
 import numpy as np
 import pytest
+from tinygrad import Tensor
 
 from tinyvllm.protocol.messages import CachedRequestData, NewRequestData, StepPlan
 from tinyvllm.protocol.sampling import SamplingParams
 from tests.workers.dense_reference import dense_logits, random_llama
+from tinyvllm.workers.batch_state import ScheduledChunk
 from tinyvllm.workers.kv_cache import PagedKVCache
 from tinyvllm.workers.model import Transformer
 from tinyvllm.protocol.model_config import ModelConfig
@@ -26,6 +28,13 @@ def setup(module_kernel_set):
     return weights, runner
 
 
+def compute_logits(runner: ModelRunner, plan: StepPlan) -> list[tuple[ScheduledChunk, Tensor]]:
+    """(chunk, its [1, V] logits) for each chunk that samples (copies: they outlive the next step)."""
+    work = runner.compute(plan)
+    logits = work.logits.clone().realize() if work.rows else None
+    return [(chunk, logits[i:i + 1]) for i, chunk in enumerate(work.rows)]
+
+
 def test_paged_equals_dense(setup):
     weights, runner = setup
     rng = np.random.default_rng(3)
@@ -39,7 +48,7 @@ def test_paged_equals_dense(setup):
     sp = SamplingParams(temperature=0)
 
     def run(plan):
-        for chunk, logits in runner.compute_logits(plan):
+        for chunk, logits in compute_logits(runner, plan):
             got[chunk.req_id][chunk.start + chunk.length - 1] = logits.numpy()[0]
 
     # Prefill: "a" in unaligned chunks 0..9, 9..23 (the second piece is split again by the 16-token bucket); "b" whole.
@@ -68,8 +77,8 @@ def test_padding_rows_do_not_touch_live_blocks(setup):
     _, runner = setup
     before = [layer.numpy()[: NUM_BLOCKS * BLOCK_SIZE].copy() for layer in runner.cache.layers]
     sp = SamplingParams(temperature=0)
-    runner.compute_logits(StepPlan(100, [NewRequestData("z", [1, 2, 3], sp, [0], 0, 3)], [], []))
-    runner.compute_logits(StepPlan(101, [], [CachedRequestData("z", [], 3, 1, [5])], []))  # B=1 bucket
+    compute_logits(runner, StepPlan(100, [NewRequestData("z", [1, 2, 3], sp, [0], 0, 3)], [], []))
+    compute_logits(runner, StepPlan(101, [], [CachedRequestData("z", [], 3, 1, [5])], []))  # B=1 bucket
     after = [layer.numpy()[: NUM_BLOCKS * BLOCK_SIZE] for layer in runner.cache.layers]
     for b, a in zip(before, after):
         changed = np.flatnonzero(np.any(b.reshape(NUM_BLOCKS * BLOCK_SIZE, -1) != a.reshape(NUM_BLOCKS * BLOCK_SIZE, -1), -1))

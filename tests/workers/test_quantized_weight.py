@@ -3,17 +3,16 @@ values, load_weights keeps Q4_1/Q8_0 matrices as blocks (rope rows un-permuted t
 quantised weights computes what the float32 one does, with either kernel set (tests/workers/conftest.py): the C
 kernels, or tinygrad's on both the fused (few rows) and the scratch-buffer (many rows) matmul paths. F16 matrices
 stay float16 (widened inside tinygrad's kernels; at load for the C kernels)."""
-import functools
-
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
 
-from tinyvllm.protocol.gguf_writer import write_gguf
+from tests.helpers.gguf_writer import write_gguf
 from tests.workers.dense_reference import dense_logits
 from tests.workers.test_model_config import DIMS, llama_cpp_permute, random_hf_weights
 from tinyvllm.protocol.gguf_file import GGUFFile
 from tinyvllm.workers.gguf_dequantize import dequantize_tensor
+from tinyvllm.workers import kernel_set as kernel_set_module
 from tinyvllm.workers import model as model_module
 from tinyvllm.workers.gpu_matvec import gpu_matvec
 from tinyvllm.workers.model import FUSED_DEQUANT_MAX_ROWS, Transformer
@@ -160,10 +159,10 @@ def test_gpu_kernel_path_equals_float32_one(quantised_llama, n_tokens, monkeypat
     """The path a GPU takes (words layout, workers/gpu_matvec.py's kernels inside the layer functions), on the
     CPU: its kernels without the GPU layout, which needs local memory."""
     (cfg, kept), _ = quantised_llama
-    monkeypatch.setattr(model_module, "gpu_matvec_device", lambda device: True)
-    monkeypatch.setattr(model_module, "gpu_matvec", functools.partial(gpu_matvec, layout=None))
+    monkeypatch.setattr(kernel_set_module, "gpu_matvec_device", lambda device: True)
+    monkeypatch.setattr(model_module, "gpu_matvec", lambda h, w, layout: gpu_matvec(h, w, None))
     gpu_path = Transformer(cfg, kept, 64, kernels="tinygrad")
-    assert gpu_path.gpu_kernels and gpu_path.layers[1].wv.parts[0].dtype == dtypes.uint32
+    assert gpu_path.kernels.gpu_matvec and gpu_path.layers[1].wv.parts[0].dtype == dtypes.uint32
     plain = Transformer(cfg, kept, 64, kernels="tinygrad", dequantize_at_load=True)
     tokens = np.random.default_rng(3).integers(0, cfg.vocab_size, n_tokens).tolist()
     outs = []

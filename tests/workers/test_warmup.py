@@ -81,5 +81,5 @@ def test_each_captured_step_runs_every_layer_once(warmed):
     per_layer = 7  # q, k, v, output, gate, up, down
     for bucket, jit in runner.forward_jits.items():
         assert calls_named(jit, "write_kv") == CFG.n_layers, bucket
-        if runner.model.kernels == "c":  # tinygrad's own matmuls are fused kernels with generated names
+        if runner.model.kernels.matmul == "c":  # tinygrad's own matmuls are fused kernels with generated names
             assert calls_named(jit, "matmul_", "matvec_", "gemm_") == CFG.n_layers * per_layer + 1, bucket  # + logits

@@ -75,7 +75,7 @@ class Tokenizer:
     def __init__(self, tokenizer: _HFTokenizer, *, bos_token_id: int | None, eos_token_ids: list[int],
                  add_bos: bool, chat_template: str | None, bos_token: str | None = None,
                  eos_token: str | None = None):
-        self._tok = tokenizer
+        self.hf = tokenizer  # the Hugging Face `tokenizers` object (llguidance builds its own from it)
         self.bos_token_id = bos_token_id
         self.eos_token_ids = list(dict.fromkeys(eos_token_ids))
         self.add_bos = add_bos
@@ -86,8 +86,8 @@ class Tokenizer:
         self.eos_token = eos_token if eos_token is not None else self._token_text(
             self.eos_token_ids[0] if self.eos_token_ids else None)
         if add_bos and bos_token_id is not None:
-            bos = self._tok.id_to_token(bos_token_id)
-            self._tok.post_processor = processors.TemplateProcessing(
+            bos = self.hf.id_to_token(bos_token_id)
+            self.hf.post_processor = processors.TemplateProcessing(
                 single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_token_id)])
 
     # ---- construction
@@ -137,30 +137,30 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return self._tok.get_vocab_size(with_added_tokens=True)
+        return self.hf.get_vocab_size(with_added_tokens=True)
 
     @property
     def special_token_ids(self) -> set[int]:
         """Control tokens (dropped by decode(skip_special_tokens=True)), BOS and EOS."""
-        ids = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+        ids = {i for i, t in self.hf.get_added_tokens_decoder().items() if t.special}
         return ids | set(self.eos_token_ids) | ({self.bos_token_id} if self.bos_token_id is not None else set())
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def id_to_token(self, token_id: int) -> str | None:
-        return self._tok.id_to_token(token_id)
+        return self.hf.id_to_token(token_id)
 
     def token_to_id(self, token: str) -> int | None:
-        return self._tok.token_to_id(token)
+        return self.hf.token_to_id(token)
 
     # ---- chat
 
     def _token_text(self, token_id: int | None) -> str:
-        return "" if token_id is None else (self._tok.id_to_token(token_id) or "")
+        return "" if token_id is None else (self.hf.id_to_token(token_id) or "")
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
         """Render `messages` with the model's template; ValueError (-> HTTP 400) when that fails."""
