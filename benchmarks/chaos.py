@@ -55,7 +55,7 @@ sys.path.insert(0, str(REPO))
 from tests.e2e.server_process import (READY_LINE, STARTUP_TIMEOUT_S, cmdline, descendants, free_port,  # noqa: E402
                                       wait_until)
 from tests.helpers.openapi_fuzz import capped, generate_until, naming_the_served_model  # noqa: E402
-from tinyvllm.frontend.engine_replica import RestartPolicy  # noqa: E402
+from tinyvllm.frontend.engine.engine_replica import RestartPolicy  # noqa: E402
 
 DEFAULT_SERVER_ARGS = "--max-num-seqs 32 --max-waiting-requests 64 --request-timeout 120"
 ENGINE_MODULES = ("tinyvllm.scheduler.main", "tinyvllm.workers.main")
@@ -276,7 +276,7 @@ def main() -> int:
     args = ap.parse_args()
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="tinyvllm-chaos-"))
     port, log_path = args.port or free_port(), workdir / "server.log"
-    cmd = [sys.executable, "-m", "tinyvllm.frontend.cli", "serve", "--port", str(port), "--models-dir",
+    cmd = [sys.executable, "-m", "tinyvllm.frontend.cli.main", "serve", "--port", str(port), "--models-dir",
            str(workdir / "models"), *shlex.split(args.server_args)]
     with open(log_path, "wb") as log:  # the child keeps its own copy of the file
         server = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "DEV": "CPU", "PYTHONUNBUFFERED": "1"}, stdout=log,

@@ -31,7 +31,7 @@ def first_token(extra: list[str], cache_dir: str, wait_for_warmup: bool = False)
            "CACHEDB": os.path.join(cache_dir, "tinygrad.db")}
     log_path = os.path.join(cache_dir, "serve.log")
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "tinyvllm.frontend.cli", "serve", "--port", str(port), *extra],
+    proc = subprocess.Popen([sys.executable, "-m", "tinyvllm.frontend.cli.main", "serve", "--port", str(port), *extra],
                             env=env, stdout=subprocess.DEVNULL, stderr=open(log_path, "w"), start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"

@@ -106,7 +106,7 @@ greedy)
   timeout ${GREEDY_TIMEOUT:-180} python3 benchmarks/greedy_tokens.py --model $real --out "$out/greedy_$dev.json" 2>&1 | tail -15
   ;;
 serve)
-  timeout 500 python3 -m tinyvllm.frontend.cli serve --max-num-seqs 64 --num-kv-blocks 4096 --port 8321 --warmup-before-serving > "$out/serve_$dev.txt" 2>&1 &
+  timeout 500 python3 -m tinyvllm.frontend.cli.main serve --max-num-seqs 64 --num-kv-blocks 4096 --port 8321 --warmup-before-serving > "$out/serve_$dev.txt" 2>&1 &
   python3 -c "
 import time, urllib.request
 for _ in range(400):
@@ -114,7 +114,7 @@ for _ in range(400):
         urllib.request.urlopen('http://127.0.0.1:8321/health'); break
     except OSError: time.sleep(1)"
   for c in 1 16 64; do
-    timeout 120 python3 -m tinyvllm.frontend.cli bench serve --base-url http://127.0.0.1:8321 --num-prompts $((c * 2)) \
+    timeout 120 python3 -m tinyvllm.frontend.cli.main bench serve --base-url http://127.0.0.1:8321 --num-prompts $((c * 2)) \
       --max-concurrency $c --random-input-len 256 --random-output-len 128 --ignore-eos --disable-tqdm 2>&1 | tail -14 | tee -a "$out/bench_$dev.txt"
   done
   kill %1

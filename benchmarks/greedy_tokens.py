@@ -17,7 +17,7 @@ from tests.reference.test_greedy_matches_hf import N_TOKENS, TIE_GAP, prompts
 
 def generate(out: str, model: str | None) -> None:
     from tinygrad import Device
-    from tinyvllm.frontend.llm import LLM
+    from tinyvllm.frontend.engine.llm import LLM
     from tinyvllm.protocol.sampling import SamplingParams
     with LLM(model, max_num_seqs=8, max_model_len=1024, num_kv_blocks=256) as llm:
         ids = prompts(llm.tokenizer)

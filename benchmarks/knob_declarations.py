@@ -4,7 +4,7 @@ written by hand (add_argument in the files below).
 
     python benchmarks/knob_declarations.py [ROOT]   # ROOT: a checkout (default: this one)
 
-A knob declared once has one place: its field in protocol/engine_config.py (or frontend/server_options.py), from
+A knob declared once has one place: its field in protocol/engine_config.py (or frontend/api/server_options.py), from
 which the flags are made. Messages that report resolved values (EngineReady, WorkerReady) are not declarations.
 """
 import ast
@@ -16,7 +16,7 @@ PRODUCT = ("frontend", "scheduler", "workers", "protocol")
 CONFIG_CLASSES = {"EngineArgs", "SchedulerArgs", "SchedulerConfig", "WorkerArgs", "InitWorker", "ServerArgs",
                   "EngineConfig", "ModelOptions", "BatchConfig", "CacheConfig", "KernelConfig", "ParallelConfig",
                   "KVTransferConfig"}
-FLAG_FILES = {"frontend/cli.py", "frontend/worker_command.py"}
+FLAG_FILES = {"frontend/cli/main.py", "frontend/cli/worker_command.py"}
 
 
 def _dest(call: ast.Call) -> str | None:
@@ -49,7 +49,7 @@ def declarations(root: pathlib.Path) -> dict[str, list[str]]:
 def main() -> None:
     root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).resolve().parents[1])
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-    from tinyvllm.frontend.server_options import SERVER_KNOBS
+    from tinyvllm.frontend.api.server_options import SERVER_KNOBS
     from tinyvllm.protocol.engine_config import KNOBS
     found = declarations(root)
     names = [*KNOBS, *SERVER_KNOBS, "cpu_kernels", "kv_cache_bytes", "swap_space_bytes", "tp_size", "pp_size"]

@@ -34,7 +34,7 @@ def num_blocks(url: str) -> tuple[int, int]:
 
 
 def output_throughput(url: str, args, out: pathlib.Path) -> float:
-    subprocess.run([sys.executable, "-m", "tinyvllm.frontend.cli", "bench", "serve", "--base-url", url,
+    subprocess.run([sys.executable, "-m", "tinyvllm.frontend.cli.main", "bench", "serve", "--base-url", url,
                     "--num-prompts", str(args.num_prompts), "--random-input-len", str(args.input_len),
                     "--random-output-len", str(args.output_len), "--ignore-eos", "--max-concurrency", "16",
                     "--warmup", "4", "--disable-tqdm", "--json", str(out)], check=True, cwd=REPO,

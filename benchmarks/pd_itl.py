@@ -35,7 +35,7 @@ from tests.e2e.server_process import READY_LINE, free_port, wait_until  # noqa: 
 
 ROUTER_READY_LINE, STARTUP_TIMEOUT_S, STOP_TIMEOUT_S, LONG_MAX_TOKENS = "tinyvllm router ready:", 600, 40, 16
 WORDS = "the a sea sky blue why how river stone light old new tell me about write short story of green city".split()
-CLI = [sys.executable, "-m", "tinyvllm.frontend.cli"]
+CLI = [sys.executable, "-m", "tinyvllm.frontend.cli.main"]
 ITL_P50, ITL_P99, DECODE_TPS, TOTAL_TPS = "ITL p50 (ms)", "ITL p99 (ms)", "decode tokens/s", "total generated tokens/s"
 
 

@@ -10,11 +10,11 @@ import argparse
 import statistics
 import time
 
-from tinyvllm.frontend.ollama.options import generation_settings
-from tinyvllm.frontend.ollama.prompting import check_context
-from tinyvllm.frontend.ollama.requests import GenerateRequest
-from tinyvllm.frontend.openai_protocol import parse_chat_request, parse_completion_request
-from tinyvllm.frontend.request_models import validate
+from tinyvllm.frontend.api.ollama.options import generation_settings
+from tinyvllm.frontend.api.ollama.prompting import check_context
+from tinyvllm.frontend.api.ollama.requests import GenerateRequest
+from tinyvllm.frontend.api.openai_protocol import parse_chat_request, parse_completion_request
+from tinyvllm.frontend.api.request_models import validate
 
 CHAT = {"model": "smollm2-135m-instruct", "temperature": 0.7, "max_tokens": 128, "stream": True,
         "messages": [{"role": "system", "content": "You are a helpful assistant."},

@@ -15,7 +15,7 @@ import contextlib
 import json
 import time
 
-from tinyvllm.frontend.llm import LLM
+from tinyvllm.frontend.engine.llm import LLM
 from tinyvllm.protocol.sampling import SamplingParams
 
 CODE = '''def load_config(path):

@@ -1,4 +1,4 @@
-"""What the scheduler says about each request of its running batch, for the dashboard (frontend/dashboard.py).
+"""What the scheduler says about each request of its running batch, for the dashboard (frontend/api/dashboard.py).
 
 Sent with every step's stats, so it is bounded: at most MAX_SUMMARIZED_REQUESTS requests (the oldest of the batch)
 and request ids cut to MAX_REQUEST_ID_CHARS. SchedulerStats.num_running still counts them all.

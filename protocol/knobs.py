@@ -1,7 +1,7 @@
 """Options declared once, as dataclass fields: `knob(default, help, ...)` holds what a command line needs, and
 `add_flags` / `options_from` / `build` make the flags, read them back, and build the (nested) dataclass from flat
 keywords. The engine's configuration (protocol/engine_config.py) and the HTTP server's options
-(frontend/server_options.py) are declared this way."""
+(frontend/api/server_options.py) are declared this way."""
 import argparse
 import dataclasses
 import re

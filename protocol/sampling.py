@@ -30,7 +30,7 @@ class KVTransferParams:
 
 @dataclass(slots=True)
 class BeamSearchParams:
-    """vLLM's BeamSearchParams; the frontend runs the search (frontend/beam_search.py), the engine never sees it."""
+    """vLLM's BeamSearchParams; the frontend runs the search (frontend/engine/beam_search.py), the engine never sees it."""
     beam_width: int
     max_tokens: int
     ignore_eos: bool = False
@@ -64,7 +64,7 @@ class SamplingParams:
     logprobs: int | None = None  # per sampled token: its logprob and the top-k (k = this) logprobs
     prompt_logprobs: int | None = None  # the same for every prompt token after the first
     embed: bool = False  # a pooling request: the worker returns the prompt's embedding and samples nothing
-    # structured output: an llguidance grammar (frontend/structured_output.py) that masks every sampled token
+    # structured output: an llguidance grammar (frontend/api/structured_output.py) that masks every sampled token
     grammar: str | None = None
     # Disaggregated prefill/decode (scheduler/remote_kv.py); vLLM carries it in SamplingParams.extra_args too.
     kv_transfer: KVTransferParams | None = None

@@ -171,6 +171,12 @@ class SchedulerLoop:
                     break
                 self.workers.broadcast(plan)
                 sent.append(plan)
+            if sent and (outputs or changed):
+                # Report now, not after the step: it may take long (a bucket's first jit capture, a loaded machine),
+                # and until then the frontend (dashboard, /metrics, the replica router) would not see the requests
+                # just taken on, nor the aborts and rejections.
+                send_step_outputs(self.to_frontend, sched, outputs)
+                outputs, changed = [], False
             stepped = bool(sent)
             if stepped:
                 outputs += self.finish_step(sent.popleft())

@@ -23,15 +23,15 @@ def test_the_wheel_holds_one_top_level_package_that_imports(tmp_path):
     wheel = next((tmp_path / "dist").glob("tinyvllm-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"tinyvllm", wheel.name.split("-py3")[0] + ".dist-info"}
-    assert {"tinyvllm/frontend/server.py", "tinyvllm/workers/c/attention.c", "tinyvllm/workers/c/kernel.h",
-            "tinyvllm/protocol/messages.py", "tinyvllm/scheduler/scheduler.py", "tinyvllm/frontend/dashboard.html"} \
+    assert {"tinyvllm/frontend/api/server.py", "tinyvllm/workers/c/attention.c", "tinyvllm/workers/c/kernel.h",
+            "tinyvllm/protocol/messages.py", "tinyvllm/scheduler/scheduler.py", "tinyvllm/frontend/api/dashboard.html"} \
         <= set(names)
 
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
                    check=True)
-    code = ("import tinyvllm, tinyvllm.frontend.cli; from tinyvllm import LLM, SamplingParams; "
+    code = ("import tinyvllm, tinyvllm.frontend.cli.main; from tinyvllm import LLM, SamplingParams; "
             "print(tinyvllm.__file__, LLM.__module__, SamplingParams.__name__)")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(site)},
                          capture_output=True, text=True, check=True).stdout.split()
-    assert out == [str(site / "tinyvllm" / "__init__.py"), "tinyvllm.frontend.llm", "SamplingParams"]
+    assert out == [str(site / "tinyvllm" / "__init__.py"), "tinyvllm.frontend.engine.llm", "SamplingParams"]

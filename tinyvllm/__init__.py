@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name):  # `import tinyvllm` stays light: LLM pulls in the process launcher
     if name == "LLM":
-        from tinyvllm.frontend.llm import LLM
+        from tinyvllm.frontend.engine.llm import LLM
         return LLM
     raise AttributeError(name)
 

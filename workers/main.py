@@ -1,8 +1,8 @@
 """A worker process: joins the scheduler (workers/scheduler_join.py), loads the model, allocates its KV cache when
 told how, then runs every StepPlan it receives and answers with a StepResult.
 
-Started by frontend/launcher.py as a child that dies with its parent, or on its own by `tinyvllm worker` (on any
-machine; frontend/worker_command.py). Exit codes: 0 after Shutdown or a signal, 1 on a failure, 3 when refused."""
+Started by frontend/engine/launcher.py as a child that dies with its parent, or on its own by `tinyvllm worker` (on any
+machine; frontend/cli/worker_command.py). Exit codes: 0 after Shutdown or a signal, 1 on a failure, 3 when refused."""
 import logging
 import os
 import signal
@@ -222,6 +222,6 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
         ctx.destroy(linger=200)
     return 0
 
-if __name__ == "__main__":  # started by frontend/launcher.py as a program of its own
+if __name__ == "__main__":  # started by frontend/engine/launcher.py as a program of its own
     from tinyvllm.protocol.child_process import child_args
     sys.exit(run_worker(*child_args(sys.argv, str, WorkerArgs)))

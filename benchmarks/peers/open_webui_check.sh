@@ -38,7 +38,7 @@ wait_for() {  # URL SECONDS NAME
   echo "FAIL  $3 did not answer $1 within $2 s (logs in $OUT)"; exit 1
 }
 
-"$TINYVLLM_PYTHON" -m tinyvllm.frontend.cli serve --port "$TINYVLLM_PORT" ${TINYVLLM_ARGS---default-max-tokens 256} > "$OUT/tinyvllm.log" 2>&1 &
+"$TINYVLLM_PYTHON" -m tinyvllm.frontend.cli.main serve --port "$TINYVLLM_PORT" ${TINYVLLM_ARGS---default-max-tokens 256} > "$OUT/tinyvllm.log" 2>&1 &
 pids+=($!)
 python3 benchmarks/peers/logging_proxy.py "$PROXY_PORT" "http://127.0.0.1:$TINYVLLM_PORT" "$OUT/requests.jsonl" &
 pids+=($!)

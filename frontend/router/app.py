@@ -1,7 +1,7 @@
 """The router's HTTP app: /v1/* and /api/* proxied to the instances, /instances for membership, /health, /metrics,
 /dashboard (every instance's, summed and side by side).
 
-Middleware as in `tinyvllm serve` (frontend/app.py): the API key on /v1 and /api, the register secret on
+Middleware as in `tinyvllm serve` (frontend/api/app.py): the API key on /v1 and /api, the register secret on
 /instances, then the request gate (--max-waiting-requests counts requests without any answer yet; the drain).
 """
 from starlette.applications import Starlette
@@ -10,8 +10,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tinyvllm.frontend.auth import APIKeyMiddleware
-from tinyvllm.frontend.request_gate import GateMiddleware, RequestGate
+from tinyvllm.frontend.api.auth import APIKeyMiddleware
+from tinyvllm.frontend.api.request_gate import GateMiddleware, RequestGate
 from tinyvllm.frontend.router.dashboard_routes import router_dashboard_routes
 from tinyvllm.frontend.router.instance_registry import InstanceRegistry
 from tinyvllm.frontend.router.membership_routes import membership_routes

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import httpx
 import uvloop
 
-from tinyvllm.frontend.auth import API_KEY_ENV, resolve_api_key
-from tinyvllm.frontend.request_gate import RequestGate
+from tinyvllm.frontend.api.auth import API_KEY_ENV, resolve_api_key
+from tinyvllm.frontend.api.request_gate import RequestGate
 from tinyvllm.frontend.router.app import build_router_app
 from tinyvllm.frontend.router.dns_discovery import parse_target
 from tinyvllm.frontend.router.instance_monitor import InstanceMonitor
@@ -19,8 +19,8 @@ from tinyvllm.frontend.router.instance_picker import InstancePicker
 from tinyvllm.frontend.router.instance_registry import STATIC, InstanceRegistry
 from tinyvllm.frontend.router.router_metrics import RouterMetrics
 from tinyvllm.frontend.router.upstream_proxy import Shutdown, UpstreamProxy
-from tinyvllm.frontend.router_registration import ROUTER_SECRET_ENV, http_base_url
-from tinyvllm.frontend.uvicorn_runner import QuietSignalServer, drain_on_signals, http_config, start_serving
+from tinyvllm.frontend.api.router_registration import ROUTER_SECRET_ENV, http_base_url
+from tinyvllm.frontend.api.uvicorn_runner import QuietSignalServer, drain_on_signals, http_config, start_serving
 from tinyvllm.protocol.knobs import add_flags, knob, knobs_of, options_from
 from tinyvllm.protocol.worker_auth import is_loopback, resolve_secret
 

@@ -1,4 +1,4 @@
-"""The router's /dashboard: `tinyvllm serve`'s page (frontend/dashboard.html), fed by every instance's
+"""The router's /dashboard: `tinyvllm serve`'s page (frontend/api/dashboard.html), fed by every instance's
 /dashboard/snapshot: the counts, KV blocks and batches summed over the instances, one panel per instance (its URL,
 role and state, or why it could not be read), and the router's own history of their summed tokens/s and mean TTFT.
 
@@ -15,8 +15,8 @@ from collections import deque
 
 import httpx
 
-from tinyvllm.frontend.dashboard import page_routes
-from tinyvllm.frontend.dashboard_snapshot import HISTORY_POINTS, SAMPLE_INTERVAL_S
+from tinyvllm.frontend.api.dashboard import page_routes
+from tinyvllm.frontend.api.dashboard_snapshot import HISTORY_POINTS, SAMPLE_INTERVAL_S
 from tinyvllm.frontend.router.instance_registry import ROUTABLE, Instance, InstanceRegistry
 from tinyvllm.protocol.batch_summary import MAX_SUMMARIZED_REQUESTS
 

@@ -1,11 +1,11 @@
-"""Which routable instance takes a request: frontend/replica_router.py's ReplicaRouter over the instances.
+"""Which routable instance takes a request: frontend/engine/replica_router.py's ReplicaRouter over the instances.
 
 Each instance URL gets a ReplicaRouter index (a slot) the first time it is a candidate; an instance that comes back
 under the same URL (a new Instance) keeps the slot, with its prefix memory cleared (it may have restarted with an
 empty cache). Load is the ReplicaRouter's: waiting x 4 + running from the instance's last heartbeat or /metrics
 scrape, with the router's own open requests on it that the report does not show yet counted as waiting.
 """
-from tinyvllm.frontend.replica_router import ReplicaRouter, RoutingPolicy
+from tinyvllm.frontend.engine.replica_router import ReplicaRouter, RoutingPolicy
 from tinyvllm.frontend.router.instance_registry import Instance
 from tinyvllm.protocol.messages import SchedulerStats
 

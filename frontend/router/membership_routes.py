@@ -1,5 +1,5 @@
 """/instances: instances register and leave, operators look and drain. With a register secret every route here needs
-it as a bearer token (frontend/auth.py's middleware, on /instances).
+it as a bearer token (frontend/api/auth.py's middleware, on /instances).
 
 - GET /instances: every known instance (url, role, source, state, load, draining, open requests, last seen).
 - POST /instances/heartbeat {url, role, model, running, waiting, kv_usage, draining}: registers or refreshes the
@@ -15,11 +15,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tinyvllm.frontend import openai_protocol as api
-from tinyvllm.frontend.http_json import error_response, read_json_object
-from tinyvllm.frontend.request_models import RequestInvalid, RequestModel, validate
+from tinyvllm.frontend.api import openai_protocol as api
+from tinyvllm.frontend.api.http_json import error_response, read_json_object
+from tinyvllm.frontend.api.request_models import RequestInvalid, RequestModel, validate
 from tinyvllm.frontend.router.instance_registry import InstanceRegistry, Load
-from tinyvllm.frontend.router_registration import http_base_url
+from tinyvllm.frontend.api.router_registration import http_base_url
 
 MAX_BODY_BYTES = 64 * 1024
 

@@ -8,9 +8,9 @@ as it is.
 """
 import json
 
-from tinyvllm.frontend.ollama.http_io import NDJSON, ndjson_line
-from tinyvllm.frontend.openai_protocol import error_body
-from tinyvllm.frontend.streaming import DONE, sse_event
+from tinyvllm.frontend.api.ollama.http_io import NDJSON, ndjson_line
+from tinyvllm.frontend.api.openai_protocol import error_body
+from tinyvllm.frontend.api.streaming import DONE, sse_event
 
 SSE = "text/event-stream"
 _FRAME_END = {SSE: b"\n\n", NDJSON: b"\n"}

@@ -20,8 +20,8 @@ import httpx
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive, Scope, Send
 
-from tinyvllm.frontend.http_json import DEFAULT_MAX_BODY_BYTES, read_bounded_body
-from tinyvllm.frontend.request_gate import current_ticket, send_error
+from tinyvllm.frontend.api.http_json import DEFAULT_MAX_BODY_BYTES, read_bounded_body
+from tinyvllm.frontend.api.request_gate import current_ticket, send_error
 from tinyvllm.frontend.router import disaggregation as pd
 from tinyvllm.frontend.router import router_metrics as m
 from tinyvllm.frontend.router.instance_picker import InstancePicker

@@ -1,11 +1,11 @@
-"""A container's `tinyvllm` command line, parsed by tinyvllm's own parser (tinyvllm.frontend.cli.build_parser), so a
+"""A container's `tinyvllm` command line, parsed by tinyvllm's own parser (tinyvllm.frontend.cli.main.build_parser), so a
 renamed or removed flag fails the manifests' tests; and the HTTP routes a probe or a scrape may name."""
 import argparse
 import asyncio
 import sys
 
 from tests.deploy.kube import REPO
-from tinyvllm.frontend.cli import build_parser
+from tinyvllm.frontend.cli.main import build_parser
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:
@@ -22,7 +22,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def serve_get(paths: set[str]) -> dict[str, tuple[int, str]]:
-    """(status, body) of GET path on the real app (tinyvllm.frontend.app.build_app on tests/frontend's fake engine)."""
+    """(status, body) of GET path on the real app (tinyvllm.frontend.api.app.build_app on tests/frontend's fake engine)."""
     import httpx
     sys.path.insert(0, str(REPO / "tests" / "frontend"))
     try:
@@ -40,7 +40,7 @@ def serve_get(paths: set[str]) -> dict[str, tuple[int, str]]:
 def router_routes() -> set[str]:
     """The paths `tinyvllm router`'s app serves itself (not proxied)."""
     from tinyvllm.frontend.router.app import build_router_app
-    from tinyvllm.frontend.request_gate import RequestGate
+    from tinyvllm.frontend.api.request_gate import RequestGate
 
     class Proxy:  # only its routes are read: never called
         client = instance_authorization = None

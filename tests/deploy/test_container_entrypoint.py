@@ -4,7 +4,7 @@ reaches tinyvllm); a worker in a LeaderWorkerSet gets its rank from the pod's in
 import pytest
 
 from tests.deploy.entrypoint_runner import ENTRYPOINT, run_entrypoint
-from tinyvllm.frontend.cli import build_parser
+from tinyvllm.frontend.cli.main import build_parser
 
 SECRETS = {"TINYVLLM_API_KEY": "api-key-0123456789abcdef", "TINYVLLM_WORKER_SECRET": "worker-secret-0123456789",
            "TINYVLLM_ROUTER_SECRET": "router-secret-0123456789"}

@@ -5,7 +5,7 @@ import tomllib
 
 from tests.deploy import cli_check, test_containerfile as containerfile
 from tests.deploy.kube import REPO, port_number, sample_secret
-from tinyvllm.frontend.server import ServerArgs
+from tinyvllm.frontend.api.server import ServerArgs
 from tinyvllm.protocol.engine_config import EngineConfig
 
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")

@@ -1,6 +1,6 @@
 """`tinyvllm serve` as a real process, and /proc helpers to see what it started.
 
-Every server is `python -m tinyvllm.frontend.cli serve ...` started in its own session (so a Ctrl-C in the pytest
+Every server is `python -m tinyvllm.frontend.cli.main serve ...` started in its own session (so a Ctrl-C in the pytest
 terminal does not reach it), with DEV=CPU and its stdout+stderr in a log file; it is up once it prints
 `tinyvllm ready:`. Its processes are tracked two ways, so that an orphan re-parented to init is still
 found: descendants by ppid (snapshots taken while the server runs) and every process of its session.
@@ -144,7 +144,7 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         private_store = str(log_path.parent / f"models-{self.port}")  # never the user's ~/.cache model store
-        cmd = [*command_prefix, sys.executable, "-m", "tinyvllm.frontend.cli", "serve", "--model", str(model),
+        cmd = [*command_prefix, sys.executable, "-m", "tinyvllm.frontend.cli.main", "serve", "--model", str(model),
                "--port", str(self.port), *defaults, "--models-dir", private_store, *extra_args]
         env = {**os.environ, "DEV": "CPU", "PYTHONUNBUFFERED": "1"}
         self._log_file = open(log_path, "wb")

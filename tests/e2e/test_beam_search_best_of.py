@@ -8,7 +8,7 @@ search's best beam with greedy's (>=) and with the best leaf of the tree (equal,
 import httpx
 import pytest
 
-from tinyvllm.frontend.llm import LLM
+from tinyvllm.frontend.engine.llm import LLM
 from tinyvllm.protocol.sampling import BeamSearchParams, SamplingParams
 from tests.e2e.server_process import REQUEST_TIMEOUT_S
 

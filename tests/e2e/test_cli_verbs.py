@@ -17,7 +17,7 @@ def cli_env(tmp_path) -> dict:
 
 
 def tinyvllm(tmp_path, *args, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tinyvllm.frontend.cli", *args], cwd=REPO, env=cli_env(tmp_path),
+    return subprocess.run([sys.executable, "-m", "tinyvllm.frontend.cli.main", *args], cwd=REPO, env=cli_env(tmp_path),
                           input=stdin, capture_output=True, text=True, timeout=REQUEST_TIMEOUT_S)
 
 
@@ -39,7 +39,7 @@ def turn(chat: pexpect.spawn, *lines: str) -> str:
 
 
 def test_chat_in_a_terminal(server, tmp_path):
-    chat = pexpect.spawn(sys.executable, ["-m", "tinyvllm.frontend.cli", "run", MODEL_NAME, "--host", server.url],
+    chat = pexpect.spawn(sys.executable, ["-m", "tinyvllm.frontend.cli.main", "run", MODEL_NAME, "--host", server.url],
                          cwd=str(REPO), env=cli_env(tmp_path), encoding="utf-8", timeout=REQUEST_TIMEOUT_S)
     try:
         chat.expect_exact(">>> ")
@@ -112,7 +112,7 @@ def test_errors_are_one_line_and_a_nonzero_exit(server, tmp_path):
     assert unknown.returncode == 1 and unknown.stdout == ""
     assert unknown.stderr.startswith("Error: model 'no-such-model' not found") and unknown.stderr.count("\n") == 1
     port = free_port()
-    down = subprocess.run([sys.executable, "-m", "tinyvllm.frontend.cli", "list"], cwd=REPO, capture_output=True,
+    down = subprocess.run([sys.executable, "-m", "tinyvllm.frontend.cli.main", "list"], cwd=REPO, capture_output=True,
                           text=True, timeout=60, env={**cli_env(tmp_path), "TINYVLLM_HOST": f"127.0.0.1:{port}"})
     assert down.returncode == 1 and down.stdout == "" and "Traceback" not in down.stderr
     assert down.stderr == f"Error: could not connect to a tinyvllm server at http://127.0.0.1:{port}: is `tinyvllm " \

@@ -11,7 +11,7 @@ from tests.e2e.server_process import alive_of, describe, session_members, wait_u
 EXIT_DEADLINE_S = 15
 # An orderly stop (frontend -> Shutdown -> scheduler -> workers) takes about a second even on a busy machine;
 # EngineProcesses.stop() only falls back to terminate() after waiting 5 s for each child that was not told.
-# (That fallback is what a SIGTERM got while frontend/server.py's handler raised KeyboardInterrupt inside the event
+# (That fallback is what a SIGTERM got while frontend/api/server.py's handler raised KeyboardInterrupt inside the event
 # loop: the loop died before EngineClient.close() could send Shutdown, and every stop took ~10 s.)
 GRACEFUL_S = 8
 

@@ -6,7 +6,7 @@ import math
 import httpx
 import numpy as np
 
-from tinyvllm.frontend.llm import LLM
+from tinyvllm.frontend.engine.llm import LLM
 from tinyvllm.protocol.tokenizer import Tokenizer
 from tests.e2e.http_helpers import stream
 from tests.e2e.server_process import MODEL_NAME

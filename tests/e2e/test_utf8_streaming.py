@@ -13,7 +13,7 @@ import json
 import httpx
 import pytest
 
-from tinyvllm.frontend.app import build_app
+from tinyvllm.frontend.api.app import build_app
 from tests.e2e.http_helpers import completion_body
 from tests.e2e.server_process import REQUEST_TIMEOUT_S
 from tests.frontend.fake_engine import FakeEngine

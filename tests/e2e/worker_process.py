@@ -1,4 +1,4 @@
-"""`tinyvllm worker` as a real process (python -m tinyvllm.frontend.cli worker ...), its output in a log file."""
+"""`tinyvllm worker` as a real process (python -m tinyvllm.frontend.cli.main worker ...), its output in a log file."""
 from __future__ import annotations
 
 import os
@@ -16,7 +16,7 @@ class WorkerProcess:
                  command_prefix: tuple = ()):
         """secret goes in $TINYVLLM_WORKER_SECRET (None: unset). command_prefix as ServerProcess's."""
         self.log_path = log_path
-        cmd = [*command_prefix, sys.executable, "-m", "tinyvllm.frontend.cli", "worker", "--connect", connect,
+        cmd = [*command_prefix, sys.executable, "-m", "tinyvllm.frontend.cli.main", "worker", "--connect", connect,
                "--rank", str(rank), "--no-jit-warmup", *extra_args]
         env = {k: v for k, v in os.environ.items() if k != "TINYVLLM_WORKER_SECRET"}
         env.update({"DEV": "CPU", "PYTHONUNBUFFERED": "1", **({"TINYVLLM_WORKER_SECRET": secret} if secret else {})})

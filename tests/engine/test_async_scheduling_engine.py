@@ -3,7 +3,7 @@ requests with different max_tokens, one ended early by a stop token, one with pe
 seeded, come out token for token (and logprob for logprob) as with async scheduling off, and the pool is whole."""
 import numpy as np
 
-from tinyvllm.frontend.llm import LLM
+from tinyvllm.frontend.engine.llm import LLM
 from tinyvllm.protocol.sampling import SamplingParams
 
 ENGINE = dict(max_num_seqs=4, num_kv_blocks=64, max_num_batched_tokens=64)  # 6 requests: 2 wait for seats

@@ -2,7 +2,7 @@
 tests/frontend, because starting the engine and compiling its kernels takes a while on a CPU)."""
 import json
 
-from tinyvllm.frontend import cli
+from tinyvllm.frontend.cli import main as cli
 from tests.helpers.tiny_model import make_tiny_gguf
 
 

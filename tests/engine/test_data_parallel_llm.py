@@ -1,7 +1,7 @@
 """The offline LLM over two data-parallel replicas (real schedulers and workers, tiny random model): prompts spread
 over both, and the same prompt gets the same greedy tokens on either."""
 
-from tinyvllm.frontend.llm import LLM
+from tinyvllm.frontend.engine.llm import LLM
 from tinyvllm.protocol.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

@@ -3,7 +3,7 @@ prefix caching, parallel sampling with copy-on-write, and preemption under KV pr
 import numpy as np
 import pytest
 
-from tinyvllm.frontend.llm import LLM
+from tinyvllm.frontend.engine.llm import LLM
 from tinyvllm.protocol.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

@@ -5,8 +5,8 @@ prompt logprobs alone are over the bound ends the engine with an error instead o
 import numpy as np
 import pytest
 
-from tinyvllm.frontend.engine_client import EngineDeadError
-from tinyvllm.frontend.llm import LLM
+from tinyvllm.frontend.engine.engine_client import EngineDeadError
+from tinyvllm.frontend.engine.llm import LLM
 from tinyvllm.protocol import messages as m
 from tinyvllm.protocol.codec import SEND_BOUND_ENV, encode
 from tinyvllm.protocol.sampling import SamplingParams

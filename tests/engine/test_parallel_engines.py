@@ -10,7 +10,7 @@ makes 0.05, which tensor parallelism's other order then swapped)."""
 import numpy as np
 import pytest
 
-from tinyvllm.frontend.llm import LLM
+from tinyvllm.frontend.engine.llm import LLM
 from tinyvllm.protocol.sampling import SamplingParams
 from tinyvllm.workers.weights import load_weights
 from tests.helpers.tiny_model import make_tiny_gguf

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from tinyvllm.frontend.llm import LLM
-from tinyvllm.frontend.metrics import FrontendMetrics
+from tinyvllm.frontend.engine.llm import LLM
+from tinyvllm.frontend.api.metrics import FrontendMetrics
 from tinyvllm.protocol.sampling import SamplingParams
 from tests.reference.test_greedy_matches_hf import LONG_TEXT
 

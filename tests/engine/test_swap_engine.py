@@ -2,7 +2,7 @@
 pressure preempted requests are swapped out and back, nothing is recomputed, and greedy outputs equal a roomy run's."""
 import numpy as np
 
-from tinyvllm.frontend.llm import LLM
+from tinyvllm.frontend.engine.llm import LLM
 from tinyvllm.protocol.sampling import SamplingParams
 
 ENGINE = dict(max_num_seqs=6, max_num_batched_tokens=256)  # every prompt below is computed in one piece

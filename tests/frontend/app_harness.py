@@ -3,7 +3,7 @@ import json
 
 import httpx
 
-from tinyvllm.frontend.app import build_app
+from tinyvllm.frontend.api.app import build_app
 from fake_engine import FakeEngine
 from fake_tokenizer import CharDetokenizer, CharTokenizer
 

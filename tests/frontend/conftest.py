@@ -2,7 +2,7 @@
 `tinyvllm serve` would have served."""
 import pytest
 
-import tinyvllm.frontend.server as server_module
+import tinyvllm.frontend.api.server as server_module
 from app_harness import client_for, make_app
 
 

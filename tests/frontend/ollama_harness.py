@@ -8,7 +8,7 @@ import numpy as np
 from app_harness import MODEL, REPLY
 from fake_engine import FakeEngine
 from fake_tokenizer import CharDetokenizer, CharTokenizer
-from tinyvllm.frontend.app import build_app
+from tinyvllm.frontend.api.app import build_app
 from tests.helpers.gguf_writer import write_gguf
 
 SERVED = MODEL + ":latest"

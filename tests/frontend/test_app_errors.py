@@ -160,7 +160,7 @@ async def test_long_prompt_is_tokenized_off_the_event_loop():
 async def test_too_many_logprobs_for_one_request_is_a_400(served, monkeypatch):
     """The volume is bounded so that one request's output always fits in a message between the engine's processes;
     lowered here, where the context is too short to reach the real bound."""
-    import tinyvllm.frontend.serving as serving
+    import tinyvllm.frontend.api.serving as serving
     monkeypatch.setattr(serving, "MAX_LOGPROB_ENTRIES", 300)
     client, engine, _ = served
     before = len(engine.requests)

@@ -4,7 +4,7 @@ import pytest
 from app_harness import client_for, parse_sse
 from fake_engine import FakeEngine
 
-from tinyvllm.frontend.app import build_app
+from tinyvllm.frontend.api.app import build_app
 
 REPLY = "Hello there! 你好, señor 🙂 done."
 

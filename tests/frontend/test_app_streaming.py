@@ -2,7 +2,7 @@
 import pytest
 
 from app_harness import MODEL, REPLY, client_for, make_app, parse_sse
-from tinyvllm.frontend.stop_strings import StopStringMatcher
+from tinyvllm.frontend.api.stop_strings import StopStringMatcher
 
 pytestmark = pytest.mark.anyio
 

@@ -3,8 +3,8 @@ launcher starts turns it on only for one worker, with two steps in flight, and k
 for P pipeline stages."""
 import pytest
 
-from tinyvllm.frontend.cli import build_parser
-from tinyvllm.frontend.launcher import EngineProcesses
+from tinyvllm.frontend.cli.main import build_parser
+from tinyvllm.frontend.engine.launcher import EngineProcesses
 from tinyvllm.protocol.child_process import child_args
 from tinyvllm.protocol.engine_config import EngineConfig
 from tinyvllm.protocol.process_args import SchedulerArgs

@@ -11,8 +11,8 @@ from app_harness import MODEL, client_for, parse_sse
 from fake_engine import FakeEngine
 from fake_tokenizer import CharDetokenizer, CharTokenizer
 from threaded_server import served
-from tinyvllm.frontend.app import build_app
-from tinyvllm.frontend.auth import APIKeyMiddleware
+from tinyvllm.frontend.api.app import build_app
+from tinyvllm.frontend.api.auth import APIKeyMiddleware
 
 pytestmark = pytest.mark.anyio
 

@@ -1,8 +1,8 @@
 """`tinyvllm serve --api-key` / $TINYVLLM_API_KEY reach the server; an empty --api-key is an error."""
 import pytest
 
-from tinyvllm.frontend import cli
-from tinyvllm.frontend.auth import resolve_api_key
+from tinyvllm.frontend.cli import main as cli
+from tinyvllm.frontend.api.auth import resolve_api_key
 
 
 @pytest.mark.parametrize("flag,env,expected", [

@@ -1,9 +1,9 @@
-"""frontend/beam_search.py against a scripted engine: which beams live, which finish at EOS, how they rank."""
+"""frontend/engine/beam_search.py against a scripted engine: which beams live, which finish at EOS, how they rank."""
 import math
 
 import pytest
 
-from tinyvllm.frontend.beam_search import BeamSequence, beam_score, beam_search
+from tinyvllm.frontend.engine.beam_search import BeamSequence, beam_score, beam_search
 from tinyvllm.protocol.messages import FinishReason, RequestOutput, TokenLogprobs
 from tinyvllm.protocol.sampling import BeamSearchParams
 

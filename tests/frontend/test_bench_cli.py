@@ -8,10 +8,10 @@ import time
 import pytest
 import uvicorn
 
-import tinyvllm.frontend.bench.serve as bench_serve
+import tinyvllm.frontend.cli.bench.serve as bench_serve
 from app_harness import MODEL, make_app
 from fake_tokenizer import OFFSET, CharTokenizer
-from tinyvllm.frontend import cli
+from tinyvllm.frontend.cli import main as cli
 from tinyvllm.protocol.engine_config import EngineConfig
 
 

@@ -1,8 +1,8 @@
-"""frontend/bench/random_prompts.py: prompts of exactly the asked token count, the same for the same seed."""
+"""frontend/cli/bench/random_prompts.py: prompts of exactly the asked token count, the same for the same seed."""
 import pytest
 
 from fake_tokenizer import OFFSET, CharTokenizer
-from tinyvllm.frontend.bench.random_prompts import allowed_token_ids, random_prompts
+from tinyvllm.frontend.cli.bench.random_prompts import allowed_token_ids, random_prompts
 
 
 class AsciiTokenizer(CharTokenizer):

@@ -1,10 +1,10 @@
-"""frontend/bench/serve_report.py: percentiles, TPOT, throughputs and the table, on known inputs."""
+"""frontend/cli/bench/serve_report.py: percentiles, TPOT, throughputs and the table, on known inputs."""
 import math
 
 import pytest
 
-from tinyvllm.frontend.bench.serve_client import RequestResult
-from tinyvllm.frontend.bench.serve_report import distribution, error_summary, markdown_table, summarize
+from tinyvllm.frontend.cli.bench.serve_client import RequestResult
+from tinyvllm.frontend.cli.bench.serve_report import distribution, error_summary, markdown_table, summarize
 
 
 def test_distribution_is_in_milliseconds_with_linear_percentiles():

@@ -1,4 +1,4 @@
-"""frontend/bench/serve_client.py against a fake streaming endpoint (httpx.MockTransport): timings, token
+"""frontend/cli/bench/serve_client.py against a fake streaming endpoint (httpx.MockTransport): timings, token
 counts, both endpoint kinds, and failures that come back as failed results instead of raising."""
 import asyncio
 import json
@@ -6,10 +6,10 @@ import json
 import httpx
 import pytest
 
-from tinyvllm.frontend.bench.progress import Progress
-from tinyvllm.frontend.bench.random_prompts import RandomPrompt
-from tinyvllm.frontend.bench.serve import run_level
-from tinyvllm.frontend.bench.serve_client import Target, send_request
+from tinyvllm.frontend.cli.bench.progress import Progress
+from tinyvllm.frontend.cli.bench.random_prompts import RandomPrompt
+from tinyvllm.frontend.cli.bench.serve import run_level
+from tinyvllm.frontend.cli.bench.serve_client import Target, send_request
 
 GAP_S = 0.05
 

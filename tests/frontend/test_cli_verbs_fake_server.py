@@ -9,12 +9,12 @@ import httpx
 import pytest
 
 from tests.e2e.server_process import free_port
-from tinyvllm.frontend import cli_verbs
-from tinyvllm.frontend.cli import main
-from tinyvllm.frontend.cli_chat import ChatSession, chat_loop
-from tinyvllm.frontend.cli_client import CliError, OllamaApi
-from tinyvllm.frontend.cli_local_server import LocalServer
-from tinyvllm.frontend.cli_models import modelfile_from
+from tinyvllm.frontend.cli import verbs as cli_verbs
+from tinyvllm.frontend.cli.main import main
+from tinyvllm.frontend.cli.chat import ChatSession, chat_loop
+from tinyvllm.frontend.cli.client import CliError, OllamaApi
+from tinyvllm.frontend.cli.local_server import LocalServer
+from tinyvllm.frontend.cli.models import modelfile_from
 
 SHOWN = {"model_info": {"general.architecture": "llama", "llama.context_length": 512},
          "details": {"parameter_size": "3.2M", "quantization_level": "F32"}, "capabilities": ["completion"],

@@ -4,11 +4,11 @@ import io
 
 import pytest
 
-from tinyvllm.frontend import cli_repl, cli_tables
-from tinyvllm.frontend.cli import build_parser
-from tinyvllm.frontend.cli_chat import one_shot_prompt, stats_text
-from tinyvllm.frontend.cli_client import CliError, is_local, resolve_host
-from tinyvllm.frontend.cli_local_server import serve_command, serve_model_argument
+from tinyvllm.frontend.cli import repl as cli_repl, tables as cli_tables
+from tinyvllm.frontend.cli.main import build_parser
+from tinyvllm.frontend.cli.chat import one_shot_prompt, stats_text
+from tinyvllm.frontend.cli.client import CliError, is_local, resolve_host
+from tinyvllm.frontend.cli.local_server import serve_command, serve_model_argument
 
 NOW = datetime.datetime(2026, 1, 15, 12, 0, 0, tzinfo=datetime.timezone.utc)
 
@@ -177,5 +177,5 @@ def test_the_local_server_command():
     assert serve_model_argument(None) is None and serve_model_argument("llama3.2") is None
     assert serve_model_argument("SmolLM2-135M-Instruct") == "SmolLM2-135M-Instruct"
     command = serve_command("http://localhost:9000", "/models/x.gguf")
-    assert command[1:] == ["-m", "tinyvllm.frontend.cli", "serve", "--host", "localhost", "--port", "9000",
+    assert command[1:] == ["-m", "tinyvllm.frontend.cli.main", "serve", "--host", "localhost", "--port", "9000",
                            "--model", "/models/x.gguf"]

@@ -11,9 +11,9 @@ from app_harness import MAX_MODEL_LEN, MODEL, REPLY, client_for, make_app
 from fake_engine import FakeEngine
 from fake_tokenizer import CharDetokenizer, CharTokenizer
 from threaded_server import served
-from tinyvllm.frontend.app import build_app
-from tinyvllm.frontend import dashboard
-from tinyvllm.frontend.dashboard_snapshot import HISTORY_POINTS, DashboardHistory
+from tinyvllm.frontend.api.app import build_app
+from tinyvllm.frontend.api import dashboard
+from tinyvllm.frontend.api.dashboard_snapshot import HISTORY_POINTS, DashboardHistory
 from tinyvllm.protocol.batch_summary import RunningRequestSummary
 from tinyvllm.protocol.messages import SchedulerStats
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from tinyvllm.frontend import cli
-from tinyvllm.frontend.launcher import EngineProcesses
+from tinyvllm.frontend.cli import main as cli
+from tinyvllm.frontend.engine.launcher import EngineProcesses
 from tinyvllm.protocol.engine_config import EngineConfig
 
 

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from tinyvllm.frontend.detokenizer import IncrementalDetokenizer
+from tinyvllm.frontend.engine.detokenizer import IncrementalDetokenizer
 
 TEXTS = [
     "Hello 😀🎉 world! 👨‍👩‍👧 and 🇫🇷🇯🇵",

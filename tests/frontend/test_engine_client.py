@@ -6,8 +6,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from tinyvllm.frontend import engine_client as engine_client_module
-from tinyvllm.frontend.engine_client import EngineClient, EngineDeadError
+from tinyvllm.frontend.engine import engine_client as engine_client_module
+from tinyvllm.frontend.engine.engine_client import EngineClient, EngineDeadError
 from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats,
                                StepOutputs)
 from tinyvllm.protocol.sampling import SamplingParams

@@ -5,8 +5,8 @@ import argparse
 
 import pytest
 
-from tinyvllm.frontend.cli import build_parser
-from tinyvllm.frontend.ollama.model_store import default_models_dir
+from tinyvllm.frontend.cli.main import build_parser
+from tinyvllm.frontend.api.ollama.model_store import default_models_dir
 from tinyvllm.protocol.engine_config import KNOBS, EngineConfig
 
 ENGINE_FLAGS = {

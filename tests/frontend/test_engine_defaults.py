@@ -1,6 +1,6 @@
 """Engine defaults sized for many users: 64 sequences in a batch, a 512-token step (prompt chunks of several
 requests and the decodes together), the same for `tinyvllm serve` and the offline LLM."""
-from tinyvllm.frontend.cli import build_parser
+from tinyvllm.frontend.cli.main import build_parser
 from tinyvllm.protocol.engine_config import EngineConfig
 
 

@@ -10,10 +10,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from app_harness import MODEL, client_for
 from fake_engine import FakeEngine
 from fake_tokenizer import CharDetokenizer, CharTokenizer
-from tinyvllm.frontend.app import build_app
-from tinyvllm.frontend.engine_client import EngineDeadError
-from tinyvllm.frontend.engine_pool import EnginePool, summed
-from tinyvllm.frontend.engine_replica import EngineReplica, RestartPolicy
+from tinyvllm.frontend.api.app import build_app
+from tinyvllm.frontend.engine.engine_client import EngineDeadError
+from tinyvllm.frontend.engine.engine_pool import EnginePool, summed
+from tinyvllm.frontend.engine.engine_replica import EngineReplica, RestartPolicy
 from tinyvllm.protocol.batch_summary import RunningRequestSummary
 from tinyvllm.protocol.sampling import SamplingParams
 

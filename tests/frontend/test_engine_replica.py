@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
-from tinyvllm.frontend.engine_client import EngineDeadError
-from tinyvllm.frontend.engine_replica import FAILED_GROUP_GRACE_S, EngineReplica, RestartPolicy
+from tinyvllm.frontend.engine.engine_client import EngineDeadError
+from tinyvllm.frontend.engine.engine_replica import FAILED_GROUP_GRACE_S, EngineReplica, RestartPolicy
 from tinyvllm.protocol.messages import EngineReady
 
 READY = EngineReady(num_blocks=32, block_size=16, max_model_len=256, max_num_seqs=8, num_workers=1)

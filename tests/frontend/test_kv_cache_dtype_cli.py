@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from tinyvllm.frontend import cli
-from tinyvllm.frontend.launcher import EngineProcesses
-from tinyvllm.frontend.metrics import cache_config_info
+from tinyvllm.frontend.cli import main as cli
+from tinyvllm.frontend.engine.launcher import EngineProcesses
+from tinyvllm.frontend.api.metrics import cache_config_info
 from tinyvllm.protocol.engine_config import EngineConfig
 from tinyvllm.protocol.messages import EngineReady
 

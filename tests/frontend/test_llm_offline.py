@@ -9,11 +9,11 @@ import pytest
 import zmq
 
 from fake_tokenizer import CharTokenizer
-from tinyvllm.frontend import llm as llm_module
-from tinyvllm.frontend.engine_client import EngineClient, EngineDeadError
-from tinyvllm.frontend.engine_pool import EnginePool
-from tinyvllm.frontend.engine_replica import EngineReplica, RestartPolicy
-from tinyvllm.frontend.llm import LLM
+from tinyvllm.frontend.engine import llm as llm_module
+from tinyvllm.frontend.engine.engine_client import EngineClient, EngineDeadError
+from tinyvllm.frontend.engine.engine_pool import EnginePool
+from tinyvllm.frontend.engine.engine_replica import EngineReplica, RestartPolicy
+from tinyvllm.frontend.engine.llm import LLM
 from tinyvllm.protocol.messages import AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats
 from tinyvllm.protocol.sampling import SamplingParams
 from tinyvllm.protocol.transport import Endpoints, make_socket, recv, send

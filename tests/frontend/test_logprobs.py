@@ -8,8 +8,8 @@ import pytest
 from app_harness import MODEL, REPLY, client_for, parse_sse
 from fake_engine import FakeEngine
 from fake_tokenizer import CharDetokenizer, CharTokenizer
-from tinyvllm.frontend import logprobs as lp
-from tinyvllm.frontend.app import build_app
+from tinyvllm.frontend.api import logprobs as lp
+from tinyvllm.frontend.api.app import build_app
 from tinyvllm.protocol.messages import TokenLogprobs
 
 pytestmark = pytest.mark.anyio

@@ -1,7 +1,7 @@
 """MeteredEngine feeds vllm:request_queue_time_seconds once per request from the scheduler's queue_time_s."""
 import pytest
 
-from tinyvllm.frontend.metered_engine import MeteredEngine
+from tinyvllm.frontend.api.metered_engine import MeteredEngine
 from tinyvllm.protocol.messages import RequestOutput
 from tinyvllm.protocol.sampling import SamplingParams
 

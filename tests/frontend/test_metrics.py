@@ -3,7 +3,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app_harness import MODEL, client_for, make_app
-from tinyvllm.frontend.metrics import FrontendMetrics, one_two_five_buckets
+from tinyvllm.frontend.api.metrics import FrontendMetrics, one_two_five_buckets
 
 pytestmark = pytest.mark.anyio
 

@@ -58,7 +58,7 @@ async def test_tags_show_and_ps_describe_the_served_model(served, weights):
 
 @pytest.mark.parametrize("device, on_gpu", [("CPU", False), ("CUDA", True), ("NV", True), ("", True)])
 def test_ps_counts_vram_only_off_the_cpu(device, on_gpu):
-    from tinyvllm.frontend.ollama.model_routes import vram_bytes
+    from tinyvllm.frontend.api.ollama.model_routes import vram_bytes
     from tinyvllm.protocol.messages import EngineReady
 
     class Engine:
@@ -142,7 +142,7 @@ async def test_blob_upload_then_create_from_files(served, weights, tmp_path):
 
 
 async def test_blob_upload_is_bounded(served, monkeypatch):
-    from tinyvllm.frontend.ollama import create_routes
+    from tinyvllm.frontend.api.ollama import create_routes
     client, _, _ = served
     monkeypatch.setattr(create_routes, "MAX_BLOB_BYTES", 1000)
     data = b"x" * 1001
@@ -197,7 +197,7 @@ async def test_without_a_models_folder_only_the_served_model_exists():
 
 
 async def test_embeddings(served, monkeypatch):
-    from tinyvllm.frontend import embeddings
+    from tinyvllm.frontend.engine import embeddings
     client, engine, _ = served
     seen = []
 

@@ -1,8 +1,8 @@
 """The Ollama layer's parsers: model names, Modelfiles, options, and the Go-template subset."""
 import pytest
 
-from tinyvllm.frontend.ollama import go_template, modelfile, names
-from tinyvllm.frontend.ollama.options import OptionError, check_options, generation_settings
+from tinyvllm.frontend.api.ollama import go_template, modelfile, names
+from tinyvllm.frontend.api.ollama.options import OptionError, check_options, generation_settings
 
 
 def test_names():

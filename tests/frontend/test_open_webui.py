@@ -9,9 +9,9 @@ from app_harness import MODEL, REPLY, parse_sse
 from fake_engine import FakeEngine
 from fake_tokenizer import CharDetokenizer, CharTokenizer
 from ollama_harness import MAX_MODEL_LEN, SERVED, make_ollama_app, only_request, parse_ndjson
-from tinyvllm.frontend.app import build_app
-from tinyvllm.frontend.cli import build_parser
-from tinyvllm.frontend.server import ServerArgs
+from tinyvllm.frontend.api.app import build_app
+from tinyvllm.frontend.cli.main import build_parser
+from tinyvllm.frontend.api.server import ServerArgs
 
 pytestmark = pytest.mark.anyio
 CHAT = [{"role": "user", "content": "Hi"}]

@@ -10,12 +10,12 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
 from app_harness import MODEL, client_for, make_app
-from tinyvllm.frontend import openai_protocol as api
-from tinyvllm.frontend import openapi
-from tinyvllm.frontend.ollama.options import OllamaOptions, OptionError, check_options, generation_settings
-from tinyvllm.frontend.openai_requests import ChatRequest, CompletionRequest, EmbeddingRequest
-from tinyvllm.frontend.openai_responses import ChatResponse, CompletionResponse, EmbeddingResponse
-from tinyvllm.frontend.request_models import json_schema
+from tinyvllm.frontend.api import openai_protocol as api
+from tinyvllm.frontend.api import openapi
+from tinyvllm.frontend.api.ollama.options import OllamaOptions, OptionError, check_options, generation_settings
+from tinyvllm.frontend.api.openai_requests import ChatRequest, CompletionRequest, EmbeddingRequest
+from tinyvllm.frontend.api.openai_responses import ChatResponse, CompletionResponse, EmbeddingResponse
+from tinyvllm.frontend.api.request_models import json_schema
 from tinyvllm.protocol.sampling import MAX_LOGPROBS, MAX_N
 
 pytestmark = pytest.mark.anyio

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from tinyvllm.frontend import cli
-from tinyvllm.frontend.launcher import EngineProcesses
+from tinyvllm.frontend.cli import main as cli
+from tinyvllm.frontend.engine.launcher import EngineProcesses
 from tinyvllm.protocol.engine_config import EngineConfig
 
 SECRET = "kv-test-secret-0123456789"
@@ -55,7 +55,7 @@ def test_the_launcher_gives_the_kv_secret_to_its_children_in_their_environment(t
 def test_kv_transfer_params_a_client_may_not_send(kv):
     from pydantic import ValidationError
 
-    from tinyvllm.frontend.openai_requests import CompletionRequest
+    from tinyvllm.frontend.api.openai_requests import CompletionRequest
     with pytest.raises(ValidationError):
         CompletionRequest.model_validate({"model": "m", "prompt": "hi", "kv_transfer_params": kv})
     CompletionRequest.model_validate({"model": "m", "prompt": "hi", "kv_transfer_params": {

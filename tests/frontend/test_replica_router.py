@@ -1,6 +1,6 @@
 """ReplicaRouter: the least loaded replica (waiting x 4 + running, with requests the stats do not show yet counted as
 waiting), idle replicas in turn, and the replica caching the prompt's prefix unless it is overloaded."""
-from tinyvllm.frontend.replica_router import PrefixIndex, ReplicaRouter, RoutingPolicy, prompt_block_hashes
+from tinyvllm.frontend.engine.replica_router import PrefixIndex, ReplicaRouter, RoutingPolicy, prompt_block_hashes
 from tinyvllm.protocol.messages import SchedulerStats
 from tinyvllm.protocol.block_hash import hash_block, root_hash
 

@@ -1,4 +1,4 @@
-"""The request gate in the app (frontend/request_gate.py): the waiting limit answers 503 + Retry-After before the
+"""The request gate in the app (frontend/api/request_gate.py): the waiting limit answers 503 + Retry-After before the
 body is read, the request deadline ends a request with a 504, the drain refuses new work and ends what is left, and
 the engine's typed errors reach the client as their statuses."""
 import asyncio
@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from app_harness import MODEL, client_for, make_app, parse_sse
-from tinyvllm.frontend.request_gate import RequestGate
+from tinyvllm.frontend.api.request_gate import RequestGate
 from tinyvllm.protocol.messages import ErrorKind
 
 pytestmark = pytest.mark.anyio
@@ -136,7 +136,7 @@ async def test_oversized_headers_get_431_in_the_route_family_s_shape():
 
 
 async def test_a_client_that_stalls_while_sending_its_body_gets_408_and_gives_its_waiting_slot_back(monkeypatch):
-    from tinyvllm.frontend import request_gate
+    from tinyvllm.frontend.api import request_gate
     monkeypatch.setattr(request_gate, "BODY_TIMEOUT_S", 0.2)
     gate = RequestGate(max_waiting=1)
     app, engine, _ = make_app(gate=gate)

@@ -3,7 +3,7 @@ that live in the frontend: include_stop_str_in_output and min_tokens' hold on st
 import pytest
 
 from app_harness import MODEL, parse_sse
-from tinyvllm.frontend.openai_protocol import APIError, parse_chat_request, parse_completion_request
+from tinyvllm.frontend.api.openai_protocol import APIError, parse_chat_request, parse_completion_request
 
 pytestmark = pytest.mark.anyio
 USER_HI = [{"role": "user", "content": "Hi"}]

@@ -2,9 +2,9 @@
 import pytest
 
 from app_harness import MODEL, client_for, make_app
-from tinyvllm.frontend import cli
-from tinyvllm.frontend.app import build_app
-from tinyvllm.frontend.server import ServerArgs
+from tinyvllm.frontend.cli import main as cli
+from tinyvllm.frontend.api.app import build_app
+from tinyvllm.frontend.api.server import ServerArgs
 
 
 def test_the_limit_flags_reach_the_server(serve_calls):

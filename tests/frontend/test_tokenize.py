@@ -4,8 +4,8 @@ import importlib.metadata
 import pytest
 
 from app_harness import MAX_MODEL_LEN, MODEL
-from tinyvllm.frontend import ops_routes
-from tinyvllm.frontend.serving import LONG_INPUT_CHARS
+from tinyvllm.frontend.api import ops_routes
+from tinyvllm.frontend.api.serving import LONG_INPUT_CHARS
 
 pytestmark = pytest.mark.anyio
 

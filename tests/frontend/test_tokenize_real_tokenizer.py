@@ -3,7 +3,7 @@ import pytest
 
 from app_harness import client_for
 from fake_engine import FakeEngine
-from tinyvllm.frontend.app import build_app
+from tinyvllm.frontend.api.app import build_app
 
 TEXT = "Hello world! 你好 🙂 <|im_end|>"
 

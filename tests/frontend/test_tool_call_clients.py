@@ -11,7 +11,7 @@ import pytest
 from app_harness import MODEL
 from fake_engine import FakeEngine
 from fake_tokenizer import CharDetokenizer, CharTokenizer
-from tinyvllm.frontend.app import build_app
+from tinyvllm.frontend.api.app import build_app
 
 pytestmark = pytest.mark.anyio
 

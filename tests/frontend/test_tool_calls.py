@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from tinyvllm.frontend.structured_output import GrammarInvalid
-from tinyvllm.frontend.tool_calls import (NO_TOOLS, chat_tools, check_tools, chosen_functions, forced_grammar,
+from tinyvllm.frontend.api.structured_output import GrammarInvalid
+from tinyvllm.frontend.api.tool_calls import (NO_TOOLS, chat_tools, check_tools, chosen_functions, forced_grammar,
                                           parse_tool_calls, template_messages, tool_preamble)
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
@@ -80,7 +80,7 @@ def test_calls_parse_back_and_text_without_calls_is_content():
                                   "x <tool_call>{broken</tool_call> y", call("get_time", {}) + call("get_time", {}),
                                   '<tool_call>[{"name": "get_time", "arguments": {}}]</tool_call>'])
 def test_streamed_text_gives_what_the_whole_text_gives(text):
-    from tinyvllm.frontend.tool_calls import ToolCallText
+    from tinyvllm.frontend.api.tool_calls import ToolCallText
     for size in (1, 3, len(text)):
         stream, shown = ToolCallText(), ""
         for i in range(0, len(text), size):
@@ -126,7 +126,7 @@ def test_forced_arguments_take_no_made_up_keys(tokenizer):
 
 
 def test_closing_schemas_changes_subschemas_not_values():
-    from tinyvllm.frontend.tool_calls import closed
+    from tinyvllm.frontend.api.tool_calls import closed
     schema = {"type": "object", "properties": {
         "properties": {"type": "string"},  # a parameter named "properties"
         "mode": {"const": {"properties": 1}}, "nested": {"type": "object", "properties": {"x": {"type": "integer"}}},

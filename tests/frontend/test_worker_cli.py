@@ -6,8 +6,8 @@ import json
 import pytest
 
 import tinyvllm.workers.main as worker_main
-from tinyvllm.frontend import cli
-from tinyvllm.frontend.launcher import EngineProcesses
+from tinyvllm.frontend.cli import main as cli
+from tinyvllm.frontend.engine.launcher import EngineProcesses
 from tinyvllm.protocol.engine_config import EngineConfig
 from tinyvllm.protocol.process_args import WorkerArgs
 

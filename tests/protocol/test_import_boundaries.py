@@ -5,13 +5,13 @@ import sys
 
 import pytest
 
-FRONTEND_MODULES = ("tinyvllm.frontend.server", "tinyvllm.frontend.launcher", "tinyvllm.protocol.tokenizer",
-                    "tinyvllm.frontend.cli", "tinyvllm.protocol.engine_config",
-                    "tinyvllm.frontend.ollama.routes", "tinyvllm.frontend.ollama.create_routes",
-                    "tinyvllm.frontend.ollama.pull_routes", "tinyvllm.frontend.ollama.model_info")
+FRONTEND_MODULES = ("tinyvllm.frontend.api.server", "tinyvllm.frontend.engine.launcher", "tinyvllm.protocol.tokenizer",
+                    "tinyvllm.frontend.cli.main", "tinyvllm.protocol.engine_config",
+                    "tinyvllm.frontend.api.ollama.routes", "tinyvllm.frontend.api.ollama.create_routes",
+                    "tinyvllm.frontend.api.ollama.pull_routes", "tinyvllm.frontend.api.ollama.model_info")
 MODEL_FILE_MODULES = ("tinyvllm.protocol.gguf_file", "tinyvllm.protocol.model_config", "tinyvllm.protocol.model_path")
 READ_DEFAULT_MODEL = """
-from tinyvllm.frontend.ollama.model_info import read_weights_info
+from tinyvllm.frontend.api.ollama.model_info import read_weights_info
 from tinyvllm.protocol.tokenizer import Tokenizer
 from tinyvllm.protocol.model_config import read_model_config
 from tinyvllm.protocol.model_path import resolve_model_path

@@ -5,7 +5,7 @@ activations, compared up to a near-tie: greedy_tokens_equal_up_to_a_near_tie). W
 comparison stops there (and says so)."""
 import pytest
 
-from tinyvllm.frontend.llm import LLM
+from tinyvllm.frontend.engine.llm import LLM
 from tinyvllm.protocol.tokenizer import Tokenizer
 from tinyvllm.protocol.sampling import SamplingParams
 from tests.reference.hf_reference import reference_greedy

@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 import httpx
 import uvicorn
 
-from tinyvllm.frontend.request_gate import RequestGate
+from tinyvllm.frontend.api.request_gate import RequestGate
 from tinyvllm.frontend.router.app import build_router_app
 from tinyvllm.frontend.router.instance_picker import InstancePicker
 from tinyvllm.frontend.router.instance_registry import STATIC, InstanceRegistry, Load
 from tinyvllm.frontend.router.router_metrics import RouterMetrics
 from tinyvllm.frontend.router.upstream_proxy import Shutdown, UpstreamProxy
-from tinyvllm.frontend.uvicorn_runner import QuietSignalServer, start_serving
+from tinyvllm.frontend.api.uvicorn_runner import QuietSignalServer, start_serving
 
 WAIT_S = 20  # generous: the machine may be loaded
 

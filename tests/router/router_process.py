@@ -24,7 +24,7 @@ class RouterProcess:
         self.log_path = log_path
         self._log_file = open(log_path, "wb")
         self.proc = subprocess.Popen(
-            [*command_prefix, sys.executable, "-m", "tinyvllm.frontend.cli", "router", "--host", host,
+            [*command_prefix, sys.executable, "-m", "tinyvllm.frontend.cli.main", "router", "--host", host,
              "--port", str(self.port), *extra_args],
             cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=self._log_file, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True)

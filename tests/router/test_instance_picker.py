@@ -3,7 +3,7 @@ report does not show), the one that served the prompt's prefix unless it is over
 chunks (the router has no tokenizer)."""
 import json
 
-from tinyvllm.frontend.replica_router import CACHE, LOAD
+from tinyvllm.frontend.engine.replica_router import CACHE, LOAD
 from tinyvllm.frontend.router.instance_picker import InstancePicker
 from tinyvllm.frontend.router.instance_registry import Instance, Load
 from tinyvllm.frontend.router.prompt_chunks import CHUNK_CHARS, chunk_hashes, prompt_text, request_chunk_hashes

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from tests.router.harness import WAIT_S, running_router
-from tinyvllm.frontend.router_registration import Registration, RouterHeartbeat
+from tinyvllm.frontend.api.router_registration import Registration, RouterHeartbeat
 from tinyvllm.protocol.messages import SchedulerStats
 
 pytestmark = pytest.mark.anyio

@@ -2,10 +2,10 @@
 --register-with`'s (the advertised URL, the secret)."""
 import pytest
 
-import tinyvllm.frontend.server as server_module
-from tinyvllm.frontend import cli
+import tinyvllm.frontend.api.server as server_module
+from tinyvllm.frontend.cli import main as cli
 from tinyvllm.frontend.router.command import router_args_from
-from tinyvllm.frontend.router_registration import Registration, registration_from
+from tinyvllm.frontend.api.router_registration import Registration, registration_from
 
 SECRET = "0123456789abcdef"
 

@@ -2,7 +2,7 @@
 an explicit error in its own shape, on a frame boundary."""
 import json
 
-from tinyvllm.frontend.ollama.http_io import NDJSON
+from tinyvllm.frontend.api.ollama.http_io import NDJSON
 from tinyvllm.frontend.router.stream_framing import SSE, StreamFraming, stream_kind
 
 

@@ -123,7 +123,7 @@ def test_a_draft_model_of_another_vocabulary_is_refused_at_start_up(tmp_path):
         "max_position_embeddings": 512}))
     (tmp_path / "model.safetensors").write_bytes(b"")
     (tmp_path / "tokenizer.json").write_text("{}")
-    from tinyvllm.frontend.launcher import EngineProcesses
+    from tinyvllm.frontend.engine.launcher import EngineProcesses
     from tinyvllm.protocol.engine_config import EngineConfig
     with pytest.raises(ValueError, match="vocabulary of 1000 tokens, the target 49152: a draft model must share"):
         EngineProcesses(EngineConfig.of(speculative_config={"method": "draft_model", "model": str(tmp_path)}))

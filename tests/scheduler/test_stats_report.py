@@ -1,5 +1,5 @@
 """The scheduler's stats carry a bounded summary of its running batch and the count of cached free blocks, which
-/dashboard shows (frontend/dashboard_snapshot.py)."""
+/dashboard shows (frontend/api/dashboard_snapshot.py)."""
 from fake_worker import make_prompt, make_request, make_scheduler, run_to_completion, step
 from invariants import num_cached_blocks
 

@@ -6,7 +6,7 @@ import pytest
 from tinygrad import Tensor
 
 from tests.helpers.tiny_model import make_tiny_gguf
-from tinyvllm.frontend.structured_output import choice_grammar
+from tinyvllm.frontend.api.structured_output import choice_grammar
 from tinyvllm.protocol.tokenizer import Tokenizer
 from tinyvllm.protocol.sampling import SamplingParams
 from tinyvllm.workers.batch_state import RequestState

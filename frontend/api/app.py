@@ -1,0 +1,150 @@
+"""The HTTP app: OpenAI-compatible routes, /tokenize and /detokenize, and the operators' routes (/health, /metrics,
+/version, /openapi.json, /dashboard), behind the optional API-key check."""
+import time
+from collections.abc import Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tinyvllm.frontend.api import openai_protocol as api
+from tinyvllm.frontend.api import openapi, streaming, tool_call_replies
+from tinyvllm.frontend.api.auth import APIKeyMiddleware
+from tinyvllm.frontend.api.beam_search_completion import beam_search_completion
+from tinyvllm.frontend.api.dashboard import dashboard_routes
+from tinyvllm.frontend.engine.detokenizer import IncrementalDetokenizer
+from tinyvllm.frontend.api.embedding_routes import embedding_routes
+from tinyvllm.frontend.engine.engine_client import EngineDeadError
+from tinyvllm.frontend.api.http_json import DEFAULT_MAX_BODY_BYTES, error_response, exception_response, read_json_body  # noqa: F401 (re-exported)
+from tinyvllm.frontend.api.http_json import CLIENT_CLOSED_REQUEST, run_unless_disconnected
+from tinyvllm.frontend.api.metered_engine import MeteredEngine
+from tinyvllm.frontend.api.metrics import FrontendMetrics
+from tinyvllm.frontend.api.ollama.routes import mount_ollama
+from tinyvllm.frontend.api.openai_requests import ChatRequest, CompletionRequest
+from tinyvllm.frontend.api.openai_responses import ChatResponse, CompletionResponse, ModelList
+from tinyvllm.frontend.api.ops_routes import ops_routes
+from tinyvllm.frontend.api.request_gate import GatedEngine, GateMiddleware, RequestGate
+from tinyvllm.frontend.api.serving import CompletionResult, RequestServing, collect, keep_best
+from tinyvllm.frontend.api.tokenize_routes import tokenization_routes
+
+
+_GENERATION_ERRORS = (400, 404, 413, 500, 503, 504)
+openapi.describe("/v1/completions", "POST", CompletionRequest, CompletionResponse, summary="Text completion",
+                 stream_media_type=openapi.SSE, error_statuses=_GENERATION_ERRORS)
+openapi.describe("/v1/chat/completions", "POST", ChatRequest, ChatResponse, summary="Chat completion",
+                 stream_media_type=openapi.SSE, error_statuses=_GENERATION_ERRORS)
+openapi.describe("/v1/models", "GET", response_schema=ModelList, summary="The served model", error_statuses=())
+
+
+def response_body(result: CompletionResult, req: api.GenerationRequest, request_id: str, model: str,
+                  created: int) -> dict:
+    if req.is_chat:
+        make_body = api.chat_body
+        choices = [tool_call_replies.chat_choice(c, req.tools.parse) for c in result.choices]
+    else:
+        make_body = api.completion_body
+        choices = [api.completion_choice(c.index, c.text, c.finish_reason, c.stop_reason, c.logprobs)
+                   for c in result.choices]
+    usage = api.usage_body(result.num_prompt_tokens, result.num_generated_tokens, result.num_cached_tokens)
+    body = make_body(request_id, model, choices, usage, created)
+    if result.kv_transfer_params is not None:  # a prefill instance's answer (vLLM's contract)
+        body["kv_transfer_params"] = result.kv_transfer_params
+    return body
+
+
+def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_root: str | None = None,
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, models_dir: str | None = None,
+              make_detokenizer: Callable = IncrementalDetokenizer, api_key: str | None = None,
+              gate: RequestGate | None = None, allowed_origins: list[str] | None = None,
+              default_max_tokens: int | None = None) -> Starlette:
+    """engine: an EngineClient (or anything with its generate/stats/dead_reason);
+    tokenizer: a protocol.tokenizer.Tokenizer (encode, vocab_size, eos_token_ids, apply_chat_template).
+
+    make_detokenizer(tokenizer, prompt_token_ids, skip_special_tokens=...): tests swap in a simpler one.
+    api_key: when given, every /v1 and /api route needs `Authorization: Bearer <api_key>` (frontend/api/auth.py).
+    gate: the waiting limit, request deadline and drain (frontend/api/request_gate.py; default: its defaults).
+    allowed_origins: the browser origins CORS lets in ("*": any); None: no CORS headers at all.
+    default_max_tokens: the limit of a chat request that sets none (OpenAI max_tokens, Ollama num_predict);
+    None: the rest of the context.
+    """
+    gate = gate or RequestGate()
+    engine = GatedEngine(engine, gate)
+    metrics = FrontendMetrics(engine, model_name, max_model_len, gate)
+    serving = RequestServing(MeteredEngine(engine, metrics), tokenizer, max_model_len, make_detokenizer, metrics,
+                             default_max_tokens)
+    started_at = int(time.time())
+
+    async def generation(request: Request, is_chat: bool) -> Response:
+        try:
+            body = await read_json_body(request, max_body_bytes)
+            req = api.parse_chat_request(body) if is_chat else api.parse_completion_request(body)
+            if req.model is not None and req.model != model_name:
+                raise api.model_not_found(req.model)
+            if engine.dead_reason is not None:
+                raise EngineDeadError(engine.dead_reason)
+            prompt_ids = await serving.prompt_token_ids(req, is_chat)
+            serving.fit_to_context(req, len(prompt_ids))
+            request_id, created = api.new_request_id(is_chat), int(time.time())
+            if req.beam_search is not None:
+                work = beam_search_completion(serving, request_id, prompt_ids, req)
+            else:
+                deltas = serving.generate_text(request_id, prompt_ids, req)
+                n = req.sampling.n
+                if req.tools.parse and req.stream:
+                    deltas = tool_call_replies.with_tool_calls(deltas, n)
+                if req.stream:
+                    events = streaming.chat_events if is_chat else streaming.completion_events
+                    return streaming.SSEResponse(events(deltas, request_id, model_name, created, req.include_usage, n))
+                work = collect(deltas, n)
+            finished, result = await run_unless_disconnected(request, work)
+            if not finished:
+                return Response(status_code=CLIENT_CLOSED_REQUEST)
+            if req.best_of_keep is not None:
+                result = keep_best(result, req.best_of_keep)
+            return JSONResponse(response_body(result, req, request_id, model_name, created))
+        except Exception as e:
+            return exception_response(e, request.url.path)
+
+    async def completions(request: Request) -> Response:
+        return await generation(request, is_chat=False)
+
+    async def chat_completions(request: Request) -> Response:
+        return await generation(request, is_chat=True)
+
+    async def models(request: Request) -> Response:
+        card = {"id": model_name, "object": "model", "created": started_at, "owned_by": "tinyvllm",
+                "root": model_root or model_name, "parent": None, "max_model_len": max_model_len}
+        return JSONResponse({"object": "list", "data": [card, *model_store.openai_cards(started_at)]})
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        type_ = {404: "NotFoundError", 405: "MethodNotAllowedError"}.get(exc.status_code, "BadRequestError")
+        response = error_response(api.APIError(exc.detail, exc.status_code, type_))
+        response.headers.update(exc.headers or {})  # a 405 must say which methods are allowed
+        return response
+
+    app = Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            *tokenization_routes(tokenizer, model_name, max_model_len, max_body_bytes),
+            *embedding_routes(engine, tokenizer, model_name, max_model_len, max_body_bytes),
+            *ops_routes(engine, metrics),
+            *dashboard_routes(engine, metrics, gate, model_name, api_key),
+        ],
+        exception_handlers={HTTPException: http_error},
+        middleware=[*([Middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"],
+                                  allow_headers=["*"])] if allowed_origins else []),
+                    *([Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []),
+                    Middleware(GateMiddleware, gate=gate, max_body_bytes=max_body_bytes)],
+    )
+    app.state.metrics = metrics
+    app.state.gate = gate
+    app.state.serving = serving
+    model_store = mount_ollama(app, engine, serving, model_name, model_root, models_dir, max_body_bytes)  # /api/*
+    app.state.api_key_required = bool(api_key)
+    return app

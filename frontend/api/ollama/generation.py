@@ -1,0 +1,119 @@
+"""Runs one /api/generate or /api/chat request on the engine and shapes Ollama's chunks and final object.
+
+Durations are nanoseconds: load_duration is the time spent before the engine had the request (parsing, templating,
+tokenizing: there is no model to load), prompt_eval_duration until the first text, eval_duration after it.
+
+`format` ("json" or a JSON schema) is enforced while decoding: its grammar travels in the sampling parameters
+(generate_routes; frontend/api/structured_output.py) and masks every sampled token on the worker. The prompt asks for
+JSON too (prompting.format_instruction), so the model's own choices fit the grammar more often.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from tinyvllm.frontend.api.http_json import CLIENT_CLOSED_REQUEST, run_unless_disconnected
+from tinyvllm.frontend.api.ollama.http_io import streamed, timestamp
+from tinyvllm.frontend.api.ollama.options import GenerationSettings
+from tinyvllm.frontend.api.ollama.service import OllamaService
+from tinyvllm.frontend.api.openai_protocol import GenerationRequest
+from tinyvllm.frontend.api.tool_calls import ToolCallText
+
+@dataclass
+class PreparedRequest:
+    model: str  # as the client named it (echoed back)
+    is_chat: bool
+    prompt_ids: list[int]
+    settings: GenerationSettings
+    return_context: bool
+    received_ns: int  # time.perf_counter_ns() when the request arrived
+    parse_tool_calls: bool = False  # chat with tools: calls in the reply become message.tool_calls
+
+
+def text_chunk(prep: PreparedRequest, text: str, done: bool = False) -> dict:
+    chunk: dict[str, Any] = {"model": prep.model, "created_at": timestamp()}
+    if prep.is_chat:
+        chunk["message"] = {"role": "assistant", "content": text}
+    else:
+        chunk["response"] = text
+    chunk["done"] = done
+    return chunk
+
+
+def load_reply(model: str, is_chat: bool, unload: bool) -> Response:
+    """An empty prompt / message list: Ollama's way to (un)load a model. The one model here is always loaded."""
+    prep = PreparedRequest(model, is_chat, [], None, False, 0)
+    return JSONResponse({**text_chunk(prep, "", done=True), "done_reason": "unload" if unload else "load"})
+
+
+async def chunks(service: OllamaService, prep: PreparedRequest) -> AsyncIterator[dict]:
+    """Text chunks (done false), then the final object (done true) with the counts and durations."""
+    req = GenerationRequest(model=prep.model, sampling=prep.settings.sampling, max_tokens=prep.settings.max_tokens,
+                            stop=prep.settings.stop)
+    limit, p = service.max_model_len, len(prep.prompt_ids)
+    if req.max_tokens is not None and p < limit:
+        req.max_tokens = min(req.max_tokens, limit - p)  # Ollama stops at the context's end instead of refusing
+    service.serving.fit_to_context(req, p)
+    req_id = f"ollama-{uuid.uuid4().hex}"
+    submitted_ns = time.perf_counter_ns()
+    first_ns, last = None, None
+    try:
+        calls_text = ToolCallText() if prep.parse_tool_calls else None
+        async with aclosing(service.serving.generate_text(req_id, prep.prompt_ids, req)) as deltas:
+            async for last in deltas:
+                first_ns = first_ns or time.perf_counter_ns()
+                if text := calls_text.feed(last.text) if calls_text else last.text:
+                    yield text_chunk(prep, text)
+        if calls_text is not None:
+            rest, calls = calls_text.finish()
+            if rest or calls:
+                chunk = text_chunk(prep, rest)
+                if calls:
+                    chunk["message"]["tool_calls"] = [call.ollama() for call in calls]
+                yield chunk
+        generated = service.recorder.generated.get(req_id, [])
+    finally:
+        service.recorder.generated.pop(req_id, None)
+    end_ns = time.perf_counter_ns()
+    final = text_chunk(prep, "", done=True)
+    final["done_reason"] = last.finish_reason if last is not None else "stop"
+    if prep.return_context:
+        final["context"] = prep.prompt_ids + generated
+    first_ns = first_ns or end_ns
+    final.update(total_duration=end_ns - prep.received_ns, load_duration=submitted_ns - prep.received_ns,
+                 prompt_eval_count=p, prompt_eval_duration=first_ns - submitted_ns,
+                 eval_count=last.num_generated_tokens if last is not None else 0, eval_duration=end_ns - first_ns)
+    yield final
+
+
+async def respond(request: Request, service: OllamaService, prep: PreparedRequest, stream: bool) -> Response:
+    items = chunks(service, prep)
+    if stream:
+        return await streamed(request, items)
+
+    async def collect() -> dict:
+        pieces, final, calls = [], None, []
+        async with aclosing(items):
+            async for item in items:
+                if item["done"]:
+                    final = item
+                else:
+                    pieces.append(item["message"]["content"] if prep.is_chat else item["response"])
+                    calls += item["message"].get("tool_calls", []) if prep.is_chat else []
+        if prep.is_chat:
+            final["message"]["content"] = "".join(pieces)
+            if calls:
+                final["message"]["tool_calls"] = calls
+        else:
+            final["response"] = "".join(pieces)
+        return final
+
+    finished, final = await run_unless_disconnected(request, collect())
+    return JSONResponse(final) if finished else Response(status_code=CLIENT_CLOSED_REQUEST)

@@ -1,0 +1,61 @@
+"""What every Ollama route needs: the engine, tokenizer, request serving, model store and limits."""
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from tinyvllm.frontend.api.ollama.http_io import OllamaError
+from tinyvllm.frontend.api.ollama.model_store import ModelEntry, ModelStore
+
+
+class TokenRecordingEngine:
+    """Wraps the engine client to keep each request's generated token ids (for /api/generate's `context`)."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        self.generated: dict[str, list[int]] = {}
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    async def generate(self, req_id: str, prompt_token_ids, sampling, eos_token_ids, *args, **kwargs) -> AsyncIterator:
+        ids = self.generated.setdefault(req_id, [])
+        async with aclosing(self._engine.generate(req_id, prompt_token_ids, sampling, eos_token_ids,
+                                                  *args, **kwargs)) as outputs:
+            async for out in outputs:
+                if out.index == 0:
+                    ids.extend(out.new_token_ids)
+                yield out
+
+
+@dataclass
+class OllamaService:
+    engine: object  # EngineClient (embeddings, dead_reason)
+    tokenizer: object  # protocol.tokenizer.Tokenizer
+    serving: object  # a RequestServing whose engine is `recorder`
+    recorder: TokenRecordingEngine
+    store: ModelStore
+    max_model_len: int
+    max_body_bytes: int
+
+    @classmethod
+    def create(cls, engine, serving, store: ModelStore, max_body_bytes: int) -> "OllamaService":
+        recorder = TokenRecordingEngine(serving.engine)
+        own_serving = copy.copy(serving)  # same tokenizer, detokenizer and metrics; the recording engine
+        own_serving.engine = recorder
+        return cls(engine, serving.tokenizer, own_serving, recorder, store, serving.max_model_len, max_body_bytes)
+
+    async def servable(self, name: str) -> ModelEntry:
+        """The model `name`, if this server's engine can run it; 404 or 400 otherwise."""
+        entry = self.store.get(name)
+        if entry is None:
+            raise OllamaError(f'model "{name}" not found, try pulling it first', 404)
+        if not await asyncio.to_thread(self.store.uses_served_weights, entry):
+            served = self.store.served.name
+            raise OllamaError(f"model '{entry.name}' uses other weights ({entry.source}) than the model this server "
+                              f"runs: this server serves only '{served}' (one engine per server) and models made "
+                              f"from its weights; start another `tinyvllm serve --model {entry.source}` for it", 400)
+        return entry

@@ -1,0 +1,1 @@
+"""The `tinyvllm` command: main.py parses it and runs each verb."""

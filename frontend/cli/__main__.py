@@ -1,0 +1,5 @@
+import sys
+
+from tinyvllm.frontend.cli.main import main
+
+sys.exit(main())

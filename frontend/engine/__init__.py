@@ -1,0 +1,1 @@
+"""The engine's control side: start its processes, send them requests, read their outputs, restart them."""

@@ -1,0 +1,95 @@
+"""The stats SchedulerLoop sends the frontend (dashboard, /metrics, the data-parallel router) show requests the
+scheduler has taken on at once, not only once the step computing them is back: a step can take long (a bucket's
+first jit capture, a loaded machine), and until then the engine would look idle while it works."""
+import queue
+import threading
+
+import zmq
+
+from fake_worker import FakeWorker, make_prompt, make_scheduler
+from tinyvllm.protocol.engine_config import EngineConfig
+from tinyvllm.protocol.messages import AddRequest, Shutdown, StepOutputs, StepPlan
+from tinyvllm.protocol.process_args import SchedulerArgs
+from tinyvllm.protocol.sampling import SamplingParams
+from tinyvllm.protocol.transport import Endpoints, make_socket, recv, send
+from tinyvllm.scheduler.main import SchedulerLoop
+
+WAIT_MS = 10_000
+
+
+class HeldWorker:
+    """WorkerGroup after its handshake, one rank: a thread of its own runs the plans in order on the fake worker, but
+    answers none until `answer` is set (a step that takes long)."""
+    output_rank = 0
+
+    def __init__(self, ctx: zmq.Context, worker: FakeWorker):
+        self.sock = make_socket(ctx, zmq.PULL, "inproc://held-worker", bind=True)
+        self.plans: queue.Queue[StepPlan | None] = queue.Queue()
+        self.answer = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(ctx, worker), daemon=True)
+        self.thread.start()
+
+    def broadcast(self, msg, skip_gone: bool = False) -> None:
+        if isinstance(msg, StepPlan):
+            self.plans.put(msg)
+
+    def recv(self, deadline: float):
+        return b"", recv(self.sock)
+
+    def stop(self) -> None:
+        self.answer.set()
+        self.plans.put(None)
+        self.thread.join(10)
+
+    def _run(self, ctx: zmq.Context, worker: FakeWorker) -> None:
+        results = make_socket(ctx, zmq.PUSH, "inproc://held-worker", bind=False)
+        try:
+            while (plan := self.plans.get()) is not None:
+                self.answer.wait()
+                send(results, worker.execute(plan))
+        finally:
+            results.close()
+
+
+def test_requests_taken_on_are_in_the_stats_before_their_first_step_is_back(tmp_path):
+    sched, worker = make_scheduler(max_steps_in_flight=2, async_scheduling=True)  # as `serve` runs one worker
+    endpoints = Endpoints.ipc(str(tmp_path))
+    frontend_ctx = zmq.Context()
+    from_scheduler = make_socket(frontend_ctx, zmq.PULL, endpoints.frontend_output, bind=True)
+    loop = SchedulerLoop(endpoints, SchedulerArgs(EngineConfig.of(block_size=4, num_kv_blocks=64, max_model_len=128)))
+    to_scheduler = make_socket(frontend_ctx, zmq.PUSH, endpoints.scheduler_input, bind=False)
+    held = HeldWorker(loop.ctx, worker)
+    loop.workers, loop.scheduler = held, sched
+    thread = threading.Thread(target=loop.loop, daemon=True)
+    thread.start()
+    req_ids = ["a", "b"]
+    try:
+        for req_id in req_ids:
+            send(to_scheduler, AddRequest(req_id, make_prompt(req_id, 6), SamplingParams(max_tokens=4)))
+        # the worker holds the first step: whatever reaches the frontend now came before any step finished
+        seen = None
+        while seen is None or seen.num_running + seen.num_waiting < len(req_ids):
+            assert from_scheduler.poll(WAIT_MS), (
+                f"the scheduler took on {req_ids} and sent its first step, but the frontend's stats still say "
+                f"{seen and (seen.num_running, seen.num_waiting)} (running, waiting): they wait for the step's result")
+            msg = recv(from_scheduler)
+            assert isinstance(msg, StepOutputs) and msg.outputs == []
+            seen = msg.stats
+        assert (seen.num_running, seen.num_waiting) == (2, 0)  # both planned in the step in flight
+        assert [r.req_id for r in seen.running_requests] == req_ids
+
+        held.answer.set()
+        finished, stats = set(), None
+        while finished != set(req_ids):
+            assert from_scheduler.poll(WAIT_MS), "no StepOutputs"
+            msg = recv(from_scheduler)
+            finished |= {out.req_id for out in msg.outputs if out.finish_reason}
+            stats = msg.stats
+        assert stats.num_running == 0 and stats.num_free_blocks == stats.num_total_blocks
+    finally:
+        send(to_scheduler, Shutdown("done"))  # a Shutdown also ends a wait for a step
+        thread.join(10)
+        held.stop()
+        loop.ctx.destroy(linger=0)
+        frontend_ctx.destroy(linger=0)
+    assert not thread.is_alive()
