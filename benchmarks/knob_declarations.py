@@ -16,7 +16,8 @@ PRODUCT = ("frontend", "scheduler", "workers", "protocol")
 CONFIG_CLASSES = {"EngineArgs", "SchedulerArgs", "SchedulerConfig", "WorkerArgs", "InitWorker", "ServerArgs",
                   "EngineConfig", "ModelOptions", "BatchConfig", "CacheConfig", "KernelConfig", "ParallelConfig",
                   "KVTransferConfig"}
-FLAG_FILES = {"frontend/cli/main.py", "frontend/cli/worker_command.py"}
+FLAG_FILES = {"frontend/cli.py", "frontend/worker_command.py",  # before the frontend had layers
+              "frontend/cli/main.py", "frontend/cli/worker_command.py"}
 
 
 def _dest(call: ast.Call) -> str | None:
