@@ -32,28 +32,21 @@ gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 backend=${DEV:-$([ "${gpus:-0}" -gt 0 ] && echo CUDA || echo CPU)}
 backend=${backend%%:*}
 count=${count:-$([ "${gpus:-0}" -gt 0 ] && echo "$gpus" || echo 1)}
-cores=$(nproc)
 
-# Prints the environment of the worker on device $1 (0-based on this machine).
-device_env() {
-  if [ "$backend" != CPU ]; then
-    echo "DEV=$backend:$1"
-  else  # its share of the cores, as the launcher gives its workers (the worker pins itself to them)
-    local share=$(( cores / count > 0 ? cores / count : 1 ))
-    echo "DEV=CPU NUM_CPU_THREADS=$share TINYVLLM_CPU_CORES=$(seq -s, $(( $1 * share % cores )) $(( ($1 * share % cores) + share - 1 )))"
-  fi
-}
 
 if [ -n "$only_rank" ]; then
   device=$(( only_rank - first_rank ))
   [ "$device" -ge 0 ] && [ "$device" -lt "$count" ] || { echo "rank $only_rank is not one of this machine's $count workers from rank $first_rank" >&2; exit 2; }
-  exec env $(device_env "$device") .venv/bin/tinyvllm worker --rank "$only_rank" "${options[@]}"
+  # the worker takes device $device (or its share of the cores) itself, as the launcher places its own workers
+  DEV=$backend exec .venv/bin/tinyvllm worker --rank "$only_rank" --local-index "$device" --local-count "$count" \
+    "${options[@]}"
 fi
 
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' INT TERM
 for (( device = 0; device < count; device++ )); do
-  env $(device_env "$device") .venv/bin/tinyvllm worker --rank $(( first_rank + device )) "${options[@]}" &
+  DEV=$backend .venv/bin/tinyvllm worker --rank $(( first_rank + device )) --local-index "$device" \
+    --local-count "$count" "${options[@]}" &
   pids+=($!)
 done
 status=0

@@ -4,6 +4,7 @@ import dataclasses
 import os
 import sys
 
+from tinyvllm.protocol.device_placement import device_placement
 from tinyvllm.protocol.engine_config import EngineConfig, add_engine_flags
 from tinyvllm.protocol.worker_auth import require_secret_beyond_loopback, resolve_worker_secret
 
@@ -28,6 +29,12 @@ def add_arguments(worker: argparse.ArgumentParser) -> None:
                         help="a later pipeline stage: where it receives the previous stage's output, e.g. "
                              "tcp://10.0.0.2:7100; default: this machine's address on the route to the scheduler, "
                              "a port the system picks")
+    worker.add_argument("--local-index", type=int, default=None, metavar="I",
+                        help="this is the I-th (from 0) of --local-count workers on this machine: it takes device I of "
+                             "DEV's backend (CUDA:I), or on the CPU its share of the cores, as `tinyvllm serve` places "
+                             "its own workers (what deploy/workers.sh passes)")
+    worker.add_argument("--local-count", type=int, default=None, metavar="N",
+                        help="with --local-index: how many workers this machine runs")
     add_engine_flags(worker, only=WORKER_KNOBS, helps={
         "model": "the same model as the server's (a copy on this machine)",
         "tensor_parallel_size": "as given to `tinyvllm serve`", "pipeline_parallel_size": "as given to `tinyvllm serve`"})
@@ -70,11 +77,23 @@ def worker_args_from(args: argparse.Namespace):
                       args.rank, stage_address)
 
 
+def placement_from(args: argparse.Namespace, environ) -> dict[str, str]:
+    """The environment --local-index/--local-count place this worker with (protocol/device_placement.py)."""
+    if (args.local_index is None) != (args.local_count is None):
+        raise ValueError("--local-index and --local-count go together")
+    if args.local_count is None:
+        return {}
+    if not 0 <= args.local_index < args.local_count:
+        raise ValueError(f"--local-index must be between 0 and {args.local_count - 1}")
+    return device_placement(args.local_index, args.local_count, environ)
+
+
 def run(args: argparse.Namespace) -> int:
     from tinyvllm.workers.main import run_worker
     try:
         secret = resolve_worker_secret(args.worker_secret, os.environ)
         worker_args = worker_args_from(args)
+        os.environ.update(placement_from(args, os.environ))  # before the worker's code brings tinygrad in
         require_secret_beyond_loopback(secret, connect=args.connect, stage_address=worker_args.stage_address)
     except (ValueError, FileNotFoundError) as e:
         print(f"tinyvllm worker: error: {e}", file=sys.stderr)

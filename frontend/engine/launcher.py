@@ -7,13 +7,13 @@ spawn, which re-runs the caller's script) and die with this process even if it i
 """
 import dataclasses
 import logging
-import os
 import pathlib
 import secrets
 import shutil
 
 from tinyvllm.protocol.child_process import ChildProcess
 from tinyvllm.protocol.compatibility import model_fingerprint
+from tinyvllm.protocol.device_placement import device_placement
 from tinyvllm.protocol.engine_config import EngineConfig
 from tinyvllm.protocol.kv_auth import KV_SECRET_ENV
 from tinyvllm.protocol.model_config import read_model_config
@@ -25,18 +25,6 @@ from tinyvllm.protocol.transport import Endpoints
 from tinyvllm.protocol.worker_auth import SECRET_ENV
 
 log = logging.getLogger("tinyvllm.frontend")
-
-def device_placement(index: int, count: int, environ=os.environ) -> dict[str, str]:
-    """Environment for worker `index` of `count` on this machine: device i of a GPU backend (DEV=CUDA -> CUDA:i),
-    or on the CPU its share of the cores (tinygrad's thread count; the worker pins itself to them)."""
-    dev = environ.get("DEV", "CPU")
-    if dev.split(":")[0] != "CPU":
-        return {"DEV": f"{dev.split(':')[0]}:{index}"} if count > 1 else {}
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    share = max(1, len(cores) // count)
-    mine = [cores[(index * share + j) % len(cores)] for j in range(share)]
-    return {"NUM_CPU_THREADS": str(share), "TINYVLLM_CPU_CORES": ",".join(map(str, mine))} if count > 1 else {}
-
 
 class EngineProcesses:
     def __init__(self, config: EngineConfig, replica: int = 0):

@@ -27,6 +27,7 @@ SERVE_FLAGS = {
 }
 WORKER_FLAGS = {
     "--beam": 0, "--connect": None, "--cpu-kernels --kernels": None, "--model": None, "--no-jit-warmup": True,
+    "--local-count": None, "--local-index": None,  # new: the launcher's device placement, for deploy/workers.sh
     "--pipeline-parallel-size -pp": 1, "--rank": None, "--stage-address": None, "--tensor-parallel-size -tp": 1,
     "--worker-secret": None,
 }
