@@ -21,13 +21,13 @@ from tinyvllm.frontend.api.embedding_routes import embedding_routes
 from tinyvllm.frontend.engine.engine_client import EngineDeadError
 from tinyvllm.frontend.api.http_json import DEFAULT_MAX_BODY_BYTES, error_response, exception_response, read_json_body  # noqa: F401 (re-exported)
 from tinyvllm.frontend.api.http_json import CLIENT_CLOSED_REQUEST, run_unless_disconnected
-from tinyvllm.frontend.api.metered_engine import MeteredEngine
 from tinyvllm.frontend.api.metrics import FrontendMetrics
 from tinyvllm.frontend.api.ollama.routes import mount_ollama
 from tinyvllm.frontend.api.openai_requests import ChatRequest, CompletionRequest
 from tinyvllm.frontend.api.openai_responses import ChatResponse, CompletionResponse, ModelList
 from tinyvllm.frontend.api.ops_routes import ops_routes
-from tinyvllm.frontend.api.request_gate import GatedEngine, GateMiddleware, RequestGate
+from tinyvllm.frontend.api.request_gate import GateMiddleware, RequestGate
+from tinyvllm.frontend.api.served_engine import ServedEngine
 from tinyvllm.frontend.api.serving import CompletionResult, RequestServing, collect, keep_best
 from tinyvllm.frontend.api.tokenize_routes import tokenization_routes
 
@@ -72,9 +72,8 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
     None: the rest of the context.
     """
     gate = gate or RequestGate()
-    engine = GatedEngine(engine, gate)
     metrics = FrontendMetrics(engine, model_name, max_model_len, gate)
-    serving = RequestServing(MeteredEngine(engine, metrics), tokenizer, max_model_len, make_detokenizer, metrics,
+    serving = RequestServing(ServedEngine(engine, gate, metrics), tokenizer, max_model_len, make_detokenizer, metrics,
                              default_max_tokens)
     started_at = int(time.time())
 
@@ -132,7 +131,7 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             *tokenization_routes(tokenizer, model_name, max_model_len, max_body_bytes),
-            *embedding_routes(engine, tokenizer, model_name, max_model_len, max_body_bytes),
+            *embedding_routes(ServedEngine(engine, gate), tokenizer, model_name, max_model_len, max_body_bytes),
             *ops_routes(engine, metrics),
             *dashboard_routes(engine, metrics, gate, model_name, api_key),
         ],
@@ -145,6 +144,6 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
     app.state.metrics = metrics
     app.state.gate = gate
     app.state.serving = serving
-    model_store = mount_ollama(app, engine, serving, model_name, model_root, models_dir, max_body_bytes)  # /api/*
+    model_store = mount_ollama(app, ServedEngine(engine, gate), serving, model_name, model_root, models_dir, max_body_bytes)  # /api/*
     app.state.api_key_required = bool(api_key)
     return app

@@ -3,7 +3,7 @@
 Scheduler gauges and cumulative scheduler counters are read from each engine's stats at scrape time, labelled with
 the engine (`engine="0"` .. D-1 with data-parallel replicas, as vLLM labels them; a restarted engine's counters
 start again from zero, which Prometheus reads as a counter reset); request counters and
-histograms are fed by the serving glue (first token, finished request), by MeteredEngine (inter-token latency,
+histograms are fed by the serving glue (first token, finished request), by ServedEngine (inter-token latency,
 request parameters) and, for the queue time only the scheduler can see, by whoever calls record_queue_time.
 """
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, disable_created_metrics,

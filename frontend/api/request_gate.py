@@ -5,7 +5,7 @@ A generation request (a POST to one of GENERATION_PATHS) *waits* from its arriva
 for it: reading and tokenizing it, then its time in the scheduler's queue. With `max_waiting` requests waiting, a
 new one gets 503 with Retry-After before its body is even read (as Ollama answers past OLLAMA_MAX_QUEUE, 512).
 The middleware gives each admitted request a Ticket through a context variable (tasks the handler starts inherit
-it); GatedEngine, the engine every route speaks to, reads it to mark the first output and to end the request at
+it); ServedEngine (frontend/api/served_engine.py), the engine every route speaks to, reads it to mark the first output and to end the request at
 its deadline (--request-timeout) with an explicit error. drain() is the graceful shutdown: from then on every new
 request gets 503 + Connection: close (/health too, so load balancers move away), open ones may finish until the
 shutdown timeout, and the rest then end with an error. An admitted request's body is read at once, within
@@ -16,14 +16,12 @@ A pure ASGI middleware, as frontend/api/auth.py explains.
 import asyncio
 import contextvars
 import json
-from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tinyvllm.frontend.api.auth import OLLAMA, error_style
 from tinyvllm.frontend.api.openai_protocol import error_body
-from tinyvllm.protocol.messages import ErrorKind, FinishReason, RequestOutput
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/api/generate",
                               "/api/chat", "/api/embed", "/api/embeddings"})
@@ -185,43 +183,3 @@ async def send_error(send: Send, path: str, status: int, message: str, type_: st
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()), *headers]})
     await send({"type": "http.response.body", "body": raw})
-
-
-class GatedEngine:
-    """The engine (anything with EngineClient's generate), with each generate() of an admitted HTTP request tied
-    to its ticket: the first output ends its wait, and the deadline ends it with a TIMEOUT error (the engine
-    request is aborted). Without a ticket (the offline LLM) generate() is the engine's own."""
-
-    def __init__(self, engine, gate: RequestGate):
-        self._engine, self._gate = engine, gate
-
-    def __getattr__(self, name: str):
-        return getattr(self._engine, name)
-
-    async def generate(self, req_id: str, prompt_token_ids: list[int], sampling, eos_token_ids: list[int],
-                       *args, **kwargs) -> AsyncIterator[RequestOutput]:
-        ticket = current_ticket()
-        if self._gate.shutdown_reason is not None:
-            yield RequestOutput(req_id, [], FinishReason.ERROR, error=self._gate.shutdown_reason,
-                                error_kind=ErrorKind.UNAVAILABLE)
-            return
-        deadline = ticket.deadline if ticket is not None else None
-        async with aclosing(self._engine.generate(req_id, prompt_token_ids, sampling, eos_token_ids,
-                                                  *args, **kwargs)) as outputs:
-            while True:
-                timeout = asyncio.timeout_at(deadline)
-                try:
-                    async with timeout:
-                        out = await anext(outputs)
-                except StopAsyncIteration:
-                    return
-                except TimeoutError:
-                    if not timeout.expired():
-                        raise
-                    yield RequestOutput(req_id, [], FinishReason.ERROR, error=(
-                        f"The request did not finish within {self._gate.request_timeout_s:g} s "
-                        f"(--request-timeout)"), error_kind=ErrorKind.TIMEOUT)
-                    return
-                if ticket is not None:
-                    ticket.stop_waiting()
-                yield out

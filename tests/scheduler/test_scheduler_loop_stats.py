@@ -51,32 +51,29 @@ class HeldWorker:
             results.close()
 
 
-def test_requests_taken_on_are_in_the_stats_before_their_first_step_is_back(tmp_path):
+def test_requests_taken_on_are_in_the_stats_before_their_first_step_is_back():
     sched, worker = make_scheduler(max_steps_in_flight=2, async_scheduling=True)  # as `serve` runs one worker
-    endpoints = Endpoints.ipc(str(tmp_path))
-    frontend_ctx = zmq.Context()
-    from_scheduler = make_socket(frontend_ctx, zmq.PULL, endpoints.frontend_output, bind=True)
+    # inproc, on the loop's context: a message sent is there to read at once, so the loop takes both requests together
+    endpoints = Endpoints("inproc://stats-scheduler-input", "inproc://stats-frontend-output", "inproc://stats-workers")
     loop = SchedulerLoop(endpoints, SchedulerArgs(EngineConfig.of(block_size=4, num_kv_blocks=64, max_model_len=128)))
-    to_scheduler = make_socket(frontend_ctx, zmq.PUSH, endpoints.scheduler_input, bind=False)
+    from_scheduler = make_socket(loop.ctx, zmq.PULL, endpoints.frontend_output, bind=True)
+    to_scheduler = make_socket(loop.ctx, zmq.PUSH, endpoints.scheduler_input, bind=False)
     held = HeldWorker(loop.ctx, worker)
     loop.workers, loop.scheduler = held, sched
+    req_ids = ["a", "b"]
+    for req_id in req_ids:
+        send(to_scheduler, AddRequest(req_id, make_prompt(req_id, 6), SamplingParams(max_tokens=4)))
     thread = threading.Thread(target=loop.loop, daemon=True)
     thread.start()
-    req_ids = ["a", "b"]
     try:
-        for req_id in req_ids:
-            send(to_scheduler, AddRequest(req_id, make_prompt(req_id, 6), SamplingParams(max_tokens=4)))
-        # the worker holds the first step: whatever reaches the frontend now came before any step finished
-        seen = None
-        while seen is None or seen.num_running + seen.num_waiting < len(req_ids):
-            assert from_scheduler.poll(WAIT_MS), (
-                f"the scheduler took on {req_ids} and sent its first step, but the frontend's stats still say "
-                f"{seen and (seen.num_running, seen.num_waiting)} (running, waiting): they wait for the step's result")
-            msg = recv(from_scheduler)
-            assert isinstance(msg, StepOutputs) and msg.outputs == []
-            seen = msg.stats
-        assert (seen.num_running, seen.num_waiting) == (2, 0)  # both planned in the step in flight
-        assert [r.req_id for r in seen.running_requests] == req_ids
+        # the worker holds the first step: what reaches the frontend now came before any step finished
+        assert from_scheduler.poll(WAIT_MS), (
+            f"the scheduler took on {req_ids} and sent their first step, but the frontend hears nothing of them (the "
+            "stats it shows say idle) until that step's result is back")
+        msg = recv(from_scheduler)
+        assert isinstance(msg, StepOutputs) and msg.outputs == []
+        assert (msg.stats.num_running, msg.stats.num_waiting) == (2, 0)  # both planned in the step in flight
+        assert [r.req_id for r in msg.stats.running_requests] == req_ids
 
         held.answer.set()
         finished, stats = set(), None
@@ -91,5 +88,4 @@ def test_requests_taken_on_are_in_the_stats_before_their_first_step_is_back(tmp_
         thread.join(10)
         held.stop()
         loop.ctx.destroy(linger=0)
-        frontend_ctx.destroy(linger=0)
     assert not thread.is_alive()

@@ -1,7 +1,8 @@
-"""MeteredEngine feeds vllm:request_queue_time_seconds once per request from the scheduler's queue_time_s."""
+"""ServedEngine feeds vllm:request_queue_time_seconds once per request from the scheduler's queue_time_s."""
 import pytest
 
-from tinyvllm.frontend.api.metered_engine import MeteredEngine
+from tinyvllm.frontend.api.request_gate import RequestGate
+from tinyvllm.frontend.api.served_engine import ServedEngine
 from tinyvllm.protocol.messages import RequestOutput
 from tinyvllm.protocol.sampling import SamplingParams
 
@@ -34,7 +35,7 @@ class _Engine:
 @pytest.mark.anyio
 async def test_queue_time_recorded_once_per_request():
     recorder = _Recorder()
-    engine = MeteredEngine(_Engine(), recorder)
+    engine = ServedEngine(_Engine(), RequestGate(), recorder)
     outs = [o async for o in engine.generate("r", [1, 2], SamplingParams(n=2), [2])]
     assert len(outs) == 4 and recorder.queue_times == [0.25]
 
