@@ -4,7 +4,6 @@ No pickle anywhere. Decoding is driven by the dataclasses' type hints, so a peer
 produce the types listed in MESSAGE_TYPES, and every size is bounded.
 """
 import dataclasses
-import os
 import types
 import typing
 
@@ -14,12 +13,16 @@ from tinyvllm.protocol import messages as m
 from tinyvllm.protocol.sampling import SamplingParams
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # what every socket accepts: ZMQ drops a peer that sends more (MAXMSGSIZE)
-# What this process sends at most (protocol/transport.py). Tests lower it to make messages split without sending
-# 64 MiB: in their own process by patching MAX_SEND_BYTES; in the engine processes they start (`python -m`, which
-# take no test hooks) through the environment, read here at import. It may lower the bound, never raise it: whatever
-# a peer's setting, it accepts what we send.
-SEND_BOUND_ENV = "TINYVLLM_MAX_SEND_BYTES"
-MAX_SEND_BYTES = min(MAX_MESSAGE_BYTES, int(os.environ.get(SEND_BOUND_ENV) or MAX_MESSAGE_BYTES))
+# What this process sends at most (protocol/transport.py): the engine's processes set it from their configuration
+# (max_message_bytes, which tests lower to make messages split without sending 64 MiB).
+MAX_SEND_BYTES = MAX_MESSAGE_BYTES
+
+
+def set_send_bound(max_bytes: int) -> None:
+    """Lowers what this process sends, never raises it past MAX_MESSAGE_BYTES: whatever a peer's setting, it accepts
+    what we send."""
+    global MAX_SEND_BYTES
+    MAX_SEND_BYTES = max(1, min(MAX_MESSAGE_BYTES, max_bytes))
 
 # The tag is the wire identity of a type: append new types, never renumber.
 MESSAGE_TYPES: tuple[type, ...] = (

@@ -115,6 +115,9 @@ class ParallelConfig:
     transport: str = knob("ipc", "how the engine's processes talk on this machine: ipc (Unix sockets) or tcp "
                                  "(loopback ports from tcp_base_port)", flag="", choices=("ipc", "tcp"))
     tcp_base_port: int = knob(5555, "the first loopback port of transport tcp", flag="")
+    max_message_bytes: int = knob(64 << 20, "most bytes one message between the engine's processes takes (a step's "
+                                            "results over it go in parts); never above 64 MiB, what every socket "
+                                            "accepts", flag="")
 
     @property
     def world_size(self) -> int:

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import zmq
 
+from tinyvllm.protocol import codec
 from tinyvllm.protocol.codec import CodecError
 from tinyvllm.protocol.kv_auth import KV_SECRET_ENV
 from tinyvllm.protocol.kv_cache_dtype import resolve_kv_cache_dtype
@@ -197,6 +198,7 @@ class SchedulerLoop:
 def run_scheduler(endpoints: Endpoints, args: SchedulerArgs) -> None:
     """Process entry point."""
     exit_with_parent()
+    codec.set_send_bound(args.engine.parallel.max_message_bytes)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s scheduler %(levelname)s %(message)s")
     loop = SchedulerLoop(endpoints, args)
     try:

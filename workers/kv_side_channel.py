@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 import zmq
 
-from tinyvllm.protocol.codec import MAX_SEND_BYTES, CodecError, decode, encode
+from tinyvllm.protocol import codec
+from tinyvllm.protocol.codec import CodecError, decode, encode
 from tinyvllm.protocol.kv_auth import block_mac, pull_mac, release_mac, same_mac
 from tinyvllm.protocol.kv_compat import describe_mismatch
 from tinyvllm.protocol.messages import KVBlockData, KVPull, KVRelease
@@ -41,8 +42,9 @@ class KVSideChannel:
         self.block_io, self.compat_hash, self.on_release, self.secret = block_io, compat_hash, on_release, secret
         self.leases: dict[str, tuple[list[int], str]] = {}  # request id -> (the blocks a puller may read, tokens hash)
         self.releases: dict[str, int] = {}  # request id -> releases so far, of a lease that needs several
-        if block_io.nbytes > MAX_SEND_BYTES:  # would need a split per layer: not done yet
-            raise ValueError(f"one KV block is {block_io.nbytes} bytes, over the {MAX_SEND_BYTES}-byte message bound")
+        if block_io.nbytes > codec.MAX_SEND_BYTES:  # would need a split per layer: not done yet
+            raise ValueError(f"one KV block is {block_io.nbytes} bytes, over the {codec.MAX_SEND_BYTES}-byte message "
+                             f"bound")
         self.num_blocks_sent = 0
 
     def end_lease(self, request_id: str) -> None:

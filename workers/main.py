@@ -12,6 +12,7 @@ import traceback
 
 import zmq
 
+from tinyvllm.protocol import codec
 from tinyvllm.protocol.messages import InitWorker, Shutdown, StepPlan, WorkerError, WorkerReady
 from tinyvllm.protocol.process_args import WorkerArgs
 from tinyvllm.protocol.process_guard import exit_with_parent
@@ -150,6 +151,7 @@ def run_worker(workers_endpoint: str, args: WorkerArgs, secret: str | None = Non
         exit_with_parent()
     else:
         signal.signal(signal.SIGTERM, signal.default_int_handler)
+    codec.set_send_bound(args.engine.parallel.max_message_bytes)
     if cores := os.environ.get("TINYVLLM_CPU_CORES"):  # the launcher's share of this machine's cores
         os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker{args.rank} %(levelname)s %(message)s")

@@ -1,5 +1,5 @@
 """The message bound through the real scheduler and tinygrad worker processes (tiny random model), lowered for them
-by TINYVLLM_MAX_SEND_BYTES so that a few prompts' prompt logprobs are over it: requests finishing their prompts in
+by their max_message_bytes so that a few prompts' prompt logprobs are over it: requests finishing their prompts in
 one step get every prompt logprob (the worker's result and the step's outputs went in parts), and a request whose
 prompt logprobs alone are over the bound ends the engine with an error instead of hanging it."""
 import numpy as np
@@ -8,7 +8,7 @@ import pytest
 from tinyvllm.frontend.engine.engine_client import EngineDeadError
 from tinyvllm.frontend.engine.llm import LLM
 from tinyvllm.protocol import messages as m
-from tinyvllm.protocol.codec import SEND_BOUND_ENV, encode
+from tinyvllm.protocol.codec import encode
 from tinyvllm.protocol.sampling import SamplingParams
 
 PROMPT_LEN, TOP = 60, 5
@@ -40,10 +40,11 @@ def run(llm: LLM, batch: list[list[int]]) -> list[list[m.RequestOutput]]:
     return llm._loop.run(collect())
 
 
-def test_prompt_logprobs_over_the_bound_come_in_parts_or_end_with_an_error(tiny_model, monkeypatch):
-    monkeypatch.setenv(SEND_BOUND_ENV, str(BOUND))  # the children's; this process keeps 64 MiB
+def test_prompt_logprobs_over_the_bound_come_in_parts_or_end_with_an_error(tiny_model):
     batch = prompts(3, PROMPT_LEN)
-    with LLM(tiny_model, max_num_seqs=4, num_kv_blocks=64, max_num_batched_tokens=256) as llm:
+    # the engine processes' bound; this process keeps 64 MiB
+    with LLM(tiny_model, max_num_seqs=4, num_kv_blocks=64, max_num_batched_tokens=256,
+             max_message_bytes=BOUND) as llm:
         alone = [run(llm, [ids])[0] for ids in batch]  # one row a step: under the bound
         together = run(llm, batch)  # one step prefills all three: over it
         rows = [outs[0].prompt_logprobs for outs in together]
