@@ -18,9 +18,7 @@ from tinyvllm.protocol.kv_cache_dtype import KV_CACHE_DTYPES, check_kv_cache_dty
 from tinyvllm.protocol.speculative_config import SpeculativeConfig, parse_speculative_config
 from tinyvllm.protocol.worker_auth import require_secret_beyond_loopback, resolve_worker_secret
 
-ROLES = ("both", "prefill", "decode")  # also the workers' role on the wire (protocol/messages.py WorkerRole)
-
-
+ROLES = ("both", "prefill", "decode")  # serve --role, and a worker's role in its WorkerHello
 PD_GROUP = "disaggregated prefill/decode (docs/DEPLOY.md)"
 
 
