@@ -72,7 +72,8 @@ def main() -> None:
         weights = [device_weight(kind, n, k) for n, k in shapes]
         nbytes = sum(w.nbytes for w in weights)
         best = None
-        for layout in itertools.starmap(MatvecLayout, itertools.product(args.threads, args.rows_per_thread, args.local)):
+        shapes = itertools.product(args.threads, args.rows_per_thread, args.local)
+        for layout in itertools.starmap(MatvecLayout, shapes):
             if not all(gpu_matvec_fits(h[w.shape[1]], w, layout) for w in weights):
                 continue
             try:

@@ -41,7 +41,8 @@ def time_attention(dtype: str, kernels: str, batch: int, context: int) -> float:
     q = Tensor(rng.standard_normal((batch, CFG.n_heads, CFG.head_dim)).astype(np.float32)).realize()
     new_kv = Tensor(rng.standard_normal((batch, 2, CFG.n_kv_heads, CFG.head_dim)).astype(np.float32)).realize()
     choice = KernelChoice.named(kernels)
-    step = TinyJit(lambda q, kv: PagedAttention(cache, tables, rows, positions, n_valid, per_seq, choice)(0, q, kv).realize())
+    step = TinyJit(lambda q, kv: PagedAttention(cache, tables, rows, positions, n_valid, per_seq, choice)(
+        0, q, kv).realize())
     times = []
     for _ in range(30):
         t0 = time.perf_counter()

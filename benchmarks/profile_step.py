@@ -17,8 +17,9 @@ ceiling to hold it against.
 --kernels (or --cpu-kernels) picks the kernel set (protocol/kernel_choice.py; default: the device's); with
 tinygrad's kernels, --no-gpu-matvec leaves out workers/gpu_matvec.py's decode matvecs (the old decode path) and
 --matvec-layout THREADS,ROWS,LOCAL sets their layout (benchmarks/gpu_matvec_sweep.py's `best` lines);
---dequantize-at-load turns every weight into float32 at load (the old path). Add DEBUG=2 to see tinygrad's per-kernel times (with JIT=2,
-tinygrad's jit without graphs, else a step's kernels run inside the graph and are not timed one by one).
+--dequantize-at-load turns every weight into float32 at load (the old path). Add DEBUG=2 to see tinygrad's per-kernel
+times (with JIT=2, tinygrad's jit without graphs, else a step's kernels run inside the graph and are not timed one by
+one).
 """
 import argparse
 import dataclasses

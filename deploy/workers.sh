@@ -33,7 +33,6 @@ backend=${DEV:-$([ "${gpus:-0}" -gt 0 ] && echo CUDA || echo CPU)}
 backend=${backend%%:*}
 count=${count:-$([ "${gpus:-0}" -gt 0 ] && echo "$gpus" || echo 1)}
 
-
 if [ -n "$only_rank" ]; then
   device=$(( only_rank - first_rank ))
   [ "$device" -ge 0 ] && [ "$device" -lt "$count" ] || { echo "rank $only_rank is not one of this machine's $count workers from rank $first_rank" >&2; exit 2; }

@@ -30,7 +30,8 @@ class KVTransferParams:
 
 @dataclass(slots=True)
 class BeamSearchParams:
-    """vLLM's BeamSearchParams; the frontend runs the search (frontend/engine/beam_search.py), the engine never sees it."""
+    """vLLM's BeamSearchParams; the frontend runs the search (frontend/engine/beam_search.py), the engine never sees
+    it."""
     beam_width: int
     max_tokens: int
     ignore_eos: bool = False

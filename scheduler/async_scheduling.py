@@ -30,16 +30,3 @@ def placeholder_may_be_used(req: Request, max_len: int) -> bool:
     """Whether the token req's step in flight samples may not end it for a reason known in advance."""
     return (not req.sampling.embed and req.num_output_tokens + 1 < req.sampling.max_tokens
             and req.num_tokens + 1 < max_len)
-
-
-def check_in_flight_request(req: Request, steps: list[int], async_scheduling: bool, block_size: int) -> None:
-    """For tests: req's steps in flight (the tokens of each, oldest first) follow one another, only the last may
-    compute a token not known yet, and req's blocks hold them all."""
-    assert len(steps) == 1 or async_scheduling, f"{req.req_id} is in {len(steps)} steps in flight"
-    start = req.num_computed_tokens
-    for i, num_new in enumerate(steps):
-        if start + num_new > req.num_tokens:
-            assert async_scheduling and start == req.num_tokens and num_new == 1 and i == len(steps) - 1, (
-                f"{req.req_id}: step {i} in flight computes [{start}, {start + num_new}) of {req.num_tokens} tokens")
-        start += num_new
-    assert len(req.block_ids) * block_size >= start, f"{req.req_id}: the blocks of its steps in flight were taken"

@@ -36,9 +36,9 @@ log = logging.getLogger("tinyvllm.scheduler")
 
 def scheduler_config(a: SchedulerArgs, num_blocks: int, num_swap_slots: int = 0) -> SchedulerConfig:
     e = a.engine
-    return SchedulerConfig(e.batch.max_num_seqs, e.batch.max_num_batched_tokens, e.model.max_model_len, e.cache.block_size,
-                           num_blocks, e.cache.enable_prefix_caching, e.max_steps_in_flight, e.runs_async,
-                           e.kv_transfer.kv_lease_s, e.world_size, num_swap_slots=num_swap_slots,
+    return SchedulerConfig(e.batch.max_num_seqs, e.batch.max_num_batched_tokens, e.model.max_model_len,
+                           e.cache.block_size, num_blocks, e.cache.enable_prefix_caching, e.max_steps_in_flight,
+                           e.runs_async, e.kv_transfer.kv_lease_s, e.world_size, num_swap_slots=num_swap_slots,
                            sliding_window=a.sliding_window, speculative=e.speculative_config)
 
 
@@ -72,7 +72,8 @@ class SchedulerLoop:
             self.scheduler.remote_kv.side_channel = KVTransferParams(
                 remote_engine_id=f"tinyvllm-{uuid.uuid4().hex[:12]}", remote_host=e.kv_transfer.kv_host,
                 remote_port=port, tp_size=e.parallel.tensor_parallel_size)
-            log.info("KV side channel at %s:%d, leases of %.0f s", e.kv_transfer.kv_host, port, e.kv_transfer.kv_lease_s)
+            log.info("KV side channel at %s:%d, leases of %.0f s", e.kv_transfer.kv_host, port,
+                     e.kv_transfer.kv_lease_s)
         if self.workers.kv_disk_dirs:  # every rank has its files in the same folder, named by rank
             self.open_disk_cache(self.workers.kv_disk_dirs[0])
         send(self.to_frontend, EngineReady(num_blocks, e.cache.block_size, e.model.max_model_len, e.batch.max_num_seqs,
@@ -172,6 +173,7 @@ class SchedulerLoop:
                     break
                 self.workers.broadcast(plan)
                 sent.append(plan)
+                changed |= bool(plan.new_reqs)  # requests that start running: from the queue, or just arrived
             if sent and (outputs or changed):
                 # Report now, not after the step: it may take long (a bucket's first jit capture, a loaded machine),
                 # and until then the frontend (dashboard, /metrics, the replica router) would not see the requests
@@ -209,6 +211,7 @@ def run_scheduler(endpoints: Endpoints, args: SchedulerArgs) -> None:
     finally:
         loop.close()
 
-if __name__ == "__main__":  # started by frontend/launcher.py as a program of its own
+
+if __name__ == "__main__":  # started by frontend/engine/launcher.py as a program of its own
     from tinyvllm.protocol.child_process import child_args
     run_scheduler(*child_args(sys.argv, Endpoints, SchedulerArgs))

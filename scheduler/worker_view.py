@@ -20,9 +20,6 @@ class WorkerView:
         self._sent_num_tokens: dict[str, int] = {}  # req_id -> how many of its tokens the workers hold
         self._dropped_req_ids: list[str] = []  # known to the workers, dropped since the last plan
 
-    def known_req_ids(self) -> set[str]:
-        return set(self._sent_block_ids)
-
     def knows(self, req_id: str) -> bool:
         return req_id in self._sent_block_ids
 

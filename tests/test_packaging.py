@@ -24,8 +24,8 @@ def test_the_wheel_holds_one_top_level_package_that_imports(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"tinyvllm", wheel.name.split("-py3")[0] + ".dist-info"}
     assert {"tinyvllm/frontend/api/server.py", "tinyvllm/workers/c/attention.c", "tinyvllm/workers/c/kernel.h",
-            "tinyvllm/protocol/messages.py", "tinyvllm/scheduler/scheduler.py", "tinyvllm/frontend/api/dashboard.html"} \
-        <= set(names)
+            "tinyvllm/protocol/messages.py", "tinyvllm/scheduler/scheduler.py",
+            "tinyvllm/frontend/api/dashboard.html"} <= set(names)
 
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],

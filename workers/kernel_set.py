@@ -18,7 +18,7 @@ import dataclasses
 from tinygrad import Device
 from tinygrad.renderer.cstyle import ClangRenderer
 
-from tinyvllm.protocol.kernel_choice import KERNEL_SETS, KernelChoice  # noqa: F401 (KERNEL_SETS: for existing imports)
+from tinyvllm.protocol.kernel_choice import KernelChoice
 from tinyvllm.workers.cpu_graph import CPUGraph
 from tinyvllm.workers.cpu_matmul import ReassociatingClangRenderer
 from tinyvllm.workers.cuda_graph import use_cuda_graph
@@ -47,8 +47,8 @@ def _as_choice(kernels: str | KernelChoice) -> KernelChoice:
 def check_kernel_set(device: str, kernels: str | KernelChoice) -> None:
     kernels = _as_choice(kernels)
     if kernels.c_kernels and not c_kernels_run_on(device):
-        raise ValueError(f"the {kernels.name} kernel set needs tinygrad's CPU backend with its clang renderer (DEV=CPU), "
-                         f"not {device}: use --cpu-kernels tinygrad")
+        raise ValueError(f"the {kernels.name} kernel set needs tinygrad's CPU backend with its clang renderer "
+                         f"(DEV=CPU), not {device}: use --kernels tinygrad")
 
 
 def kernel_choice(device: str, kernels: str | KernelChoice | None = None) -> KernelChoice:
@@ -56,13 +56,15 @@ def kernel_choice(device: str, kernels: str | KernelChoice | None = None) -> Ker
     with the GPU matvecs left out where the device has no local memory."""
     choice = _as_choice(kernels or default_kernel_set(device))
     check_kernel_set(device, choice)
-    return dataclasses.replace(choice, gpu_matvec=False) if choice.gpu_matvec and not gpu_matvec_device(device) else choice
+    if choice.gpu_matvec and not gpu_matvec_device(device):
+        return dataclasses.replace(choice, gpu_matvec=False)
+    return choice
 
 
 def configure_device(device: str, kernels: str | KernelChoice) -> None:
-    """Sets `device` up for the kernel set: on CPU, the C sets ("c", "c-int8") install the reassociating renderer and the C graph
-    executor and "tinygrad" takes them out again (tinygrad's defaults); on CUDA, the graph that accepts
-    symbolic grids (workers/cuda_graph.py)."""
+    """Sets `device` up for the kernel set: on CPU, the C sets ("c", "c-int8") install the reassociating renderer
+    and the C graph executor and "tinygrad" takes them out again (tinygrad's defaults); on CUDA, the graph that
+    accepts symbolic grids (workers/cuda_graph.py)."""
     check_kernel_set(device, kernels)
     c_kernels = _as_choice(kernels).c_kernels
     dev = Device[device]

@@ -188,8 +188,9 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
                 log.info("rank %d (tp %d/%d, pp %d/%d): %.1f MB of weights, %d KV blocks", args.rank,
                          args.spec.tp_rank, args.tp_size, args.spec.pp_rank, args.pp_size, weight_bytes / 1e6,
                          runner.cache.num_blocks)
-                send(sock, WorkerReady(args.rank, runner.cache.num_blocks, runner.cache.block_size, msg.engine.model.max_model_len,
-                                       weight_bytes, kv.address, runner.host_swap.num_slots, *kv.disk_layout))
+                send(sock, WorkerReady(args.rank, runner.cache.num_blocks, runner.cache.block_size,
+                                       msg.engine.model.max_model_len, weight_bytes, kv.address,
+                                       runner.host_swap.num_slots, *kv.disk_layout))
                 if args.engine.kernels.jit_warmup and warms_up_in_background(args):
                     warmup = BackgroundWarmup(runner, args.rank)
             elif isinstance(msg, StepPlan):

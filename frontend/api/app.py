@@ -19,8 +19,8 @@ from tinyvllm.frontend.api.dashboard import dashboard_routes
 from tinyvllm.frontend.engine.detokenizer import IncrementalDetokenizer
 from tinyvllm.frontend.api.embedding_routes import embedding_routes
 from tinyvllm.frontend.engine.engine_client import EngineDeadError
-from tinyvllm.frontend.api.http_json import DEFAULT_MAX_BODY_BYTES, error_response, exception_response, read_json_body  # noqa: F401 (re-exported)
-from tinyvllm.frontend.api.http_json import CLIENT_CLOSED_REQUEST, run_unless_disconnected
+from tinyvllm.frontend.api.http_json import (CLIENT_CLOSED_REQUEST, DEFAULT_MAX_BODY_BYTES, error_response,
+                                             exception_response, read_json_body, run_unless_disconnected)
 from tinyvllm.frontend.api.metrics import FrontendMetrics
 from tinyvllm.frontend.api.ollama.routes import mount_ollama
 from tinyvllm.frontend.api.openai_requests import ChatRequest, CompletionRequest
@@ -144,6 +144,7 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
     app.state.metrics = metrics
     app.state.gate = gate
     app.state.serving = serving
-    model_store = mount_ollama(app, ServedEngine(engine, gate), serving, model_name, model_root, models_dir, max_body_bytes)  # /api/*
+    model_store = mount_ollama(app, ServedEngine(engine, gate), serving, model_name, model_root, models_dir,
+                               max_body_bytes)  # /api/*
     app.state.api_key_required = bool(api_key)
     return app

@@ -61,7 +61,8 @@ class GenerationRequest:
     echo: bool = False
     best_of_keep: int | None = None  # best_of > n: sampling.n (= best_of) candidates, this many (n) returned
     logprobs_only_to_rank: bool = False  # sampling.logprobs was set for best_of's ranking, not asked for
-    beam_search: BeamSearchParams | None = None  # use_beam_search: the frontend searches (frontend/engine/beam_search.py)
+    # use_beam_search: the frontend searches (frontend/engine/beam_search.py)
+    beam_search: BeamSearchParams | None = None
 
 
 def validated(model: type[RequestModel], body: Any) -> Any:

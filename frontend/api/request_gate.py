@@ -5,11 +5,12 @@ A generation request (a POST to one of GENERATION_PATHS) *waits* from its arriva
 for it: reading and tokenizing it, then its time in the scheduler's queue. With `max_waiting` requests waiting, a
 new one gets 503 with Retry-After before its body is even read (as Ollama answers past OLLAMA_MAX_QUEUE, 512).
 The middleware gives each admitted request a Ticket through a context variable (tasks the handler starts inherit
-it); ServedEngine (frontend/api/served_engine.py), the engine every route speaks to, reads it to mark the first output and to end the request at
-its deadline (--request-timeout) with an explicit error. drain() is the graceful shutdown: from then on every new
-request gets 503 + Connection: close (/health too, so load balancers move away), open ones may finish until the
-shutdown timeout, and the rest then end with an error. An admitted request's body is read at once, within
-BODY_TIMEOUT_S (or its deadline): a client that stalls while sending it gets a 408 and its slot back.
+it); ServedEngine (frontend/api/served_engine.py), the engine every route speaks to, reads it to mark the first
+output and to end the request at its deadline (--request-timeout) with an explicit error. drain() is the graceful
+shutdown: from then on every new request gets 503 + Connection: close (/health too, so load balancers move away),
+open ones may finish until the shutdown timeout, and the rest then end with an error. An admitted request's body is
+read at once, within BODY_TIMEOUT_S (or its deadline): a client that stalls while sending it gets a 408 and its slot
+back.
 
 A pure ASGI middleware, as frontend/api/auth.py explains.
 """

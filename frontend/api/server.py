@@ -54,7 +54,8 @@ async def serve_async(engine: EnginePool, engine_config: EngineConfig, server_ar
         drain_on_signals(stop_asked, gate, server)
         if server_args.registration is not None and server.started:
             heartbeat = RouterHeartbeat(server_args.registration, name, lambda: engine.stats,
-                                        lambda: engine.dead_reason is None, stop_asked.is_set, role=engine_config.kv_transfer.role)
+                                        lambda: engine.dead_reason is None, stop_asked.is_set,
+                                        role=engine_config.kv_transfer.role)
             heartbeat.start()
         stopping = asyncio.create_task(stop_asked.wait())
         await asyncio.wait((serving, given_up, stopping), return_when=asyncio.FIRST_COMPLETED)
@@ -105,4 +106,3 @@ def serve(engine_config: EngineConfig, server_args: ServerArgs) -> None:
         engine.stop_processes()
     if exit_code:
         raise SystemExit(exit_code)
-

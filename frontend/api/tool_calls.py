@@ -2,8 +2,9 @@
 writes each call as `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`.
 
 - `check_tools`: OpenAI's `tools` (and Ollama's, the same shape), checked: a 400 names what is wrong.
-- `forced_grammar`: tool_choice "required" or a named function -> an llguidance grammar (frontend/api/structured_output.py
-  carries grammars to the sampling worker) allowing only calls whose JSON validates against the functions' schemas.
+- `forced_grammar`: tool_choice "required" or a named function -> an llguidance grammar
+  (frontend/api/structured_output.py carries grammars to the sampling worker) allowing only calls whose JSON
+  validates against the functions' schemas.
 - `tool_preamble`: the tools described in a system message, for a chat template that ignores `tools`.
 - `parse_tool_calls`: a finished text -> (the content before the calls, the calls), for tool_choice "auto" too;
   `ToolCallText` does it for a streamed text, holding back what may be the start of a call.

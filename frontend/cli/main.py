@@ -61,7 +61,12 @@ def main(argv: list[str] | None = None) -> int:
             from tinyvllm.frontend.cli.bench.serve import run
             return run(args)
         from tinyvllm.frontend.cli.bench.throughput import run
-        return run(args, EngineConfig.from_namespace(args))
+        try:
+            engine_config = EngineConfig.from_namespace(args)
+        except ValueError as e:  # a knob's text that does not parse (say, --speculative-config's JSON)
+            print(f"tinyvllm: error: {e}", file=sys.stderr)
+            return 2
+        return run(args, engine_config)
     if args.command == "worker":
         return worker_command.run(args)
     if args.command == "router":

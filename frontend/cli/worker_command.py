@@ -37,13 +37,12 @@ def add_arguments(worker: argparse.ArgumentParser) -> None:
                         help="with --local-index: how many workers this machine runs")
     add_engine_flags(worker, only=WORKER_KNOBS, helps={
         "model": "the same model as the server's (a copy on this machine)",
-        "tensor_parallel_size": "as given to `tinyvllm serve`", "pipeline_parallel_size": "as given to `tinyvllm serve`"})
+        "tensor_parallel_size": "as given to `tinyvllm serve`",
+        "pipeline_parallel_size": "as given to `tinyvllm serve`"})
 
 
 def default_stage_address(connect: str) -> str:
     """This host's address towards the scheduler, port chosen by the system; ValueError if that host has no route."""
-    import socket
-
     from tinyvllm.protocol.transport import local_ip_towards
     if not connect.startswith("tcp://"):
         return "tcp://127.0.0.1:0"

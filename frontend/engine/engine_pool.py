@@ -1,8 +1,8 @@
 """EngineClient's interface over data-parallel replicas: what the HTTP app and the offline LLM speak to.
 
-`--data-parallel-size D` runs D independent engines (frontend/engine/engine_replica.py: each a scheduler and its workers,
-restarted by itself when it fails). Each request goes to one replica (frontend/engine/replica_router.py), which is
-remembered so that an abort reaches it. The pool serves while any replica does: `dead_reason` is None then, and
+`--data-parallel-size D` runs D independent engines (frontend/engine/engine_replica.py: each a scheduler and its
+workers, restarted by itself when it fails). Each request goes to one replica (frontend/engine/replica_router.py),
+which is remembered so that an abort reaches it. The pool serves while any replica does: `dead_reason` is None then, and
 the reasons of all of them otherwise (so /health answers 503 only while none can serve). With D = 1 the same
 supervision makes a single engine heal itself.
 """

@@ -26,6 +26,7 @@ from tinyvllm.protocol.worker_auth import SECRET_ENV
 
 log = logging.getLogger("tinyvllm.frontend")
 
+
 class EngineProcesses:
     def __init__(self, config: EngineConfig, replica: int = 0):
         """replica: which data-parallel engine this is; its workers take the devices (or cores) after those of the

@@ -1,5 +1,5 @@
-"""A container's `tinyvllm` command line, parsed by tinyvllm's own parser (tinyvllm.frontend.cli.main.build_parser), so a
-renamed or removed flag fails the manifests' tests; and the HTTP routes a probe or a scrape may name."""
+"""A container's `tinyvllm` command line, parsed by tinyvllm's own parser (tinyvllm.frontend.cli.main.build_parser),
+so a renamed or removed flag fails the manifests' tests; and the HTTP routes a probe or a scrape may name."""
 import argparse
 import asyncio
 import sys
@@ -22,7 +22,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def serve_get(paths: set[str]) -> dict[str, tuple[int, str]]:
-    """(status, body) of GET path on the real app (tinyvllm.frontend.api.app.build_app on tests/frontend's fake engine)."""
+    """(status, body) of GET path on the real app (tinyvllm.frontend.api.app.build_app on tests/frontend's fake
+    engine)."""
     import httpx
     sys.path.insert(0, str(REPO / "tests" / "frontend"))
     try:

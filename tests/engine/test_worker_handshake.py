@@ -101,7 +101,8 @@ def test_strangers_are_refused_and_the_right_workers_join(engine, caplog):
     joined1 = in_thread(join_scheduler, second, hello(1), SECRET, 10)
     init0, init1 = joined0(), joined1()
     assert (init0.next_stage_address, init1.next_stage_address) == ("tcp://127.0.0.1:7101", "")
-    assert init0.group_id == init1.group_id and init0.engine.cache.num_kv_blocks == 64 and init0.engine.model.max_model_len == 256
+    assert init0.group_id == init1.group_id
+    assert init0.engine.cache.num_kv_blocks == 64 and init0.engine.model.max_model_len == 256
     assert init0.engine == init1.engine == ARGS.engine
     for sock, rank in ((first, 0), (second, 1)):
         send(sock, WorkerReady(rank, 40 + rank, 16, 256))

@@ -22,7 +22,8 @@ def serve_calls(monkeypatch) -> list:
     """(engine_config, server_args) of each server.serve call `cli.main(["serve", ...])` makes; nothing is served. The
     API key and worker secret variables are cleared: only what the test sets is seen."""
     calls = []
-    monkeypatch.setattr(server_module, "serve", lambda engine_config, server_args: calls.append((engine_config, server_args)))
+    monkeypatch.setattr(server_module, "serve",
+                        lambda engine_config, server_args: calls.append((engine_config, server_args)))
     monkeypatch.delenv("TINYVLLM_API_KEY", raising=False)
     monkeypatch.delenv("TINYVLLM_WORKER_SECRET", raising=False)
     return calls

@@ -13,7 +13,8 @@ so tests can check it.
 import asyncio
 
 from tinyvllm.frontend.engine.engine_client import RequestQueues
-from tinyvllm.protocol.messages import AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats, TokenLogprobs
+from tinyvllm.protocol.messages import (AddRequest, EngineReady, FinishReason, RequestOutput, SchedulerStats,
+                                        TokenLogprobs)
 from tinyvllm.protocol.sampling import SamplingParams
 
 

@@ -209,7 +209,8 @@ async def test_embeddings(served, monkeypatch):
     body = (await client.post("/api/embed", json={"model": MODEL, "input": ["Hi", "Hey"], "dimensions": 2})).json()
     assert body["embeddings"] == [[0.6, 0.8], [0.6, 0.8]] and body["prompt_eval_count"] == 7
     legacy = (await client.post("/api/embeddings", json={"model": MODEL, "prompt": "Hi"})).json()
-    assert legacy == {"embedding": [3.0, 4.0, 3.0]} and seen[0].engine is engine  # behind the request gate (ServedEngine)
+    # behind the request gate (ServedEngine)
+    assert legacy == {"embedding": [3.0, 4.0, 3.0]} and seen[0].engine is engine
     assert (await client.post("/api/embed", json={"model": "nope", "input": "x"})).status_code == 404
     too_long = await client.post("/api/embed", json={"model": MODEL, "input": "x" * 300, "truncate": False})
     assert too_long.status_code == 400 and "context length" in too_long.json()["error"]

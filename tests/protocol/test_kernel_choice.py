@@ -38,4 +38,5 @@ def test_an_unknown_name_is_refused_and_a_choice_is_frozen():
 
 def test_importing_it_loads_no_tinygrad():
     code = "import sys, tinyvllm.protocol.kernel_choice; print(any(m.split('.')[0] == 'tinygrad' for m in sys.modules))"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

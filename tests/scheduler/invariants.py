@@ -5,7 +5,6 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from tinyvllm.scheduler.async_scheduling import check_in_flight_request
 from tinyvllm.scheduler.block_pool import BlockPool
 from tinyvllm.scheduler.kv_cache_manager import FREED, KVCacheManager, held_blocks
 from tinyvllm.scheduler.request import Request, RequestStatus
@@ -15,6 +14,19 @@ from tinyvllm.scheduler.worker_view import WorkerView
 
 if TYPE_CHECKING:
     from tinyvllm.scheduler.scheduler import Scheduler
+
+
+def check_in_flight_request(req: Request, steps: list[int], async_scheduling: bool, block_size: int) -> None:
+    """req's steps in flight (the tokens of each, oldest first) follow one another, only the last may
+    compute a token not known yet, and req's blocks hold them all."""
+    assert len(steps) == 1 or async_scheduling, f"{req.req_id} is in {len(steps)} steps in flight"
+    start = req.num_computed_tokens
+    for i, num_new in enumerate(steps):
+        if start + num_new > req.num_tokens:
+            assert async_scheduling and start == req.num_tokens and num_new == 1 and i == len(steps) - 1, (
+                f"{req.req_id}: step {i} in flight computes [{start}, {start + num_new}) of {req.num_tokens} tokens")
+        start += num_new
+    assert len(req.block_ids) * block_size >= start, f"{req.req_id}: the blocks of its steps in flight were taken"
 
 
 def free_block_ids(pool: BlockPool) -> list[int]:

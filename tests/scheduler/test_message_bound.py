@@ -71,7 +71,8 @@ def test_the_loop_merges_result_parts_and_splits_step_outputs(tmp_path, monkeypa
     endpoints = Endpoints.ipc(str(tmp_path))
     frontend_ctx = zmq.Context()
     from_scheduler = make_socket(frontend_ctx, zmq.PULL, endpoints.frontend_output, bind=True)
-    engine = EngineConfig.of(block_size=4, max_num_seqs=8, max_num_batched_tokens=64, num_kv_blocks=64, max_model_len=128)
+    engine = EngineConfig.of(block_size=4, max_num_seqs=8, max_num_batched_tokens=64, num_kv_blocks=64,
+                             max_model_len=128)
     loop = SchedulerLoop(endpoints, SchedulerArgs(engine))
     to_scheduler = make_socket(frontend_ctx, zmq.PUSH, endpoints.scheduler_input, bind=False)
     loop.workers, loop.scheduler = PartsWorkers(loop.ctx, worker), sched

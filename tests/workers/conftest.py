@@ -9,7 +9,8 @@ import contextlib
 import pytest
 from tinygrad import Device
 
-from tinyvllm.workers.kernel_set import KERNEL_SETS, c_kernels_run_on, configure_device
+from tinyvllm.protocol.kernel_choice import KERNEL_SETS
+from tinyvllm.workers.kernel_set import c_kernels_run_on, configure_device
 
 
 @contextlib.contextmanager

@@ -19,8 +19,8 @@ from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.workers.cpu_graph import CPUGraph
 from tinyvllm.workers.cpu_matmul import REASSOCIATE_PRAGMA, ReassociatingClangRenderer, cpu_linear
 import tinyvllm.protocol.kernel_choice as kernel_choice_module
-from tinyvllm.protocol.kernel_choice import KernelChoice
-from tinyvllm.workers.kernel_set import KERNEL_SETS, check_kernel_set, configure_device, default_kernel_set, kernel_choice
+from tinyvllm.protocol.kernel_choice import KERNEL_SETS, KernelChoice
+from tinyvllm.workers.kernel_set import check_kernel_set, configure_device, default_kernel_set, kernel_choice
 from tinyvllm.workers.model import Transformer
 from tinyvllm.workers.quantized_weight import DeviceWeight
 
@@ -29,7 +29,8 @@ CFG = ModelConfig(arch="llama", vocab_size=89, dim=32, n_layers=1, n_heads=4, n_
 
 
 def test_names_defaults_and_refusals():
-    assert KERNEL_SETS is kernel_choice_module.KERNEL_SETS == ("c", "c-int8", "tinygrad")  # named in protocol/, no tinygrad
+    # named in protocol/, without tinygrad
+    assert KERNEL_SETS is kernel_choice_module.KERNEL_SETS == ("c", "c-int8", "tinygrad")
     assert default_kernel_set(Device.DEFAULT) == "c-int8", "the test suite runs on tinygrad's CPU backend"
     assert default_kernel_set("NULL") == default_kernel_set("CUDA") == "tinygrad"
     check_kernel_set("NULL", "tinygrad")

@@ -25,7 +25,8 @@ Embedder = Callable[[list[list[int]]], Awaitable[list[list[float]]]]
 
 
 def find_embedder(engine) -> Embedder | None:
-    """`engine.embed(ids)`, else frontend.embeddings.embed(ids) or embed(engine, ids); None if neither exists."""
+    """`engine.embed(ids)`, else frontend/engine/embeddings.embed(ids) or embed(engine, ids); None if neither
+    exists."""
     if callable(method := getattr(engine, "embed", None)):
         return method
     try:

@@ -85,7 +85,10 @@ def run(args: argparse.Namespace, engine_config: EngineConfig) -> int:
     for error in result["errors"]:
         print(f"error: {error}", file=sys.stderr)
     if args.json:
-        config = {"engine": dataclasses.asdict(engine_config.public()), "num_prompts": args.num_prompts,
+        # the engine's knobs by name, flat as in earlier results ({"max_num_seqs": 16, ...}), secrets left out
+        engine = {name: dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+                  for name, value in engine_config.flat().items()}
+        config = {"engine": engine, "num_prompts": args.num_prompts,
                   "input_len": args.input_len, "output_len": args.output_len, "seed": args.seed,
                   "warmup": args.warmup, "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
         pathlib.Path(args.json).write_text(json.dumps({"config": config, **result}, indent=1))
