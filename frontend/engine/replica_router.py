@@ -1,7 +1,9 @@
 """Which data-parallel replica serves a request: the least loaded, unless one holds the prompt's prefix in its cache.
 
-Load is vLLM's score, waiting x 4 + running, from each replica's latest scheduler stats. Those lag a step behind,
-so requests routed since (open here, absent from the stats) count as waiting. Cache-aware as SGLang's router: each
+Load is vLLM's score, waiting x 4 + running, from each replica's latest scheduler stats. Those lag behind (a step, or
+longer on a loaded machine), so requests routed since (open here, absent from the stats) are counted too: as running
+where the replica had no queue, as waiting behind one. Counting them all as waiting made a replica whose stats were
+a moment late look four times as loaded as one whose stats were current, and split 4 requests 3 to 1. Cache-aware as SGLang's router: each
 replica's prompts are remembered as the chained hashes of their full blocks (the scheduler's own prefix-cache
 keys), in an LRU as large as that replica's KV pool, so it forgets about as fast as the cache does. A request goes
 to the replica with the longest remembered prefix (at least one block) unless that replica is overloaded against
@@ -72,7 +74,8 @@ class ReplicaRouter:
 
     def load(self, replica: int, stats: SchedulerStats) -> int:
         unseen = max(0, self.open_sequences[replica] - stats.num_running - stats.num_waiting)
-        return WAITING_WEIGHT * (stats.num_waiting + unseen) + stats.num_running
+        unseen_weight = WAITING_WEIGHT if stats.num_waiting else 1
+        return WAITING_WEIGHT * stats.num_waiting + stats.num_running + unseen_weight * unseen
 
     def add_replica(self, prefix_capacity: int = 0) -> int:
         """A new replica's index (`tinyvllm router` gains instances while it runs)."""

@@ -1,5 +1,5 @@
 """ReplicaRouter: the least loaded replica (waiting x 4 + running, with requests the stats do not show yet counted as
-waiting), idle replicas in turn, and the replica caching the prompt's prefix unless it is overloaded."""
+running, or as waiting behind a queue), idle replicas in turn, and the replica caching the prompt's prefix unless it is overloaded."""
 from tinyvllm.frontend.engine.replica_router import PrefixIndex, ReplicaRouter, RoutingPolicy, prompt_block_hashes
 from tinyvllm.protocol.messages import SchedulerStats
 from tinyvllm.protocol.block_hash import hash_block, root_hash
@@ -35,14 +35,27 @@ def test_the_least_loaded_replica_wins_and_a_waiting_request_weighs_four():
     assert router.choose({0: stats(waiting=1), 1: stats(running=5)}, []) == 0
 
 
-def test_requests_routed_since_the_last_stats_count_as_waiting():
+def test_requests_routed_since_the_last_stats_count_as_running_or_behind_the_queue():
     router = ReplicaRouter(2)
     router.opened(0, [], 2)  # not in replica 0's stats yet
-    assert router.load(0, IDLE) == 8
-    assert router.choose({0: IDLE, 1: stats(running=7)}, []) == 1
+    assert router.load(0, IDLE) == 2  # no queue there: they run at once
+    assert router.load(0, stats(waiting=1)) == 4 + 4 * 1  # 1 of them is the waiting one; the other waits too
+    assert router.choose({0: IDLE, 1: stats(running=3)}, []) == 0
     assert router.load(0, stats(running=2)) == 2  # the stats caught up: counted once
     router.closed(0, 2)
     assert router.load(0, stats(running=2)) == 2  # finished, the stats not caught up yet: they still count
+
+
+def test_late_stats_do_not_unbalance_requests_that_arrive_together():
+    """4 requests, one replica's stats current and the other's a moment late: 2 and 2, whichever is late."""
+    for late in (0, 1):
+        router, seen = ReplicaRouter(2), {0: 0, 1: 0}
+        for _ in range(4):
+            views = {r: IDLE if r == late else stats(running=seen[r]) for r in (0, 1)}
+            choice = router.choose(views, [])
+            router.opened(choice, [], 1)
+            seen[choice] += 1
+        assert router.open_sequences == [2, 2]
 
 
 def test_idle_replicas_take_turns():
