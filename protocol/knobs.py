@@ -71,20 +71,21 @@ class Knob:
 
 
 def knobs_of(root) -> dict[str, "Knob"]:
-    """{name: Knob} of a dataclass's knobs and those of its parts (fields whose type is a dataclass of knobs)."""
-    out: dict[str, Knob] = {}
-    hints = typing.get_type_hints(root)
+    """{name: Knob} of a dataclass's knobs and those of its parts (fields whose type is a dataclass of knobs), in
+    the order they are declared."""
+    hints, found = typing.get_type_hints(root), []
     for f in dataclasses.fields(root):
         if "knob" in f.metadata:
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            out[f.name] = Knob("", f.name, default, hints[f.name], f.metadata["knob"])
-        elif dataclasses.is_dataclass(hints[f.name]):
-            part_hints = typing.get_type_hints(hints[f.name])
-            for g in dataclasses.fields(hints[f.name]):
-                if "knob" in g.metadata:
-                    default = g.default if g.default is not dataclasses.MISSING else g.default_factory()
-                    out[g.name] = Knob(f.name, g.name, default, part_hints[g.name], g.metadata["knob"])
-    return out
+            found.append(_knob(f, "", hints[f.name]))
+        elif dataclasses.is_dataclass(part := hints[f.name]):
+            part_hints = typing.get_type_hints(part)
+            found += [_knob(g, f.name, part_hints[g.name]) for g in dataclasses.fields(part) if "knob" in g.metadata]
+    return {k.name: k for k in found}
+
+
+def _knob(f: dataclasses.Field, part: str, annotation) -> "Knob":
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return Knob(part, f.name, default, annotation, f.metadata["knob"])
 
 
 def build(root, knobs: dict[str, Knob], keywords: dict):
