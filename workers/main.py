@@ -25,6 +25,7 @@ from tinyvllm.workers.scheduler_join import NoScheduler, WorkerRefusedError, joi
 log = logging.getLogger("tinyvllm.worker")
 REFUSED_EXIT_CODE = 3  # a wrong secret, model or version: restarting will not help (systemd: RestartPreventExitStatus)
 HELLO_ANSWER_TIMEOUT_S = 600.0  # how long a worker waits for a scheduler to answer its hello
+STORE_AT_EXIT_S = 3.0  # captured steps still unwritten at shutdown: written for this long (the launcher waits 5 s)
 
 
 class WarmupProgress:
@@ -88,7 +89,7 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
         draft_model = make_draft_model(*draft, num_blocks, init, kernels, max_model_len)
         del draft  # its host copy of the weights
     captured_steps = None
-    if own.kernels.jit_warmup and spec.world_size == 1 and draft_model is None:  # a lone worker (the common case)
+    if spec.world_size == 1 and draft_model is None:  # a lone worker (the common case), also without warm-up
         from tinyvllm.workers.captured_steps import CapturedSteps
         captured_steps = CapturedSteps.for_model(model, cache, captured_steps_key(args, init, cfg, kernels, num_blocks))
     grammar_masks = None
@@ -130,6 +131,16 @@ def warms_up_in_background(args: WorkerArgs) -> bool:
     other's collectives, and a prefill or decode worker's KV transfers would wait behind a capture (a peer's pull
     times out): they capture before serving."""
     return args.world_size == 1 and args.role == "both" and not args.engine.kernels.warmup_before_serving
+
+
+def idle_work(warmup: BackgroundWarmup | None, runner):
+    """What to do while no message waits: the background warm-up's next capture, else writing the next step a
+    served request captured to the disk (captured steps); None: nothing."""
+    if warmup is not None and not warmup.done:
+        return warmup.capture_next
+    if runner is not None and runner.captured_steps is not None and runner.captured_steps.pending:
+        return runner.captured_steps.store_next
+    return None
 
 
 def log_exchange_cost(rank: int, runner, steps: int) -> None:
@@ -200,10 +211,12 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
                 send_step_result(sock, result)
                 steps += 1
             elif isinstance(msg, Shutdown):
+                if runner is not None and runner.captured_steps is not None:  # e.g. LLM(...) exits after its steps
+                    runner.captured_steps.store_all(within_s=STORE_AT_EXIT_S)
                 break
             msg = None
-            while warmup is not None and not warmup.done and (msg := watch.recv(timeout_ms=0)) is None:
-                warmup.capture_next()
+            while (work := idle_work(warmup, runner)) is not None and (msg := watch.recv(timeout_ms=0)) is None:
+                work()
             if msg is None:
                 msg = watch.recv()
     except KeyboardInterrupt:
