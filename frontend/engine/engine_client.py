@@ -74,7 +74,11 @@ class RequestQueues:
         try:
             await self._submit(AddRequest(req_id, list(prompt_token_ids), sampling, list(eos_token_ids), time.time()))
             while not completion.done:
-                out = q.get_nowait() if not q.empty() else await q.get()
+                if q.empty():
+                    out = await q.get()
+                else:  # getting a queued output does not yield: let the other streams and requests run in between
+                    await asyncio.sleep(0)
+                    out = q.get_nowait()
                 completion.observe(out)
                 yield out
         finally:
@@ -169,6 +173,10 @@ class EngineClient(RequestQueues):
                         owed.observe(out)
                         if owed.done:
                             del self._owed[out.req_id]
+            # pyzmq's recv() hands back an already-finished future while messages wait, and awaiting one does not
+            # yield: where they pile up (a frontend short of CPU), this loop would hold the event loop until the
+            # engine had sent every token of every stream, and /metrics and the dashboard would wait behind it.
+            await asyncio.sleep(0)
 
     def mark_dead(self, reason: str) -> None:
         super().mark_dead(reason)

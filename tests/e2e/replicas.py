@@ -6,6 +6,8 @@ import re
 import threading
 import time
 
+import httpx
+
 from tests.e2e.http_helpers import StreamResult, completion_body, stream
 from tests.e2e.server_process import ServerProcess, read_metric
 
@@ -26,11 +28,18 @@ def engine_metric(server: ServerProcess, name: str, engine: str) -> float:
     return read_metric(server.url, name, f'engine="{engine}"')
 
 
+def per_engine(server: ServerProcess, name: str) -> dict[str, float]:
+    """`name`'s value for every engine, from one read of /metrics (a loaded frontend may take seconds for each)."""
+    text = httpx.get(server.url + "/metrics", timeout=60).text
+    sample = re.compile(rf'^{re.escape(name)}\{{[^}}]*engine="(\d+)"[^}}]*\}} (\S+)$', re.MULTILINE)
+    return {m.group(1): float(m.group(2)) for m in sample.finditer(text)}
+
+
 class LongStreams:
     """`count` long streamed completions, each in its own thread, started a little apart; each result notes when
     its stream ended."""
 
-    def __init__(self, url: str, count: int, max_tokens: int = 450):
+    def __init__(self, url: str, count: int, max_tokens: int):
         self.results: list[StreamResult | None] = [None] * count
         self.ended_at: list[float] = [0.0] * count
         self.threads = [threading.Thread(target=self._run, args=(url, i, max_tokens), daemon=True)

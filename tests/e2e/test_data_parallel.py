@@ -11,11 +11,13 @@ import httpx
 import pytest
 
 from tests.e2e.http_helpers import complete, completion_body
-from tests.e2e.replicas import LongStreams, current_workers, engine_metric, serving_lines
+from tests.e2e.replicas import LongStreams, current_workers, engine_metric, per_engine, serving_lines
 from tests.e2e.server_process import REQUEST_TIMEOUT_S, is_alive, wait_until
 from tests.helpers.tiny_model import make_tiny_gguf
 
-DP = ("--data-parallel-size", "2")
+CONTEXT = 2048
+LONG_TOKENS = 1900  # a long request: tens of seconds even where a step takes milliseconds
+DP = ("--data-parallel-size", "2", "--num-kv-blocks", str(2 * CONTEXT // 16))  # two long requests per replica
 ENGINES = ("0", "1")
 ERROR_DEADLINE_S = 5  # from the failure being detectable to every request on that replica having its error
 RECOVERY_DEADLINE_S = 60
@@ -25,10 +27,12 @@ STEP_TIMEOUT_S = 20
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    """Overrides conftest's model for this module's servers: wider, so that a step takes milliseconds and a long
-    request is still running when the test breaks its replica (the narrow one streams faster than a 2-core machine's
-    frontend and client can keep up with)."""
-    return make_tiny_gguf(tmp_path_factory.mktemp("model") / "wide.gguf", dim=512, n_heads=8, n_kv_heads=4, ffn=1024)
+    """Overrides conftest's model for this module's servers: wider and deeper, so that a step takes milliseconds,
+    with a longer context, so that a long request is still running when the test breaks its replica. (The engine
+    must not outrun the frontend by much: a loaded machine's frontend, short of CPU, streamed 450 tokens of a 2-layer
+    model long after the engine had finished them, and answered /metrics in seconds.)"""
+    return make_tiny_gguf(tmp_path_factory.mktemp("model") / "wide.gguf", n_layers=8, dim=512, n_heads=8, n_kv_heads=4,
+                          ffn=1024, context=CONTEXT)
 
 
 def queries(server) -> dict[str, float]:
@@ -66,9 +70,10 @@ def break_one_replica_under_load(server, sig: int, detect_s: float) -> None:
     naming it, within detect_s + ERROR_DEADLINE_S; engine 0's finish; /health stays 200; engine 1 is restarted
     (its stopped worker killed) and serves again within RECOVERY_DEADLINE_S."""
     warm_up(server)
-    streams = LongStreams(server.url, 4)
-    assert wait_until(lambda: all(engine_metric(server, "vllm:num_requests_running", e) == 2 for e in ENGINES), 120), \
-        server.log_tail()
+    streams = LongStreams(server.url, 4, max_tokens=LONG_TOKENS)
+    running = lambda: per_engine(server, "vllm:num_requests_running")
+    assert wait_until(lambda: running() == {"0": 2, "1": 2}, 120), \
+        (running(), [(r.finish_reason, r.errors) if r else None for r in streams.results], server.log_tail())
     (worker,) = current_workers(server, "engine 1")
     os.kill(worker, sig)
     broken_at = time.monotonic()
