@@ -84,7 +84,8 @@ class KernelConfig:
                         "minutes on the first start; results are cached on disk")
     jit_warmup: bool = knob(
         False, "skip capturing every batch size's jitted step (by default a lone worker serves at once and captures "
-               "them while idle; without it, each new batch size's first step waits for a compile, unless an earlier run stored it)",
+               "them while idle; without it, each new batch size's first step waits for a compile, unless an "
+               "earlier run stored it)",
         flag="--no-jit-warmup", action="store_false", cli_default=True)
     warmup_before_serving: bool = knob(
         False, "capture every batch size's jitted step before serving (steady timings from the first request, for "

@@ -30,6 +30,7 @@ import time
 
 from tinygrad import Device, Tensor
 from tinygrad.engine.jit import CapturedJit, _TinyJit
+from tinygrad.helpers import NUM_CPU_THREADS
 from tinygrad.nn.state import get_state_dict
 from tinygrad.uop.ops import Ops, UOp
 
@@ -38,8 +39,7 @@ from tinyvllm.protocol import kernel_choice
 log = logging.getLogger("tinyvllm.worker")
 SCHEMA = 1  # bump when the stored form changes
 ROOT_ENV = "TINYVLLM_CAPTURED_STEPS"
-KEY_ENV = ("DEV", "BEAM", "NOOPT", "CPU_THREADS", "JIT", "JITBEAM", "JIT_BATCH_SIZE", "GRAPH_ONE_KERNEL", "HCQ2",
-           "NO_MEMORY_PLANNER")
+KEY_ENV = ("DEV", "BEAM", "NOOPT", "JIT", "JITBEAM", "JIT_BATCH_SIZE", "GRAPH_ONE_KERNEL", "HCQ2", "NO_MEMORY_PLANNER")
 SOURCES = pathlib.Path(__file__).parent  # workers/: the model, its kernels (and workers/c/), the runner
 KERNEL_CHOICE_SOURCE = pathlib.Path(kernel_choice.__file__)  # what a kernel set runs (the key names only the set)
 PICKLE_RECURSION = 20_000  # a step's kernel graph is deep; the default limit of 1,000 is not enough
@@ -76,7 +76,8 @@ def store_key(parts: dict) -> str:
     described = {**parts, "schema": SCHEMA, "tinyvllm": __version__, "tinygrad": getattr(tinygrad, "__version__", "?"),
                  "sources": _sources_digest(), "python": sys.version_info[:2], "device": Device.DEFAULT,
                  "renderer": f"{type(renderer).__name__} {getattr(renderer, 'arch', '')}", "machine": platform.machine(),
-                 "cpu": _cpu_identity(), "cores": os.cpu_count(), "env": {k: os.environ.get(k) for k in KEY_ENV}}
+                 "cpu": _cpu_identity(), "cores": os.cpu_count(), "env": {k: os.environ.get(k) for k in KEY_ENV},
+                 "threads": NUM_CPU_THREADS.value}  # the CPU kernels split their work this many ways
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -110,8 +111,8 @@ class CapturedSteps:
         name, captured = self.pending.pop(0)
         try:
             self.save(name, captured)
-        except OSError as e:  # a full or read-only disk costs the next restart its speed, nothing else
-            log.warning("captured step %s not stored: %s", name, e)
+        except Exception as e:  # a full disk, a step pickle cannot take: the next restart loses speed, nothing else
+            log.warning("captured step %s not stored: %r", name, e)
 
     def store_all(self, within_s: float = float("inf")) -> None:
         """Writes the pending steps, those left after within_s seconds excepted."""
@@ -156,7 +157,7 @@ class CapturedSteps:
     def trusted(self) -> bool:
         """Only a directory, and files, that this user owns and nobody else may write: pickle runs code on load."""
         paths = [self.directory, *self.directory.glob("*.pkl")] if self.directory.is_dir() else []
-        bad = [p for p in paths if (st := p.stat()).st_uid != os.getuid() or st.st_mode & 0o022]
+        bad = [p for p in paths if (st := _stat(p)) is not None and (st.st_uid != os.getuid() or st.st_mode & 0o022)]
         if bad:
             log.warning("captured steps in %s ignored: %s is not only this user's", self.directory, bad[0])
         return not bad
@@ -193,6 +194,14 @@ class CapturedSteps:
             path.unlink(missing_ok=True)
             return None
         return LoadedJit(fxn, self, name, captured)
+
+
+def _stat(path: pathlib.Path) -> os.stat_result | None:
+    """None for a file another process (sharing the directory) removed meanwhile."""
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        return None
 
 
 class _recursion_limit:

@@ -216,3 +216,37 @@ async def test_a_message_from_the_scheduler_it_cannot_read_fails_the_engine_rath
     await scheduler.outbox.send(b"\x93not a message")  # it may have held this request's last output
     await asyncio.wait_for(consumer, 5)
     assert received[-1].finish_reason == "error" and "reading its outputs failed" in client.dead_reason
+
+
+async def test_a_backlog_of_outputs_leaves_the_event_loop_free_in_between(engine_and_scheduler):
+    """Where outputs pile up (an engine that outruns a frontend short of CPU), the reader hands them out one message
+    at a time, the event loop free in between, and each stream takes its queued outputs in turns with the others:
+    nothing waits until the whole backlog is through (/metrics and the dashboard were unanswered for 40 s)."""
+    client, scheduler = engine_and_scheduler
+    n, order, backlog_at_first = 30, [], {}
+
+    async def consume(req_id: str) -> None:
+        async for o in client.generate(req_id, [5], SamplingParams(max_tokens=n), [2]):
+            backlog_at_first.setdefault(req_id, sum(q.qsize() for q in client.queues.values()))
+            order.append(req_id)
+
+    tasks = [asyncio.create_task(consume(r)) for r in ("a", "b")]
+    for _ in tasks:
+        assert isinstance(await scheduler.receive(), AddRequest)
+    for i in range(n):  # sent at once: they wait in the socket together
+        finish = FinishReason.LENGTH if i == n - 1 else None
+        await scheduler.step(RequestOutput("a", [i], finish, 1, 0), RequestOutput("b", [i], finish, 1, 0))
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert max(backlog_at_first.values()) <= 4, backlog_at_first  # not every message read before anyone ran
+    assert len(order) == 2 * n
+
+    tasks = [asyncio.create_task(consume(r)) for r in ("c", "d")]
+    for _ in tasks:
+        await scheduler.receive()
+    for req_id in ("c", "d"):  # a backlog in the queues themselves
+        for i in range(n):
+            client.queues[req_id].put_nowait(RequestOutput(req_id, [i], FinishReason.LENGTH if i == n - 1 else None,
+                                                           1, 0))
+    order.clear()
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert "d" in order[:n // 2] and "c" in order[:n // 2], order  # turns, not one stream's whole backlog first

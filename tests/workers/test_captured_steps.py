@@ -78,3 +78,21 @@ def test_a_step_reading_another_buffer_is_not_written_and_a_broken_file_is_dropp
     tmp_path.chmod(0o700)
     assert steps.load("broken", None) is None and not steps.path("broken").exists()
     np.testing.assert_array_equal(jit(Tensor.ones(4).contiguous().realize()).numpy(), [2.0] * 4)
+
+
+def test_idle_work_writes_what_requests_captured_and_shutdown_writes_within_its_time(kernel_set, tmp_path, monkeypatch):
+    """Without a warm-up (LLM(...), --no-jit-warmup) the worker's idle work is writing the steps served requests
+    captured, then nothing (it blocks on its socket); at shutdown the rest is written for a bounded time."""
+    from tinyvllm.workers.main import idle_work
+    monkeypatch.setenv(ROOT_ENV, str(tmp_path))
+    runner = runner_with_steps(kernel_set)
+    assert idle_work(None, runner) is None  # nothing captured yet: nothing to do
+    generate(runner)
+    steps = runner.captured_steps
+    pending = len(steps.pending)
+    assert pending >= 2 and idle_work(None, runner) == steps.store_next
+    steps.store_all(within_s=0)  # no time left: nothing written
+    assert len(steps.pending) == pending and not any(tmp_path.rglob("*.pkl"))
+    while (work := idle_work(None, runner)) is not None:
+        work()
+    assert not steps.pending and len(list(tmp_path.rglob("*.pkl"))) == pending
