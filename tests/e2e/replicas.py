@@ -6,10 +6,8 @@ import re
 import threading
 import time
 
-import httpx
-
 from tests.e2e.http_helpers import StreamResult, completion_body, stream
-from tests.e2e.server_process import ServerProcess, read_metric
+from tests.e2e.server_process import ServerProcess, metrics_text, read_metric
 
 SERVING_LINE = re.compile(r"(engine(?: \d+)?) serving \(scheduler pid (\d+), worker pids ([\d ]+)\)")
 
@@ -28,11 +26,10 @@ def engine_metric(server: ServerProcess, name: str, engine: str) -> float:
     return read_metric(server.url, name, f'engine="{engine}"')
 
 
-def per_engine(server: ServerProcess, name: str) -> dict[str, float]:
-    """`name`'s value for every engine, from one read of /metrics (a loaded frontend may take seconds for each)."""
-    text = httpx.get(server.url + "/metrics", timeout=60).text
-    sample = re.compile(rf'^{re.escape(name)}\{{[^}}]*engine="(\d+)"[^}}]*\}} (\S+)$', re.MULTILINE)
-    return {m.group(1): float(m.group(2)) for m in sample.finditer(text)}
+def per_engine(server: ServerProcess, name: str, engines: tuple[str, ...]) -> dict[str, float]:
+    """`name`'s value for each of `engines`, from one read of /metrics."""
+    text = metrics_text(server.url)
+    return {e: read_metric(server.url, name, f'engine="{e}"', text) for e in engines}
 
 
 class LongStreams:

@@ -112,10 +112,15 @@ def free_port() -> int:
 
 # ---- /metrics -------------------------------------------------------------------------------------------------
 
+def metrics_text(url: str) -> str:
+    """One read of /metrics (a loaded frontend may take seconds for each: read once, look up many)."""
+    return httpx.get(url + "/metrics", timeout=30).text
+
+
 def read_metric(url: str, name: str, labels: str = "", text: str | None = None) -> float:
     """The value of one sample of /metrics (or of `text`, one read of it); `labels` is a substring its label set
     must contain."""
-    text = httpx.get(url + "/metrics", timeout=30).text if text is None else text
+    text = metrics_text(url) if text is None else text
     for m in re.finditer(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE):
         if labels in (m.group(1) or ""):
             return float(m.group(2))
@@ -127,7 +132,7 @@ def read_metric(url: str, name: str, labels: str = "", text: str | None = None) 
 def engine_load(url: str) -> tuple[float, float, float]:
     """(running, waiting, kv cache usage) as one read of /metrics reports them (three reads, seconds apart on a
     loaded machine, once saw a request running and no KV in use)."""
-    text = httpx.get(url + "/metrics", timeout=30).text
+    text = metrics_text(url)
     return tuple(read_metric(url, name, text=text) for name in
                  ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"))
 

@@ -36,7 +36,7 @@ def tiny_model(tmp_path_factory):
 
 
 def queries(server) -> dict[str, float]:
-    return {e: engine_metric(server, "vllm:prefix_cache_queries_total", e) for e in ENGINES}
+    return per_engine(server, "vllm:prefix_cache_queries_total", ENGINES)
 
 
 def test_requests_reach_both_replicas_and_a_shared_prefix_stays_on_one(server_factory):
@@ -71,7 +71,7 @@ def break_one_replica_under_load(server, sig: int, detect_s: float) -> None:
     (its stopped worker killed) and serves again within RECOVERY_DEADLINE_S."""
     warm_up(server)
     streams = LongStreams(server.url, 4, max_tokens=LONG_TOKENS)
-    running = lambda: per_engine(server, "vllm:num_requests_running")
+    running = lambda: per_engine(server, "vllm:num_requests_running", ENGINES)
     assert wait_until(lambda: running() == {"0": 2, "1": 2}, 120), \
         (running(), [(r.finish_reason, r.errors) if r else None for r in streams.results], server.log_tail())
     (worker,) = current_workers(server, "engine 1")
