@@ -1,5 +1,5 @@
 """A client that goes away mid-stream (a real socket closed by httpx) aborts its request: the engine stops
-running it and frees its KV blocks within seconds, long before it could have finished on its own."""
+running it and frees its KV blocks within seconds, with the request counted as aborted, not finished."""
 import json
 import time
 
@@ -36,8 +36,11 @@ def test_client_disconnect_aborts_the_request(server):
     assert wait_until(lambda: engine_idle(server.url), 5), \
         f"the request still runs {time.monotonic() - t_closed:.1f} s after the client left: {engine_load(server.url)}"
 
-    # It was aborted, not finished: far fewer than MAX_TOKENS tokens were generated in all.
+    # It was aborted, not finished. How many tokens it got is the OS's call, not ours: the tiny model makes a token
+    # every ~2 ms, so a loaded machine that leaves the frontend unscheduled for half a second lets the engine make
+    # hundreds before the disconnect is read (measured: 2 when idle, 278 beside another test run).
     assert wait_until(lambda: read_metric(server.url, "vllm:request_success_total",
                                           'finished_reason="abort"') == aborted_before + 1, 5)
     generated = read_metric(server.url, "vllm:generation_tokens_total") - generated_before
-    assert 2 <= generated < MAX_TOKENS / 2, generated
+    print(f"{generated} tokens generated before the abort")
+    assert 2 <= generated < MAX_TOKENS, generated
