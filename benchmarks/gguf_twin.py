@@ -13,11 +13,18 @@ import lzma
 import os
 import shutil
 
+import pathlib
+import sys
+
 import numpy as np
 
 from tinyvllm.protocol.gguf_file import GGUFFile
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # tests.helpers: valid random blocks
+
 PATTERN_BLOCKS = 4096  # distinct blocks per tensor type; well inside xz's dictionary, so repeats cost nothing
+TWIN_SCALE_STD = {"Q4_0": 0.004, "Q5_0": 0.002, "Q5_1": 0.001, "Q4_K": 4e-5, "Q5_K": 2e-5, "Q6_K": 8e-6,
+                  "IQ4_NL": 2e-4, "IQ4_XS": 8e-6}
 
 
 def pattern(type_name: str, rng: np.random.Generator) -> bytes:
@@ -36,6 +43,9 @@ def pattern(type_name: str, rng: np.random.Generator) -> bytes:
         d = rng.uniform(0.0002, 0.0006, n).astype("<f2")
         q = rng.integers(-127, 128, (n, 32), dtype=np.int8)
         return np.concatenate([d.view(np.uint8).reshape(n, 2), q.view(np.uint8)], axis=1).tobytes()
+    if type_name in TWIN_SCALE_STD:  # random codes and sub-block scales, float16 scales for values of ~0.02
+        from tests.helpers.gguf_writer import random_blocks
+        return random_blocks(type_name, (n,), rng, TWIN_SCALE_STD[type_name]).tobytes()
     raise ValueError(f"no twin pattern for {type_name}")
 
 

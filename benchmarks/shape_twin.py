@@ -4,8 +4,8 @@ people serve on GPUs, generated on a device machine that reaches no hub (nothing
     python benchmarks/shape_twin.py --shape llama-3-8b --type Q8_0 --tokenizer-from smollm2.gguf OUT.gguf
 
 The metadata and tensor shapes are the model's (its llama.cpp conversion: names, layer count, heads, vocabulary
-rows, llama3 rope frequencies); every matrix is of --type (F16, Q8_0 or Q4_1, the types the device reads in
-its kernels), norms F32. The tokenizer is the --tokenizer-from file's (the real one does not travel): ids past
+rows, llama3 rope frequencies); every matrix is of --type (F16, Q8_0, Q4_1, the K-quants and IQ4 types the device
+keeps compact, or the Q4_K_M mix as llama-quantize assigns it), norms F32. The tokenizer is the --tokenizer-from file's (the real one does not travel): ids past
 its vocabulary exist in the embedding but are never produced by encoding. The weights are
 benchmarks/gguf_twin.py's seeded block patterns, so the text is gibberish: use it for speed only.
 """
@@ -45,10 +45,27 @@ def llama3_rope_factors(head_dim: int, theta: float, factor: float, low: float, 
     return out.astype(np.float32)
 
 
-def tensor_specs(s: dict, matrix_type: str) -> list[tuple[str, tuple[int, ...], str]]:
+MIXES = {"Q4_K_M": ("Q4_K", "Q6_K")}  # llama-quantize's mixes: (most matrices, the ones given more bits)
+
+
+def matrix_type(mix_or_type: str, name: str, layers: int, tied: bool) -> str:
+    """A matrix's type: the type itself, or as llama-quantize's mix assigns it (Q4_K_M: Q6_K for the output head,
+    and for attn_v and ffn_down in the first and last eighth of the layers and every third between)."""
+    if mix_or_type not in MIXES:
+        return mix_or_type
+    most, more = MIXES[mix_or_type]
+    if name == "output.weight" or name == "token_embd.weight" and tied:
+        return more
+    if name.endswith(("attn_v.weight", "ffn_down.weight")):
+        i = int(name.split(".")[1])
+        return more if i < layers // 8 or i >= 7 * layers // 8 or (i - layers // 8) % 3 == 2 else most
+    return most
+
+
+def tensor_specs(s: dict, mix_or_type: str) -> list[tuple[str, tuple[int, ...], str]]:
     """(GGUF name, numpy-order shape, type) of every tensor, in llama.cpp's order."""
     head_dim = s["dim"] // s["heads"]
-    mat = lambda name, rows, cols: (name, (rows, cols), matrix_type)
+    mat = lambda name, rows, cols: (name, (rows, cols), matrix_type(mix_or_type, name, s["layers"], s["tied"]))
     specs = [mat("token_embd.weight", s["vocab"], s["dim"])]
     if s["llama3_rope"]:
         specs.append(("rope_freqs.weight", (head_dim // 2,), "F32"))
@@ -103,7 +120,8 @@ def make_shape_twin(shape: dict, name: str, matrix_type: str, tokenizer_from: st
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
-    ap.add_argument("--type", choices=("F16", "Q8_0", "Q4_1"), required=True)
+    ap.add_argument("--type", choices=("F16", "Q8_0", "Q4_1", *gguf_twin.TWIN_SCALE_STD, *MIXES), required=True,
+                    help="every matrix's type, or a llama-quantize mix")
     ap.add_argument("--tokenizer-from", required=True, help="a GGUF whose tokenizer.* metadata the twin takes")
     ap.add_argument("out")
     args = ap.parse_args()

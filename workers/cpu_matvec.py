@@ -19,7 +19,7 @@ from tinygrad.renderer import Estimates
 
 from tinyvllm.workers.c_kernel import c_kernel, c_source
 
-BLOCK_BYTES = {"F32": 128, "Q4_1": 20, "Q8_0": 34}  # bytes of one 32-element block as stored in GGUF
+BLOCK_BYTES = {"F32": 128, "Q4_1": 24, "Q8_0": 36, "Q8_16": 48}  # bytes of one 32-element block on the device
 
 
 def c_kernels_support(w) -> bool:

@@ -20,23 +20,27 @@ def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
     return blocks[:, start:start + 2].view("<f2").astype(np.float32)
 
 
-def _nibbles(qs: np.ndarray) -> np.ndarray:
+def nibbles(qs: np.ndarray) -> np.ndarray:
     """Low nibbles first, then high nibbles, along the last axis (ggml's 4-bit order)."""
     return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
 
 
 def _q4_0(b):
-    return (_nibbles(b[:, 2:]).astype(np.int8) - np.int8(8)) * _f16(b, 0)
+    return (nibbles(b[:, 2:]).astype(np.int8) - np.int8(8)) * _f16(b, 0)
 
 
 def _q4_1(b):
-    return _nibbles(b[:, 4:]) * _f16(b, 0) + _f16(b, 2)
+    return nibbles(b[:, 4:]) * _f16(b, 0) + _f16(b, 2)
+
+
+def q5_codes(b: np.ndarray, off: int) -> np.ndarray:
+    """Q5_0/Q5_1 blocks [..., bytes] -> their 32 codes 0..31 (the 4 bytes at `off`: bit j is element j's fifth)."""
+    high = np.unpackbits(np.ascontiguousarray(b[..., off:off + 4]), axis=-1, bitorder="little")
+    return nibbles(b[..., off + 4:]) | (high << 4)
 
 
 def _q5(b, has_min: bool):
-    off = 4 if has_min else 2
-    high = np.unpackbits(b[:, off:off + 4], axis=-1, bitorder="little")  # bit j of qh -> element j
-    q = _nibbles(b[:, off + 4:]) | (high << 4)
+    q = q5_codes(b, 4 if has_min else 2)
     if has_min:
         return q * _f16(b, 0) + _f16(b, 2)
     return (q.astype(np.int8) - np.int8(16)) * _f16(b, 0)
@@ -46,7 +50,7 @@ def _q8_0(b):
     return b[:, 2:].view(np.int8) * _f16(b, 0)
 
 
-def _k_scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def k_scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Unpack the 12-byte field of Q4_K/Q5_K into 8 six-bit scales and 8 six-bit mins."""
     lo_sc, lo_mn, hi = s[:, 0:4], s[:, 4:8], s[:, 8:12]
     sc = np.concatenate([lo_sc & 63, (hi & 0x0F) | ((lo_sc >> 6) << 4)], axis=-1)
@@ -54,29 +58,61 @@ def _k_scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc.astype(np.float32), mn.astype(np.float32)
 
 
-def _qk(b, five_bit: bool):
+def k_quant_values(b: np.ndarray, five_bit: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K blocks [n, bytes] -> (codes [n, 8, 32] uint8, scale [n, 8], minimum [n, 8] float32): sub-block j's
+    value = scale[j] * code - minimum[j]."""
     d, dmin = _f16(b, 0), _f16(b, 2)
-    sc, mn = _k_scales_mins(b[:, 4:16])
+    sc, mn = k_scales_mins(b[:, 4:16])
     qs = b[:, 48:176] if five_bit else b[:, 16:144]
     # 4 chunks of 32 bytes; each chunk's low nibbles form sub-block 2i and high nibbles sub-block 2i+1
     chunks = qs.reshape(-1, 4, 32)
     q = np.stack([chunks & 0x0F, chunks >> 4], axis=2).reshape(-1, 8, 32)
     if five_bit:  # bit i of qh[l] is the fifth bit of element l of sub-block i
         q = q | (np.unpackbits(b[:, 16:48, None], axis=-1, bitorder="little").transpose(0, 2, 1) << 4)
-    return ((d * sc)[:, :, None] * q - (dmin * mn)[:, :, None]).reshape(-1, 256)
+    return q, d * sc, dmin * mn
+
+
+def _qk(b, five_bit: bool):
+    q, scale, minimum = k_quant_values(b, five_bit)
+    return (scale[:, :, None] * q - minimum[:, :, None]).reshape(-1, 256)
+
+
+def q6_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q6_K blocks [n, 210] -> (codes [n, 256] int8 in -32..31, scale [n, 16] float32 per 16 elements)."""
+    ql, qh = b[:, 0:128].reshape(-1, 2, 64), b[:, 128:192].reshape(-1, 2, 32)
+    high = np.concatenate([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=-1)
+    q = (nibbles(ql) | (high << 4)).astype(np.int8) - np.int8(32)
+    return q.reshape(-1, 256), _f16(b, 208) * b[:, 192:208].view(np.int8).astype(np.float32)
 
 
 def _q6_k(b):
-    ql, qh = b[:, 0:128].reshape(-1, 2, 64), b[:, 128:192].reshape(-1, 2, 32)
-    high = np.concatenate([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=-1)
-    q = (_nibbles(ql) | (high << 4)).astype(np.int8) - np.int8(32)
-    scales = np.repeat(b[:, 192:208].view(np.int8).astype(np.float32), 16, axis=-1)
-    return _f16(b, 208) * scales * q.reshape(-1, 256)
+    q, scale = q6_k_values(b)
+    return np.repeat(scale, 16, axis=-1) * q
+
+
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)  # IQ4_NL/XS
+
+
+def _iq4_nl(b):
+    return IQ4_VALUES[nibbles(b[:, 2:])].astype(np.float32) * _f16(b, 0)
+
+
+def iq4_xs_scales(b: np.ndarray) -> np.ndarray:
+    """IQ4_XS blocks [n, 136] -> [n, 8] float32: each 32-element sub-block's d x (its 6-bit scale - 32), exact."""
+    high = b[:, 2:4].copy().view("<u2").astype(np.int32) >> (2 * np.arange(8)) & 3
+    low = np.stack([b[:, 4:8] & 15, b[:, 4:8] >> 4], axis=-1).reshape(-1, 8)
+    return _f16(b, 0) * ((low | (high << 4)) - 32).astype(np.float32)
+
+
+def _iq4_xs(b):
+    scales = iq4_xs_scales(b)
+    values = IQ4_VALUES[nibbles(b[:, 8:].reshape(-1, 8, 16))].astype(np.float32)  # [n, 8, 32]
+    return (scales[:, :, None] * values).reshape(-1, 256)
 
 
 _PLAIN = {0: "<f4", 1: "<f2", 24: "i1", 25: "<i2", 26: "<i4", 27: "<i8", 28: "<f8"}
 _QUANT = {2: _q4_0, 3: _q4_1, 6: lambda b: _q5(b, False), 7: lambda b: _q5(b, True), 8: _q8_0,
-          12: lambda b: _qk(b, False), 13: lambda b: _qk(b, True), 14: _q6_k}
+          12: lambda b: _qk(b, False), 13: lambda b: _qk(b, True), 14: _q6_k, 20: _iq4_nl, 23: _iq4_xs}
 
 
 def dequantize(data: np.ndarray, ggml_type: int, n_elements: int) -> np.ndarray:

@@ -11,13 +11,24 @@ In-kernel types and their device layout (d, m: the block's float16 scale and min
     Q4_1: packed nibbles uint8 [N, K/32, 16], d and m float32 [N, K/32, 1]; value = q * d + m
           (in each 32-block, byte j holds element j in its low nibble and element j+16 in its high one)
     Q8_0: int8 [N, K/32, 32], d float32 [N, K/32, 1]; value = q * d
+    Q8_16: int8 [N, K/32, 32], d and m float32 [N, K/32, 2] (one per 16 elements); value = q * d + m
     F16:  float16 [N, K] (a 2-D float16 host array), widened in the kernel: half the bytes a step reads
 For the GPU kernels (workers/gpu_matvec.py) F16 and Q8_0 keep their values as the same bytes in uint32 words,
 [N, K/32, words per block] (`words=True`): tinygrad folds only 32-bit loads into vector loads, and reinterpreting
 int8 as uint32 inside a traced step would copy the weight every step. Dequantising words takes bytes apart with
 shifts, which fuse into the kernel that reads them.
-Any other type (F32, BF16, Q4_0, Q5_*, K-quants) is dequantised at load to a float32 "F32" weight.
-The dequantisation computes what workers/gguf_dequantize.py's numpy does, in the same order, in float32.
+Other GGUF types are repacked into one of those kinds when they go to the device (`DEVICE_KIND`), one tensor at a
+time, with the same values (each product and sum is the reference dequantisation's own, in its order):
+    Q4_0 -> Q4_1: m = -8 d
+    Q4_K -> Q4_1: each 32-element sub-block's d = super d x 6-bit scale, m = -(super dmin x 6-bit min), nibbles
+          reordered from the super-block's 64-element chunks to Q4_1's order
+    Q5_0 -> Q8_0: codes q - 16;  IQ4_NL -> Q8_0: codes from the non-linear table, d
+    IQ4_XS -> Q8_0: codes from the table, each 32-element sub-block's d = super d x (6-bit scale - 32)
+    Q6_K -> Q8_16: codes q - 32, d = super d x int8 scale per 16 elements, m = 0
+    Q5_K -> Q8_16: codes, Q4_K's d and m (each twice); Q5_1 -> Q8_16: codes, d and m (each twice)
+On the device Q4_0/Q4_K take 6 bits a value, Q5_0/IQ4 9 and Q5_1/Q5_K/Q6_K 12 (where the file has 4.5-6.6);
+what is left (F32, BF16, Q2_K, Q3_K) is dequantised at load to a float32 "F32" weight. The dequantisation computes
+what workers/gguf_dequantize.py's numpy does, in the same order, in float32.
 """
 from __future__ import annotations
 
@@ -26,13 +37,18 @@ from tinygrad import Tensor, dtypes
 
 from tinyvllm.protocol.gguf_file import GGML_TYPE_IDS, GGML_TYPES
 from tinyvllm.workers.device_input import device_tensor
-from tinyvllm.workers.gguf_dequantize import dequantize
+from tinyvllm.workers.gguf_dequantize import (IQ4_VALUES, dequantize, iq4_xs_scales, k_quant_values, nibbles,
+                                              q5_codes, q6_k_values)
 
-IN_KERNEL_TYPES = ("Q4_1", "Q8_0")
+IN_KERNEL_TYPES = ("Q4_1", "Q8_0", "Q8_16")  # the kinds the kernels multiply
+DEVICE_KIND = {"Q4_1": "Q4_1", "Q4_0": "Q4_1", "Q4_K": "Q4_1",  # the GGUF types kept compact, and as which kind
+               "Q8_0": "Q8_0", "Q5_0": "Q8_0", "IQ4_NL": "Q8_0", "IQ4_XS": "Q8_0",
+               "Q5_1": "Q8_16", "Q5_K": "Q8_16", "Q6_K": "Q8_16"}
 
 
 class QuantizedArray:
-    """A 2-D GGUF tensor of an in-kernel type as its raw blocks [N, K/32, block_bytes] (uint8).
+    """A 2-D GGUF tensor of a type in DEVICE_KIND as its raw blocks [N, K/block_elems, block_bytes] (uint8), as
+    stored (a view of the mapped file: repacked only on the way to the device).
 
     Array-like: `shape`, `dtype` (float32, what it dequantises to) and `np.asarray(x)` (the dequantised array)."""
 
@@ -40,12 +56,17 @@ class QuantizedArray:
     ndim = 2
 
     def __init__(self, type_name: str, blocks: np.ndarray):
-        if type_name not in IN_KERNEL_TYPES:
-            raise ValueError(f"{type_name} is not kept quantised (in-kernel types: {', '.join(IN_KERNEL_TYPES)})")
+        if type_name not in DEVICE_KIND:
+            raise ValueError(f"{type_name} is not kept quantised (kept: {', '.join(DEVICE_KIND)})")
         self.type_name, self.blocks = type_name, blocks
-        _, block_elems, block_bytes = GGML_TYPES[GGML_TYPE_IDS[type_name]]
+        _, self.block_elems, block_bytes = GGML_TYPES[GGML_TYPE_IDS[type_name]]
         assert blocks.ndim == 3 and blocks.shape[2] == block_bytes and blocks.dtype == np.uint8, blocks.shape
-        self.shape = (blocks.shape[0], blocks.shape[1] * block_elems)
+        self.shape = (blocks.shape[0], blocks.shape[1] * self.block_elems)
+
+    @property
+    def kind(self) -> str:
+        """The device kind it is multiplied as (IN_KERNEL_TYPES)."""
+        return DEVICE_KIND[self.type_name]
 
     @classmethod
     def from_raw(cls, type_name: str, raw: np.ndarray, shape: tuple[int, ...]) -> "QuantizedArray":
@@ -55,7 +76,7 @@ class QuantizedArray:
     @staticmethod
     def keeps(type_name: str, shape: tuple[int, ...]) -> bool:
         """Whether a GGUF tensor of this type and shape stays quantised (2-D, whole blocks per row)."""
-        return type_name in IN_KERNEL_TYPES and len(shape) == 2 and shape[1] % 32 == 0
+        return type_name in DEVICE_KIND and len(shape) == 2 and shape[1] % GGML_TYPES[GGML_TYPE_IDS[type_name]][1] == 0
 
     @property
     def size(self) -> int:
@@ -79,8 +100,51 @@ def is_f16_matrix(array) -> bool:
 
 
 def _f16_field(blocks: np.ndarray, start: int) -> np.ndarray:
-    """The float16 at byte `start` of each block, widened to float32: [N, K/32, 1] (exact)."""
+    """The float16 at byte `start` of each block, widened to float32: [N, blocks, 1] (exact)."""
     return np.ascontiguousarray(blocks[:, :, start:start + 2]).view("<f2").astype(np.float32)
+
+
+def _q4_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Q4_K super-blocks [N, S, 144] as Q4_1's parts: nibbles [N, 8S, 16], d and m float32 [N, 8S, 1]."""
+    n, s = b.shape[:2]
+    q, scale, minimum = k_quant_values(b.reshape(n * s, -1), five_bit=False)
+    packed = q[..., :16] | (q[..., 16:] << 4)
+    return packed.reshape(n, s * 8, 16), scale.reshape(n, s * 8, 1), -minimum.reshape(n, s * 8, 1)
+
+
+def _q5_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
+    n, s = b.shape[:2]
+    q, scale, minimum = k_quant_values(b.reshape(n * s, -1), five_bit=True)
+    twice = lambda x: np.repeat(x.reshape(n, s * 8, 1), 2, axis=-1)
+    return q.astype(np.int8).reshape(n, s * 8, 32), twice(scale), twice(-minimum)
+
+
+def _q6_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
+    n, s = b.shape[:2]
+    q, scale = q6_k_values(b.reshape(n * s, -1))
+    return q.reshape(n, s * 8, 32), scale.reshape(n, s * 8, 2), np.zeros((n, s * 8, 2), np.float32)
+
+
+def _iq4_xs_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
+    n, s = b.shape[:2]
+    codes = IQ4_VALUES[nibbles(b[:, :, 8:].reshape(n, s * 8, 16))]
+    return codes, iq4_xs_scales(b.reshape(-1, b.shape[2])).reshape(n, s * 8, 1)
+
+
+# a GGUF type's blocks [N, blocks, bytes] -> its kind's host parts (see the module docstring)
+_DEVICE_PARTS = {
+    "Q4_1": lambda b: (b[:, :, 4:], _f16_field(b, 0), _f16_field(b, 2)),
+    "Q4_0": lambda b: (b[:, :, 2:], _f16_field(b, 0), _f16_field(b, 0) * np.float32(-8)),
+    "Q4_K": _q4_k_parts,
+    "Q8_0": lambda b: (b[:, :, 2:].view(np.int8), _f16_field(b, 0)),
+    "Q5_0": lambda b: (q5_codes(b, 2).astype(np.int8) - np.int8(16), _f16_field(b, 0)),
+    "IQ4_NL": lambda b: (IQ4_VALUES[nibbles(b[:, :, 2:])], _f16_field(b, 0)),
+    "IQ4_XS": _iq4_xs_parts,
+    "Q5_1": lambda b: (q5_codes(b, 4).astype(np.int8), np.repeat(_f16_field(b, 0), 2, axis=-1),
+                       np.repeat(_f16_field(b, 2), 2, axis=-1)),
+    "Q5_K": _q5_k_parts,
+    "Q6_K": _q6_k_parts,
+}
 
 
 WORDS_PER_BLOCK = {"F16": 16, "Q8_0": 8}  # uint32 words of a 32-element block's values
@@ -110,7 +174,12 @@ def _widen_f16(w: Tensor) -> Tensor:
     return w.cast(dtypes.float32)
 
 
-_DEQUANT = {"Q4_1": _dequant_q4_1, "Q8_0": _dequant_q8_0, "F16": _widen_f16}
+def _dequant_q8_16(q: Tensor, d: Tensor, m: Tensor) -> Tensor:
+    halves = q.reshape(*q.shape[:-1], 2, 16).cast(dtypes.float32)
+    return (halves * d.unsqueeze(-1) + m.unsqueeze(-1)).reshape(q.shape)
+
+
+_DEQUANT = {"Q4_1": _dequant_q4_1, "Q8_0": _dequant_q8_0, "Q8_16": _dequant_q8_16, "F16": _widen_f16}
 
 
 class DeviceWeight:
@@ -134,14 +203,10 @@ class DeviceWeight:
             return cls("F16", (device_tensor(array),))  # copied in through a writable host copy: mapped files are read-only
         if not isinstance(array, QuantizedArray) or dequantize_at_load:
             return cls("F32", (Tensor(np.ascontiguousarray(np.asarray(array), dtype=np.float32)).realize(),))
-        b = array.blocks
-        if array.type_name == "Q4_1":
-            host = (b[:, :, 4:], _f16_field(b, 0), _f16_field(b, 2))
-        else:  # Q8_0
-            host = (b[:, :, 2:].view(np.int8), _f16_field(b, 0))
-        if words and array.type_name in WORDS_PER_BLOCK:
+        host = _DEVICE_PARTS[array.type_name](array.blocks)
+        if words and array.kind in WORDS_PER_BLOCK:
             host = (np.ascontiguousarray(host[0]).view(np.uint32),) + host[1:]
-        return cls(array.type_name, tuple(Tensor(np.ascontiguousarray(p)).realize() for p in host))
+        return cls(array.kind, tuple(Tensor(np.ascontiguousarray(p)).realize() for p in host))
 
     @property
     def shape(self) -> tuple[int, int] | tuple[int]:

@@ -21,7 +21,6 @@ from tinyvllm.workers.quantized_weight import QuantizedArray
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 _BY_ROWS = {"attn_q": "q", "attn_k": "kv", "attn_v": "kv", "ffn_gate": "ffn", "ffn_up": "ffn"}
 _BY_COLUMNS = {"attn_output": "q", "ffn_down": "ffn"}
-BLOCK = 32  # elements per quantised block (Q4_1, Q8_0)
 
 
 def take_rows(w, start: int, stop: int):
@@ -32,8 +31,9 @@ def take_rows(w, start: int, stop: int):
 
 def take_columns(w, start: int, stop: int):
     if isinstance(w, QuantizedArray):
-        if start % BLOCK == 0 and stop % BLOCK == 0:
-            return QuantizedArray(w.type_name, np.ascontiguousarray(w.blocks[:, start // BLOCK:stop // BLOCK]))
+        if start % w.block_elems == 0 and stop % w.block_elems == 0:
+            return QuantizedArray(w.type_name,
+                                  np.ascontiguousarray(w.blocks[:, start // w.block_elems:stop // w.block_elems]))
         w = np.asarray(w)
     return np.ascontiguousarray(np.asarray(w)[:, start:stop])
 

@@ -4,14 +4,15 @@ Weights always come back with GGUF names (token_embd.weight, blk.{i}.attn_q.weig
 output_norm.weight, and output.weight only when embeddings are not tied), as float32 arrays
 in PyTorch (out_features, in_features) layout, and with q/k rows in the HF "rotate_half" (NeoX)
 order: rotary pairs are (x[j], x[j + head_dim/2]) within each head. GGUF matrices of the types the
-kernels dequantise themselves (Q4_1, Q8_0) come back as workers.quantized_weight.QuantizedArray, the
-undequantised blocks, which act as float32 arrays (np.asarray dequantises), and F16 matrices as float16
+kernels read, directly or repacked on the way to the device (quantized_weight.DEVICE_KIND: Q4_0, Q4_1, Q4_K,
+Q5_0, Q8_0, IQ4_NL, IQ4_XS), come back as workers.quantized_weight.QuantizedArray, the undequantised blocks, which act as float32 arrays (np.asarray dequantises), and F16 matrices as float16
 arrays (the device keeps them float16); keep_quantized=False gives plain numpy float32 for everything.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import pathlib
 import re
 
@@ -21,7 +22,9 @@ from tinyvllm.protocol.gguf_file import GGUFFile
 from tinyvllm.protocol.model_config import GEMMA_ARCHS, ModelConfig
 from tinyvllm.protocol.model_path import is_gguf, resolve_model_path
 from tinyvllm.workers.gguf_dequantize import dequantize_tensor
-from tinyvllm.workers.quantized_weight import QuantizedArray
+from tinyvllm.workers.quantized_weight import DEVICE_KIND, QuantizedArray
+
+log = logging.getLogger(__name__)
 
 _HF_LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
@@ -75,6 +78,8 @@ def _load_gguf(path: pathlib.Path, keep_quantized: bool) -> tuple[ModelConfig, d
         return dequantize_tensor(gguf, name)
 
     weights = {name: load(name) for name in gguf.tensor_names}
+    if keep_quantized:
+        _say_what_is_widened(gguf)
     if config.arch == "llama":
         for i in range(config.n_layers):
             for kind, heads in (("attn_q", config.n_heads), ("attn_k", config.n_kv_heads)):
@@ -86,6 +91,18 @@ def _load_gguf(path: pathlib.Path, keep_quantized: bool) -> tuple[ModelConfig, d
     if "rope_freqs.weight" in weights and config.rope_scaling is None:
         config = dataclasses.replace(config, rope_scaling={"rope_type": "rope_freqs"})
     return config, weights
+
+
+def _say_what_is_widened(gguf: GGUFFile) -> None:
+    """A warning naming the quantised types a file has that the device holds as float32 (and what that costs)."""
+    widened: dict[str, int] = {}
+    for name in gguf.tensor_names:
+        kind, shape = gguf.tensor_type(name), gguf.tensor_shape(name)
+        if kind not in ("F32", "F16") and not QuantizedArray.keeps(kind, shape):
+            widened[kind] = widened.get(kind, 0) + 4 * int(np.prod(shape))
+    if widened:
+        log.warning("%s: tensors of type %s are widened to float32 at load (%.2f GB); kept as stored: %s",
+                    gguf.path.name, ", ".join(sorted(widened)), sum(widened.values()) / 1e9, ", ".join(DEVICE_KIND))
 
 
 def _load_hf(folder: pathlib.Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:

@@ -94,6 +94,13 @@ def quantize(x: np.ndarray, type_name: str) -> bytes:
     raise ValueError(f"gguf_writer cannot quantise to {type_name}")
 
 
+def _type_id(type_name: str) -> int:
+    if type_name in GGML_TYPE_IDS:
+        return GGML_TYPE_IDS[type_name]
+    import gguf
+    return int(gguf.GGMLQuantizationType[type_name])
+
+
 def gguf_header(metadata: dict, tensors: list[tuple[str, tuple[int, ...], str, int]]) -> bytes:
     """The header of a GGUF file (magic, metadata, tensor infos, padding up to the data) for tensors given as
     (name, numpy-order shape, type name, byte size) in the order their data follows, each padded to ALIGNMENT."""
@@ -105,22 +112,53 @@ def gguf_header(metadata: dict, tensors: list[tuple[str, tuple[int, ...], str, i
     for name, shape, type_name, nbytes in tensors:
         dims = tuple(reversed(shape))
         header += [_string(name), struct.pack(f"<I{len(dims)}Q", len(dims), *dims),
-                   struct.pack("<IQ", GGML_TYPE_IDS[type_name], offset)]
+                   struct.pack("<IQ", _type_id(type_name), offset)]
         offset += nbytes + (-nbytes % ALIGNMENT)
     head = b"".join(header)
     return head + b"\0" * (-len(head) % ALIGNMENT)
 
 
+# where each block type keeps its float16 scales (and minimums): random bytes elsewhere are valid codes and scales
+F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2),
+              "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
+
+
+def random_blocks(type_name: str, shape: tuple[int, ...], rng: np.random.Generator,
+                  scale_std: float = 0.02) -> np.ndarray:
+    """Valid random blocks [*shape, block bytes] of a block type: random bytes (every code and sub-block scale)
+    with finite float16 scales of standard deviation scale_std."""
+    import gguf
+    nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]][1]
+    blocks = rng.integers(0, 256, (*shape, nbytes), dtype=np.uint8)
+    for start in F16_FIELDS[type_name]:
+        scale = (rng.standard_normal(shape) * scale_std).astype("<f2")
+        blocks[..., start:start + 2] = scale[..., None].view(np.uint8)
+    return blocks
+
+
+class Blocks:
+    """A tensor given as its raw blocks [rows, blocks per row, block bytes] of `type_name` (any type, as written)."""
+
+    def __init__(self, blocks: np.ndarray, type_name: str):
+        import gguf  # llama.cpp's package: the block sizes as ggml defines them
+        elems, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
+        assert blocks.dtype == np.uint8 and blocks.ndim == 3 and blocks.shape[2] == nbytes, blocks.shape
+        self.blocks, self.shape = blocks, (blocks.shape[0], blocks.shape[1] * elems)
+
+
 def write_gguf(path: str | pathlib.Path, metadata: dict,
-               tensors: dict[str, tuple[np.ndarray, str | int]]) -> pathlib.Path:
+               tensors: dict[str, tuple[np.ndarray | Blocks, str | int]]) -> pathlib.Path:
     path = pathlib.Path(path)
     id_to_name = {v: k for k, v in GGML_TYPE_IDS.items()}
     infos, data = [], []
     for name, (array, ggml_type) in tensors.items():
         type_name = id_to_name[ggml_type] if isinstance(ggml_type, int) else ggml_type
-        array = np.asarray(array)
-        raw = quantize(array, type_name)
-        infos.append((name, array.shape, type_name, len(raw)))
+        if isinstance(array, Blocks):
+            raw, shape = array.blocks.tobytes(), array.shape
+        else:
+            array = np.asarray(array)
+            raw, shape = quantize(array, type_name), array.shape
+        infos.append((name, shape, type_name, len(raw)))
         data += [raw, b"\0" * (-len(raw) % ALIGNMENT)]
     path.write_bytes(gguf_header(metadata, infos) + b"".join(data))
     return path

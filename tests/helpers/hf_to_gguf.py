@@ -21,7 +21,7 @@ def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _metadata(config, arch: str) -> dict:
+def gguf_metadata(config, arch: str) -> dict:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     md = {"general.architecture": arch, f"{arch}.vocab_size": config.vocab_size,
           f"{arch}.context_length": config.max_position_embeddings, f"{arch}.embedding_length": config.hidden_size,
@@ -58,5 +58,5 @@ def write_model_gguf(model, arch: str, path: str | pathlib.Path, extra: dict | N
             heads = config.num_attention_heads if "attn_q" in canonical else config.num_key_value_heads
             w = llama_cpp_permute(w, heads)
         tensors[canonical.replace("ffn_gate_up", "ffn_up")] = (np.ascontiguousarray(w, np.float32), "F32")
-    write_gguf(path, {**_metadata(config, arch), **(extra or {})}, tensors)
+    write_gguf(path, {**gguf_metadata(config, arch), **(extra or {})}, tensors)
     return pathlib.Path(path)

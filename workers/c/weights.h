@@ -1,7 +1,8 @@
 // A weight matrix [N, K] as workers/quantized_weight.py's DeviceWeight.parts, in one of the kinds selected by
-// a define: WEIGHT_F32 (float32), WEIGHT_Q4_1 (16 bytes of nibbles, scale d, minimum m per 32-element block) or
-// WEIGHT_Q8_0 (32 signed bytes, scale d per block). WEIGHT_PARAMS are its C parameters, WEIGHT_ARGS the same
-// names to pass on. Needs K (a multiple of 32) and kernel.h.
+// a define: WEIGHT_F32 (float32), WEIGHT_Q4_1 (16 bytes of nibbles, scale d, minimum m per 32-element block),
+// WEIGHT_Q8_0 (32 signed bytes, scale d per block) or WEIGHT_Q8_16 (32 signed bytes, a scale d and a minimum m per
+// 16 elements). WEIGHT_PARAMS are its C parameters, WEIGHT_ARGS the same names to pass on. Needs K (a multiple of
+// 32) and kernel.h.
 #define KB (K / 32)
 
 #if defined(WEIGHT_F32)
@@ -13,8 +14,11 @@
 #elif defined(WEIGHT_Q8_0)
 #define WEIGHT_PARAMS const signed char *restrict weight, const float *restrict d
 #define WEIGHT_ARGS weight, d
+#elif defined(WEIGHT_Q8_16)
+#define WEIGHT_PARAMS const signed char *restrict weight, const float *restrict d, const float *restrict m
+#define WEIGHT_ARGS weight, d, m
 #else
-#error "define one of WEIGHT_F32, WEIGHT_Q4_1, WEIGHT_Q8_0"
+#error "define one of WEIGHT_F32, WEIGHT_Q4_1, WEIGHT_Q8_0, WEIGHT_Q8_16"
 #endif
 
 // weight row n's 32-element block b as two 16-lane vectors: elements 0-15 in *w0, 16-31 in *w1
@@ -27,6 +31,12 @@ ALWAYS_INLINE void dequant_block(WEIGHT_PARAMS, int n, int b, v16 *w0, v16 *w1) 
   const float scale = d[(long)n * KB + b], low = m[(long)n * KB + b];
   *w0 = __builtin_convertvector(q & (unsigned char)15, v16) * scale + low;
   *w1 = __builtin_convertvector(q >> 4, v16) * scale + low;
+#elif defined(WEIGHT_Q8_16)
+  const i8x16 q0 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32);
+  const i8x16 q1 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32 + 16);
+  const long half = ((long)n * KB + b) * 2;
+  *w0 = __builtin_convertvector(q0, v16) * d[half] + m[half];
+  *w1 = __builtin_convertvector(q1, v16) * d[half + 1] + m[half + 1];
 #else
   const i8x16 q0 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32);
   const i8x16 q1 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32 + 16);
@@ -46,6 +56,12 @@ ALWAYS_INLINE void prefetch_row(WEIGHT_PARAMS, int n) {
   for (int i = 0; i < KB; i += 16) {
     __builtin_prefetch(d + (long)n * KB + i);
     __builtin_prefetch(m + (long)n * KB + i);
+  }
+#elif defined(WEIGHT_Q8_16)
+  for (int i = 0; i < KB * 32; i += 64) __builtin_prefetch(weight + (long)n * KB * 32 + i);
+  for (int i = 0; i < KB * 2; i += 16) {
+    __builtin_prefetch(d + (long)n * KB * 2 + i);
+    __builtin_prefetch(m + (long)n * KB * 2 + i);
   }
 #else
   for (int i = 0; i < KB * 32; i += 64) __builtin_prefetch(weight + (long)n * KB * 32 + i);

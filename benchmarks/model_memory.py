@@ -1,0 +1,58 @@
+"""A model file served as users serve it: load time, the worker's resident memory next to the file's size and the
+KV cache it was given, and one request's decode speed.
+
+    python benchmarks/model_memory.py MODEL.gguf [--kv-blocks 256] [--tokens 64] [--kernels c-int8]
+
+Memory is read from the worker's /proc/<pid>/status (VmRSS now, VmHWM its peak); "overhead" is the resident memory
+beyond the weights' device bytes and the KV cache. Works on shape twins (benchmarks/shape_twin.py): their text is
+gibberish, their sizes and speed are the real model's.
+"""
+import argparse
+import os
+import pathlib
+import time
+
+import psutil
+
+from tinyvllm import LLM, SamplingParams
+from tinyvllm.protocol.model_config import read_model_config
+from tinyvllm.workers.kv_cache import bytes_per_block
+
+
+def status_kb(pid: int, field: str) -> int:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--kv-blocks", type=int, default=256)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--kernels", default=None)
+    args = ap.parse_args()
+    started = time.monotonic()
+    with LLM(args.model, num_kv_blocks=args.kv_blocks, max_num_seqs=4, max_model_len=2048, kernels=args.kernels) as llm:
+        loaded_s = time.monotonic() - started
+        (worker,) = [p for p in psutil.Process().children(recursive=True) if "tinyvllm.workers.main" in " ".join(p.cmdline())]
+        greedy = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
+        llm.generate(["The history of the bicycle"], greedy)  # the same shapes once first: their steps captured
+        t = time.monotonic()
+        out = llm.generate(["The history of the bicycle"], greedy)[0]
+        decode_s = time.monotonic() - t
+        rss, peak = status_kb(worker.pid, "VmRSS") * 1024, status_kb(worker.pid, "VmHWM") * 1024
+        weights = llm.ready.worker_weight_bytes[0]
+        kv = llm.ready.num_blocks * bytes_per_block(read_model_config(args.model), llm.ready.block_size,
+                                                    llm.ready.kv_cache_dtype)
+    gb = lambda b: f"{b / 1e9:.2f}"
+    print("| file GB | weights on device GB | KV cache GB | worker RSS GB (peak) | overhead GB | load s | "
+          "decode tok/s (1 request) |")
+    print("|---|---|---|---|---|---|---|")
+    print(f"| {gb(os.path.getsize(args.model))} | {gb(weights)} | {gb(kv)} | {gb(rss)} ({gb(peak)}) | "
+          f"{gb(rss - weights - kv)} | {loaded_s:.1f} | {len(out.token_ids) / decode_s:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
