@@ -79,7 +79,7 @@ def _load_gguf(path: pathlib.Path, keep_quantized: bool) -> tuple[ModelConfig, d
 
     weights = {name: load(name) for name in gguf.tensor_names}
     if keep_quantized:
-        _say_what_is_widened(gguf)
+        check_widened_types(gguf)
     if config.arch == "llama":
         for i in range(config.n_layers):
             for kind, heads in (("attn_q", config.n_heads), ("attn_k", config.n_kv_heads)):
@@ -93,16 +93,32 @@ def _load_gguf(path: pathlib.Path, keep_quantized: bool) -> tuple[ModelConfig, d
     return config, weights
 
 
-def _say_what_is_widened(gguf: GGUFFile) -> None:
-    """A warning naming the quantised types a file has that the device holds as float32 (and what that costs)."""
+def check_widened_types(gguf: GGUFFile) -> None:
+    """The quantised types a file has that the device holds as float32: named in a warning, and refused (naming
+    them) when their float32 copy would not fit in the memory this machine has available."""
     widened: dict[str, int] = {}
     for name in gguf.tensor_names:
         kind, shape = gguf.tensor_type(name), gguf.tensor_shape(name)
         if kind not in ("F32", "F16") and not QuantizedArray.keeps(kind, shape):
             widened[kind] = widened.get(kind, 0) + 4 * int(np.prod(shape))
-    if widened:
-        log.warning("%s: tensors of type %s are widened to float32 at load (%.2f GB); kept as stored: %s",
-                    gguf.path.name, ", ".join(sorted(widened)), sum(widened.values()) / 1e9, ", ".join(DEVICE_KIND))
+    if not widened:
+        return
+    types, total = ", ".join(sorted(widened)), sum(widened.values())
+    if total > (available := available_memory_bytes()):
+        raise ValueError(f"{gguf.path.name}: its {types} tensors are not kept compact and would take {total / 1e9:.1f} GB "
+                         f"as float32, more than the {available / 1e9:.1f} GB available (kept compact: "
+                         f"{', '.join(DEVICE_KIND)})")
+    log.warning("%s: tensors of type %s are widened to float32 at load (%.2f GB); kept compact: %s",
+                gguf.path.name, types, total / 1e9, ", ".join(DEVICE_KIND))
+
+
+def available_memory_bytes() -> float:
+    """MemAvailable from /proc/meminfo (infinite where there is none to read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return float("inf")
 
 
 def _load_hf(folder: pathlib.Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:

@@ -120,7 +120,7 @@ def gguf_header(metadata: dict, tensors: list[tuple[str, tuple[int, ...], str, i
 
 # where each block type keeps its float16 scales (and minimums): random bytes elsewhere are valid codes and scales
 F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2),
-              "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
+              "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,), "Q2_K": (80, 82), "Q3_K": (108,)}
 
 
 def random_blocks(type_name: str, shape: tuple[int, ...], rng: np.random.Generator,

@@ -143,3 +143,18 @@ def test_a_model_of_repacked_types_equals_transformers(mixed_type_llama, kernel_
 
 def test_a_model_of_repacked_types_with_int8_activations_stays_near_transformers(mixed_type_llama, c_kernel_set):
     compare(mixed_type_llama, "c-int8", 0.1)  # measured 0.025
+
+
+def test_a_type_still_widened_is_named_and_refused_where_its_float32_would_not_fit(tmp_path, monkeypatch, caplog):
+    from tests.helpers.gguf_writer import Blocks, write_gguf
+    from tinyvllm.protocol.gguf_file import GGUFFile
+    from tinyvllm.workers import weights
+    blocks = write_random_blocks("Q3_K", (64, 2), np.random.default_rng(0))
+    path = write_gguf(tmp_path / "q3.gguf", {"general.architecture": "test"},
+                      {"a.weight": (Blocks(blocks, "Q3_K"), "Q3_K"), "b.weight": (Blocks(blocks, "Q3_K"), "Q3_K")})
+    with caplog.at_level("WARNING"):
+        weights.check_widened_types(GGUFFile(path))
+    assert "Q3_K" in caplog.text and "widened to float32" in caplog.text
+    monkeypatch.setattr(weights, "available_memory_bytes", lambda: 100_000)  # 2 x 64 x 512 float32s: 262 kB
+    with pytest.raises(ValueError, match=r"Q3_K tensors are not kept compact .* more than the 0.0 GB available"):
+        weights.check_widened_types(GGUFFile(path))
