@@ -11,9 +11,8 @@ takes at most 64 MiB per call; the default model is 98 MB). Its text is gibberis
 import argparse
 import lzma
 import os
-import shutil
-
 import pathlib
+import shutil
 import sys
 
 import numpy as np

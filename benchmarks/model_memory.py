@@ -4,7 +4,7 @@ KV cache it was given, and one request's decode speed.
     python benchmarks/model_memory.py MODEL.gguf [--kv-blocks 256] [--tokens 64] [--kernels c-int8]
 
 Memory is read from the worker's /proc/<pid>/status (VmRSS now, VmHWM its peak); "overhead" is the resident memory
-beyond the weights' device bytes and the KV cache. Works on shape twins (benchmarks/shape_twin.py): their text is
+beyond the weights' device bytes and the KV cache (on the CPU backend, where both live in the worker's memory). Works on shape twins (benchmarks/shape_twin.py): their text is
 gibberish, their sizes and speed are the real model's.
 """
 import argparse
@@ -12,11 +12,21 @@ import os
 import pathlib
 import time
 
-import psutil
-
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.protocol.model_config import read_model_config
 from tinyvllm.workers.kv_cache import bytes_per_block
+
+
+def worker_pids() -> list[int]:
+    """This machine's tinyvllm worker processes (run the benchmark alone)."""
+    pids = []
+    for entry in pathlib.Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and b"tinyvllm.workers.main" in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
 
 
 def status_kb(pid: int, field: str) -> int:
@@ -36,13 +46,13 @@ def main() -> None:
     started = time.monotonic()
     with LLM(args.model, num_kv_blocks=args.kv_blocks, max_num_seqs=4, max_model_len=2048, kernels=args.kernels) as llm:
         loaded_s = time.monotonic() - started
-        (worker,) = [p for p in psutil.Process().children(recursive=True) if "tinyvllm.workers.main" in " ".join(p.cmdline())]
+        (worker,) = worker_pids()
         greedy = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
         llm.generate(["The history of the bicycle"], greedy)  # the same shapes once first: their steps captured
         t = time.monotonic()
         out = llm.generate(["The history of the bicycle"], greedy)[0]
         decode_s = time.monotonic() - t
-        rss, peak = status_kb(worker.pid, "VmRSS") * 1024, status_kb(worker.pid, "VmHWM") * 1024
+        rss, peak = status_kb(worker, "VmRSS") * 1024, status_kb(worker, "VmHWM") * 1024
         weights = llm.ready.worker_weight_bytes[0]
         kv = llm.ready.num_blocks * bytes_per_block(read_model_config(args.model), llm.ready.block_size,
                                                     llm.ready.kv_cache_dtype)

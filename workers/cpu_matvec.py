@@ -1,5 +1,5 @@
 """Matrix products of a few rows (below workers/cpu_gemm.py's GEMM_MIN_ROWS) on the CPU backend, as hand-written
-C kernels for F32, Q4_1 and Q8_0 weights.
+C kernels for F32, Q4_1, Q8_0 and Q8_16 weights.
 
 tinygrad's generated kernels for these reduced each 32-element block into a scalar, so every block ended in a
 horizontal vector sum. These kernels keep one 16-lane accumulator per activation row

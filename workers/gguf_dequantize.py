@@ -115,6 +115,9 @@ _QUANT = {2: _q4_0, 3: _q4_1, 6: lambda b: _q5(b, False), 7: lambda b: _q5(b, Tr
           12: lambda b: _qk(b, False), 13: lambda b: _qk(b, True), 14: _q6_k, 20: _iq4_nl, 23: _iq4_xs}
 
 
+SUPPORTED = sorted([*_PLAIN, 30, *_QUANT])  # the type ids read; any other is refused, naming it
+
+
 def dequantize(data: np.ndarray, ggml_type: int, n_elements: int) -> np.ndarray:
     """Raw ggml bytes -> flat float32 array of `n_elements`."""
     if ggml_type in _PLAIN:
@@ -123,7 +126,7 @@ def dequantize(data: np.ndarray, ggml_type: int, n_elements: int) -> np.ndarray:
         return (data.view("<u2")[:n_elements].astype(np.uint32) << 16).view(np.float32)
     if ggml_type not in _QUANT:
         name = GGML_TYPES.get(ggml_type, (f"id {ggml_type}",))[0]
-        supported = ", ".join(GGML_TYPES[t][0] for t in sorted([*_PLAIN, 30, *_QUANT]))
+        supported = ", ".join(GGML_TYPES[t][0] for t in SUPPORTED)
         raise ValueError(f"GGUF tensor type {name} is not supported (supported: {supported})")
     _, block_elems, block_bytes = GGML_TYPES[ggml_type]
     blocks = data[:n_elements // block_elems * block_bytes].reshape(-1, block_bytes)

@@ -7,7 +7,8 @@ Device side, `DeviceWeight` holds a weight's Tensors (`parts`) and returns `dequ
 [N, K] weight as a *lazy* expression, so `h @ w.dequantized().T` reads the quantised bytes and tinygrad fuses
 the dequantisation into the matmul kernel's loads. `rows(idx)` dequantises only gathered rows (embeddings).
 
-In-kernel types and their device layout (d, m: the block's float16 scale and min, widened to float32 on load):
+Device kinds and their layout (d, m: a block's scale and min as float32: a GGUF float16 widened, or for the
+repacked types below the product of a super-block's scale and a sub-block's):
     Q4_1: packed nibbles uint8 [N, K/32, 16], d and m float32 [N, K/32, 1]; value = q * d + m
           (in each 32-block, byte j holds element j in its low nibble and element j+16 in its high one)
     Q8_0: int8 [N, K/32, 32], d float32 [N, K/32, 1]; value = q * d
@@ -18,7 +19,7 @@ For the GPU kernels (workers/gpu_matvec.py) F16 and Q8_0 keep their values as th
 int8 as uint32 inside a traced step would copy the weight every step. Dequantising words takes bytes apart with
 shifts, which fuse into the kernel that reads them.
 Other GGUF types are repacked into one of those kinds when they go to the device (`DEVICE_KIND`), one tensor at a
-time, with the same values (each product and sum is the reference dequantisation's own, in its order):
+time, with the same values (every product involved is exact in float32, so only a zero's sign may differ):
     Q4_0 -> Q4_1: m = -8 d
     Q4_K -> Q4_1: each 32-element sub-block's d = super d x 6-bit scale, m = -(super dmin x 6-bit min), nibbles
           reordered from the super-block's 64-element chunks to Q4_1's order
@@ -27,7 +28,7 @@ time, with the same values (each product and sum is the reference dequantisation
     Q6_K -> Q8_16: codes q - 32, d = super d x int8 scale per 16 elements, m = 0
     Q5_K -> Q8_16: codes, Q4_K's d and m (each twice); Q5_1 -> Q8_16: codes, d and m (each twice)
 On the device Q4_0/Q4_K take 6 bits a value, Q5_0/IQ4 9 and Q5_1/Q5_K/Q6_K 12 (where the file has 4.5-6.6);
-what is left (F32, BF16, Q2_K, Q3_K) is dequantised at load to a float32 "F32" weight. The dequantisation computes
+F32 and BF16 are float32 "F32" weights from load (Q2_K, Q3_K and the IQ1-IQ3 types are refused). The dequantisation computes
 what workers/gguf_dequantize.py's numpy does, in the same order, in float32.
 """
 from __future__ import annotations
@@ -183,7 +184,7 @@ _DEQUANT = {"Q4_1": _dequant_q4_1, "Q8_0": _dequant_q8_0, "Q8_16": _dequant_q8_1
 
 
 class DeviceWeight:
-    """A weight on the device. `kind` is "F32" (parts: the float32 tensor) or an in-kernel GGUF type.
+    """A weight on the device. `kind` is "F32" (parts: the float32 tensor), "F16" or a device kind (IN_KERNEL_TYPES).
 
     Only Tensors live in `parts` (and `kind` is a plain string) so a DeviceWeight can be passed straight
     into a tinygrad `function`: its Tensors become the function's arguments."""

@@ -10,6 +10,7 @@ Quantised GGUF blocks run along a row, so a column split of a quantised weight s
 block boundaries; otherwise that weight is dequantised to float32 first (correct, larger).
 """
 import dataclasses
+import logging
 import re
 
 import numpy as np
@@ -18,6 +19,7 @@ from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.protocol.parallel_layout import ShardSpec, kv_head_range
 from tinyvllm.workers.quantized_weight import QuantizedArray
 
+log = logging.getLogger(__name__)
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 _BY_ROWS = {"attn_q": "q", "attn_k": "kv", "attn_v": "kv", "ffn_gate": "ffn", "ffn_up": "ffn"}
 _BY_COLUMNS = {"attn_output": "q", "ffn_down": "ffn"}
@@ -34,6 +36,8 @@ def take_columns(w, start: int, stop: int):
         if start % w.block_elems == 0 and stop % w.block_elems == 0:
             return QuantizedArray(w.type_name,
                                   np.ascontiguousarray(w.blocks[:, start // w.block_elems:stop // w.block_elems]))
+        log.warning("a %s tensor split at columns %d:%d (not on its %d-element blocks) is widened to float32",
+                    w.type_name, start, stop, w.block_elems)
         w = np.asarray(w)
     return np.ascontiguousarray(np.asarray(w)[:, start:stop])
 

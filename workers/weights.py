@@ -5,7 +5,8 @@ output_norm.weight, and output.weight only when embeddings are not tied), as flo
 in PyTorch (out_features, in_features) layout, and with q/k rows in the HF "rotate_half" (NeoX)
 order: rotary pairs are (x[j], x[j + head_dim/2]) within each head. GGUF matrices of the types the
 kernels read, directly or repacked on the way to the device (quantized_weight.DEVICE_KIND: Q4_0, Q4_1, Q4_K,
-Q5_0, Q8_0, IQ4_NL, IQ4_XS), come back as workers.quantized_weight.QuantizedArray, the undequantised blocks, which act as float32 arrays (np.asarray dequantises), and F16 matrices as float16
+Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, IQ4_NL, IQ4_XS), come back as workers.quantized_weight.QuantizedArray, the
+undequantised blocks, which act as float32 arrays (np.asarray dequantises), and F16 matrices as float16
 arrays (the device keeps them float16); keep_quantized=False gives plain numpy float32 for everything.
 """
 from __future__ import annotations
@@ -18,10 +19,10 @@ import re
 
 import numpy as np
 
-from tinyvllm.protocol.gguf_file import GGUFFile
+from tinyvllm.protocol.gguf_file import GGML_TYPE_IDS, GGUFFile
 from tinyvllm.protocol.model_config import GEMMA_ARCHS, ModelConfig
 from tinyvllm.protocol.model_path import is_gguf, resolve_model_path
-from tinyvllm.workers.gguf_dequantize import dequantize_tensor
+from tinyvllm.workers.gguf_dequantize import SUPPORTED, dequantize_tensor
 from tinyvllm.workers.quantized_weight import DEVICE_KIND, QuantizedArray
 
 log = logging.getLogger(__name__)
@@ -77,9 +78,9 @@ def _load_gguf(path: pathlib.Path, keep_quantized: bool) -> tuple[ModelConfig, d
             return gguf.raw(name).view("<f2").reshape(shape)
         return dequantize_tensor(gguf, name)
 
-    weights = {name: load(name) for name in gguf.tensor_names}
     if keep_quantized:
-        check_widened_types(gguf)
+        check_widened_types(gguf)  # before the float32 copies exist
+    weights = {name: load(name) for name in gguf.tensor_names}
     if config.arch == "llama":
         for i in range(config.n_layers):
             for kind, heads in (("attn_q", config.n_heads), ("attn_k", config.n_kv_heads)):
@@ -94,12 +95,13 @@ def _load_gguf(path: pathlib.Path, keep_quantized: bool) -> tuple[ModelConfig, d
 
 
 def check_widened_types(gguf: GGUFFile) -> None:
-    """The quantised types a file has that the device holds as float32: named in a warning, and refused (naming
-    them) when their float32 copy would not fit in the memory this machine has available."""
+    """The types a file has that the device holds as float32 though the file does not (BF16, a quantised tensor
+    not made of whole blocks): named in a warning, and refused (naming them) when their float32 copy would not fit
+    in the memory this machine has available. (A type not read at all is refused as it is loaded, naming it.)"""
     widened: dict[str, int] = {}
     for name in gguf.tensor_names:
         kind, shape = gguf.tensor_type(name), gguf.tensor_shape(name)
-        if kind not in ("F32", "F16") and not QuantizedArray.keeps(kind, shape):
+        if kind not in ("F32", "F16") and not QuantizedArray.keeps(kind, shape) and GGML_TYPE_IDS[kind] in SUPPORTED:
             widened[kind] = widened.get(kind, 0) + 4 * int(np.prod(shape))
     if not widened:
         return

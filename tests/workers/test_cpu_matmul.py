@@ -1,11 +1,11 @@
-"""The CPU backend's matmul kernels (workers/cpu_matmul.py): h @ w.T for float32, Q4_1 and Q8_0 weights equals
-numpy's product on the dequantised weight at every row count a step can have. (The reassociating renderer the
+"""The CPU backend's matmul kernels (workers/cpu_matmul.py): h @ w.T for float32, Q4_1, Q8_0 and Q8_16 weights
+equals numpy's product on the dequantised weight at every row count a step can have. (The reassociating renderer the
 "c" kernel set installs: tests/workers/test_kernel_set.py.)"""
 import numpy as np
 import pytest
 from tinygrad import Tensor
 
-from tests.helpers.gguf_writer import write_gguf
+from tests.helpers.gguf_writer import random_blocks, write_gguf
 from tests.workers.test_quantized_weight import awkward_matrix
 from tinyvllm.workers.cpu_matmul import cpu_linear, upcast_rows
 from tinyvllm.protocol.gguf_file import GGUFFile
@@ -23,10 +23,12 @@ def weights(tmp_path_factory):
     for t in ("Q4_1", "Q8_0"):
         host = QuantizedArray.from_raw(t, gguf.raw(t), gguf.tensor_shape(t))
         out[t] = (DeviceWeight.from_host(host), np.asarray(host))
+    q5_1 = QuantizedArray("Q5_1", random_blocks("Q5_1", (N, K // 32), np.random.default_rng(1)))  # as Q8_16
+    out["Q8_16"] = (DeviceWeight.from_host(q5_1), np.asarray(q5_1))
     return out
 
 
-@pytest.mark.parametrize("kind", ["F32", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("kind", ["F32", "Q4_1", "Q8_0", "Q8_16"])
 @pytest.mark.parametrize("rows", [1, 3, 4, 8, 16, 42])  # 1, 3: cpu_matvec; from 4: cpu_gemm (42: a part tile)
 def test_cpu_linear_equals_numpy(weights, kind, rows):
     weight, dense = weights[kind]

@@ -1,9 +1,10 @@
 """GGUF types kept compact by repacking into the kernels' Q4_1, Q8_0 or Q8_16 layout (workers/quantized_weight.py:
 Q4_0, Q4_K, Q5_0, IQ4_NL, IQ4_XS, Q5_1, Q5_K, Q6_K): random blocks (finite scales from subnormal to large, every
 code) dequantise on the device to exactly what llama.cpp's own `gguf` package computes (an independent
-implementation), take the kind's bytes on the device (not float32's), and multiply under the exact C kernels, the
-int8-activation ones and tinygrad's, within each arithmetic's bound of numpy's float64 product; a 2-layer llama
-with every one of these types gives transformers' log-probabilities (its own GGUF loading)."""
+implementation; values, so a zero's sign aside), take the kind's bytes on the device (not float32's), and multiply
+under the exact C kernels, the int8-activation ones (the Q4_1 and Q8_0 kinds; Q8_16's products stay float32 under
+c-int8) and tinygrad's, within each arithmetic's bound of numpy's float64 product; a 2-layer llama with every one
+of these types gives transformers' log-probabilities (its own GGUF loading)."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
@@ -146,15 +147,35 @@ def test_a_model_of_repacked_types_with_int8_activations_stays_near_transformers
 
 
 def test_a_type_still_widened_is_named_and_refused_where_its_float32_would_not_fit(tmp_path, monkeypatch, caplog):
+    from transformers import LlamaConfig
+    from tests.helpers.gguf_writer import Blocks, write_gguf
+    from tests.helpers.hf_to_gguf import gguf_metadata
+    from tinyvllm.workers import weights
+    config = LlamaConfig(vocab_size=64, hidden_size=256, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=4, intermediate_size=256, tie_word_embeddings=True)
+    bf16 = (np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32).view(np.uint32) >> 16)
+    tensors = {"token_embd.weight": (Blocks(bf16.astype("<u2").view(np.uint8).reshape(64, 256, 2), "BF16"), "BF16"),
+               "output_norm.weight": (np.ones(256), "F32")}
+    for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+        tensors[f"blk.0.{name}.weight"] = (np.zeros((256, 256)), "F32")
+    for name in ("attn_norm", "ffn_norm"):
+        tensors[f"blk.0.{name}.weight"] = (np.ones(256), "F32")
+    path = write_gguf(tmp_path / "bf16.gguf", gguf_metadata(config, "llama"), tensors)
+    with caplog.at_level("WARNING"):
+        _, loaded = weights.load_weights(path)
+    assert "BF16" in caplog.text and "widened to float32" in caplog.text
+    assert loaded["token_embd.weight"].dtype == np.float32 and loaded["token_embd.weight"].shape == (64, 256)
+    monkeypatch.setattr(weights, "available_memory_bytes", lambda: 50_000)  # the embedding as float32: 65 kB
+    monkeypatch.setattr(weights, "dequantize_tensor", lambda *a: pytest.fail("widened before the check"))
+    with pytest.raises(ValueError, match=r"BF16 tensors are not kept compact .* more than the 0.0 GB available"):
+        weights.load_weights(path)
+
+
+def test_a_type_not_read_at_all_is_refused_naming_it(tmp_path):
     from tests.helpers.gguf_writer import Blocks, write_gguf
     from tinyvllm.protocol.gguf_file import GGUFFile
-    from tinyvllm.workers import weights
-    blocks = write_random_blocks("Q3_K", (64, 2), np.random.default_rng(0))
-    path = write_gguf(tmp_path / "q3.gguf", {"general.architecture": "test"},
-                      {"a.weight": (Blocks(blocks, "Q3_K"), "Q3_K"), "b.weight": (Blocks(blocks, "Q3_K"), "Q3_K")})
-    with caplog.at_level("WARNING"):
-        weights.check_widened_types(GGUFFile(path))
-    assert "Q3_K" in caplog.text and "widened to float32" in caplog.text
-    monkeypatch.setattr(weights, "available_memory_bytes", lambda: 100_000)  # 2 x 64 x 512 float32s: 262 kB
-    with pytest.raises(ValueError, match=r"Q3_K tensors are not kept compact .* more than the 0.0 GB available"):
-        weights.check_widened_types(GGUFFile(path))
+    from tinyvllm.workers.gguf_dequantize import dequantize_tensor
+    q3_k = Blocks(write_random_blocks("Q3_K", (4, 1), np.random.default_rng(0)), "Q3_K")
+    gguf = GGUFFile(write_gguf(tmp_path / "q3.gguf", {"general.architecture": "test"}, {"w": (q3_k, "Q3_K")}))
+    with pytest.raises(ValueError, match="GGUF tensor type Q3_K is not supported .*Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS"):
+        dequantize_tensor(gguf, "w")
