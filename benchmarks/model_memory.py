@@ -4,8 +4,8 @@ KV cache it was given, and one request's decode speed.
     python benchmarks/model_memory.py MODEL.gguf [--kv-blocks 256] [--tokens 64] [--kernels c-int8]
 
 Memory is read from the worker's /proc/<pid>/status (VmRSS now, VmHWM its peak); "overhead" is the resident memory
-beyond the weights' device bytes and the KV cache (on the CPU backend, where both live in the worker's memory). Works on shape twins (benchmarks/shape_twin.py): their text is
-gibberish, their sizes and speed are the real model's.
+beyond the weights' device bytes and the KV cache (on the CPU backend, where both live in the worker's memory).
+Works on shape twins (benchmarks/shape_twin.py): their text is gibberish, their sizes and speed are the real model's.
 """
 import argparse
 import os

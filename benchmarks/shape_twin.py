@@ -5,9 +5,10 @@ people serve on GPUs, generated on a device machine that reaches no hub (nothing
 
 The metadata and tensor shapes are the model's (its llama.cpp conversion: names, layer count, heads, vocabulary
 rows, llama3 rope frequencies); every matrix is of --type (F16, Q8_0, Q4_1, the K-quants and IQ4 types the device
-keeps compact, or the Q4_K_M mix as llama-quantize assigns it), norms F32. The tokenizer is the --tokenizer-from file's (the real one does not travel): ids past
-its vocabulary exist in the embedding but are never produced by encoding. The weights are
-benchmarks/gguf_twin.py's seeded block patterns, so the text is gibberish: use it for speed only.
+keeps compact, or the Q4_K_M mix as llama-quantize assigns it), norms F32. The tokenizer is the --tokenizer-from
+file's (the real one does not travel): ids past its vocabulary exist in the embedding but are never produced by
+encoding. The weights are benchmarks/gguf_twin.py's seeded block patterns, so the text is gibberish: use it for
+speed only.
 """
 import argparse
 import importlib.util

@@ -28,8 +28,8 @@ time, with the same values (every product involved is exact in float32, so only 
     Q6_K -> Q8_16: codes q - 32, d = super d x int8 scale per 16 elements, m = 0
     Q5_K -> Q8_16: codes, Q4_K's d and m (each twice); Q5_1 -> Q8_16: codes, d and m (each twice)
 On the device Q4_0/Q4_K take 6 bits a value, Q5_0/IQ4 9 and Q5_1/Q5_K/Q6_K 12 (where the file has 4.5-6.6);
-F32 and BF16 are float32 "F32" weights from load (Q2_K, Q3_K and the IQ1-IQ3 types are refused). The dequantisation computes
-what workers/gguf_dequantize.py's numpy does, in the same order, in float32.
+F32 and BF16 are float32 "F32" weights from load (Q2_K, Q3_K and the IQ1-IQ3 types are refused). The
+dequantisation computes what workers/gguf_dequantize.py's numpy does, in the same order, in float32.
 """
 from __future__ import annotations
 
