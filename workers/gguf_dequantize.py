@@ -15,9 +15,9 @@ def dequantize_tensor(gguf: GGUFFile, name: str) -> np.ndarray:
 
 # ---- dequantisation: each takes a (n_blocks, block_bytes) uint8 array and returns (n_blocks, block_elems) float32
 
-def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
-    """The little-endian float16 at byte `start` of each block, as a float32 column."""
-    return blocks[:, start:start + 2].view("<f2").astype(np.float32)
+def f16_field(blocks: np.ndarray, start: int) -> np.ndarray:
+    """The little-endian float16 at byte `start` of each block ([..., block bytes]), as float32 [..., 1] (exact)."""
+    return blocks[..., start:start + 2].view("<f2").astype(np.float32)
 
 
 def nibbles(qs: np.ndarray) -> np.ndarray:
@@ -26,11 +26,11 @@ def nibbles(qs: np.ndarray) -> np.ndarray:
 
 
 def _q4_0(b):
-    return (nibbles(b[:, 2:]).astype(np.int8) - np.int8(8)) * _f16(b, 0)
+    return (nibbles(b[:, 2:]).astype(np.int8) - np.int8(8)) * f16_field(b, 0)
 
 
 def _q4_1(b):
-    return nibbles(b[:, 4:]) * _f16(b, 0) + _f16(b, 2)
+    return nibbles(b[:, 4:]) * f16_field(b, 0) + f16_field(b, 2)
 
 
 def q5_codes(b: np.ndarray, off: int) -> np.ndarray:
@@ -42,12 +42,12 @@ def q5_codes(b: np.ndarray, off: int) -> np.ndarray:
 def _q5(b, has_min: bool):
     q = q5_codes(b, 4 if has_min else 2)
     if has_min:
-        return q * _f16(b, 0) + _f16(b, 2)
-    return (q.astype(np.int8) - np.int8(16)) * _f16(b, 0)
+        return q * f16_field(b, 0) + f16_field(b, 2)
+    return (q.astype(np.int8) - np.int8(16)) * f16_field(b, 0)
 
 
 def _q8_0(b):
-    return b[:, 2:].view(np.int8) * _f16(b, 0)
+    return b[:, 2:].view(np.int8) * f16_field(b, 0)
 
 
 def k_scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -61,7 +61,7 @@ def k_scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def k_quant_values(b: np.ndarray, five_bit: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q4_K/Q5_K blocks [n, bytes] -> (codes [n, 8, 32] uint8, scale [n, 8], minimum [n, 8] float32): sub-block j's
     value = scale[j] * code - minimum[j]."""
-    d, dmin = _f16(b, 0), _f16(b, 2)
+    d, dmin = f16_field(b, 0), f16_field(b, 2)
     sc, mn = k_scales_mins(b[:, 4:16])
     qs = b[:, 48:176] if five_bit else b[:, 16:144]
     # 4 chunks of 32 bytes; each chunk's low nibbles form sub-block 2i and high nibbles sub-block 2i+1
@@ -82,7 +82,7 @@ def q6_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ql, qh = b[:, 0:128].reshape(-1, 2, 64), b[:, 128:192].reshape(-1, 2, 32)
     high = np.concatenate([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=-1)
     q = (nibbles(ql) | (high << 4)).astype(np.int8) - np.int8(32)
-    return q.reshape(-1, 256), _f16(b, 208) * b[:, 192:208].view(np.int8).astype(np.float32)
+    return q.reshape(-1, 256), f16_field(b, 208) * b[:, 192:208].view(np.int8).astype(np.float32)
 
 
 def _q6_k(b):
@@ -94,14 +94,14 @@ IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 
 
 
 def _iq4_nl(b):
-    return IQ4_VALUES[nibbles(b[:, 2:])].astype(np.float32) * _f16(b, 0)
+    return IQ4_VALUES[nibbles(b[:, 2:])].astype(np.float32) * f16_field(b, 0)
 
 
 def iq4_xs_scales(b: np.ndarray) -> np.ndarray:
     """IQ4_XS blocks [n, 136] -> [n, 8] float32: each 32-element sub-block's d x (its 6-bit scale - 32), exact."""
     high = b[:, 2:4].copy().view("<u2").astype(np.int32) >> (2 * np.arange(8)) & 3
     low = np.stack([b[:, 4:8] & 15, b[:, 4:8] >> 4], axis=-1).reshape(-1, 8)
-    return _f16(b, 0) * ((low | (high << 4)) - 32).astype(np.float32)
+    return f16_field(b, 0) * ((low | (high << 4)) - 32).astype(np.float32)
 
 
 def _iq4_xs(b):

@@ -38,8 +38,8 @@ from tinygrad import Tensor, dtypes
 
 from tinyvllm.protocol.gguf_file import GGML_TYPE_IDS, GGML_TYPES
 from tinyvllm.workers.device_input import device_tensor
-from tinyvllm.workers.gguf_dequantize import (IQ4_VALUES, dequantize, iq4_xs_scales, k_quant_values, nibbles,
-                                              q5_codes, q6_k_values)
+from tinyvllm.workers.gguf_dequantize import (IQ4_VALUES, dequantize, f16_field, iq4_xs_scales, k_quant_values,
+                                              nibbles, q5_codes, q6_k_values)
 
 IN_KERNEL_TYPES = ("Q4_1", "Q8_0", "Q8_16")  # the kinds the kernels multiply
 DEVICE_KIND = {"Q4_1": "Q4_1", "Q4_0": "Q4_1", "Q4_K": "Q4_1",  # the GGUF types kept compact, and as which kind
@@ -100,11 +100,6 @@ def is_f16_matrix(array) -> bool:
     return isinstance(array, np.ndarray) and array.dtype == np.float16 and array.ndim == 2
 
 
-def _f16_field(blocks: np.ndarray, start: int) -> np.ndarray:
-    """The float16 at byte `start` of each block, widened to float32: [N, blocks, 1] (exact)."""
-    return np.ascontiguousarray(blocks[:, :, start:start + 2]).view("<f2").astype(np.float32)
-
-
 def _q4_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
     """Q4_K super-blocks [N, S, 144] as Q4_1's parts: nibbles [N, 8S, 16], d and m float32 [N, 8S, 1]."""
     n, s = b.shape[:2]
@@ -134,15 +129,15 @@ def _iq4_xs_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
 
 # a GGUF type's blocks [N, blocks, bytes] -> its kind's host parts (see the module docstring)
 _DEVICE_PARTS = {
-    "Q4_1": lambda b: (b[:, :, 4:], _f16_field(b, 0), _f16_field(b, 2)),
-    "Q4_0": lambda b: (b[:, :, 2:], _f16_field(b, 0), _f16_field(b, 0) * np.float32(-8)),
+    "Q4_1": lambda b: (b[:, :, 4:], f16_field(b, 0), f16_field(b, 2)),
+    "Q4_0": lambda b: (b[:, :, 2:], f16_field(b, 0), f16_field(b, 0) * np.float32(-8)),
     "Q4_K": _q4_k_parts,
-    "Q8_0": lambda b: (b[:, :, 2:].view(np.int8), _f16_field(b, 0)),
-    "Q5_0": lambda b: (q5_codes(b, 2).astype(np.int8) - np.int8(16), _f16_field(b, 0)),
-    "IQ4_NL": lambda b: (IQ4_VALUES[nibbles(b[:, :, 2:])], _f16_field(b, 0)),
+    "Q8_0": lambda b: (b[:, :, 2:].view(np.int8), f16_field(b, 0)),
+    "Q5_0": lambda b: (q5_codes(b, 2).astype(np.int8) - np.int8(16), f16_field(b, 0)),
+    "IQ4_NL": lambda b: (IQ4_VALUES[nibbles(b[:, :, 2:])], f16_field(b, 0)),
     "IQ4_XS": _iq4_xs_parts,
-    "Q5_1": lambda b: (q5_codes(b, 4).astype(np.int8), np.repeat(_f16_field(b, 0), 2, axis=-1),
-                       np.repeat(_f16_field(b, 2), 2, axis=-1)),
+    "Q5_1": lambda b: (q5_codes(b, 4).astype(np.int8), np.repeat(f16_field(b, 0), 2, axis=-1),
+                       np.repeat(f16_field(b, 2), 2, axis=-1)),
     "Q5_K": _q5_k_parts,
     "Q6_K": _q6_k_parts,
 }
