@@ -4,7 +4,11 @@ matvec_i8 and gemm_i8 with int8 activations; gemm_i8's time includes quantize_i8
     DEV=CPU python benchmarks/cpu_kernels.py --shapes 576x576 1536x1536 --rows 1 2 4 8 16
 
 Each cell: a TinyJit chain of 32 products h = f(h, w) (so the CPU graph runs them back to back on all cores),
-median over 20 calls, per product. Q4_1 weights of random blocks (the default model's type). Prints a table.
+median over 20 calls, per product. --kind: Q4_1 weights of random blocks (the default model's type, the default),
+or F32, F16, BF16 or F8_E4M3 ones (float kernels only: matvec, gemm) of values that keep the chain's size; GB/s is
+the weight's bytes per product over its time. Prints a table.
+
+    DEV=CPU python benchmarks/cpu_kernels.py --kind BF16 --shapes 2048x2048 --rows 1 --kernels matvec
 """
 import argparse
 import statistics
@@ -15,6 +19,7 @@ from tinygrad import Device, Tensor, TinyJit
 
 from tinyvllm.workers.cpu_gemm import int8_tiles
 from tinyvllm.workers.cpu_matvec import c_matmul
+from tinyvllm.workers.fp8_checkpoint import fp8_matrix
 from tinyvllm.workers.kernel_set import configure_device
 from tinyvllm.workers.quantized_weight import DeviceWeight, QuantizedArray
 
@@ -28,6 +33,19 @@ def q4_1_weight(rng, n: int, k: int) -> DeviceWeight:
     blocks[:, :, 0:2] = np.frombuffer(np.float16(scale).tobytes(), np.uint8)
     blocks[:, :, 2:4] = np.frombuffer(np.float16(-7.5 * scale).tobytes(), np.uint8)
     return DeviceWeight.from_host(QuantizedArray("Q4_1", blocks))
+
+
+def float_weight(rng, n: int, k: int, kind: str) -> DeviceWeight:
+    w = rng.standard_normal((n, k)).astype(np.float32) / k ** 0.5
+    if kind == "F8_E4M3":
+        codes = random_e4m3_codes(rng, n, k)
+        return DeviceWeight.from_host(fp8_matrix(codes, np.full((n, 1), 1.0 / (3.0 * k ** 0.5), np.float32), "w"))
+    return DeviceWeight.from_host(w, {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[kind])
+
+
+def random_e4m3_codes(rng, n: int, k: int) -> np.ndarray:
+    """Random e4m3 codes of magnitude about 1-4 (exponents 7-8), random signs."""
+    return (rng.integers(0x38, 0x48, (n, k)) | (rng.integers(0, 2, (n, k)) << 7)).astype(np.uint8)
 
 
 def time_chain(fn, weights, rows: int, n: int) -> float:
@@ -54,23 +72,27 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["576x576", "1536x1536"], help="square NxN weights (a chain)")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
+    ap.add_argument("--kind", default="Q4_1", choices=("Q4_1", "F32", "F16", "BF16", "F8_E4M3"))
     args = ap.parse_args()
     configure_device(Device.DEFAULT, "c")  # raises unless DEV=CPU
     print("| weight | rows | " + " | ".join(f"{k} us" for k in args.kernels) + " | " +
-          " | ".join(f"{k} GFLOP/s" for k in args.kernels) + " |")
-    print("|---|---|" + "---|" * 2 * len(args.kernels))
+          " | ".join(f"{k} GFLOP/s" for k in args.kernels) + " | " + " | ".join(f"{k} GB/s" for k in args.kernels)
+          + " |")
+    print("|---|---|" + "---|" * 3 * len(args.kernels))
     rng = np.random.default_rng(0)
     for shape in args.shapes:
         n, k = (int(v) for v in shape.split("x"))
         assert n == k, "the chain feeds each product's output into the next"
-        weights = [q4_1_weight(rng, n, k) for _ in range(4)]
+        weights = [q4_1_weight(rng, n, k) if args.kind == "Q4_1" else float_weight(rng, n, k, args.kind)
+                   for _ in range(4)]
         for rows in args.rows:
             times = [time_chain(lambda h, w, kernel=kernel: c_matmul(h, w, kernel, int8_tiles(h) if kernel == "gemm_i8"
                                                                       else None), weights, rows, n)
                      for kernel in args.kernels]
             flops = 2 * rows * n * k
-            print(f"| Q4_1 {n}x{k} | {rows} | " + " | ".join(f"{t * 1e6:.1f}" for t in times) + " | " +
-                  " | ".join(f"{flops / t / 1e9:.1f}" for t in times) + " |", flush=True)
+            print(f"| {args.kind} {n}x{k} | {rows} | " + " | ".join(f"{t * 1e6:.1f}" for t in times) + " | " +
+                  " | ".join(f"{flops / t / 1e9:.1f}" for t in times) + " | " +
+                  " | ".join(f"{weights[0].nbytes / t / 1e9:.1f}" for t in times) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ def pattern(type_name: str, rng: np.random.Generator) -> bytes:
         return rng.normal(1.0, 0.1, n).astype("<f4").tobytes()
     if type_name == "F16":
         return rng.normal(0.0, 0.02, n).astype("<f2").tobytes()
+    if type_name == "BF16":  # a float32's top half
+        return (rng.normal(0.0, 0.02, n).astype("<f4").view("<u4") >> 16).astype("<u2").tobytes()
     if type_name == "Q4_1":  # f16 d, f16 m, 16 bytes of nibbles: values q * d + m in about [-0.03, 0.03]
         d = rng.uniform(0.002, 0.006, n).astype("<f2")
         m = (-8 * d.astype(np.float32)).astype("<f2")

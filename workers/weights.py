@@ -3,11 +3,12 @@
 Weights always come back with GGUF names (token_embd.weight, blk.{i}.attn_q.weight, ...,
 output_norm.weight, and output.weight only when embeddings are not tied), as float32 arrays
 in PyTorch (out_features, in_features) layout, and with q/k rows in the HF "rotate_half" (NeoX)
-order: rotary pairs are (x[j], x[j + head_dim/2]) within each head. GGUF matrices of the types the
-kernels read, directly or repacked on the way to the device (quantized_weight.DEVICE_KIND: Q4_0, Q4_1, Q4_K,
-Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, IQ4_NL, IQ4_XS), come back as workers.quantized_weight.QuantizedArray, the
-undequantised blocks, which act as float32 arrays (np.asarray dequantises), and F16 matrices as float16
-arrays (the device keeps them float16); keep_quantized=False gives plain numpy float32 for everything.
+order: rotary pairs are (x[j], x[j + head_dim/2]) within each head. Matrices of the types the
+kernels read, directly or repacked on the way to the device (quantized_weight.DEVICE_KIND: GGUF's Q4_0, Q4_1,
+Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, IQ4_NL, IQ4_XS and BF16; a safetensors checkpoint's BF16 and float8 e4m3),
+come back as workers.quantized_weight.QuantizedArray, the undequantised blocks, which act as float32 arrays
+(np.asarray dequantises), and F16 matrices as float16 arrays (the device keeps them float16);
+keep_quantized=False gives plain numpy float32 for everything.
 """
 from __future__ import annotations
 
@@ -95,8 +96,8 @@ def _load_gguf(path: pathlib.Path, keep_quantized: bool) -> tuple[ModelConfig, d
 
 
 def check_widened_types(gguf: GGUFFile) -> None:
-    """The types a file has that the device holds as float32 though the file does not (BF16, a quantised tensor
-    not made of whole blocks): named in a warning, and refused (naming them) when their float32 copy would not fit
+    """The types a file has that the device holds as float32 though the file does not (a quantised tensor that is
+    not a matrix of whole blocks): named in a warning, and refused (naming them) when their float32 copy would not fit
     in the memory this machine has available. (A type not read at all is refused as it is loaded, naming it.)"""
     widened: dict[str, int] = {}
     for name in gguf.tensor_names:
@@ -123,13 +124,32 @@ def available_memory_bytes() -> float:
         return float("inf")
 
 
-def _load_hf(folder: pathlib.Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+def _load_hf(folder: pathlib.Path) -> tuple[ModelConfig, dict]:
+    """Matrices stay as stored: F16 as float16, BF16 and float8 (with their scales) as QuantizedArrays
+    (workers/fp8_checkpoint.py); everything else (norms, biases, float32 matrices) float32."""
+    from tinyvllm.workers.fp8_checkpoint import (DROPPED_SUFFIXES, check_quantization, fp8_matrix, scale_block,
+                                                 scale_of)
     from tinyvllm.workers.safetensors_file import read_safetensors_folder
 
-    config = ModelConfig.from_hf_config(json.loads((folder / "config.json").read_text()))
+    hf_config = json.loads((folder / "config.json").read_text())
+    check_quantization(hf_config)
+    config = ModelConfig.from_hf_config(hf_config)
+    stored = read_safetensors_folder(folder)
+    scales = {scale for name in stored if (scale := scale_of(name, stored)) is not None}
     weights = {}
-    for name, array in read_safetensors_folder(folder).items():
-        if (canonical := hf_to_gguf_name(name, config.arch)) is not None:
+    for name, tensor in stored.items():
+        if name in scales or name.endswith(DROPPED_SUFFIXES) or (canonical := hf_to_gguf_name(name, config.arch)) is None:
+            continue
+        if tensor.dtype == "F8_E4M3":
+            if (scale := scale_of(name, stored)) is None:
+                raise ValueError(f"{folder}: float8 tensor {name} has no scale ({name}_scale_inv or {name}_scale)")
+            weights[canonical] = fp8_matrix(tensor.values, stored[scale].float32(), name, scale_block(hf_config))
+        elif tensor.dtype == "BF16" and tensor.values.ndim == 2:
+            weights[canonical] = QuantizedArray("BF16", tensor.values.view(np.uint8).reshape(*tensor.values.shape, 2))
+        elif tensor.dtype == "F16" and tensor.values.ndim == 2:
+            weights[canonical] = tensor.values
+        else:
+            array = tensor.float32()
             # Gemma's RMSNorm multiplies by 1 + weight; GGUF files (llama.cpp's conversion) store the sum, as here
             shift = config.arch in GEMMA_ARCHS and canonical.endswith("norm.weight")
             weights[canonical] = array + np.float32(1.0) if shift else array
@@ -164,6 +184,8 @@ def load_weights(path: str | pathlib.Path | None, keep_quantized: bool = True) -
     """(config, {GGUF name: float32 array or QuantizedArray}); see the module docstring."""
     path = resolve_model_path(None if path is None else str(path))
     config, weights = _load_gguf(path, keep_quantized) if is_gguf(path) else _load_hf(path)
+    if not keep_quantized:
+        weights = {name: np.asarray(w, np.float32) for name, w in weights.items()}
     weights = split_fused(config, weights)
     vocab = weights["token_embd.weight"].shape[0]  # the embedding is the truth (configs may pad or not)
     if vocab != config.vocab_size:

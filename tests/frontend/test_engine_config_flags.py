@@ -11,7 +11,7 @@ from tinyvllm.protocol.engine_config import KNOBS, EngineConfig
 
 ENGINE_FLAGS = {
     "--async-scheduling --no-async-scheduling": True, "--beam": 0, "--block-size": 16, "--cpu-kernels --kernels": None,
-    "--data-parallel-size -dp": 1, "--kv-cache-dir": None, "--kv-cache-dir-size": 4 << 30, "--kv-cache-dtype": "auto",
+    "--data-parallel-size -dp": 1, "--dtype": "auto", "--kv-cache-dir": None, "--kv-cache-dir-size": 4 << 30, "--kv-cache-dtype": "auto",
     "--kv-cache-memory": 1 << 30, "--kv-host": "127.0.0.1", "--kv-lease-seconds": 30.0, "--kv-port": 0,
     "--kv-secret": None, "--max-model-len": None, "--max-num-batched-tokens": 512, "--max-num-seqs": 64,
     "--model": None, "--no-jit-warmup": True, "--no-prefix-caching": True, "--num-kv-blocks": 0,

@@ -9,7 +9,7 @@ import platform
 import numpy as np
 import pytest
 
-from tests.workers.test_cpu_matmul import K, N, weights  # noqa: F401 (weights: the fixture)
+from tests.workers.test_cpu_matmul import KINDS, K, N, weights  # noqa: F401 (weights: the fixture)
 from tinyvllm.workers.c_kernel import shared_library
 
 CORES = 2
@@ -33,7 +33,7 @@ def run_kernel(kernel: str, flags: tuple[str, ...], kind: str, h: np.ndarray, pa
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("kind", ["F32", "Q4_1", "Q8_0", "Q8_16"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("kernel,rows", [("matvec", 3), ("matvec", 11), ("gemm", 4), ("gemm", 13)])
 def test_kernel_built_for_target_equals_numpy(weights, target, kind, kernel, rows):  # noqa: F811
     weight, dense = weights[kind]

@@ -1,5 +1,5 @@
-"""The CPU backend's matmul kernels (workers/cpu_matmul.py): h @ w.T for float32, Q4_1, Q8_0 and Q8_16 weights
-equals numpy's product on the dequantised weight at every row count a step can have. (The reassociating renderer the
+"""The CPU backend's matmul kernels (workers/cpu_matmul.py): h @ w.T for float32, float16, bfloat16, Q4_1, Q8_0,
+Q8_16 and float8 e4m3 weights (every code, subnormals included) equals numpy's product on the dequantised weight at every row count a step can have. (The reassociating renderer the
 "c" kernel set installs: tests/workers/test_kernel_set.py.)"""
 import numpy as np
 import pytest
@@ -8,10 +8,12 @@ from tinygrad import Tensor
 from tests.helpers.gguf_writer import random_blocks, write_gguf
 from tests.workers.test_quantized_weight import awkward_matrix
 from tinyvllm.workers.cpu_matmul import cpu_linear, upcast_rows
+from tinyvllm.workers.fp8_checkpoint import fp8_matrix
 from tinyvllm.protocol.gguf_file import GGUFFile
 from tinyvllm.workers.quantized_weight import DeviceWeight, QuantizedArray
 
 N, K = 48, 160
+KINDS = ["F32", "F16", "BF16", "Q4_1", "Q8_0", "Q8_16", "F8_E4M3"]
 
 
 @pytest.fixture(scope="module")
@@ -25,10 +27,17 @@ def weights(tmp_path_factory):
         out[t] = (DeviceWeight.from_host(host), np.asarray(host))
     q5_1 = QuantizedArray("Q5_1", random_blocks("Q5_1", (N, K // 32), np.random.default_rng(1)))  # as Q8_16
     out["Q8_16"] = (DeviceWeight.from_host(q5_1), np.asarray(q5_1))
+    out["F16"] = (DeviceWeight.from_host(x.astype(np.float16)), x.astype(np.float16).astype(np.float32))
+    bf16 = QuantizedArray("BF16", (x.view(np.uint32) >> 16).astype("<u2").view(np.uint8).reshape(N, K, 2))
+    out["BF16"] = (DeviceWeight.from_host(bf16), np.asarray(bf16))
+    codes = np.random.default_rng(2).integers(0, 256, (N, K), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0  # no NaN codes
+    fp8 = fp8_matrix(codes, np.random.default_rng(3).uniform(1e-3, 1, (N, 1)).astype(np.float32), "w")
+    out["F8_E4M3"] = (DeviceWeight.from_host(fp8), np.asarray(fp8))
     return out
 
 
-@pytest.mark.parametrize("kind", ["F32", "Q4_1", "Q8_0", "Q8_16"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("rows", [1, 3, 4, 8, 16, 42])  # 1, 3: cpu_matvec; from 4: cpu_gemm (42: a part tile)
 def test_cpu_linear_equals_numpy(weights, kind, rows):
     weight, dense = weights[kind]

@@ -135,7 +135,7 @@ def test_the_c_int8_set_takes_int8_at_every_row_count_and_a_row_keeps_its_bits(q
     int8 = {(k, rows, kind, kernel) for k, rows, kind, kernel in used if kernel.endswith("_i8")}
     assert int8 == {("c-int8", rows, kind, "matvec_i8" if rows <= 2 else "gemm_i8") for rows in (1, 2, 3, 5)
                     for kind in ("Q4_1", "Q8_0")}
-    assert ("c-int8", 1, "F32", "matvec") in used and ("c", 1, "Q4_1", "matvec") in used  # v: F16, widened
+    assert ("c-int8", 1, "F16", "matvec") in used and ("c", 1, "Q4_1", "matvec") in used  # v: F16, float kernels
     for n in (2, 3):
         np.testing.assert_array_equal(first_rows["c-int8", n], first_rows["c-int8", 1])
     np.testing.assert_allclose(first_rows["c-int8", 5], first_rows["c-int8", 1], rtol=0, atol=1e-6)

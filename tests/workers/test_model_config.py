@@ -205,5 +205,7 @@ def test_safetensors_bf16_and_f16(tmp_path):
     (tmp_path / "x.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + bf16.tobytes()
                                               + values.astype("<f2").tobytes())
     out = read_safetensors(tmp_path / "x.safetensors")
-    np.testing.assert_array_equal(out["a"], (bf16.astype(np.uint32) << 16).view(np.float32).reshape(2, 2))
-    np.testing.assert_allclose(out["b"], values, rtol=1e-3)
+    assert out["a"].dtype == "BF16" and out["b"].dtype == "F16"
+    np.testing.assert_array_equal(out["a"].values, bf16.reshape(2, 2))  # as stored: the bits, no copy widened
+    np.testing.assert_array_equal(out["a"].float32(), (bf16.astype(np.uint32) << 16).view(np.float32).reshape(2, 2))
+    np.testing.assert_allclose(out["b"].float32(), values, rtol=1e-3)

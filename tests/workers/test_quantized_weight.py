@@ -2,7 +2,7 @@
 values, load_weights keeps Q4_1/Q8_0 matrices as blocks (rope rows un-permuted too), and a Transformer on
 quantised weights computes what the float32 one does, with either kernel set (tests/workers/conftest.py): the C
 kernels, or tinygrad's on both the fused (few rows) and the scratch-buffer (many rows) matmul paths. F16 matrices
-stay float16 (widened inside tinygrad's kernels; at load for the C kernels)."""
+stay float16 (widened inside the kernels of either set)."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
@@ -73,7 +73,7 @@ def test_device_bytes_per_weight(gguf):
     q4_1, q8_0 = (DeviceWeight.from_host(host[t]) for t in IN_KERNEL)
     assert q4_1.nbytes == n // 2 + n // 32 * 8  # nibbles + float32 d and m per 32-block
     assert q8_0.nbytes == n + n // 32 * 4
-    as_f32 = DeviceWeight.from_host(host["Q4_1"], dequantize_at_load=True)
+    as_f32 = DeviceWeight.from_host(host["Q4_1"], "float32")
     assert as_f32.kind == "F32" and as_f32.nbytes == n * 4
 
 
@@ -137,12 +137,11 @@ def dense_attention(cfg):
 def test_quantised_transformer_equals_float32_one(quantised_llama, n_tokens, kernel_set):
     (cfg, kept), (_, f32) = quantised_llama
     quantised = Transformer(cfg, kept, 64, kernels=kernel_set)
-    plain = Transformer(cfg, kept, 64, kernels=kernel_set, dequantize_at_load=True)
+    plain = Transformer(cfg, kept, 64, kernels=kernel_set, dtype="float32")
     assert quantised.tok_embeddings.kind == "Q8_0" and quantised.layers[1].wq.kind == "Q4_1"
     assert quantised.output is quantised.tok_embeddings and plain.tok_embeddings.kind == "F32"
-    f16 = quantised.layers[1].wv  # float16 on the device, except for the C kernels (float32 or blocks only)
-    assert (f16.kind, f16.nbytes) == (("F32", cfg.n_kv_heads * cfg.head_dim * cfg.dim * 4) if kernel_set == "c" else
-                                      ("F16", cfg.n_kv_heads * cfg.head_dim * cfg.dim * 2))
+    f16 = quantised.layers[1].wv  # float16 on the device, widened inside the kernels of either set
+    assert (f16.kind, f16.nbytes) == ("F16", cfg.n_kv_heads * cfg.head_dim * cfg.dim * 2)
     assert quantised.weight_nbytes * 3 < plain.weight_nbytes
     tokens = np.random.default_rng(2).integers(0, cfg.vocab_size, n_tokens).tolist()
     outs = []
@@ -163,7 +162,7 @@ def test_gpu_kernel_path_equals_float32_one(quantised_llama, n_tokens, monkeypat
     monkeypatch.setattr(model_module, "gpu_matvec", lambda h, w, layout: gpu_matvec(h, w, None))
     gpu_path = Transformer(cfg, kept, 64, kernels="tinygrad")
     assert gpu_path.kernels.gpu_matvec and gpu_path.layers[1].wv.parts[0].dtype == dtypes.uint32
-    plain = Transformer(cfg, kept, 64, kernels="tinygrad", dequantize_at_load=True)
+    plain = Transformer(cfg, kept, 64, kernels="tinygrad", dtype="float32")
     tokens = np.random.default_rng(3).integers(0, cfg.vocab_size, n_tokens).tolist()
     outs = []
     for model in (gpu_path, plain):

@@ -146,7 +146,10 @@ def test_a_model_of_repacked_types_with_int8_activations_stays_near_transformers
     compare(mixed_type_llama, "c-int8", 0.1)  # measured 0.025
 
 
-def test_a_type_still_widened_is_named_and_refused_where_its_float32_would_not_fit(tmp_path, monkeypatch, caplog):
+def test_bf16_is_kept_and_a_tensor_still_widened_is_named_and_refused_where_its_float32_would_not_fit(
+        tmp_path, monkeypatch, caplog):
+    """A GGUF BF16 matrix stays BF16 (16 bits a value on the device); a quantised tensor the kernels cannot read as
+    stored (here a 1-D Q8_0 norm) is widened, named in a warning, and refused when its float32 copy would not fit."""
     from transformers import LlamaConfig
     from tests.helpers.gguf_writer import Blocks, write_gguf
     from tests.helpers.hf_to_gguf import gguf_metadata
@@ -155,7 +158,7 @@ def test_a_type_still_widened_is_named_and_refused_where_its_float32_would_not_f
                          num_key_value_heads=4, intermediate_size=256, tie_word_embeddings=True)
     bf16 = (np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32).view(np.uint32) >> 16)
     tensors = {"token_embd.weight": (Blocks(bf16.astype("<u2").view(np.uint8).reshape(64, 256, 2), "BF16"), "BF16"),
-               "output_norm.weight": (np.ones(256), "F32")}
+               "output_norm.weight": (np.ones(256), "Q8_0")}
     for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
         tensors[f"blk.0.{name}.weight"] = (np.zeros((256, 256)), "F32")
     for name in ("attn_norm", "ffn_norm"):
@@ -163,11 +166,17 @@ def test_a_type_still_widened_is_named_and_refused_where_its_float32_would_not_f
     path = write_gguf(tmp_path / "bf16.gguf", gguf_metadata(config, "llama"), tensors)
     with caplog.at_level("WARNING"):
         _, loaded = weights.load_weights(path)
-    assert "BF16" in caplog.text and "widened to float32" in caplog.text
-    assert loaded["token_embd.weight"].dtype == np.float32 and loaded["token_embd.weight"].shape == (64, 256)
-    monkeypatch.setattr(weights, "available_memory_bytes", lambda: 50_000)  # the embedding as float32: 65 kB
+    assert "type Q8_0 are widened to float32" in caplog.text
+    embedding = loaded["token_embd.weight"]
+    assert isinstance(embedding, QuantizedArray) and embedding.kind == "BF16" and embedding.shape == (64, 256)
+    np.testing.assert_array_equal(np.asarray(embedding), (bf16 << 16).view(np.float32))
+    device = DeviceWeight.from_host(embedding)
+    assert device.kind == "BF16" and device.nbytes == 64 * 256 * 2
+    np.testing.assert_array_equal(device.dequantized().numpy(), (bf16 << 16).view(np.float32))
+    assert loaded["output_norm.weight"].dtype == np.float32 and loaded["output_norm.weight"].shape == (256,)
+    monkeypatch.setattr(weights, "available_memory_bytes", lambda: 500)  # the norm as float32: 1 kB
     monkeypatch.setattr(weights, "dequantize_tensor", lambda *a: pytest.fail("widened before the check"))
-    with pytest.raises(ValueError, match=r"BF16 tensors are not kept compact .* more than the 0.0 GB available"):
+    with pytest.raises(ValueError, match=r"Q8_0 tensors are not kept compact .* more than the 0.0 GB available"):
         weights.load_weights(path)
 
 

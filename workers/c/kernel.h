@@ -6,6 +6,50 @@
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef unsigned char u8x16 __attribute__((vector_size(16), aligned(1)));
 typedef signed char i8x16 __attribute__((vector_size(16), aligned(1)));
+typedef unsigned short u16x16 __attribute__((vector_size(32), aligned(2)));
+typedef unsigned int u32x16 __attribute__((vector_size(64), aligned(4)));
+typedef int s32x16 __attribute__((vector_size(64), aligned(4)));
+
+// Half, bfloat16 and float8 e4m3 values (their bits) as floats, exactly, for the KV cache's formats (kv_formats.h)
+// and the weights' (weights.h). With F16C (x86-64 CPUs since 2013) halves take its conversion instruction, and e4m3
+// codes become halves first (their fields shifted into a half's, then x 2^8); without it, integer bit operations
+// only, the same on every x86 or ARM CPU. Neither makes a float subnormal on the way (a flush-to-zero mode cannot
+// change a value).
+#if defined(__F16C__)
+typedef short s16x8 __attribute__((vector_size(16)));
+typedef float f32x8 __attribute__((vector_size(32)));
+#endif
+
+// half: normal ones rebiased by shifting into a float's fields; subnormals (exponent 0): mantissa * 2^-24
+ALWAYS_INLINE v16 widen_f16(u16x16 bits) {
+#if defined(__F16C__)
+  const f32x8 lo = __builtin_ia32_vcvtph2ps256((s16x8)__builtin_shufflevector(bits, bits, 0, 1, 2, 3, 4, 5, 6, 7));
+  const f32x8 hi = __builtin_ia32_vcvtph2ps256((s16x8)__builtin_shufflevector(bits, bits, 8, 9, 10, 11, 12, 13, 14, 15));
+  return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+  const u32x16 h = __builtin_convertvector(bits, u32x16);
+  const u32x16 normal = ((h & 0x7fffu) << 13) + (112u << 23);
+  const u32x16 subnormal = (u32x16)(__builtin_convertvector(h & 0x3ffu, v16) * 0x1p-24f);
+  const u32x16 is_sub = (u32x16)((h & 0x7c00u) == 0);
+  return (v16)((normal & ~is_sub) | (subnormal & is_sub) | ((h & 0x8000u) << 16));
+#endif
+}
+
+ALWAYS_INLINE v16 widen_bf16(u16x16 bits) { return (v16)(__builtin_convertvector(bits, u32x16) << 16); }
+
+// e4m3: (8 + m) * 2^(e - 10), subnormals (e = 0) 2m * 2^-10, as workers/kv_quant.py decodes them
+ALWAYS_INLINE v16 widen_e4m3(u8x16 codes) {
+#if defined(__F16C__)
+  const u16x16 c = __builtin_convertvector(codes, u16x16);
+  return widen_f16(((c & 0x7f) << 7) | ((c & 0x80) << 8)) * 0x1p8f;
+#else
+  const u32x16 c = __builtin_convertvector(codes, u32x16);
+  const s32x16 e = (s32x16)((c >> 3) & 15u), m = (s32x16)(c & 7u);
+  const s32x16 mantissa = m + 8 + ((e == 0) & (m - 8));
+  const v16 magnitude = __builtin_convertvector(mantissa, v16) * (v16)((e + 117) << 23);
+  return (v16)((u32x16)magnitude | ((c & 0x80u) << 24));
+#endif
+}
 
 ALWAYS_INLINE float lane_sum(v16 v) {
 #pragma clang fp reassociate(on)

@@ -1,13 +1,20 @@
 // A weight matrix [N, K] as workers/quantized_weight.py's DeviceWeight.parts, in one of the kinds selected by
-// a define: WEIGHT_F32 (float32), WEIGHT_Q4_1 (16 bytes of nibbles, scale d, minimum m per 32-element block),
-// WEIGHT_Q8_0 (32 signed bytes, scale d per block) or WEIGHT_Q8_16 (32 signed bytes, a scale d and a minimum m per
-// 16 elements). WEIGHT_PARAMS are its C parameters, WEIGHT_ARGS the same names to pass on. Needs K (a multiple of
-// 32) and kernel.h.
+// a define: WEIGHT_F32 (float32), WEIGHT_F16 or WEIGHT_BF16 (16-bit floats, widened here), WEIGHT_Q4_1 (16 bytes
+// of nibbles, scale d, minimum m per 32-element block), WEIGHT_Q8_0 (32 signed bytes, scale d per block),
+// WEIGHT_Q8_16 (32 signed bytes, a scale d and a minimum m per 16 elements) or WEIGHT_F8_E4M3 (32 float8 e4m3
+// codes, scale d per block). WEIGHT_PARAMS are its C parameters, WEIGHT_ARGS the same names to pass on. Needs K
+// (a multiple of 32) and kernel.h.
 #define KB (K / 32)
 
 #if defined(WEIGHT_F32)
 #define WEIGHT_PARAMS const float *restrict weight
 #define WEIGHT_ARGS weight
+#elif defined(WEIGHT_F16) || defined(WEIGHT_BF16)
+#define WEIGHT_PARAMS const unsigned short *restrict weight
+#define WEIGHT_ARGS weight
+#elif defined(WEIGHT_F8_E4M3)
+#define WEIGHT_PARAMS const unsigned char *restrict weight, const float *restrict d
+#define WEIGHT_ARGS weight, d
 #elif defined(WEIGHT_Q4_1)
 #define WEIGHT_PARAMS const unsigned char *restrict weight, const float *restrict d, const float *restrict m
 #define WEIGHT_ARGS weight, d, m
@@ -18,7 +25,7 @@
 #define WEIGHT_PARAMS const signed char *restrict weight, const float *restrict d, const float *restrict m
 #define WEIGHT_ARGS weight, d, m
 #else
-#error "define one of WEIGHT_F32, WEIGHT_Q4_1, WEIGHT_Q8_0, WEIGHT_Q8_16"
+#error "define one of WEIGHT_F32, WEIGHT_F16, WEIGHT_BF16, WEIGHT_Q4_1, WEIGHT_Q8_0, WEIGHT_Q8_16, WEIGHT_F8_E4M3"
 #endif
 
 // weight row n's 32-element block b as two 16-lane vectors: elements 0-15 in *w0, 16-31 in *w1
@@ -26,6 +33,22 @@ ALWAYS_INLINE void dequant_block(WEIGHT_PARAMS, int n, int b, v16 *w0, v16 *w1) 
 #if defined(WEIGHT_F32)
   *w0 = *(const v16 *)(weight + (long)n * K + b * 32);
   *w1 = *(const v16 *)(weight + (long)n * K + b * 32 + 16);
+#elif defined(WEIGHT_F16) || defined(WEIGHT_BF16)
+  const u16x16 v0 = *(const u16x16 *)(weight + (long)n * K + b * 32);
+  const u16x16 v1 = *(const u16x16 *)(weight + (long)n * K + b * 32 + 16);
+#if defined(WEIGHT_BF16)
+  *w0 = widen_bf16(v0);
+  *w1 = widen_bf16(v1);
+#else
+  *w0 = widen_f16(v0);
+  *w1 = widen_f16(v1);
+#endif
+#elif defined(WEIGHT_F8_E4M3)
+  const u8x16 q0 = *(const u8x16 *)(weight + ((long)n * KB + b) * 32);
+  const u8x16 q1 = *(const u8x16 *)(weight + ((long)n * KB + b) * 32 + 16);
+  const float scale = d[(long)n * KB + b];
+  *w0 = widen_e4m3(q0) * scale;
+  *w1 = widen_e4m3(q1) * scale;
 #elif defined(WEIGHT_Q4_1)
   const u8x16 q = *(const u8x16 *)(weight + ((long)n * KB + b) * 16);
   const float scale = d[(long)n * KB + b], low = m[(long)n * KB + b];
@@ -51,6 +74,8 @@ ALWAYS_INLINE void dequant_block(WEIGHT_PARAMS, int n, int b, v16 *w0, v16 *w1) 
 ALWAYS_INLINE void prefetch_row(WEIGHT_PARAMS, int n) {
 #if defined(WEIGHT_F32)
   for (int i = 0; i < K; i += 16) __builtin_prefetch(weight + (long)n * K + i);
+#elif defined(WEIGHT_F16) || defined(WEIGHT_BF16)
+  for (int i = 0; i < K; i += 32) __builtin_prefetch(weight + (long)n * K + i);
 #elif defined(WEIGHT_Q4_1)
   for (int i = 0; i < KB * 16; i += 64) __builtin_prefetch(weight + (long)n * KB * 16 + i);
   for (int i = 0; i < KB; i += 16) {
@@ -63,7 +88,7 @@ ALWAYS_INLINE void prefetch_row(WEIGHT_PARAMS, int n) {
     __builtin_prefetch(d + (long)n * KB * 2 + i);
     __builtin_prefetch(m + (long)n * KB * 2 + i);
   }
-#else
+#else  // Q8_0, F8_E4M3
   for (int i = 0; i < KB * 32; i += 64) __builtin_prefetch(weight + (long)n * KB * 32 + i);
   for (int i = 0; i < KB; i += 16) __builtin_prefetch(d + (long)n * KB + i);
 #endif
