@@ -1,12 +1,15 @@
 """The KV cache's element types (`--kv-cache-dtype`), named without tinygrad so the frontend can check the flag.
 
 float32, float16 and bfloat16 store the values themselves; int8 and fp8 (e4m3) store codes and one float32 scale
-per token per kv head (workers/kv_quant.py). auto: float32, the model's activation dtype, on every backend (the
-model computes in float32; on this project's CPUs no smaller dtype was faster, docs/BENCHMARKS.md)."""
+per token per kv head (workers/kv_quant.py). auto: on a CPU float32, the model's activation dtype (on this project's
+CPUs no smaller dtype was faster, docs/BENCHMARKS.md); on any other device (a GPU) float16, half the bytes a decode
+step reads, as vLLM stores a float16 or bfloat16 model's cache."""
 
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8", "fp8")
 QUANTIZED_KV_DTYPES = ("int8", "fp8")
 ACTIVATION_DTYPE = "float32"
+GPU_KV_DTYPE = "float16"
+CPU_DEVICES = ("CPU", "PYTHON")  # tinygrad devices that keep auto's cache float32 (PYTHON: the CPU's emulator)
 
 
 def check_kv_cache_dtype(name: str) -> None:
@@ -14,7 +17,9 @@ def check_kv_cache_dtype(name: str) -> None:
         raise ValueError(f"unknown --kv-cache-dtype {name!r}: choose one of {', '.join(KV_CACHE_DTYPES)}")
 
 
-def resolve_kv_cache_dtype(name: str) -> str:
-    """The dtype a cache asked for as `name` stores: auto becomes the activation dtype."""
+def resolve_kv_cache_dtype(name: str, device: str) -> str:
+    """The dtype a cache asked for as `name` stores on a tinygrad `device` (e.g. CPU, CUDA:1)."""
     check_kv_cache_dtype(name)
-    return ACTIVATION_DTYPE if name == "auto" else name
+    if name != "auto":
+        return name
+    return ACTIVATION_DTYPE if device.split(":")[0].upper() in CPU_DEVICES else GPU_KV_DTYPE

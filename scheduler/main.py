@@ -78,7 +78,7 @@ class SchedulerLoop:
             self.open_disk_cache(self.workers.kv_disk_dirs[0])
         send(self.to_frontend, EngineReady(num_blocks, e.cache.block_size, e.model.max_model_len, e.batch.max_num_seqs,
                                            e.world_size, [self.workers.weight_bytes[r] for r in range(e.world_size)],
-                                           resolve_kv_cache_dtype(e.cache.kv_cache_dtype), self.workers.device))
+                                           resolve_kv_cache_dtype(e.cache.kv_cache_dtype, self.workers.device), self.workers.device))
         log.info("scheduler ready: %d KV blocks of %d tokens, %d swap slots, up to %d steps in flight%s", num_blocks,
                  e.cache.block_size, self.workers.num_swap_slots, e.max_steps_in_flight,
                  ", async scheduling" if self.scheduler.config.async_scheduling else "")

@@ -5,7 +5,7 @@ fixed-size batch write into, so a jitted step never needs a branch for "no slot"
 Each layer's values are stored in the cache's dtype (workers/kv_quant.py); a quantised cache (int8, fp8) also
 has per layer a float32 scale per slot, k-or-v and kv head.
 """
-from tinygrad import Tensor
+from tinygrad import Device, Tensor
 
 from tinyvllm.protocol.kv_cache_dtype import resolve_kv_cache_dtype
 from tinyvllm.protocol.model_config import ModelConfig
@@ -14,7 +14,7 @@ from tinyvllm.workers.kv_quant import SCALE_DTYPE, is_quantized, storage_dtype
 
 def bytes_per_slot(cfg: ModelConfig, dtype: str = "float32") -> int:
     """One token's keys and values in every layer, their scales included."""
-    dtype = resolve_kv_cache_dtype(dtype)
+    dtype = resolve_kv_cache_dtype(dtype, Device.DEFAULT)
     per_head = cfg.head_dim * storage_dtype(dtype).itemsize + (SCALE_DTYPE.itemsize if is_quantized(dtype) else 0)
     return 2 * cfg.n_layers * cfg.n_kv_heads * per_head
 
@@ -29,7 +29,7 @@ class PagedKVCache:
         if num_blocks < 1:
             raise ValueError("the KV cache needs at least one block")
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.dtype = resolve_kv_cache_dtype(dtype)
+        self.dtype = resolve_kv_cache_dtype(dtype, Device.DEFAULT)
         self.scratch_block = num_blocks
         self.num_slots = (num_blocks + 1) * block_size
         # [slot, k-or-v, kv_head, head_dim]: one token's keys and values are adjacent, so a write is one copy
