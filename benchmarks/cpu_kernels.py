@@ -36,10 +36,10 @@ def q4_1_weight(rng, n: int, k: int) -> DeviceWeight:
 
 
 def float_weight(rng, n: int, k: int, kind: str) -> DeviceWeight:
-    w = rng.standard_normal((n, k)).astype(np.float32) / k ** 0.5
     if kind == "F8_E4M3":
         codes = random_e4m3_codes(rng, n, k)
         return DeviceWeight.from_host(fp8_matrix(codes, np.full((n, 1), 1.0 / (3.0 * k ** 0.5), np.float32), "w"))
+    w = rng.standard_normal((n, k)).astype(np.float32) / k ** 0.5
     return DeviceWeight.from_host(w, {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[kind])
 
 
@@ -74,6 +74,8 @@ def main() -> None:
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
     ap.add_argument("--kind", default="Q4_1", choices=("Q4_1", "F32", "F16", "BF16", "F8_E4M3"))
     args = ap.parse_args()
+    if args.kind != "Q4_1" and (int8 := [k for k in args.kernels if k.endswith("_i8")]):
+        ap.error(f"--kind {args.kind} has float kernels only (matvec, gemm), not {', '.join(int8)}")
     configure_device(Device.DEFAULT, "c")  # raises unless DEV=CPU
     print("| weight | rows | " + " | ".join(f"{k} us" for k in args.kernels) + " | " +
           " | ".join(f"{k} GFLOP/s" for k in args.kernels) + " | " + " | ".join(f"{k} GB/s" for k in args.kernels)

@@ -236,6 +236,8 @@ class EngineConfig:
         if c.swap_space < 0:
             raise ValueError("--swap-space must be 0 (off) or positive")
         check_kv_cache_dtype(c.kv_cache_dtype)
+        if self.model.dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"--dtype must be one of {', '.join(WEIGHT_DTYPES)}, not {self.model.dtype!r}")
         if p.transport not in ("ipc", "tcp"):
             raise ValueError(f"transport must be ipc or tcp, not {p.transport!r}")
         if p.external_workers != bool(p.worker_address):

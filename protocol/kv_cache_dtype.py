@@ -5,11 +5,12 @@ per token per kv head (workers/kv_quant.py). auto: on a CPU float32, the model's
 CPUs no smaller dtype was faster, docs/BENCHMARKS.md); on any other device (a GPU) float16, half the bytes a decode
 step reads, as vLLM stores a float16 or bfloat16 model's cache."""
 
+from tinyvllm.protocol.device_kind import is_cpu_device
+
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8", "fp8")
 QUANTIZED_KV_DTYPES = ("int8", "fp8")
 ACTIVATION_DTYPE = "float32"
 GPU_KV_DTYPE = "float16"
-CPU_DEVICES = ("CPU", "PYTHON")  # tinygrad devices that keep auto's cache float32 (PYTHON: the CPU's emulator)
 
 
 def check_kv_cache_dtype(name: str) -> None:
@@ -22,4 +23,4 @@ def resolve_kv_cache_dtype(name: str, device: str) -> str:
     check_kv_cache_dtype(name)
     if name != "auto":
         return name
-    return ACTIVATION_DTYPE if device.split(":")[0].upper() in CPU_DEVICES else GPU_KV_DTYPE
+    return ACTIVATION_DTYPE if is_cpu_device(device) else GPU_KV_DTYPE

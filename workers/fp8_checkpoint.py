@@ -1,5 +1,6 @@
 """Hugging Face checkpoints whose matrices are float8 e4m3 codes with scales, kept as stored: each matrix becomes
-F8_E4M3 blocks (workers/quantized_weight.py: 32 codes and one float32 scale, 9 bits a value on the device).
+an Fp8Matrix (workers/quantized_weight.py: its codes as the file has them and one float32 scale per 32 values, the
+F8_E4M3 kind on the device, 9 bits a value).
 
 The formats (`quantization_config` in config.json):
 - "fp8" (transformers' FineGrainedFP8, DeepSeek-V3 and Qwen3-FP8 checkpoints): `<name>.weight_scale_inv`, one
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinyvllm.workers.quantized_weight import QuantizedArray
+from tinyvllm.workers.quantized_weight import Fp8Matrix
 
 FP8_METHODS = ("fp8", "compressed-tensors", "fbgemm_fp8")
 SCALE_SUFFIXES = ("_scale_inv", "_scale")  # after the weight's own name: its scales
@@ -22,11 +23,18 @@ DROPPED_SUFFIXES = (".input_scale", ".k_scale", ".v_scale")  # activation and KV
 
 
 def check_quantization(hf_config: dict) -> None:
-    """Refuses a quantisation method this loader cannot read, naming it (before any tensor is read)."""
-    method = (hf_config.get("quantization_config") or {}).get("quant_method")
+    """Refuses a quantisation method this loader cannot read, naming it (before any tensor is read); a tensor
+    with a scale that is not float8 is refused as it is read (workers/weights.py)."""
+    quantization = hf_config.get("quantization_config") or {}
+    method = quantization.get("quant_method")
+    supported = f"supported: {', '.join(FP8_METHODS)} with float8 e4m3 weights; or a GGUF file of the model"
     if method is not None and method not in FP8_METHODS:
-        raise ValueError(f"quantization_config quant_method {method!r} is not supported (supported: "
-                         f"{', '.join(FP8_METHODS)} with float8 e4m3 weights; or a GGUF file of the model)")
+        raise ValueError(f"quantization_config quant_method {method!r} is not supported ({supported})")
+    for name, group in (quantization.get("config_groups") or {}).items():
+        weights = group.get("weights") or {}
+        if weights and (weights.get("type") != "float" or weights.get("num_bits") != 8):
+            raise ValueError(f"quantization_config group {name!r} has {weights.get('num_bits')}-bit "
+                             f"{weights.get('type')} weights, which are not supported ({supported})")
 
 
 def scale_of(name: str, names) -> str | None:
@@ -68,15 +76,12 @@ def per_block_scales(scale: np.ndarray, rows: int, cols: int, name: str,
 
 
 def fp8_matrix(codes: np.ndarray, scale: np.ndarray, name: str,
-               block: tuple[int, int] | None = None) -> QuantizedArray | np.ndarray:
-    """A float8 e4m3 matrix [N, K] (uint8 codes) and its scales (see per_block_scales): F8_E4M3 blocks, or float32
+               block: tuple[int, int] | None = None) -> Fp8Matrix | np.ndarray:
+    """A float8 e4m3 matrix [N, K] (uint8 codes) and its scales (see per_block_scales): an Fp8Matrix, or float32
     where K is not whole 32-element blocks."""
     rows, cols = codes.shape
     if cols % 32:
         from tinyvllm.workers.quantized_weight import E4M3_VALUES
         wide = np.repeat(per_block_scales(scale, rows, -(-cols // 32) * 32, name, block), 32, axis=1)
         return E4M3_VALUES[codes] * wide[:, :cols]
-    d = per_block_scales(scale, rows, cols, name, block)
-    blocks = np.concatenate([np.ascontiguousarray(d[..., None]).view(np.uint8), codes.reshape(rows, cols // 32, 32)],
-                            axis=2)
-    return QuantizedArray("F8_E4M3", blocks)
+    return Fp8Matrix(codes, per_block_scales(scale, rows, cols, name, block))

@@ -124,7 +124,7 @@ def captured_steps_key(args: WorkerArgs, init, cfg, kernels: str, num_blocks: in
             "beam": args.engine.kernels.beam, "sequences": batch.max_num_seqs,
             "context": init.engine.model.max_model_len,
             "tokens": batch.max_num_batched_tokens, "block_size": kv.block_size, "blocks": num_blocks,
-            "kv_dtype": kv.kv_cache_dtype}
+            "kv_dtype": kv.kv_cache_dtype, "dtype": init.engine.model.dtype}
 
 
 def warms_up_in_background(args: WorkerArgs) -> bool:

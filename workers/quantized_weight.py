@@ -81,8 +81,9 @@ def _f8_scales(blocks: np.ndarray) -> np.ndarray:
 
 
 class QuantizedArray:
-    """A 2-D GGUF tensor of a type in DEVICE_KIND as its raw blocks [N, K/block_elems, block_bytes] (uint8), as
-    stored (a view of the mapped file: repacked only on the way to the device).
+    """A 2-D tensor of a type in DEVICE_KIND (a GGUF type, or a checkpoint's BF16 or F8_E4M3) as its raw blocks
+    [N, K/block_elems, block_bytes] (uint8), as stored (a view of the mapped file: repacked only on the way to the
+    device).
 
     Array-like: `shape`, `dtype` (float32, what it dequantises to) and `np.asarray(x)` (the dequantised array)."""
 
@@ -124,8 +125,30 @@ class QuantizedArray:
         dense = _host_dequantize(self.type_name, self.blocks)
         return dense if dtype is None else dense.astype(dtype)
 
+    def device_parts(self) -> tuple[np.ndarray, ...]:
+        """Its kind's host parts (see the module docstring)."""
+        return _DEVICE_PARTS[self.type_name](self.blocks)
+
     def __repr__(self) -> str:
         return f"QuantizedArray({self.type_name}, shape={self.shape})"
+
+
+class Fp8Matrix(QuantizedArray):
+    """An F8_E4M3 matrix as a checkpoint stores it: its codes [N, K] (a view of the mapped file) and one float32
+    scale per row and 32-element block [N, K/32]; packed into F8_E4M3 blocks only where something asks for them (a
+    tensor-parallel split, np.asarray), so loading copies nothing on the host but the scales."""
+
+    def __init__(self, codes: np.ndarray, d: np.ndarray):
+        assert codes.ndim == 2 and codes.shape[1] % 32 == 0 and d.shape == (codes.shape[0], codes.shape[1] // 32)
+        self.type_name, self.block_elems, self.shape = "F8_E4M3", 32, codes.shape
+        self.codes, self.d = codes, np.ascontiguousarray(d, np.float32)
+
+    @property
+    def blocks(self) -> np.ndarray:
+        return np.concatenate([self.d[..., None].view(np.uint8), self.codes.reshape(*self.d.shape, 32)], axis=2)
+
+    def device_parts(self) -> tuple[np.ndarray, ...]:
+        return self.codes.reshape(*self.d.shape, 32), self.d[..., None]
 
 
 def is_f16_matrix(array) -> bool:
@@ -259,7 +282,7 @@ class DeviceWeight:
             return cls("F16", (device_tensor(array),))
         if not isinstance(array, QuantizedArray) or dtype == "float32":
             return cls("F32", (device_tensor(np.asarray(array, dtype=np.float32)),))
-        host = _DEVICE_PARTS[array.type_name](array.blocks)
+        host = array.device_parts()
         if words and array.kind in WORDS_PER_BLOCK:
             host = (np.ascontiguousarray(host[0]).view(np.uint32),) + host[1:]
         return cls(array.kind, tuple(device_tensor(p) for p in host))

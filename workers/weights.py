@@ -107,12 +107,12 @@ def check_widened_types(gguf: GGUFFile) -> None:
     if not widened:
         return
     types, total = ", ".join(sorted(widened)), sum(widened.values())
+    compact = ", ".join(t for t in DEVICE_KIND if t in GGML_TYPE_IDS)  # the GGUF types among them
     if total > (available := available_memory_bytes()):
         raise ValueError(f"{gguf.path.name}: its {types} tensors are not kept compact and would take {total / 1e9:.1f} GB "
-                         f"as float32, more than the {available / 1e9:.1f} GB available (kept compact: "
-                         f"{', '.join(DEVICE_KIND)})")
+                         f"as float32, more than the {available / 1e9:.1f} GB available (kept compact: {compact})")
     log.warning("%s: tensors of type %s are widened to float32 at load (%.2f GB); kept compact: %s",
-                gguf.path.name, types, total / 1e9, ", ".join(DEVICE_KIND))
+                gguf.path.name, types, total / 1e9, compact)
 
 
 def available_memory_bytes() -> float:
@@ -140,10 +140,14 @@ def _load_hf(folder: pathlib.Path) -> tuple[ModelConfig, dict]:
     for name, tensor in stored.items():
         if name in scales or name.endswith(DROPPED_SUFFIXES) or (canonical := hf_to_gguf_name(name, config.arch)) is None:
             continue
+        scale = scale_of(name, stored)
         if tensor.dtype == "F8_E4M3":
-            if (scale := scale_of(name, stored)) is None:
+            if scale is None:
                 raise ValueError(f"{folder}: float8 tensor {name} has no scale ({name}_scale_inv or {name}_scale)")
             weights[canonical] = fp8_matrix(tensor.values, stored[scale].float32(), name, scale_block(hf_config))
+        elif scale is not None:  # e.g. int8 codes (compressed-tensors W8A8): read without it, they would be garbage
+            raise ValueError(f"{folder}: {name} is {tensor.dtype} with a scale ({scale}): only float8 e4m3 "
+                             "weights with scales are supported")
         elif tensor.dtype == "BF16" and tensor.values.ndim == 2:
             weights[canonical] = QuantizedArray("BF16", tensor.values.view(np.uint8).reshape(*tensor.values.shape, 2))
         elif tensor.dtype == "F16" and tensor.values.ndim == 2:

@@ -1,5 +1,5 @@
 """The CPU backend's matmul kernels (workers/cpu_matmul.py): h @ w.T for float32, float16, bfloat16, Q4_1, Q8_0,
-Q8_16 and float8 e4m3 weights (every code, subnormals included) equals numpy's product on the dequantised weight at every row count a step can have. (The reassociating renderer the
+Q8_16 and float8 e4m3 weights equals numpy's product on the dequantised weight at every row count a step can have. (The reassociating renderer the
 "c" kernel set installs: tests/workers/test_kernel_set.py.)"""
 import numpy as np
 import pytest

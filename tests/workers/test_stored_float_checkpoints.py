@@ -138,9 +138,31 @@ def test_a_float8_checkpoint_in_another_layout_is_refused_naming_the_problem(tmp
     rewrite(None)
     with pytest.raises(ValueError, match=r"float8 tensor model.layers.0.self_attn.q_proj.weight has no scale"):
         load_weights(tmp_path)
+    tensors["model.layers.0.self_attn.q_proj.weight"] = torch.ones(192, 256, dtype=torch.int8)  # W8A8 int8 codes
+    rewrite(torch.ones(192, 1))
+    with pytest.raises(ValueError, match=r"q_proj.weight is I8 with a scale .*only float8 e4m3 weights with scales"):
+        load_weights(tmp_path)
+    rewrite(None, quant_method="compressed-tensors", weight_block_size=None,
+            config_groups={"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int"}}})
+    with pytest.raises(ValueError, match=r"group 'group_0' has 8-bit int weights, which are not supported"):
+        load_weights(tmp_path)
     rewrite(None, quant_method="awq")
     with pytest.raises(ValueError, match=r"quant_method 'awq' is not supported \(supported: fp8, compressed-tensors"):
         load_weights(tmp_path)
+
+
+def test_the_scale_block_comes_from_each_formats_config():
+    from tinyvllm.workers.fp8_checkpoint import per_block_scales, scale_block
+    assert scale_block({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}) == (128, 128)
+    group = lambda weights: {"quantization_config": {"quant_method": "compressed-tensors",
+                                                     "config_groups": {"g": {"weights": weights}}}}
+    assert scale_block(group({"type": "float", "num_bits": 8, "strategy": "block", "block_structure": [64, 64]})) \
+        == (64, 64)
+    assert scale_block(group({"type": "float", "num_bits": 8, "strategy": "group", "group_size": 32})) == (1, 32)
+    assert scale_block(group({"type": "float", "num_bits": 8, "strategy": "channel"})) is None
+    scales = np.arange(6, dtype=np.float32).reshape(3, 2)  # 64 x 64 blocks of a [130, 128] matrix: the last rows part
+    d = per_block_scales(scales, 130, 128, "w", (64, 64))
+    assert d.shape == (130, 4) and d[0, 0] == 0 and d[0, 3] == 1 and d[64, 1] == 2 and d[129, 2] == 5
 
 
 def test_dtype_narrows_float_matrices_as_torch_rounds_them_and_leaves_blocks_alone():
@@ -163,3 +185,31 @@ def test_dtype_narrows_float_matrices_as_torch_rounds_them_and_leaves_blocks_alo
     wide = DeviceWeight.from_host(q8, "float32")
     assert wide.kind == "F32" and wide.nbytes == 8 * 64 * 4
     np.testing.assert_array_equal(wide.dequantized().numpy(), np.asarray(q8))
+
+
+@pytest.mark.parametrize("kind", ["F16", "BF16", "F8_E4M3"])
+def test_every_finite_value_widens_exactly_in_both_kernel_sets(kind):
+    """Each finite value of the 16-bit and float8 formats (subnormals included) comes out of the C
+    kernels (workers/c/kernel.h, F16C or bit operations) and tinygrad's dequantisation as itself: multiplying by the
+    identity picks out every weight, with nothing rounded on the way."""
+    import torch
+    from tinygrad import Tensor
+    from tinyvllm.workers.cpu_matmul import cpu_linear
+    from tinyvllm.workers.quantized_weight import DeviceWeight, Fp8Matrix, QuantizedArray
+    if kind == "F8_E4M3":
+        codes = np.array([c for c in range(256) if c & 0x7F != 0x7F] + [0, 0x80], np.uint8)  # no NaNs; 256 codes
+        want = torch.from_numpy(codes).view(torch.float8_e4m3fn).float().numpy().reshape(-1, 32)
+        weight = DeviceWeight.from_host(Fp8Matrix(codes.reshape(-1, 32), np.ones((len(codes) // 32, 1), np.float32)))
+    else:
+        exponent = (0x7C00, 10) if kind == "F16" else (0x7F80, 7)
+        bits = np.array([b for b in range(1 << 16) if b & exponent[0] != exponent[0]], "<u2")  # finite ones
+        bits = np.concatenate([bits, np.zeros(-len(bits) % 32, "<u2")]).reshape(-1, 32)
+        if kind == "F16":
+            want, weight = bits.view(np.float16).astype(np.float32), DeviceWeight.from_host(bits.view(np.float16))
+        else:
+            want = (bits.astype(np.uint32) << 16).view(np.float32)
+            weight = DeviceWeight.from_host(QuantizedArray("BF16", bits.view(np.uint8).reshape(*bits.shape, 2)))
+    assert weight.kind == kind
+    np.testing.assert_array_equal(weight.dequantized().numpy(), want)  # tinygrad's kernels
+    picked = cpu_linear(Tensor(np.eye(32, dtype=np.float32)), weight).numpy()  # the C kernels: [32, N] = weight.T
+    np.testing.assert_array_equal(picked, want.T)  # (a zero's sign does not survive a sum of products)

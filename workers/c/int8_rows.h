@@ -11,7 +11,6 @@
 #endif
 
 typedef int i32x8 __attribute__((vector_size(32), aligned(4)));
-typedef float f32x8 __attribute__((vector_size(32), aligned(4)));
 
 // x[K] as int8 codes xq and per block a scale xd and xm = xd * (the codes' sum), what a Q4_1 minimum multiplies
 // (and that sum in xs, unless xs is 0);

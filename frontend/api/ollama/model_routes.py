@@ -14,6 +14,7 @@ from tinyvllm.frontend.api.ollama.http_io import OllamaError, handler, read_requ
 from tinyvllm.frontend.api.ollama.model_store import ModelEntry
 from tinyvllm.frontend.api.ollama.requests import CopyRequest, NamedRequest, ShowRequest
 from tinyvllm.frontend.api.ollama.service import OllamaService
+from tinyvllm.protocol.device_kind import is_cpu_device
 
 log = logging.getLogger(__name__)
 # The Ollama release whose API these routes follow; clients gate features on it.
@@ -47,7 +48,7 @@ def vram_bytes(engine, size: int) -> int:
     "100% CPU"); the whole size while the engine has not said which device it runs on."""
     ready = getattr(engine, "ready", None)
     device = getattr(ready, "device", "") or ""
-    return 0 if device.split(":")[0].upper() in ("CPU", "CLANG", "LLVM") else size
+    return 0 if is_cpu_device(device) else size
 
 
 def make_routes(service: OllamaService):
