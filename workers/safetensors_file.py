@@ -28,7 +28,7 @@ class StoredTensor(NamedTuple):
         if self.dtype == "F8_E4M3":
             from tinyvllm.workers.quantized_weight import E4M3_VALUES
             return E4M3_VALUES[self.values]
-        return self.values.astype(np.float32)
+        return self.values.astype(np.float32, copy=False)  # float32 stays a view of the mapped file
 
 
 def read_safetensors(path: str | pathlib.Path) -> dict[str, StoredTensor]:
