@@ -31,8 +31,10 @@ time, with the same values (every product involved is exact in float32, so only 
     IQ4_XS -> Q8_0: codes from the table, each 32-element sub-block's d = super d x (6-bit scale - 32)
     Q6_K -> Q8_16: codes q - 32, d = super d x int8 scale per 16 elements, m = 0
     Q5_K -> Q8_16: codes, Q4_K's d and m (each twice); Q5_1 -> Q8_16: codes, d and m (each twice)
-On the device Q4_0/Q4_K take 6 bits a value, Q5_0/IQ4 9 and Q5_1/Q5_K/Q6_K 12 (where the file has 4.5-6.6);
-F32 is a float32 "F32" weight (Q2_K, Q3_K and the IQ1-IQ3 types are refused). The dequantisation computes what
+    Q2_K -> Q8_16: codes 0..3, d = super d x 4-bit scale, m = -(super dmin x 4-bit min), per 16 elements
+    Q3_K -> Q8_16: codes -4..3 (two low bits, minus 4 where hmask's bit is clear), d = super d x (6-bit scale - 32)
+On the device Q4_0/Q4_K take 6 bits a value, Q5_0/IQ4 9 and Q2_K/Q3_K/Q5_1/Q5_K/Q6_K 12 (where the file has
+2.6-6.6); F32 is a float32 "F32" weight (the IQ1-IQ3 types are refused). The dequantisation computes what
 workers/gguf_dequantize.py's numpy does, in the same order, in float32.
 """
 from __future__ import annotations
@@ -43,13 +45,14 @@ from tinygrad import Tensor, dtypes
 from tinyvllm.protocol.gguf_file import GGML_TYPE_IDS, GGML_TYPES
 from tinyvllm.workers.device_input import device_tensor
 from tinyvllm.workers.gguf_dequantize import (IQ4_VALUES, dequantize, f16_field, iq4_xs_scales, k_quant_values,
-                                              nibbles, q5_codes, q6_k_values)
+                                              nibbles, q2_k_values, q3_k_values, q5_codes, q6_k_values)
 from tinyvllm.workers.kv_quant import decode as kv_decode
 
 IN_KERNEL_TYPES = ("Q4_1", "Q8_0", "Q8_16", "BF16", "F8_E4M3")  # the kinds the kernels multiply (and F16, F32)
 DEVICE_KIND = {"Q4_1": "Q4_1", "Q4_0": "Q4_1", "Q4_K": "Q4_1",  # the types kept compact, and as which kind
                "Q8_0": "Q8_0", "Q5_0": "Q8_0", "IQ4_NL": "Q8_0", "IQ4_XS": "Q8_0",
-               "Q5_1": "Q8_16", "Q5_K": "Q8_16", "Q6_K": "Q8_16", "BF16": "BF16", "F8_E4M3": "F8_E4M3"}
+               "Q5_1": "Q8_16", "Q5_K": "Q8_16", "Q6_K": "Q8_16", "Q2_K": "Q8_16", "Q3_K": "Q8_16",
+               "BF16": "BF16", "F8_E4M3": "F8_E4M3"}
 # F8_E4M3 is no GGUF type: the blocks a safetensors FP8 matrix is packed into (workers/fp8_checkpoint.py), 32 codes
 # after their float32 scale
 BLOCK_LAYOUT = {**{name: (elems, size) for name, elems, size in GGML_TYPES.values()}, "F8_E4M3": (32, 36)}
@@ -193,6 +196,18 @@ def _q6_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
     return q.reshape(n, s * 8, 32), scale.reshape(n, s * 8, 2), np.zeros((n, s * 8, 2), np.float32)
 
 
+def _q2_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
+    n, s = b.shape[:2]
+    q, scale, minimum = q2_k_values(b.reshape(n * s, -1))
+    return q.astype(np.int8).reshape(n, s * 8, 32), scale.reshape(n, s * 8, 2), -minimum.reshape(n, s * 8, 2)
+
+
+def _q3_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
+    n, s = b.shape[:2]
+    q, scale = q3_k_values(b.reshape(n * s, -1))
+    return q.reshape(n, s * 8, 32), scale.reshape(n, s * 8, 2), np.zeros((n, s * 8, 2), np.float32)
+
+
 def _iq4_xs_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
     n, s = b.shape[:2]
     codes = IQ4_VALUES[nibbles(b[:, :, 8:].reshape(n, s * 8, 16))]
@@ -212,6 +227,8 @@ _DEVICE_PARTS = {
                        np.repeat(f16_field(b, 2), 2, axis=-1)),
     "Q5_K": _q5_k_parts,
     "Q6_K": _q6_k_parts,
+    "Q2_K": _q2_k_parts,
+    "Q3_K": _q3_k_parts,
     "BF16": lambda b: (np.ascontiguousarray(b).view("<u2").reshape(b.shape[0], -1),),
     "F8_E4M3": lambda b: (b[:, :, 4:], _f8_scales(b)),
 }

@@ -4,8 +4,8 @@ Weights always come back with GGUF names (token_embd.weight, blk.{i}.attn_q.weig
 output_norm.weight, and output.weight only when embeddings are not tied), as float32 arrays
 in PyTorch (out_features, in_features) layout, and with q/k rows in the HF "rotate_half" (NeoX)
 order: rotary pairs are (x[j], x[j + head_dim/2]) within each head. Matrices of the types the
-kernels read, directly or repacked on the way to the device (quantized_weight.DEVICE_KIND: GGUF's Q4_0, Q4_1,
-Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, IQ4_NL, IQ4_XS and BF16; a safetensors checkpoint's BF16 and float8 e4m3),
+kernels read, directly or repacked on the way to the device (quantized_weight.DEVICE_KIND: GGUF's Q2_K, Q3_K,
+Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, IQ4_NL, IQ4_XS and BF16; a safetensors checkpoint's BF16 and float8 e4m3),
 come back as workers.quantized_weight.QuantizedArray, the undequantised blocks, which act as float32 arrays
 (np.asarray dequantises), and F16 matrices as float16 arrays (the device keeps them float16);
 keep_quantized=False gives plain numpy float32 for everything.

@@ -98,8 +98,8 @@ def test_half_precision_formats_match_tinygrad(ggml_type):
 
 
 def test_unsupported_type_names_the_type():
-    with pytest.raises(ValueError, match="Q2_K"):
-        dequantize(np.zeros(84, np.uint8), 10, 256)
+    with pytest.raises(ValueError, match="IQ3_XXS"):
+        dequantize(np.zeros(98, np.uint8), 18, 256)
 
 
 def test_all_metadata_value_types_roundtrip(tmp_path):

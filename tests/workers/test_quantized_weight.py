@@ -80,9 +80,9 @@ def test_device_bytes_per_weight(gguf):
 def test_only_whole_block_matrices_of_in_kernel_types_stay_quantised():
     assert QuantizedArray.keeps("Q4_1", (8, 64)) and QuantizedArray.keeps("Q8_0", (8, 64))
     assert not QuantizedArray.keeps("Q4_1", (64,)) and not QuantizedArray.keeps("F16", (8, 64))
-    assert not QuantizedArray.keeps("Q3_K", (8, 256))  # (the repacked types: tests/workers/test_stored_quant_types.py)
-    with pytest.raises(ValueError, match="Q3_K is not kept quantised"):
-        QuantizedArray("Q3_K", np.zeros((1, 1, 110), np.uint8))
+    assert not QuantizedArray.keeps("IQ3_XXS", (8, 256))  # (the repacked types: test_stored_quant_types.py)
+    with pytest.raises(ValueError, match="IQ3_XXS is not kept quantised"):
+        QuantizedArray("IQ3_XXS", np.zeros((1, 1, 98), np.uint8))
 
 
 def write_quantised_llama(path, rng) -> None:

@@ -1,5 +1,5 @@
 """GGUF types kept compact by repacking into the kernels' Q4_1, Q8_0 or Q8_16 layout (workers/quantized_weight.py:
-Q4_0, Q4_K, Q5_0, IQ4_NL, IQ4_XS, Q5_1, Q5_K, Q6_K): random blocks (finite scales from subnormal to large, every
+Q4_0, Q4_K, Q5_0, IQ4_NL, IQ4_XS, Q5_1, Q5_K, Q6_K, Q2_K, Q3_K): random blocks (finite scales from subnormal to large, every
 code) dequantise on the device to exactly what llama.cpp's own `gguf` package computes (an independent
 implementation; values, so a zero's sign aside), take the kind's bytes on the device (not float32's), and multiply
 under the exact C kernels, the int8-activation ones (the Q4_1 and Q8_0 kinds; Q8_16's products stay float32 under
@@ -60,7 +60,8 @@ def test_the_device_holds_the_kinds_bytes_not_float32(type_name):
 def test_gguf_files_name_every_type_and_tensors_too_short_for_a_block_stay_float():
     assert all(QuantizedArray.keeps(t, (8, 256)) for t in DEVICE_KIND)
     assert not QuantizedArray.keeps("Q4_K", (8, 160)) and QuantizedArray.keeps("Q4_0", (8, 160))
-    assert not QuantizedArray.keeps("Q3_K", (8, 256)) and not QuantizedArray.keeps("Q2_K", (8, 256))
+    assert QuantizedArray.keeps("Q3_K", (8, 256)) and QuantizedArray.keeps("Q2_K", (8, 256))
+    assert not QuantizedArray.keeps("IQ3_XXS", (8, 256)) and not QuantizedArray.keeps("IQ2_XS", (8, 256))
     assert GGML_TYPES[GGML_TYPE_IDS["IQ4_XS"]] == ("IQ4_XS", 256, 136)
 
 
@@ -90,7 +91,7 @@ VOCAB, DIM, FFN = 512, 256, 512
 MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 LAYER_TYPES = [dict(zip(MATRICES, REPACKED[:7])), dict(zip(MATRICES, (REPACKED[7:] + REPACKED)[:7]))]
 SCALE_STD = {"Q4_0": 0.01, "Q5_0": 0.004, "IQ4_NL": 6e-4, "IQ4_XS": 2e-5, "Q4_K": 1e-4, "Q5_1": 0.003,
-             "Q5_K": 5e-5, "Q6_K": 2e-5}  # weights of std ~0.05
+             "Q5_K": 5e-5, "Q6_K": 2e-5, "Q2_K": 2e-3, "Q3_K": 4e-4}  # weights of std ~0.05
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +185,7 @@ def test_a_type_not_read_at_all_is_refused_naming_it(tmp_path):
     from tests.helpers.gguf_writer import Blocks, write_gguf
     from tinyvllm.protocol.gguf_file import GGUFFile
     from tinyvllm.workers.gguf_dequantize import dequantize_tensor
-    q3_k = Blocks(write_random_blocks("Q3_K", (4, 1), np.random.default_rng(0)), "Q3_K")
-    gguf = GGUFFile(write_gguf(tmp_path / "q3.gguf", {"general.architecture": "test"}, {"w": (q3_k, "Q3_K")}))
-    with pytest.raises(ValueError, match="GGUF tensor type Q3_K is not supported .*Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS"):
+    iq3 = Blocks(np.random.default_rng(0).integers(0, 256, (4, 1, 98), dtype=np.uint8), "IQ3_XXS")
+    gguf = GGUFFile(write_gguf(tmp_path / "iq3.gguf", {"general.architecture": "test"}, {"w": (iq3, "IQ3_XXS")}))
+    with pytest.raises(ValueError, match="GGUF tensor type IQ3_XXS is not supported .*Q2_K, Q3_K, Q4_K, Q5_K, Q6_K"):
         dequantize_tensor(gguf, "w")
