@@ -23,7 +23,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # tests.he
 
 PATTERN_BLOCKS = 4096  # distinct blocks per tensor type; well inside xz's dictionary, so repeats cost nothing
 TWIN_SCALE_STD = {"Q4_0": 0.004, "Q5_0": 0.002, "Q5_1": 0.001, "Q4_K": 4e-5, "Q5_K": 2e-5, "Q6_K": 8e-6,
-                  "IQ4_NL": 2e-4, "IQ4_XS": 8e-6}
+                  "IQ4_NL": 2e-4, "IQ4_XS": 8e-6, "Q2_K": 1e-3, "Q3_K": 5e-4}
 
 
 def pattern(type_name: str, rng: np.random.Generator) -> bytes:

@@ -34,7 +34,8 @@ time, with the same values (every product involved is exact in float32, so only 
     Q2_K -> Q8_16: codes 0..3, d = super d x 4-bit scale, m = -(super dmin x 4-bit min), per 16 elements
     Q3_K -> Q8_16: codes -4..3 (two low bits, minus 4 where hmask's bit is clear), d = super d x (6-bit scale - 32)
 On the device Q4_0/Q4_K take 6 bits a value, Q5_0/IQ4 9 and Q2_K/Q3_K/Q5_1/Q5_K/Q6_K 12 (where the file has
-2.6-6.6); F32 is a float32 "F32" weight (the IQ1-IQ3 types are refused). The dequantisation computes what
+2.6-6.6: Q2_K and Q3_K take more than Q4_K here); F32 is a float32 "F32" weight (the other GGUF types are
+refused, naming them). The dequantisation computes what
 workers/gguf_dequantize.py's numpy does, in the same order, in float32.
 """
 from __future__ import annotations
