@@ -1,9 +1,9 @@
 """Matrix products of GEMM_MIN_ROWS or more rows (decode batches, prefill chunks) on the CPU backend, in C.
 
-out[T, N] = h[T, K] @ w.T, w float32, Q4_1, Q8_0 or Q8_16. Each core takes its share of the output columns in panels
-of NR weight rows: the panel is dequantised once into a small float32 buffer (L1-sized: NR x K floats), then
-every tile of MR activation rows runs against it with MR x NR vector accumulators over K (each loaded value
-feeds NR or MR multiply-adds). So a quantised weight is read once per product and never dequantised into a
+out[T, N] = h[T, K] @ w.T, w of any kind workers/cpu_matvec.py's BLOCK_BYTES lists. Each core takes its share of
+the output columns in panels of NR weight rows: the panel is dequantised once into a small float32 buffer
+(L1-sized: NR x K floats), then every tile of MR activation rows runs against it with MR x NR vector accumulators
+over K (each loaded value feeds NR or MR multiply-adds). So a quantised weight is read once per product and never dequantised into a
 float32 copy in memory. Portable C vector extensions (workers/c/gemm.c), run as a tinygrad PROGRAM
 (workers/c_kernel.py); shapes are compile-time constants.
 """

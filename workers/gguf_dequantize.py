@@ -20,6 +20,11 @@ def f16_field(blocks: np.ndarray, start: int) -> np.ndarray:
     return blocks[..., start:start + 2].view("<f2").astype(np.float32)
 
 
+def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 values (their uint16 bits) as float32: a bfloat16 is the top half of a float32."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
 def nibbles(qs: np.ndarray) -> np.ndarray:
     """Low nibbles first, then high nibbles, along the last axis (ggml's 4-bit order)."""
     return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
@@ -85,40 +90,33 @@ def q6_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q.reshape(-1, 256), f16_field(b, 208) * b[:, 192:208].view(np.int8).astype(np.float32)
 
 
-def _q6_k(b):
-    q, scale = q6_k_values(b)
-    return np.repeat(scale, 16, axis=-1) * q
+def _per_16(q: np.ndarray, scale: np.ndarray, minimum: np.ndarray | None = None) -> np.ndarray:
+    """Codes [n, 256] with a scale (and a minimum) per 16 elements [n, 16] -> their values, scale x code - minimum."""
+    values = np.repeat(scale, 16, axis=-1) * q
+    return values if minimum is None else values - np.repeat(minimum, 16, axis=-1)
+
+
+def _two_bit_runs(qs: np.ndarray) -> np.ndarray:
+    """Q2_K/Q3_K's 64 bytes of 2-bit codes [n, 64] -> [n, 256] uint8: each 128-element half's 32 bytes hold four
+    32-element runs, two bits each, lowest first."""
+    return ((qs.reshape(-1, 2, 1, 32) >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)) & 3).reshape(-1, 256)
 
 
 def q2_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q2_K blocks [n, 84] -> (codes [n, 256] uint8 in 0..3, scale [n, 16], minimum [n, 16] float32 per 16 elements):
-    value = scale * code - minimum. Each half's 32 bytes hold four 32-element runs, two bits each, lowest first."""
-    qs = b[:, 16:80].reshape(-1, 2, 1, 32)
-    q = (qs >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)) & 3
-    return q.reshape(-1, 256), f16_field(b, 80) * (b[:, 0:16] & 15), f16_field(b, 82) * (b[:, 0:16] >> 4)
-
-
-def _q2_k(b):
-    q, scale, minimum = q2_k_values(b)
-    return np.repeat(scale, 16, axis=-1) * q - np.repeat(minimum, 16, axis=-1)
+    value = scale * code - minimum."""
+    return _two_bit_runs(b[:, 16:80]), f16_field(b, 80) * (b[:, 0:16] & 15), f16_field(b, 82) * (b[:, 0:16] >> 4)
 
 
 def q3_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q3_K blocks [n, 110] -> (codes [n, 256] int8 in -4..3, scale [n, 16] float32 per 16 elements): two low bits as
     Q2_K's, minus 4 where the run's bit of hmask is clear; 16 six-bit scales (minus 32) in 12 bytes."""
-    qs = b[:, 32:96].reshape(-1, 2, 1, 32)
-    low = (qs >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)) & 3
     high = (b[:, None, None, 0:32] >> np.arange(8, dtype=np.uint8).reshape(1, 2, 4, 1)) & 1  # run h*4+j's bit
-    q = low.astype(np.int8) - np.int8(4) * (1 - high).astype(np.int8)
+    q = _two_bit_runs(b[:, 32:96]).astype(np.int8) - np.int8(4) * (1 - high.reshape(-1, 256)).astype(np.int8)
     lo, hi = b[:, 96:104], b[:, 104:108]
     sc = np.concatenate([(lo[:, :4] & 15) | ((hi & 3) << 4), (lo[:, 4:] & 15) | (((hi >> 2) & 3) << 4),
                          (lo[:, :4] >> 4) | (((hi >> 4) & 3) << 4), (lo[:, 4:] >> 4) | (((hi >> 6) & 3) << 4)], axis=-1)
-    return q.reshape(-1, 256), f16_field(b, 108) * (sc.astype(np.float32) - 32)
-
-
-def _q3_k(b):
-    q, scale = q3_k_values(b)
-    return np.repeat(scale, 16, axis=-1) * q
+    return q, f16_field(b, 108) * (sc.astype(np.float32) - 32)
 
 
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)  # IQ4_NL/XS
@@ -143,7 +141,9 @@ def _iq4_xs(b):
 
 _PLAIN = {0: "<f4", 1: "<f2", 24: "i1", 25: "<i2", 26: "<i4", 27: "<i8", 28: "<f8"}
 _QUANT = {2: _q4_0, 3: _q4_1, 6: lambda b: _q5(b, False), 7: lambda b: _q5(b, True), 8: _q8_0,
-          10: _q2_k, 11: _q3_k, 12: lambda b: _qk(b, False), 13: lambda b: _qk(b, True), 14: _q6_k, 20: _iq4_nl, 23: _iq4_xs}
+          10: lambda b: _per_16(*q2_k_values(b)), 11: lambda b: _per_16(*q3_k_values(b)),
+          12: lambda b: _qk(b, False), 13: lambda b: _qk(b, True), 14: lambda b: _per_16(*q6_k_values(b)),
+          20: _iq4_nl, 23: _iq4_xs}
 
 
 SUPPORTED = sorted([*_PLAIN, 30, *_QUANT])  # the type ids read; any other is refused, naming it
@@ -153,8 +153,8 @@ def dequantize(data: np.ndarray, ggml_type: int, n_elements: int) -> np.ndarray:
     """Raw ggml bytes -> flat float32 array of `n_elements`."""
     if ggml_type in _PLAIN:
         return data.view(_PLAIN[ggml_type])[:n_elements].astype(np.float32)
-    if ggml_type == 30:  # bfloat16 is the top half of a float32
-        return (data.view("<u2")[:n_elements].astype(np.uint32) << 16).view(np.float32)
+    if ggml_type == 30:
+        return bf16_to_float32(data.view("<u2")[:n_elements])
     if ggml_type not in _QUANT:
         name = GGML_TYPES.get(ggml_type, (f"id {ggml_type}",))[0]
         supported = ", ".join(GGML_TYPES[t][0] for t in SUPPORTED)

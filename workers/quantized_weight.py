@@ -184,29 +184,20 @@ def _q4_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
     return packed.reshape(n, s * 8, 16), scale.reshape(n, s * 8, 1), -minimum.reshape(n, s * 8, 1)
 
 
-def _q5_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
+def _as_q8_16(b: np.ndarray, values) -> tuple[np.ndarray, ...]:
+    """K-quant super-blocks [N, S, bytes] as Q8_16's parts. values: blocks [N*S, bytes] -> (codes [N*S, 256], a
+    scale [N*S, 16] and, for the types that have one, a minimum [N*S, 16] per 16 elements): code x scale - minimum."""
     n, s = b.shape[:2]
-    q, scale, minimum = k_quant_values(b.reshape(n * s, -1), five_bit=True)
-    twice = lambda x: np.repeat(x.reshape(n, s * 8, 1), 2, axis=-1)
-    return q.astype(np.int8).reshape(n, s * 8, 32), twice(scale), twice(-minimum)
+    q, scale, *minimum = values(b.reshape(n * s, -1))
+    d = scale.reshape(n, s * 8, 2)
+    m = -minimum[0].reshape(n, s * 8, 2) if minimum else np.zeros_like(d)
+    return q.astype(np.int8).reshape(n, s * 8, 32), d, m
 
 
-def _q6_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
-    n, s = b.shape[:2]
-    q, scale = q6_k_values(b.reshape(n * s, -1))
-    return q.reshape(n, s * 8, 32), scale.reshape(n, s * 8, 2), np.zeros((n, s * 8, 2), np.float32)
-
-
-def _q2_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
-    n, s = b.shape[:2]
-    q, scale, minimum = q2_k_values(b.reshape(n * s, -1))
-    return q.astype(np.int8).reshape(n, s * 8, 32), scale.reshape(n, s * 8, 2), -minimum.reshape(n, s * 8, 2)
-
-
-def _q3_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
-    n, s = b.shape[:2]
-    q, scale = q3_k_values(b.reshape(n * s, -1))
-    return q.reshape(n, s * 8, 32), scale.reshape(n, s * 8, 2), np.zeros((n, s * 8, 2), np.float32)
+def _q5_k_values_per_16(b: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Q5_K's codes, with its scale and minimum per 32 elements given per 16 (each twice)."""
+    q, scale, minimum = k_quant_values(b, five_bit=True)
+    return q, np.repeat(scale, 2, axis=-1), np.repeat(minimum, 2, axis=-1)
 
 
 def _iq4_xs_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -226,10 +217,10 @@ _DEVICE_PARTS = {
     "IQ4_XS": _iq4_xs_parts,
     "Q5_1": lambda b: (q5_codes(b, 4).astype(np.int8), np.repeat(f16_field(b, 0), 2, axis=-1),
                        np.repeat(f16_field(b, 2), 2, axis=-1)),
-    "Q5_K": _q5_k_parts,
-    "Q6_K": _q6_k_parts,
-    "Q2_K": _q2_k_parts,
-    "Q3_K": _q3_k_parts,
+    "Q5_K": lambda b: _as_q8_16(b, _q5_k_values_per_16),
+    "Q6_K": lambda b: _as_q8_16(b, q6_k_values),
+    "Q2_K": lambda b: _as_q8_16(b, q2_k_values),
+    "Q3_K": lambda b: _as_q8_16(b, q3_k_values),
     "BF16": lambda b: (np.ascontiguousarray(b).view("<u2").reshape(b.shape[0], -1),),
     "F8_E4M3": lambda b: (b[:, :, 4:], _f8_scales(b)),
 }

@@ -135,12 +135,14 @@ def _load_hf(folder: pathlib.Path) -> tuple[ModelConfig, dict]:
     check_quantization(hf_config)
     config = ModelConfig.from_hf_config(hf_config)
     stored = read_safetensors_folder(folder)
-    scales = {scale for name in stored if (scale := scale_of(name, stored)) is not None}
+    scale_names = {name: scale for name in stored if (scale := scale_of(name, stored)) is not None}
+    scales = set(scale_names.values())
     weights = {}
     for name, tensor in stored.items():
-        if name in scales or name.endswith(DROPPED_SUFFIXES) or (canonical := hf_to_gguf_name(name, config.arch)) is None:
+        if name in scales or name.endswith(DROPPED_SUFFIXES) \
+                or (canonical := hf_to_gguf_name(name, config.arch)) is None:
             continue
-        scale = scale_of(name, stored)
+        scale = scale_names.get(name)
         if tensor.dtype == "F8_E4M3":
             if scale is None:
                 raise ValueError(f"{folder}: float8 tensor {name} has no scale ({name}_scale_inv or {name}_scale)")

@@ -10,8 +10,8 @@ typedef unsigned short u16x16 __attribute__((vector_size(32), aligned(2)));
 typedef unsigned int u32x16 __attribute__((vector_size(64), aligned(4)));
 typedef int s32x16 __attribute__((vector_size(64), aligned(4)));
 
-// Half, bfloat16 and float8 e4m3 values (their bits) as floats, exactly for every finite value, for the KV cache's formats (kv_formats.h)
-// and the weights' (weights.h). With F16C (x86-64 CPUs since 2013) halves take its conversion instruction, and e4m3
+// Half, bfloat16 and float8 e4m3 values (their bits) as floats, exactly for every finite value, for the KV cache's
+// formats (kv_formats.h) and the weights' (weights.h). With F16C (x86-64 CPUs since 2013) halves take its conversion instruction, and e4m3
 // codes become halves first (their fields shifted into a half's, then x 2^8); without it, integer bit operations
 // only, the same on every x86 or ARM CPU. Neither makes a float subnormal on the way (a flush-to-zero mode cannot
 // change a value). Not for infinities or NaNs: the bit path gives a half's 65504-131008 range finite values there
