@@ -5,13 +5,19 @@ import json
 import threading
 
 import httpx
+import pytest
 
 from tests.e2e.headless_chromium import HeadlessChromium
 from tests.e2e.server_process import MODEL_NAME, REQUEST_TIMEOUT_S, wait_until
+from tests.helpers.tiny_model import make_wide_gguf
 
 NUM_STREAMS = 4
-# ignore_eos and many tokens: the streams outlast the page's first updates (they are closed long before the end)
-BODY = {"model": MODEL_NAME, "max_tokens": 240, "ignore_eos": True, "temperature": 0, "stream": True}
+CONTEXT = 2048
+NUM_KV_BLOCKS = NUM_STREAMS * CONTEXT // 16
+# The streams must outlast several of the page's once-a-second updates wherever the test runs: on the shared
+# server's 2-layer model, 240 tokens (all its 64 blocks hold for 4 streams) took 0.6 s once its steps were captured,
+# and the page never showed the 4. Here they would take tens of seconds; the test closes them long before.
+BODY = {"model": MODEL_NAME, "max_tokens": 1900, "ignore_eos": True, "temperature": 0, "stream": True}
 PAGE_STATE = """JSON.stringify({
   running: document.getElementById("running").textContent,
   kvUsed: document.getElementById("kv-used").textContent,
@@ -34,7 +40,14 @@ def hold_stream(url: str, prompt: str, started: threading.Semaphore, stop: threa
                 return
 
 
-def test_the_dashboard_shows_the_running_batch_in_a_browser(server, tmp_path):
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """Overrides conftest's model for this module's server: a step takes milliseconds, not tens of microseconds."""
+    return make_wide_gguf(tmp_path_factory.mktemp("model") / "wide.gguf", context=CONTEXT)
+
+
+def test_the_dashboard_shows_the_running_batch_in_a_browser(server_factory, tmp_path):
+    server = server_factory("--num-kv-blocks", str(NUM_KV_BLOCKS))
     with HeadlessChromium(tmp_path / "chromium") as browser:
         browser.open(server.url + "/dashboard")
 
@@ -57,7 +70,7 @@ def test_the_dashboard_shows_the_running_batch_in_a_browser(server, tmp_path):
             stop.set()
             for thread in streams:
                 thread.join(REQUEST_TIMEOUT_S)
-        assert int(busy["kvUsed"]) > 0 and busy["usedBarPercent"] > 0 and int(busy["kvTotal"]) == 64, busy
+        assert int(busy["kvUsed"]) > 0 and busy["usedBarPercent"] > 0 and int(busy["kvTotal"]) == NUM_KV_BLOCKS, busy
         assert len(busy["batchRows"]) == NUM_STREAMS, busy
         assert all(int(prompt) > 0 and int(blocks) > 0 for _, prompt, _, blocks in busy["batchRows"]), busy
         assert screenshot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")

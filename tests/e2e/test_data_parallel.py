@@ -13,7 +13,7 @@ import pytest
 from tests.e2e.http_helpers import complete, completion_body
 from tests.e2e.replicas import LongStreams, current_workers, engine_metric, per_engine, serving_lines
 from tests.e2e.server_process import REQUEST_TIMEOUT_S, is_alive, wait_until
-from tests.helpers.tiny_model import make_tiny_gguf
+from tests.helpers.tiny_model import make_wide_gguf
 
 CONTEXT = 2048
 LONG_TOKENS = 1900  # a long request: tens of seconds even where a step takes milliseconds
@@ -27,12 +27,11 @@ STEP_TIMEOUT_S = 20
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    """Overrides conftest's model for this module's servers: wider and deeper, so that a step takes milliseconds,
-    with a longer context, so that a long request is still running when the test breaks its replica. (The engine
-    must not outrun the frontend by much: a loaded machine's frontend, short of CPU, streamed 450 tokens of a 2-layer
-    model long after the engine had finished them, and answered /metrics in seconds.)"""
-    return make_tiny_gguf(tmp_path_factory.mktemp("model") / "wide.gguf", n_layers=8, dim=512, n_heads=8, n_kv_heads=4,
-                          ffn=1024, context=CONTEXT)
+    """Overrides conftest's model for this module's servers: wide and deep, so that a long request is still running
+    when the test breaks its replica. (The engine must not outrun the frontend by much: a loaded machine's frontend,
+    short of CPU, streamed 450 tokens of a 2-layer model long after the engine had finished them, and answered
+    /metrics in seconds.)"""
+    return make_wide_gguf(tmp_path_factory.mktemp("model") / "wide.gguf", context=CONTEXT)
 
 
 def queries(server) -> dict[str, float]:

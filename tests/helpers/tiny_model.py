@@ -29,6 +29,12 @@ def tokenizer_metadata() -> dict:
     return {k: v for k, v in md.items() if k.startswith("tokenizer.")}
 
 
+def make_wide_gguf(path: str | pathlib.Path, context: int = 2048) -> pathlib.Path:
+    """A deeper, wider random Llama with a longer context: a step takes milliseconds, so a long request (1,900
+    tokens) stays running for seconds even on a fast machine, and the engine does not outrun the frontend by much."""
+    return make_tiny_gguf(path, n_layers=8, dim=512, n_heads=8, n_kv_heads=4, ffn=1024, context=context)
+
+
 def make_tiny_gguf(path: str | pathlib.Path, seed: int = 0, n_layers: int = 2, dim: int = 64, n_heads: int = 4,
                    n_kv_heads: int = 2, ffn: int = 128, context: int = 512) -> pathlib.Path:
     """Writes a random Llama (tied embeddings, vocab 49152) to `path` and returns the path.
