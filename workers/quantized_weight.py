@@ -13,6 +13,10 @@ repacked types below the product of a super-block's scale and a sub-block's):
           (in each 32-block, byte j holds element j in its low nibble and element j+16 in its high one)
     Q8_0: int8 [N, K/32, 32], d float32 [N, K/32, 1]; value = q * d
     Q8_16: int8 [N, K/32, 32], d and m float32 [N, K/32, 2] (one per 16 elements); value = q * d + m
+    Q4_K: Q4_1's nibbles [N, K/32, 16], each 32-block's 6-bit scale and minimum codes uint8 [N, K/32, 2] and each
+          256-element super-block's d and dmin float32 [N, K/256, 2]; value = q * (d x scale) - dmin x minimum
+    Q6_K: codes q - 32 int8 [N, K/32, 32], a signed 8-bit scale per 16 elements int8 [N, K/32, 2] and each
+          super-block's d float32 [N, K/256, 1]; value = q * (d x scale)
     F16:  float16 [N, K] (a 2-D float16 host array), widened in the kernel: half the bytes a step reads
     BF16: bfloat16's bits as uint16 [N, K] (a GGUF or safetensors BF16 matrix), widened in the kernel
     F8_E4M3: float8 e4m3 codes uint8 [N, K/32, 32], d float32 [N, K/32, 1]; value = fp8(q) * d (a safetensors
@@ -25,16 +29,16 @@ shifts, which fuse into the kernel that reads them.
 Other GGUF types are repacked into one of those kinds when they go to the device (`DEVICE_KIND`), one tensor at a
 time, with the same values (every product involved is exact in float32, so only a zero's sign may differ):
     Q4_0 -> Q4_1: m = -8 d
-    Q4_K -> Q4_1: each 32-element sub-block's d = super d x 6-bit scale, m = -(super dmin x 6-bit min), nibbles
-          reordered from the super-block's 64-element chunks to Q4_1's order
     Q5_0 -> Q8_0: codes q - 16;  IQ4_NL -> Q8_0: codes from the non-linear table, d
     IQ4_XS -> Q8_0: codes from the table, each 32-element sub-block's d = super d x (6-bit scale - 32)
-    Q6_K -> Q8_16: codes q - 32, d = super d x int8 scale per 16 elements, m = 0
     Q5_K -> Q8_16: codes, Q4_K's d and m (each twice); Q5_1 -> Q8_16: codes, d and m (each twice)
     Q2_K -> Q8_16: codes 0..3, d = super d x 4-bit scale, m = -(super dmin x 4-bit min), per 16 elements
     Q3_K -> Q8_16: codes -4..3 (two low bits, minus 4 where hmask's bit is clear), d = super d x (6-bit scale - 32)
-On the device Q4_0/Q4_K take 6 bits a value, Q5_0/IQ4 9 and Q2_K/Q3_K/Q5_1/Q5_K/Q6_K 12 (where the file has
-2.6-6.6: Q2_K and Q3_K take more than Q4_K here); F32 is a float32 "F32" weight (the other GGUF types are
+Q4_K and Q6_K keep the file's scales: their nibbles (Q4_K's reordered from the super-block's 64-element chunks to
+Q4_1's order) and 6-bit codes (as bytes) with the sub-blocks' scale codes, the products with the super-block's d
+taken inside the kernels, as the repacked types' d are, in float32. On the device Q4_K takes 4.75 bits a value
+(the file 4.5), Q6_K 8.6 (the file 6.6), Q4_0 6, Q5_0/IQ4 9 and Q2_K/Q3_K/Q5_1/Q5_K 12 (where the file has 2.6-5.5:
+Q2_K and Q3_K take more than Q4_K here); F32 is a float32 "F32" weight (the other GGUF types are
 refused, naming them). The dequantisation computes what
 workers/gguf_dequantize.py's numpy does, in the same order, in float32.
 """
@@ -46,13 +50,14 @@ from tinygrad import Tensor, dtypes
 from tinyvllm.protocol.gguf_file import GGML_TYPE_IDS, GGML_TYPES
 from tinyvllm.workers.device_input import device_tensor
 from tinyvllm.workers.gguf_dequantize import (IQ4_VALUES, dequantize, f16_field, iq4_xs_scales, k_quant_values,
+                                              k_scales_mins,
                                               nibbles, q2_k_values, q3_k_values, q5_codes, q6_k_values)
 from tinyvllm.workers.kv_quant import decode as kv_decode
 
-IN_KERNEL_TYPES = ("Q4_1", "Q8_0", "Q8_16", "BF16", "F8_E4M3")  # the kinds the kernels multiply (and F16, F32)
-DEVICE_KIND = {"Q4_1": "Q4_1", "Q4_0": "Q4_1", "Q4_K": "Q4_1",  # the types kept compact, and as which kind
+IN_KERNEL_TYPES = ("Q4_1", "Q8_0", "Q8_16", "Q4_K", "Q6_K", "BF16", "F8_E4M3")  # the kinds the kernels multiply (and F16, F32)
+DEVICE_KIND = {"Q4_1": "Q4_1", "Q4_0": "Q4_1", "Q4_K": "Q4_K",  # the types kept compact, and as which kind
                "Q8_0": "Q8_0", "Q5_0": "Q8_0", "IQ4_NL": "Q8_0", "IQ4_XS": "Q8_0",
-               "Q5_1": "Q8_16", "Q5_K": "Q8_16", "Q6_K": "Q8_16", "Q2_K": "Q8_16", "Q3_K": "Q8_16",
+               "Q6_K": "Q6_K", "Q5_1": "Q8_16", "Q5_K": "Q8_16", "Q2_K": "Q8_16", "Q3_K": "Q8_16",
                "BF16": "BF16", "F8_E4M3": "F8_E4M3"}
 # F8_E4M3 is no GGUF type: the blocks a safetensors FP8 matrix is packed into (workers/fp8_checkpoint.py), 32 codes
 # after their float32 scale
@@ -177,11 +182,24 @@ def _narrowed(array, dtype: str):
 
 
 def _q4_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Q4_K super-blocks [N, S, 144] as Q4_1's parts: nibbles [N, 8S, 16], d and m float32 [N, 8S, 1]."""
+    """Q4_K super-blocks [N, S, 144] as the Q4_K kind's parts: nibbles [N, 8S, 16] (Q4_1's order), 6-bit scale and
+    minimum codes [N, 8S, 2], d and dmin float32 [N, S, 2]."""
     n, s = b.shape[:2]
-    q, scale, minimum = k_quant_values(b.reshape(n * s, -1), five_bit=False)
+    flat = b.reshape(n * s, -1)
+    q, _, _ = k_quant_values(flat, five_bit=False)
     packed = q[..., :16] | (q[..., 16:] << 4)
-    return packed.reshape(n, s * 8, 16), scale.reshape(n, s * 8, 1), -minimum.reshape(n, s * 8, 1)
+    scale_codes = np.stack(k_scales_mins(flat[:, 4:16]), axis=-1).astype(np.uint8)
+    return (packed.reshape(n, s * 8, 16), scale_codes.reshape(n, s * 8, 2),
+            np.concatenate([f16_field(b, 0), f16_field(b, 2)], axis=-1))
+
+
+def _q6_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Q6_K super-blocks [N, S, 210] as the Q6_K kind's parts: codes int8 [N, 8S, 32], scales int8 [N, 8S, 2], d
+    float32 [N, S, 1]."""
+    n, s = b.shape[:2]
+    q, _ = q6_k_values(b.reshape(n * s, -1))
+    return (q.reshape(n, s * 8, 32), np.ascontiguousarray(b[:, :, 192:208]).view(np.int8).reshape(n, s * 8, 2),
+            f16_field(b, 208))
 
 
 def _as_q8_16(b: np.ndarray, values) -> tuple[np.ndarray, ...]:
@@ -218,7 +236,7 @@ _DEVICE_PARTS = {
     "Q5_1": lambda b: (q5_codes(b, 4).astype(np.int8), np.repeat(f16_field(b, 0), 2, axis=-1),
                        np.repeat(f16_field(b, 2), 2, axis=-1)),
     "Q5_K": lambda b: _as_q8_16(b, _q5_k_values_per_16),
-    "Q6_K": lambda b: _as_q8_16(b, q6_k_values),
+    "Q6_K": _q6_k_parts,
     "Q2_K": lambda b: _as_q8_16(b, q2_k_values),
     "Q3_K": lambda b: _as_q8_16(b, q3_k_values),
     "BF16": lambda b: (np.ascontiguousarray(b).view("<u2").reshape(b.shape[0], -1),),
@@ -262,7 +280,23 @@ def _dequant_q8_16(q: Tensor, d: Tensor, m: Tensor) -> Tensor:
     return (halves * d.unsqueeze(-1) + m.unsqueeze(-1)).reshape(q.shape)
 
 
-_DEQUANT = {"Q4_1": _dequant_q4_1, "Q8_0": _dequant_q8_0, "Q8_16": _dequant_q8_16, "F16": _widen_f16,
+def _per_block(super_blocks: Tensor, n_blocks: int) -> Tensor:
+    """[N, K/256, F] -> each 32-block's copy of its super-block's fields: [N, K/32, F]."""
+    n, s, f = super_blocks.shape
+    return super_blocks.reshape(n, s, 1, f).expand(n, s, n_blocks // s, f).reshape(n, n_blocks, f)
+
+
+def _dequant_q4_k(packed: Tensor, codes: Tensor, dm: Tensor) -> Tensor:
+    dm, codes = _per_block(dm, packed.shape[1]), codes.cast(dtypes.float32)
+    return _dequant_q4_1(packed, dm[..., 0:1] * codes[..., 0:1], -(dm[..., 1:2] * codes[..., 1:2]))
+
+
+def _dequant_q6_k(q: Tensor, scales: Tensor, d: Tensor) -> Tensor:
+    halves = q.reshape(*q.shape[:-1], 2, 16).cast(dtypes.float32)
+    return (halves * (_per_block(d, q.shape[1]) * scales.cast(dtypes.float32)).unsqueeze(-1)).reshape(q.shape)
+
+
+_DEQUANT = {"Q4_1": _dequant_q4_1, "Q4_K": _dequant_q4_k, "Q6_K": _dequant_q6_k, "Q8_0": _dequant_q8_0, "Q8_16": _dequant_q8_16, "F16": _widen_f16,
             "BF16": lambda w: kv_decode(w, "bfloat16"), "F8_E4M3": _dequant_f8_e4m3}
 
 

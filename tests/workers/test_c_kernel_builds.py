@@ -38,8 +38,8 @@ def run_kernel(kernel: str, flags: tuple[str, ...], kind: str, h: np.ndarray, pa
 def test_kernel_built_for_target_equals_numpy(weights, target, kind, kernel, rows):  # noqa: F811
     weight, dense = weights[kind]
     parts = [np.ascontiguousarray(p.numpy()) for p in weight.parts]
-    h = np.random.default_rng(rows).standard_normal((rows, K)).astype(np.float32)
-    got = run_kernel(kernel, TARGETS[target], kind, h, parts)
+    h = np.random.default_rng(rows).standard_normal((rows, dense.shape[1])).astype(np.float32)
+    got = run_kernel(kernel, TARGETS[target], kind, h, parts, k=dense.shape[1])
     want = h.astype(np.float64) @ dense.T.astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 

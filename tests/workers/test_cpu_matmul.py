@@ -1,5 +1,5 @@
 """The CPU backend's matmul kernels (workers/cpu_matmul.py): h @ w.T for float32, float16, bfloat16, Q4_1, Q8_0,
-Q8_16 and float8 e4m3 weights equals numpy's product on the dequantised weight at every row count a step can have. (The reassociating renderer the
+Q8_16, float8 e4m3, Q4_K and Q6_K weights (the K-quants [N, K_SUPER]: rows of whole 256-element super-blocks) equals numpy's product on the dequantised weight at every row count a step can have. (The reassociating renderer the
 "c" kernel set installs: tests/workers/test_kernel_set.py.)"""
 import numpy as np
 import pytest
@@ -13,7 +13,8 @@ from tinyvllm.protocol.gguf_file import GGUFFile
 from tinyvllm.workers.quantized_weight import DeviceWeight, QuantizedArray
 
 N, K = 48, 160
-KINDS = ["F32", "F16", "BF16", "Q4_1", "Q8_0", "Q8_16", "F8_E4M3"]
+K_SUPER = 512
+KINDS = ["F32", "F16", "BF16", "Q4_1", "Q8_0", "Q8_16", "F8_E4M3", "Q4_K", "Q6_K"]
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +35,9 @@ def weights(tmp_path_factory):
     codes[(codes & 0x7F) == 0x7F] = 0  # no NaN codes
     fp8 = fp8_matrix(codes, np.random.default_rng(3).uniform(1e-3, 1, (N, 1)).astype(np.float32), "w")
     out["F8_E4M3"] = (DeviceWeight.from_host(fp8), np.asarray(fp8))
+    for seed, t in enumerate(("Q4_K", "Q6_K"), start=4):
+        host = QuantizedArray(t, random_blocks(t, (N, K_SUPER // 256), np.random.default_rng(seed)))
+        out[t] = (DeviceWeight.from_host(host), np.asarray(host))
     return out
 
 
@@ -42,7 +46,7 @@ def weights(tmp_path_factory):
 def test_cpu_linear_equals_numpy(weights, kind, rows):
     weight, dense = weights[kind]
     assert weight.kind == kind
-    h = np.random.default_rng(rows).standard_normal((rows, K)).astype(np.float32)
+    h = np.random.default_rng(rows).standard_normal((rows, dense.shape[1])).astype(np.float32)
     got = cpu_linear(Tensor(h), weight).numpy()
     want = h.astype(np.float64) @ dense.T.astype(np.float64)
     assert got.shape == (rows, N)

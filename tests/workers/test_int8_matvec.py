@@ -18,12 +18,13 @@ from tinyvllm.workers.cpu_gemm import TILE_BYTES_PER_BLOCK
 from tinyvllm.workers.cpu_matvec import cpu_matvec
 
 TARGETS = {"native": ("-march=native",), "baseline": ()}
+INT8_KINDS = ["Q4_1", "Q8_0", "Q4_K"]
 if platform.machine().lower() in ("x86_64", "amd64"):
     TARGETS["avx2"] = ("-march=native", "-mno-avx512f", "-mno-avxvnni")  # AVX2's maddubs path, no VNNI
 
 
-def activations(rows: int) -> np.ndarray:
-    h = np.random.default_rng(rows).standard_normal((rows, K)).astype(np.float32)
+def activations(rows: int, k: int = K) -> np.ndarray:
+    h = np.random.default_rng(rows).standard_normal((rows, k)).astype(np.float32)
     h[0, :32] = 0  # a block of zeros: scale 0
     h[-1, 32:64] *= 1e3  # one large block
     h[-1, 64:96] *= 1e-38  # one too small to invert: codes 0
@@ -42,9 +43,13 @@ def run_int8_gemm(flags: tuple[str, ...], kind: str, h: np.ndarray, parts: list[
 
 
 def random_parts(kind: str, cols: int, k: int) -> list[np.ndarray]:
-    """A DeviceWeight's parts of random blocks: codes, scales (and Q4_1's minimums)."""
+    """A DeviceWeight's parts of random blocks: codes, scales (and Q4_1's minimums; Q4_K's scale and minimum codes
+    and its super-blocks' d and dmin)."""
     rng, blocks = np.random.default_rng(cols), (cols, k // 32)
     scales = (rng.standard_normal(blocks) * 0.02).astype(np.float32)
+    if kind == "Q4_K":
+        return [rng.integers(0, 256, (*blocks, 16), dtype=np.uint8), rng.integers(0, 64, (*blocks, 2), dtype=np.uint8),
+                (rng.standard_normal((cols, k // 256, 2)) * 0.002).astype(np.float32)]
     if kind == "Q4_1":
         return [rng.integers(0, 256, (*blocks, 16), dtype=np.uint8), scales, (rng.standard_normal(blocks) * 0.1).astype(np.float32)]
     return [rng.integers(-128, 128, (*blocks, 32), dtype=np.int8), scales]
@@ -59,16 +64,16 @@ def with_extremes(kind: str, parts: list[np.ndarray]) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("kind", INT8_KINDS)
 @pytest.mark.parametrize("kernel,rows", [("matvec_i8", 1), ("matvec_i8", 3), ("gemm_i8", 2), ("gemm_i8", 13)])
 def test_kernel_equals_the_numpy_model_bit_for_bit(weights, target, kind, kernel, rows):  # noqa: F811
     """gemm_i8 with 13 rows: 3 full tiles and a part one, in slabs of 3 tiles (a pair and a single, a single)."""
-    weight, _ = weights[kind]
-    parts = with_extremes(kind, [np.ascontiguousarray(p.numpy()) for p in weight.parts])
-    flags = TARGETS[target] + ((f"-DSLAB_BYTES={3 * K // 32 * TILE_BYTES_PER_BLOCK}",) if kernel == "gemm_i8" else ())
+    weight, dense = weights[kind]
+    parts, k = with_extremes(kind, [np.ascontiguousarray(p.numpy()) for p in weight.parts]), dense.shape[1]
+    flags = TARGETS[target] + ((f"-DSLAB_BYTES={3 * k // 32 * TILE_BYTES_PER_BLOCK}",) if kernel == "gemm_i8" else ())
     run = (lambda h: run_int8_gemm(flags, kind, h, parts)) if kernel == "gemm_i8" else \
-        (lambda h: run_kernel(kernel, flags, kind, h, parts))
-    h = activations(rows)
+        (lambda h: run_kernel(kernel, flags, kind, h, parts, k=k))
+    h = activations(rows, k)
     got = run(h)
     np.testing.assert_array_equal(got, int8_matvec(kind, h, parts))
     h[0, 100] = np.nan  # a NaN (or an infinity) makes its row's outputs NaN, as with float activations
@@ -79,14 +84,16 @@ def test_kernel_equals_the_numpy_model_bit_for_bit(weights, target, kind, kernel
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("kind", INT8_KINDS)
 def test_both_kernels_give_every_row_the_models_bits_on_a_larger_odd_shape(target, kind):
-    """K = 544 (17 blocks: two whole groups of 8 lanes and one more), 30 columns (15 a core: a part panel of 3)."""
-    parts, h = random_parts(kind, 30, 544), np.random.default_rng(5).standard_normal((13, 544)).astype(np.float32)
+    """K = 544 (17 blocks: two whole groups of 8 lanes and one more; Q4_K: 768, 3 super-blocks), 30 columns (15 a
+    core: a part panel of 3)."""
+    k = 768 if kind == "Q4_K" else 544
+    parts, h = random_parts(kind, 30, k), np.random.default_rng(5).standard_normal((13, k)).astype(np.float32)
     want = int8_matvec(kind, h, parts)
     np.testing.assert_array_equal(run_int8_gemm(TARGETS[target], kind, h, parts), want)
     for rows in (slice(0, 1), slice(11, 13)):
-        np.testing.assert_array_equal(run_kernel("matvec_i8", TARGETS[target], kind, h[rows], parts, cols=30, k=544), want[rows])
+        np.testing.assert_array_equal(run_kernel("matvec_i8", TARGETS[target], kind, h[rows], parts, cols=30, k=k), want[rows])
 
 
 def test_a_jitted_int8_product_follows_its_input(weights):  # noqa: F811
@@ -102,10 +109,10 @@ def test_a_jitted_int8_product_follows_its_input(weights):  # noqa: F811
         np.testing.assert_array_equal(got, int8_matvec("Q4_1", h, [p.numpy() for p in weight.parts]))
 
 
-@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("kind", INT8_KINDS)
 def test_through_tinygrad_equals_the_model_and_stays_near_the_float_product(weights, kind):  # noqa: F811
     weight, dense = weights[kind]
-    h = activations(2)
+    h = activations(2, dense.shape[1])
     got = cpu_matvec(Tensor(h), weight, int8_activations=True).numpy()
     np.testing.assert_array_equal(got, int8_matvec(kind, h, [p.numpy() for p in weight.parts]))
     exact = h.astype(np.float64) @ dense.T.astype(np.float64)

@@ -1,9 +1,9 @@
-"""GGUF types kept compact by repacking into the kernels' Q4_1, Q8_0 or Q8_16 layout (workers/quantized_weight.py:
-Q4_0, Q4_K, Q5_0, IQ4_NL, IQ4_XS, Q5_1, Q5_K, Q6_K, Q2_K, Q3_K): random blocks (finite scales from subnormal to large, every
-code) dequantise on the device to exactly what llama.cpp's own `gguf` package computes (an independent
-implementation; values, so a zero's sign aside), take the kind's bytes on the device (not float32's), and multiply
-under the exact C kernels, the int8-activation ones (the Q4_1 and Q8_0 kinds; Q8_16's products stay float32 under
-c-int8) and tinygrad's, within each arithmetic's bound of numpy's float64 product; a 2-layer llama with every one
+"""GGUF types kept compact (workers/quantized_weight.py): Q4_K and Q6_K in kinds of their own (their sub-block scale
+codes kept), Q4_0, Q5_0, IQ4_NL, IQ4_XS, Q5_1, Q5_K, Q2_K and Q3_K repacked into the kernels' Q4_1, Q8_0 or Q8_16
+layout: random blocks (finite scales from subnormal to large, every code) dequantise on the device to exactly what
+llama.cpp's own `gguf` package computes (an independent implementation; values, so a zero's sign aside), take the
+kind's bytes on the device (not float32's), and multiply under the exact C kernels, the int8-activation ones (the
+Q4_1, Q4_K and Q8_0 kinds; Q8_16's and Q6_K's products stay float32 under c-int8) and tinygrad's, within each arithmetic's bound of numpy's float64 product; a 2-layer llama with every one
 of these types gives transformers' log-probabilities (its own GGUF loading)."""
 import numpy as np
 import pytest
@@ -15,7 +15,7 @@ from tinyvllm.protocol.gguf_file import GGML_TYPE_IDS, GGML_TYPES
 from tinyvllm.workers.cpu_matmul import cpu_linear
 from tinyvllm.workers.quantized_weight import DEVICE_KIND, DeviceWeight, QuantizedArray
 
-REPACKED = [t for t, kind in DEVICE_KIND.items() if t != kind]
+COMPACT = [t for t in DEVICE_KIND if t not in ("Q4_1", "Q8_0", "BF16", "F8_E4M3")]  # (kinds of their own, tested apart)
 N, K = 24, 512
 
 
@@ -30,14 +30,19 @@ def random_blocks(type_name: str, rows: int, cols: int, seed: int = 0, extremes:
     return blocks
 
 
+def blocks_bytes(type_name: str, n: int) -> int:
+    _, elems, size = GGML_TYPES[GGML_TYPE_IDS[type_name]]
+    return n // elems * size
+
+
 def reference(type_name: str, blocks: np.ndarray) -> np.ndarray:
     from gguf import GGMLQuantizationType, quants
     return quants.dequantize(blocks.reshape(blocks.shape[0], -1), GGMLQuantizationType[type_name])
 
 
 @pytest.mark.parametrize("words", [False, True])  # True: the GPU kernels' uint32 layout
-@pytest.mark.parametrize("type_name", REPACKED)
-def test_repacked_weight_dequantises_as_the_gguf_package_does(type_name, words):
+@pytest.mark.parametrize("type_name", COMPACT)
+def test_compact_weight_dequantises_as_the_gguf_package_does(type_name, words):
     blocks = random_blocks(type_name, N, K)
     want = reference(type_name, blocks)
     host = QuantizedArray(type_name, blocks)
@@ -49,12 +54,15 @@ def test_repacked_weight_dequantises_as_the_gguf_package_does(type_name, words):
     np.testing.assert_array_equal(weight.rows(Tensor(rows, dtype=dtypes.int32)).numpy(), want[rows])
 
 
-@pytest.mark.parametrize("type_name", REPACKED)
+@pytest.mark.parametrize("type_name", COMPACT)
 def test_the_device_holds_the_kinds_bytes_not_float32(type_name):
     weight = DeviceWeight.from_host(QuantizedArray(type_name, random_blocks(type_name, N, K)))
     n = N * K
-    assert weight.nbytes == {"Q4_1": n // 2 + n // 32 * 8, "Q8_0": n + n // 32 * 4, "Q8_16": n + n // 16 * 8}[weight.kind]
+    assert weight.nbytes == {"Q4_1": n // 2 + n // 32 * 8, "Q8_0": n + n // 32 * 4, "Q8_16": n + n // 16 * 8,
+                             "Q4_K": n // 2 + n // 32 * 2 + n // 256 * 8, "Q6_K": n + n // 16 + n // 256 * 4}[weight.kind]
     assert weight.nbytes <= n * 12 // 8  # at most 12 bits a value, where float32 takes 32
+    if type_name in ("Q4_K", "Q6_K"):  # within 1.33x of the file's bits: 4.75 for 4.5, 8.625 for 6.5625
+        assert weight.nbytes <= 1.33 * blocks_bytes(type_name, n)
 
 
 def test_gguf_files_name_every_type_and_tensors_too_short_for_a_block_stay_float():
@@ -65,10 +73,10 @@ def test_gguf_files_name_every_type_and_tensors_too_short_for_a_block_stay_float
     assert GGML_TYPES[GGML_TYPE_IDS["IQ4_XS"]] == ("IQ4_XS", 256, 136)
 
 
-@pytest.mark.parametrize("type_name", REPACKED)
+@pytest.mark.parametrize("type_name", COMPACT)
 @pytest.mark.parametrize("arithmetic", ["c", "c-int8", "tinygrad"])
 @pytest.mark.parametrize("rows", [1, 6])  # a matvec, and the register-tiled product
-def test_products_on_repacked_weights(type_name, arithmetic, rows):
+def test_products_on_compact_weights(type_name, arithmetic, rows):
     blocks = random_blocks(type_name, N, K, seed=1, extremes=False)
     weight = DeviceWeight.from_host(QuantizedArray(type_name, blocks))
     dense = reference(type_name, blocks).astype(np.float64)
@@ -89,7 +97,7 @@ def test_products_on_repacked_weights(type_name, arithmetic, rows):
 
 VOCAB, DIM, FFN = 512, 256, 512
 MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-LAYER_TYPES = [dict(zip(MATRICES, REPACKED[:7])), dict(zip(MATRICES, (REPACKED[7:] + REPACKED)[:7]))]
+LAYER_TYPES = [dict(zip(MATRICES, COMPACT[:7])), dict(zip(MATRICES, (COMPACT[7:] + COMPACT)[:7]))]
 SCALE_STD = {"Q4_0": 0.01, "Q5_0": 0.004, "IQ4_NL": 6e-4, "IQ4_XS": 2e-5, "Q4_K": 1e-4, "Q5_1": 0.003,
              "Q5_K": 5e-5, "Q6_K": 2e-5, "Q2_K": 2e-3, "Q3_K": 4e-4}  # weights of std ~0.05
 
@@ -133,17 +141,17 @@ def compare(mixed_type_llama, kernels: str, bound: float) -> None:
     path, prompt, expected = mixed_type_llama
     _, weights = load_weights(path)
     kept = {weights[f"blk.{i}.{name}.weight"].type_name for i in range(2) for name in MATRICES}
-    assert kept == set(REPACKED)  # none widened
+    assert kept == set(COMPACT)  # none widened
     got, sampled = tinyvllm_prompt_logprobs(path, prompt, kernels)
     np.testing.assert_allclose(got, expected[np.arange(len(prompt) - 1), prompt[1:]], rtol=0, atol=bound)
     assert sampled == int(expected[-1].argmax())
 
 
-def test_a_model_of_repacked_types_equals_transformers(mixed_type_llama, kernel_set):
+def test_a_model_of_compact_types_equals_transformers(mixed_type_llama, kernel_set):
     compare(mixed_type_llama, kernel_set, 1e-4)
 
 
-def test_a_model_of_repacked_types_with_int8_activations_stays_near_transformers(mixed_type_llama, c_kernel_set):
+def test_a_model_of_compact_types_with_int8_activations_stays_near_transformers(mixed_type_llama, c_kernel_set):
     compare(mixed_type_llama, "c-int8", 0.1)  # measured 0.025
 
 

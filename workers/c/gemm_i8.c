@@ -1,4 +1,4 @@
-// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a Q4_1 or Q8_0 weight and more rows than matvec_i8.c takes, h given
+// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a Q4_1, Q4_K or Q8_0 weight and more rows than matvec_i8.c takes, h given
 // as quantize_i8.c's tiles of int8 codes: int8_rows.h's arithmetic, so every row gets the bits matvec_i8.c would
 // give it (a request's tokens do not depend on what shares its steps). Core core_id of CORES takes its share of
 // the columns, in panels of 4 weight rows, each unpacked once per slab of tiles (L2-sized) into a stack buffer
@@ -24,7 +24,7 @@ typedef signed char i8x32 __attribute__((vector_size(32), aligned(1)));
 #define SPREAD4(v) __builtin_shufflevector(v, v, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)  // lane 4j + i: v[i]
 #define EACH4(v) __builtin_shufflevector(v, v, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)    // lane 4j + i: v[j]
 
-// acc + per lane the sum of the 4 products of w's and x's bytes in it (w: Q4_1's nibbles or Q8_0's codes)
+// acc + per lane the sum of the 4 products of w's and x's bytes in it (w: nibbles or Q8_0's codes)
 #if defined(__AVX2__) && !defined(__AVX512VNNI__)
 ALWAYS_INLINE __m256i dot4_half(__m256i w, __m256i x) {  // pairs of products fit int16 (see matvec_i8.c)
 #if defined(WEIGHT_Q8_0)
@@ -59,7 +59,7 @@ ALWAYS_INLINE i32x16 dot4(i32x16 acc, i32x16 w, i32x16 x) {
 
 // weight row n's block b as 32 code bytes (8 dwords: dword k = elements 4k..4k+3)
 ALWAYS_INLINE i32x8 block_codes(WEIGHT_PARAMS, int n, int b) {
-#if defined(WEIGHT_Q4_1)
+#if defined(WEIGHT_NIBBLES)
   const u8x16 q = *(const u8x16 *)(weight + ((long)n * KB + b) * 16);
   return (i32x8)__builtin_shufflevector(q & (unsigned char)15, q >> 4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
                                         14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
@@ -90,12 +90,15 @@ ALWAYS_INLINE void unpack_panel(WEIGHT_PARAMS, int n0, int nr, panel_t *restrict
     panel->codes[b][2] = SPREAD_ROWS(2), panel->codes[b][3] = SPREAD_ROWS(3);
     panel->codes[b][4] = SPREAD_ROWS(4), panel->codes[b][5] = SPREAD_ROWS(5);
     panel->codes[b][6] = SPREAD_ROWS(6), panel->codes[b][7] = SPREAD_ROWS(7);
-    const f32x4 ds = {d[(long)n[0] * KB + b], d[(long)n[1] * KB + b], d[(long)n[2] * KB + b], d[(long)n[3] * KB + b]};
-    panel->d[b] = EACH4(ds);
-#if defined(WEIGHT_Q4_1)
-    const f32x4 ms = {m[(long)n[0] * KB + b], m[(long)n[1] * KB + b], m[(long)n[2] * KB + b], m[(long)n[3] * KB + b]};
-    panel->m[b] = EACH4(ms);
+    f32x4 ds, ms = {0};
+    for (int j = 0; j < 4; j++) {
+      ds[j] = block_scale(WEIGHT_ARGS, (long)n[j] * KB + b);
+#if defined(WEIGHT_NIBBLES)
+      ms[j] = block_min(WEIGHT_ARGS, (long)n[j] * KB + b);
 #endif
+    }
+    panel->d[b] = EACH4(ds);
+    panel->m[b] = EACH4(ms);
   }
 }
 
@@ -109,7 +112,7 @@ ALWAYS_INLINE f32x16 block_step(f32x16 acc, const tile_t *restrict tile, const p
   for (int k = 0; k < 4; k++) s0 = dot4(s0, panel->codes[b][k], SPREAD4(tile->codes[b][k]));
   for (int k = 4; k < 8; k++) s1 = dot4(s1, panel->codes[b][k], SPREAD4(tile->codes[b][k]));
   acc += __builtin_convertvector(s0 + s1, f32x16) * (panel->d[b] * SPREAD4(tile->d[b]));
-#if defined(WEIGHT_Q4_1)
+#if defined(WEIGHT_NIBBLES)
   acc += panel->m[b] * SPREAD4(tile->m[b]);
 #endif
   return acc;

@@ -1,9 +1,11 @@
 // A weight matrix [N, K] as workers/quantized_weight.py's DeviceWeight.parts, in one of the kinds selected by
 // a define: WEIGHT_F32 (float32), WEIGHT_F16 or WEIGHT_BF16 (16-bit floats, widened here), WEIGHT_Q4_1 (16 bytes
 // of nibbles, scale d, minimum m per 32-element block), WEIGHT_Q8_0 (32 signed bytes, scale d per block),
-// WEIGHT_Q8_16 (32 signed bytes, a scale d and a minimum m per 16 elements) or WEIGHT_F8_E4M3 (32 float8 e4m3
-// codes, scale d per block). WEIGHT_PARAMS are its C parameters, WEIGHT_ARGS the same names to pass on. Needs K
-// (a multiple of 32) and kernel.h.
+// WEIGHT_Q8_16 (32 signed bytes, a scale d and a minimum m per 16 elements), WEIGHT_F8_E4M3 (32 float8 e4m3
+// codes, scale d per block), WEIGHT_Q4_K (Q4_1's nibbles; a 6-bit scale and minimum code per block, a d and dmin per
+// 8 blocks) or WEIGHT_Q6_K (32 signed bytes, a signed 8-bit scale per 16 elements, a d per 8 blocks).
+// WEIGHT_PARAMS are its C parameters, WEIGHT_ARGS the same names to pass on. Needs K (a multiple of 32; of 256
+// for the K-quants) and kernel.h.
 #define KB (K / 32)
 
 #if defined(WEIGHT_F32)
@@ -24,8 +26,30 @@
 #elif defined(WEIGHT_Q8_16)
 #define WEIGHT_PARAMS const signed char *restrict weight, const float *restrict d, const float *restrict m
 #define WEIGHT_ARGS weight, d, m
+#elif defined(WEIGHT_Q4_K)
+#define WEIGHT_PARAMS const unsigned char *restrict weight, const unsigned char *restrict codes, const float *restrict dm
+#define WEIGHT_ARGS weight, codes, dm
+#elif defined(WEIGHT_Q6_K)
+#define WEIGHT_PARAMS const signed char *restrict weight, const signed char *restrict scales, const float *restrict d
+#define WEIGHT_ARGS weight, scales, d
 #else
-#error "define one of WEIGHT_F32, WEIGHT_F16, WEIGHT_BF16, WEIGHT_Q4_1, WEIGHT_Q8_0, WEIGHT_Q8_16, WEIGHT_F8_E4M3"
+#error "define one of WEIGHT_F32, WEIGHT_F16, WEIGHT_BF16, WEIGHT_Q4_1, WEIGHT_Q8_0, WEIGHT_Q8_16, WEIGHT_F8_E4M3, WEIGHT_Q4_K, WEIGHT_Q6_K"
+#endif
+#if defined(WEIGHT_Q4_1) || defined(WEIGHT_Q4_K)
+#define WEIGHT_NIBBLES  // 16 bytes of nibbles per block and a minimum: value = q * scale + minimum
+#endif
+
+#if defined(WEIGHT_Q4_1) || defined(WEIGHT_Q8_0) || defined(WEIGHT_F8_E4M3)
+// block i (= n * KB + b)'s scale and (Q4_1) minimum, as the int8 products take them
+ALWAYS_INLINE float block_scale(WEIGHT_PARAMS, long i) { return d[i]; }
+#if defined(WEIGHT_Q4_1)
+ALWAYS_INLINE float block_min(WEIGHT_PARAMS, long i) { return m[i]; }
+#endif
+#elif defined(WEIGHT_Q4_K)
+// the super-block's d (dmin) times the block's 6-bit scale (minimum) code: the float32 product the repacked types
+// store (workers/quantized_weight.py), taken here so the device holds a byte where they hold a float
+ALWAYS_INLINE float block_scale(WEIGHT_PARAMS, long i) { return dm[i / 8 * 2] * (float)codes[2 * i]; }
+ALWAYS_INLINE float block_min(WEIGHT_PARAMS, long i) { return -(dm[i / 8 * 2 + 1] * (float)codes[2 * i + 1]); }
 #endif
 
 // weight row n's 32-element block b as two 16-lane vectors: elements 0-15 in *w0, 16-31 in *w1
@@ -49,9 +73,9 @@ ALWAYS_INLINE void dequant_block(WEIGHT_PARAMS, int n, int b, v16 *w0, v16 *w1) 
   const float scale = d[(long)n * KB + b];
   *w0 = widen_e4m3(q0) * scale;
   *w1 = widen_e4m3(q1) * scale;
-#elif defined(WEIGHT_Q4_1)
+#elif defined(WEIGHT_NIBBLES)
   const u8x16 q = *(const u8x16 *)(weight + ((long)n * KB + b) * 16);
-  const float scale = d[(long)n * KB + b], low = m[(long)n * KB + b];
+  const float scale = block_scale(WEIGHT_ARGS, (long)n * KB + b), low = block_min(WEIGHT_ARGS, (long)n * KB + b);
   *w0 = __builtin_convertvector(q & (unsigned char)15, v16) * scale + low;
   *w1 = __builtin_convertvector(q >> 4, v16) * scale + low;
 #elif defined(WEIGHT_Q8_16)
@@ -60,6 +84,13 @@ ALWAYS_INLINE void dequant_block(WEIGHT_PARAMS, int n, int b, v16 *w0, v16 *w1) 
   const long half = ((long)n * KB + b) * 2;
   *w0 = __builtin_convertvector(q0, v16) * d[half] + m[half];
   *w1 = __builtin_convertvector(q1, v16) * d[half + 1] + m[half + 1];
+#elif defined(WEIGHT_Q6_K)
+  const i8x16 q0 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32);
+  const i8x16 q1 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32 + 16);
+  const long half = ((long)n * KB + b) * 2;
+  const float super = d[((long)n * KB + b) / 8];
+  *w0 = __builtin_convertvector(q0, v16) * (super * (float)scales[half]);
+  *w1 = __builtin_convertvector(q1, v16) * (super * (float)scales[half + 1]);
 #else
   const i8x16 q0 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32);
   const i8x16 q1 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32 + 16);
@@ -82,6 +113,14 @@ ALWAYS_INLINE void prefetch_row(WEIGHT_PARAMS, int n) {
     __builtin_prefetch(d + (long)n * KB + i);
     __builtin_prefetch(m + (long)n * KB + i);
   }
+#elif defined(WEIGHT_Q4_K)
+  for (int i = 0; i < KB * 16; i += 64) __builtin_prefetch(weight + (long)n * KB * 16 + i);
+  for (int i = 0; i < KB * 2; i += 64) __builtin_prefetch(codes + (long)n * KB * 2 + i);
+  for (int i = 0; i < KB / 4; i += 16) __builtin_prefetch(dm + (long)n * KB / 4 + i);
+#elif defined(WEIGHT_Q6_K)
+  for (int i = 0; i < KB * 32; i += 64) __builtin_prefetch(weight + (long)n * KB * 32 + i);
+  for (int i = 0; i < KB * 2; i += 64) __builtin_prefetch(scales + (long)n * KB * 2 + i);
+  for (int i = 0; i < KB / 8; i += 16) __builtin_prefetch(d + (long)n * KB / 8 + i);
 #elif defined(WEIGHT_Q8_16)
   for (int i = 0; i < KB * 32; i += 64) __builtin_prefetch(weight + (long)n * KB * 32 + i);
   for (int i = 0; i < KB * 2; i += 16) {
