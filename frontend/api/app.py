@@ -26,6 +26,7 @@ from tinyvllm.frontend.api.ollama.routes import mount_ollama
 from tinyvllm.frontend.api.openai_requests import ChatRequest, CompletionRequest
 from tinyvllm.frontend.api.openai_responses import ChatResponse, CompletionResponse, ModelList
 from tinyvllm.frontend.api.ops_routes import ops_routes
+from tinyvllm.frontend.api.reasoning import reasoning_format, with_reasoning
 from tinyvllm.frontend.api.request_gate import GateMiddleware, RequestGate
 from tinyvllm.frontend.api.served_engine import ServedEngine
 from tinyvllm.frontend.api.serving import CompletionResult, RequestServing, collect, keep_best
@@ -60,7 +61,7 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, models_dir: str | None = None,
               make_detokenizer: Callable = IncrementalDetokenizer, api_key: str | None = None,
               gate: RequestGate | None = None, allowed_origins: list[str] | None = None,
-              default_max_tokens: int | None = None) -> Starlette:
+              default_max_tokens: int | None = None, reasoning_parser: str | None = None) -> Starlette:
     """engine: an EngineClient (or anything with its generate/stats/dead_reason);
     tokenizer: a protocol.tokenizer.Tokenizer (encode, vocab_size, eos_token_ids, apply_chat_template).
 
@@ -70,11 +71,12 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
     allowed_origins: the browser origins CORS lets in ("*": any); None: no CORS headers at all.
     default_max_tokens: the limit of a chat request that sets none (OpenAI max_tokens, Ollama num_predict);
     None: the rest of the context.
+    reasoning_parser: --reasoning-parser (frontend/api/reasoning.py); None: the one the chat template implies.
     """
     gate = gate or RequestGate()
     metrics = FrontendMetrics(engine, model_name, max_model_len, gate)
     serving = RequestServing(ServedEngine(engine, gate, metrics), tokenizer, max_model_len, make_detokenizer, metrics,
-                             default_max_tokens)
+                             default_max_tokens, reasoning_format(reasoning_parser, tokenizer.chat_template))
     started_at = int(time.time())
 
     async def generation(request: Request, is_chat: bool) -> Response:
@@ -93,7 +95,9 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
             else:
                 deltas = serving.generate_text(request_id, prompt_ids, req)
                 n = req.sampling.n
-                if req.tools.parse and req.stream:
+                if is_chat and serving.reasoning is not None:
+                    deltas = with_reasoning(deltas, n, serving.reasoning, req.reasoning_opened)
+                if req.tools.parse and req.stream:  # (a whole reply's calls are parsed from its whole answer)
                     deltas = tool_call_replies.with_tool_calls(deltas, n)
                 if req.stream:
                     events = streaming.chat_events if is_chat else streaming.completion_events

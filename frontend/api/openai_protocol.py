@@ -63,6 +63,8 @@ class GenerationRequest:
     logprobs_only_to_rank: bool = False  # sampling.logprobs was set for best_of's ranking, not asked for
     # use_beam_search: the frontend searches (frontend/engine/beam_search.py)
     beam_search: BeamSearchParams | None = None
+    template_kwargs: dict = field(default_factory=dict)  # chat: chat_template_kwargs and reasoning_effort
+    reasoning_opened: bool = False  # chat: the rendered prompt left a think block open (frontend/api/reasoning.py)
 
 
 def validated(model: type[RequestModel], body: Any) -> Any:
@@ -210,7 +212,19 @@ def parse_chat_request(body: Any) -> GenerationRequest:
         raise APIError(e.message, param=e.param) from None
     req = _generation(parsed, is_chat=True, tools=tools)
     req.messages = message_dicts(parsed.messages)
+    req.template_kwargs = template_kwargs(parsed.chat_template_kwargs or {}, parsed.reasoning_effort)
     return req
+
+
+# the variables the server itself gives a chat template
+RESERVED_TEMPLATE_VARIABLES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+
+
+def template_kwargs(extra: dict, reasoning_effort: str | None) -> dict:
+    if reserved := sorted(set(extra) & set(RESERVED_TEMPLATE_VARIABLES)):
+        raise APIError(f"chat_template_kwargs may not set {', '.join(reserved)}: the server sets them",
+                       param="chat_template_kwargs")
+    return {**extra, **({"reasoning_effort": reasoning_effort} if reasoning_effort else {})}
 
 
 # ---- response bodies --------------------------------------------------------
@@ -236,10 +250,17 @@ def completion_choice(index: int, text: str, finish_reason: str | None, stop_rea
 
 
 def chat_choice(index: int, text: str | None, finish_reason: str | None, stop_reason: str | int | None,
-                logprobs: dict | None = None, tool_calls: list[dict] | None = None) -> dict:
-    message = {"role": "assistant", "content": text, **({"tool_calls": tool_calls} if tool_calls else {})}
+                logprobs: dict | None = None, tool_calls: list[dict] | None = None, reasoning: str | None = None) -> dict:
+    message = {"role": "assistant", "content": text, **reasoning_fields(reasoning),
+               **({"tool_calls": tool_calls} if tool_calls else {})}
     return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason,
             "stop_reason": stop_reason}
+
+
+def reasoning_fields(reasoning: str | None) -> dict:
+    """A reply's (or a delta's) thinking under both names clients read: reasoning_content (DeepSeek's, most clients)
+    and reasoning (vLLM's since 0.11.2); none where there is none."""
+    return {"reasoning_content": reasoning, "reasoning": reasoning} if reasoning is not None else {}
 
 
 def completion_body(request_id: str, model: str, choices: list[dict], usage: dict, created: int | None = None) -> dict:

@@ -180,6 +180,11 @@ class ChatRequest(SamplingFields):
                                                    "named function are enforced by a grammar: the arguments follow "
                                                    "the function's parameters schema")
     parallel_tool_calls: bool = Field(True, description="false: at most one call")
+    chat_template_kwargs: Annotated[dict[str, Any] | None, Reworded("'chat_template_kwargs' must be an object")] = Field(
+        None, examples=[{"enable_thinking": False}], description="extra variables for the chat template (Qwen3's "
+                                                                 "enable_thinking: false turns its thinking off)")
+    reasoning_effort: Literal["low", "medium", "high"] | None = Field(
+        None, examples=["low"], description="passed to the chat template as reasoning_effort (for models whose template reads it)")
 
 
 NonEmptyText = Annotated[str, Field(min_length=1)]

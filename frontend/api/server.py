@@ -39,7 +39,8 @@ async def serve_async(engine: EnginePool, engine_config: EngineConfig, server_ar
         app = build_app(engine, tokenizer, name, ready.max_model_len, model_root=str(model_path),
                         api_key=server_args.api_key, models_dir=server_args.models_dir, gate=gate,
                         allowed_origins=server_args.allowed_origins or None,
-                        default_max_tokens=server_args.default_max_tokens)
+                        default_max_tokens=server_args.default_max_tokens,
+                        reasoning_parser=server_args.reasoning_parser)
         config = http_config(app, server_args.host, server_args.port)
         server = QuietSignalServer(config)
         serving = await start_serving(server)

@@ -3,6 +3,7 @@ from dataclasses import dataclass
 
 from tinyvllm.frontend.api.auth import API_KEY_ENV
 from tinyvllm.frontend.api.ollama.model_store import default_models_dir
+from tinyvllm.frontend.api.reasoning import REASONING_PARSERS
 from tinyvllm.frontend.api.router_registration import Registration
 from tinyvllm.protocol.knobs import knob, knobs_of
 
@@ -41,6 +42,10 @@ class ServerArgs:
         None, "tokens a chat request may generate when it sets no limit (OpenAI max_tokens, Ollama num_predict), as "
               "vLLM's --override-generation-config max_new_tokens; Open WebUI's follow-up and tag tasks set none. "
               "Default: the rest of the context")
+    reasoning_parser: str | None = knob(
+        None, "how chat replies' thinking is told from their answer (reasoning_content): qwen3 (<think> blocks the "
+              "reply opens), deepseek_r1 (thinking until </think>), or none (the tags stay in the content). Default: "
+              "from the model's chat template, as llama.cpp does", choices=REASONING_PARSERS)
     startup_timeout_s: float = 900.0
     registration: Registration | None = None  # --register-with: heartbeats to a `tinyvllm router`
 

@@ -10,6 +10,7 @@ from typing import Any
 from tinyvllm.frontend.api import logprobs as lp
 from tinyvllm.frontend.api.choice_text import ChoiceText
 from tinyvllm.frontend.api.openai_protocol import APIError, GenerationRequest
+from tinyvllm.frontend.api.reasoning import ReasoningFormat
 from tinyvllm.frontend.engine.request_errors import EngineRequestError
 from tinyvllm.frontend.api.tool_calls import template_messages
 from tinyvllm.protocol.messages import FinishReason
@@ -32,6 +33,7 @@ class TextDelta:
     kv_transfer_params: dict | None = None  # a prefill instance's last delta: where the prompt's KV waits
     cumulative_logprob: float = 0.0  # this choice's tokens so far, when the engine reported their logprobs
     tool_calls: list[dict] | None = None  # chat with tools: the choice's calls, on its last delta
+    reasoning: str = ""  # chat with a reasoning parser: thinking, apart from the answer in text
 
 
 @dataclass(slots=True)
@@ -42,6 +44,7 @@ class ChoiceResult:
     stop_reason: str | int | None = None
     logprobs: dict | None = None
     cumulative_logprob: float = 0.0
+    reasoning: str | None = None  # None: the reply did not think (or no reasoning parser)
 
 
 @dataclass(slots=True)
@@ -59,8 +62,9 @@ async def _maybe_in_thread(size: int, fn: Callable, *args: Any) -> Any:
 
 class RequestServing:
     def __init__(self, engine, tokenizer, max_model_len: int, make_detokenizer: Callable, metrics=None,
-                 default_max_tokens: int | None = None):
+                 default_max_tokens: int | None = None, reasoning: ReasoningFormat | None = None):
         self.engine = engine
+        self.reasoning = reasoning  # chat replies' thinking apart from their answer (frontend/api/reasoning.py)
         self.default_max_tokens = default_max_tokens  # chat requests with no limit of their own; None: the context
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
@@ -71,7 +75,9 @@ class RequestServing:
     async def prompt_token_ids(self, req: GenerationRequest, is_chat: bool) -> list[int]:
         if is_chat:
             size = sum(len(m["content"]) for m in req.messages)
-            text = await _maybe_in_thread(size, self._render_chat, req.messages, req.tools.functions)
+            text = await _maybe_in_thread(size, self._render_chat, req.messages, req.tools.functions,
+                                          req.template_kwargs)
+            req.reasoning_opened = self.reasoning is not None and self.reasoning.opened_by(text)
         elif isinstance(req.prompt, list):
             self._check_token_ids(req.prompt, "prompt")
             return req.prompt
@@ -82,10 +88,10 @@ class RequestServing:
             raise APIError("The prompt is empty", param="prompt" if not is_chat else "messages")
         return ids
 
-    def _render_chat(self, messages: list[dict], functions: list[dict]) -> str:
+    def _render_chat(self, messages: list[dict], functions: list[dict], template_kwargs: dict) -> str:
         messages, extra = template_messages(messages, functions, self.tokenizer.chat_template)
         try:
-            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra)
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs, **extra)
         except Exception as e:  # the template only sees user input, so whatever it rejects is a bad request
             raise APIError(f"Could not apply the chat template: {e}", param="messages") from None
 
@@ -210,18 +216,21 @@ class RequestServing:
 async def collect(deltas: AsyncIterator[TextDelta], n: int) -> CompletionResult:
     """Runs a request to the end; returns every choice's whole text and how it finished, and the token counts."""
     texts: list[list[str]] = [[] for _ in range(n)]
+    thoughts: list[list[str]] = [[] for _ in range(n)]
     choices = [ChoiceResult(i, "") for i in range(n)]
     last = TextDelta("")
     async with aclosing(deltas):
         async for last in deltas:
             texts[last.index].append(last.text)
+            if last.reasoning:
+                thoughts[last.index].append(last.reasoning)
             choices[last.index].logprobs = lp.merge(choices[last.index].logprobs, last.logprobs)
             choices[last.index].cumulative_logprob = last.cumulative_logprob
             if last.finish_reason is not None:
                 choices[last.index].finish_reason = last.finish_reason
                 choices[last.index].stop_reason = last.stop_reason
-    for choice, pieces in zip(choices, texts):
-        choice.text = "".join(pieces)
+    for choice, pieces, thought in zip(choices, texts, thoughts):
+        choice.text, choice.reasoning = "".join(pieces), "".join(thought) if thought else None
     return CompletionResult(choices, last.num_prompt_tokens, last.num_generated_tokens, last.num_cached_tokens,
                             last.kv_transfer_params)
 

@@ -61,7 +61,8 @@ async def completion_events(deltas: AsyncIterator[TextDelta], request_id: str, m
 async def chat_events(deltas: AsyncIterator[TextDelta], request_id: str, model: str, created: int,
                       include_usage: bool, n: int = 1) -> AsyncIterator[bytes]:
     def chunk(delta: TextDelta) -> dict:
-        content = {"content": delta.text} if delta.text or delta.finish_reason is None else {}
+        content = {"content": delta.text} if delta.text or (delta.finish_reason is None and not delta.reasoning) else {}
+        content.update(api.reasoning_fields(delta.reasoning or None))
         if delta.tool_calls:
             content["tool_calls"] = delta.tool_calls
         return api.chat_chunk(request_id, model, created, content, delta.finish_reason, delta.stop_reason,

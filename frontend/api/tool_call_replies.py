@@ -16,9 +16,10 @@ def _finish_reason(reason: str | None) -> str | None:
 def chat_choice(choice: ChoiceResult, parse_calls: bool) -> dict:
     content, calls = parse_tool_calls(choice.text) if parse_calls else (choice.text, [])
     if not calls:
-        return api.chat_choice(choice.index, choice.text, choice.finish_reason, choice.stop_reason, choice.logprobs)
+        return api.chat_choice(choice.index, choice.text, choice.finish_reason, choice.stop_reason, choice.logprobs,
+                               reasoning=choice.reasoning)
     return api.chat_choice(choice.index, content or None, _finish_reason(choice.finish_reason), choice.stop_reason,
-                           choice.logprobs, [call.openai() for call in calls])
+                           choice.logprobs, [call.openai() for call in calls], choice.reasoning)
 
 
 async def with_tool_calls(deltas: AsyncIterator[TextDelta], n: int) -> AsyncIterator[TextDelta]:
@@ -33,5 +34,5 @@ async def with_tool_calls(deltas: AsyncIterator[TextDelta], n: int) -> AsyncIter
                 if calls:
                     delta.tool_calls = [call.openai(i) for i, call in enumerate(calls)]
                     delta.finish_reason = _finish_reason(delta.finish_reason)
-            if delta.text or delta.finish_reason is not None or delta.logprobs:
+            if delta.text or delta.reasoning or delta.finish_reason is not None or delta.logprobs:
                 yield delta

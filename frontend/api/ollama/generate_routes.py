@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tinyvllm.frontend.api.ollama import prompting
-from tinyvllm.frontend.api.ollama.generation import PreparedRequest, load_reply, respond
+from tinyvllm.frontend.api.ollama.generation import PreparedRequest, load_reply, respond, think_variables
 from tinyvllm.frontend.api.ollama.http_io import OllamaError, handler, read_request
 from tinyvllm.frontend.api.ollama.model_store import ModelEntry
 from tinyvllm.frontend.api.ollama.options import generation_settings
@@ -37,7 +37,7 @@ def _constrained(settings, fmt: Any):
 
 
 def make_routes(service: OllamaService):
-    tokenizer = service.tokenizer
+    tokenizer, reasoning = service.tokenizer, service.serving.reasoning
 
     async def start(request: Request, model: type[GenerationFields]) -> tuple[int, Any, ModelEntry]:
         received = time.perf_counter_ns()
@@ -55,17 +55,19 @@ def make_routes(service: OllamaService):
         settings = _constrained(generation_settings(entry.parameters, req.options), fmt)
         if not prompt:
             return load_reply(name, is_chat=False, unload=is_unload(req.keep_alive))
+        thinking = think_variables(req.think, reasoning)
         if raw:
             text, add_special = prompt, True
         else:
             messages = prompting.with_system([{"role": "user", "content": prompt}], system or entry.system)
             if fmt is not None:
                 messages = prompting.with_instruction(messages, prompting.format_instruction(fmt))
-            text, add_special = prompting.render(template or entry.template, messages, tokenizer)
+            text, add_special = prompting.render(template or entry.template, messages, tokenizer, thinking)
         ids = context + await prompting.encode(tokenizer, text, add_special and not context)
         if not ids:
             raise OllamaError("the prompt is empty")
-        prep = PreparedRequest(name, False, ids, settings, not raw, received)
+        prep = PreparedRequest(name, False, ids, settings, not raw, received,
+                               reasoning_opened=reasoning is not None and not raw and reasoning.opened_by(text))
         return await respond(request, service, prep, req.stream)
 
     @handler
@@ -86,11 +88,13 @@ def make_routes(service: OllamaService):
             messages = prompting.with_instruction(messages, prompting.format_instruction(fmt))
         messages, extra = template_messages(messages, functions,
                                             tokenizer.chat_template if entry.template is None else None)
-        text, add_special = prompting.render(entry.template, messages, tokenizer, extra)
+        text, add_special = prompting.render(entry.template, messages, tokenizer,
+                                             {**extra, **think_variables(req.think, reasoning)})
         ids = await prompting.encode(tokenizer, text, add_special)
         if not ids:
             raise OllamaError("the prompt is empty")
-        prep = PreparedRequest(name, True, ids, settings, False, received, parse_tool_calls=bool(functions))
+        prep = PreparedRequest(name, True, ids, settings, False, received, parse_tool_calls=bool(functions),
+                               reasoning_opened=reasoning is not None and reasoning.opened_by(text))
         return await respond(request, service, prep, req.stream)
 
     return generate, chat

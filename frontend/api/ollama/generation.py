@@ -20,10 +20,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tinyvllm.frontend.api.http_json import CLIENT_CLOSED_REQUEST, run_unless_disconnected
-from tinyvllm.frontend.api.ollama.http_io import streamed, timestamp
 from tinyvllm.frontend.api.ollama.options import GenerationSettings
 from tinyvllm.frontend.api.ollama.service import OllamaService
+from tinyvllm.frontend.api.ollama.http_io import OllamaError, streamed, timestamp
 from tinyvllm.frontend.api.openai_protocol import GenerationRequest
+from tinyvllm.frontend.api.reasoning import ReasoningFormat, with_reasoning
 from tinyvllm.frontend.api.tool_calls import ToolCallText
 
 @dataclass
@@ -35,14 +36,26 @@ class PreparedRequest:
     return_context: bool
     received_ns: int  # time.perf_counter_ns() when the request arrived
     parse_tool_calls: bool = False  # chat with tools: calls in the reply become message.tool_calls
+    reasoning_opened: bool = False  # the prompt left a think block open (frontend/api/reasoning.py)
 
 
-def text_chunk(prep: PreparedRequest, text: str, done: bool = False) -> dict:
+def think_variables(think, reasoning: ReasoningFormat | None) -> dict:
+    """Ollama's `think` as the chat template's variables; a model that does not think refuses it, as Ollama does."""
+    if think is None:
+        return {}
+    if think and reasoning is None:
+        raise OllamaError("the served model does not support thinking")
+    return {"enable_thinking": bool(think), **({"reasoning_effort": think} if isinstance(think, str) else {})}
+
+
+def text_chunk(prep: PreparedRequest, text: str, done: bool = False, thinking: str = "") -> dict:
     chunk: dict[str, Any] = {"model": prep.model, "created_at": timestamp()}
     if prep.is_chat:
-        chunk["message"] = {"role": "assistant", "content": text}
+        chunk["message"] = {"role": "assistant", "content": text, **({"thinking": thinking} if thinking else {})}
     else:
         chunk["response"] = text
+        if thinking:
+            chunk["thinking"] = thinking
     chunk["done"] = done
     return chunk
 
@@ -66,11 +79,15 @@ async def chunks(service: OllamaService, prep: PreparedRequest) -> AsyncIterator
     first_ns, last = None, None
     try:
         calls_text = ToolCallText() if prep.parse_tool_calls else None
-        async with aclosing(service.serving.generate_text(req_id, prep.prompt_ids, req)) as deltas:
+        deltas = service.serving.generate_text(req_id, prep.prompt_ids, req)
+        if (reasoning := service.serving.reasoning) is not None:
+            deltas = with_reasoning(deltas, 1, reasoning, prep.reasoning_opened)
+        async with aclosing(deltas):
             async for last in deltas:
                 first_ns = first_ns or time.perf_counter_ns()
-                if text := calls_text.feed(last.text) if calls_text else last.text:
-                    yield text_chunk(prep, text)
+                text = calls_text.feed(last.text) if calls_text else last.text
+                if text or last.reasoning:
+                    yield text_chunk(prep, text, thinking=last.reasoning)
         if calls_text is not None:
             rest, calls = calls_text.finish()
             if rest or calls:
@@ -99,20 +116,22 @@ async def respond(request: Request, service: OllamaService, prep: PreparedReques
         return await streamed(request, items)
 
     async def collect() -> dict:
-        pieces, final, calls = [], None, []
+        pieces, thoughts, final, calls = [], [], None, []
         async with aclosing(items):
             async for item in items:
                 if item["done"]:
                     final = item
                 else:
-                    pieces.append(item["message"]["content"] if prep.is_chat else item["response"])
-                    calls += item["message"].get("tool_calls", []) if prep.is_chat else []
-        if prep.is_chat:
-            final["message"]["content"] = "".join(pieces)
-            if calls:
-                final["message"]["tool_calls"] = calls
-        else:
-            final["response"] = "".join(pieces)
+                    body = item["message"] if prep.is_chat else item
+                    pieces.append(body["content"] if prep.is_chat else body["response"])
+                    thoughts.append(body.get("thinking", ""))
+                    calls += body.get("tool_calls", []) if prep.is_chat else []
+        body = final["message"] if prep.is_chat else final
+        body["content" if prep.is_chat else "response"] = "".join(pieces)
+        if thinking := "".join(thoughts):
+            body["thinking"] = thinking
+        if calls:
+            body["tool_calls"] = calls
         return final
 
     finished, final = await run_unless_disconnected(request, collect())

@@ -1,7 +1,7 @@
 """Ollama's request bodies (/api/*), declared once: they validate requests and are the request schemas in
 /openapi.json. Errors read as Ollama's flat {"error": "..."} (http_io.as_ollama_error).
 
-Fields Ollama has but this server refuses (images, think, logprobs, suffix, quantize, ...) accept only an
+Fields Ollama has but this server refuses (images, logprobs, suffix, quantize, ...) accept only an
 empty (or false) value. Limits that depend on another field or on the server (the model must exist and run on the
 served weights; prompt + num_predict is cut at the context; raw excludes template, system and context) are in the
 descriptions and checked by the routes; breaking them is a 400 or 404.
@@ -33,7 +33,8 @@ NoSuffix = refused("inserting (suffix) is not supported by this server", str)
 NoQuantize = refused("'quantize' is not supported by this server", str)
 NoAdapters = refused("'adapters' is not supported by this server", dict)
 NoMessages = refused("'messages' is not supported by this server")
-NotThinking = Annotated[Literal[False], Reworded("the served model does not support thinking")]
+Think = Annotated[bool | Literal["low", "medium", "high"] | None,
+                  Reworded("'think' must be true, false, \"low\", \"medium\" or \"high\"")]
 NoLogprobs = Annotated[Literal[False], Reworded("logprobs are not supported on /api/generate and /api/chat yet")]
 KeepAlive = Annotated[str | float, Reworded("'keep_alive' must be a duration or a number of seconds"),
                       Field(description="accepted; the served model stays loaded")]
@@ -61,7 +62,9 @@ class GenerationFields(NamedRequest):
     options: OllamaOptions | None = None
     stream: bool = True
     keep_alive: KeepAlive | None = None
-    think: NotThinking = False
+    think: Think = Field(None, description="a reasoning model's thinking apart, in message.thinking (chat) or "
+                                           "thinking (generate); false: thinking off (enable_thinking false); "
+                                           "low/medium/high: on, the template's reasoning_effort")
     logprobs: NoLogprobs = False
 
 
