@@ -1,4 +1,5 @@
-"""`--api-key`: every /v1 and /api route needs `Authorization: Bearer <key>`; /health, /metrics and the rest stay open.
+"""`--api-key`: every /v1 and /api route needs `Authorization: Bearer <key>` (Anthropic's /v1/messages also takes
+`x-api-key: <key>`); /health, /metrics and the rest stay open.
 
 A pure ASGI middleware: Starlette's BaseHTTPMiddleware would wrap every response in its own stream, which breaks
 server-sent events and hides client disconnects from the handlers.
@@ -10,11 +11,12 @@ import json
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tinyvllm.frontend.api.anthropic.errors import anthropic_error_body, is_anthropic_path
 from tinyvllm.frontend.api.openai_protocol import error_body
 
 API_KEY_ENV = "TINYVLLM_API_KEY"
 PROTECTED_PREFIXES = ("/v1", "/api")
-OPENAI, OLLAMA = "openai", "ollama"
+OPENAI, OLLAMA, ANTHROPIC = "openai", "ollama", "anthropic"
 
 
 
@@ -27,8 +29,6 @@ def resolve_api_key(flag: str | None, environ) -> str | None:
     return environ.get(API_KEY_ENV) or None
 
 
-UNAUTHORIZED_BODIES = {OPENAI: error_body("Unauthorized", "AuthenticationError", 401),
-                       OLLAMA: {"error": "unauthorized"}}
 
 
 def is_protected(path: str, prefixes: tuple[str, ...] = PROTECTED_PREFIXES) -> bool:
@@ -36,7 +36,18 @@ def is_protected(path: str, prefixes: tuple[str, ...] = PROTECTED_PREFIXES) -> b
 
 
 def error_style(path: str) -> str:
-    return OLLAMA if path == "/api" or path.startswith("/api/") else OPENAI
+    if path == "/api" or path.startswith("/api/"):
+        return OLLAMA
+    return ANTHROPIC if is_anthropic_path(path) else OPENAI
+
+
+def error_body_for(path: str, message: str, status: int, type_: str) -> dict:
+    """An error in the shape of the API `path` belongs to: Ollama's {"error": message}, Anthropic's, or OpenAI's
+    (type_ is OpenAI's error type)."""
+    style = error_style(path)
+    if style == OLLAMA:
+        return {"error": message}
+    return anthropic_error_body(message, status) if style == ANTHROPIC else error_body(message, type_, status)
 
 
 def _digest(secret: bytes) -> bytes:
@@ -69,7 +80,10 @@ class APIKeyMiddleware:
         self.app, self.prefixes = app, prefixes
         self.key = KeyCheck(api_key)
 
-    def authorized(self, headers: Headers) -> bool:
+    def authorized(self, headers: Headers, path: str) -> bool:
+        """`Authorization: Bearer <key>`; on Anthropic's routes `x-api-key: <key>` too (its clients send that)."""
+        if error_style(path) == ANTHROPIC and "x-api-key" in headers:
+            return self.key.matches(headers["x-api-key"].encode("latin-1"))
         return self.key.bearer_matches(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -77,10 +91,12 @@ class APIKeyMiddleware:
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or not is_protected(scope["path"], self.prefixes):
             await self.app(scope, receive, send)
             return
-        if self.authorized(Headers(scope=scope)):
+        if self.authorized(Headers(scope=scope), scope["path"]):
             await self.app(scope, receive, send)
             return
-        body = json.dumps(UNAUTHORIZED_BODIES[error_style(scope["path"])]).encode()
+        path = scope["path"]
+        message = "unauthorized" if error_style(path) == OLLAMA else "Unauthorized"
+        body = json.dumps(error_body_for(path, message, 401, "AuthenticationError")).encode()
         await send({"type": "http.response.start", "status": 401, "headers": [
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
             (b"www-authenticate", b"Bearer")]})

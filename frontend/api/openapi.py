@@ -49,9 +49,20 @@ class OllamaErrorBody(BaseModel):
     error: str
 
 
+class AnthropicErrorInfo(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorBody(BaseModel):
+    """Anthropic's: {"type": "error", "error": {type, message}} (frontend/api/anthropic/errors.py)."""
+    type: str
+    error: AnthropicErrorInfo
+
+
 # a body: a pydantic model, a tuple of them (one of), or a raw JSON schema (e.g. a binary upload's)
 Body = type[BaseModel] | tuple[type[BaseModel], ...] | dict
-_UNAUTHORIZED_SCHEMAS = {auth.OPENAI: ErrorBody, auth.OLLAMA: OllamaErrorBody}
+_UNAUTHORIZED_SCHEMAS = {auth.OPENAI: ErrorBody, auth.OLLAMA: OllamaErrorBody, auth.ANTHROPIC: AnthropicErrorBody}
 _STATUS_TEXT = {200: "OK", 201: "Created", 400: "Bad request", 401: "Missing or wrong API key",
                 404: "Not found (e.g. an unknown model)", 405: "Method not allowed", 413: "Request body too large",
                 500: "Internal server error", 501: "Not implemented on this server", 503: "Engine not available"}

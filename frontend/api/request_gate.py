@@ -21,11 +21,10 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tinyvllm.frontend.api.auth import OLLAMA, error_style
-from tinyvllm.frontend.api.openai_protocol import error_body
+from tinyvllm.frontend.api.auth import error_body_for
 
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/api/generate",
-                              "/api/chat", "/api/embed", "/api/embeddings"})
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/embeddings",
+                              "/api/generate", "/api/chat", "/api/embed", "/api/embeddings"})
 OPEN_WHILE_DRAINING = frozenset({"/metrics"})
 MAX_HEADER_BYTES = 16 * 1024  # h11's bound on an unparsed head, which a head arriving in one read escapes
 RETRY_AFTER_S = 1
@@ -178,8 +177,8 @@ def _replaying(messages: list[Message], receive: Receive) -> Receive:
 
 async def send_error(send: Send, path: str, status: int, message: str, type_: str = "ServiceUnavailableError",
                      headers: list[tuple[bytes, bytes]] = ()) -> None:
-    """A whole JSON error response in the route's shape: Ollama's {"error": message} under /api, OpenAI's else."""
-    body = {"error": message} if error_style(path) == OLLAMA else error_body(message, type_, status)
+    """A whole JSON error response in the route's API's shape (auth.error_body_for)."""
+    body = error_body_for(path, message, status, type_)
     raw = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()), *headers]})
