@@ -14,13 +14,13 @@ from starlette.routing import Route
 from tinyvllm.frontend.api import openai_protocol as api
 from tinyvllm.frontend.api import openapi, streaming, tool_call_replies
 from tinyvllm.frontend.api.anthropic.routes import anthropic_routes
-from tinyvllm.frontend.api.auth import APIKeyMiddleware
+from tinyvllm.frontend.api.auth import APIKeyMiddleware, error_body_for
 from tinyvllm.frontend.api.beam_search_completion import beam_search_completion
 from tinyvllm.frontend.api.dashboard import dashboard_routes
 from tinyvllm.frontend.engine.detokenizer import IncrementalDetokenizer
 from tinyvllm.frontend.api.embedding_routes import embedding_routes
 from tinyvllm.frontend.engine.engine_client import EngineDeadError
-from tinyvllm.frontend.api.http_json import (CLIENT_CLOSED_REQUEST, DEFAULT_MAX_BODY_BYTES, error_response,
+from tinyvllm.frontend.api.http_json import (CLIENT_CLOSED_REQUEST, DEFAULT_MAX_BODY_BYTES,
                                              exception_response, read_json_body, run_unless_disconnected)
 from tinyvllm.frontend.api.metrics import FrontendMetrics
 from tinyvllm.frontend.api.ollama.routes import mount_ollama
@@ -126,7 +126,8 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         type_ = {404: "NotFoundError", 405: "MethodNotAllowedError"}.get(exc.status_code, "BadRequestError")
-        response = error_response(api.APIError(exc.detail, exc.status_code, type_))
+        response = JSONResponse(error_body_for(request.url.path, exc.detail, exc.status_code, type_),
+                                status_code=exc.status_code)
         response.headers.update(exc.headers or {})  # a 405 must say which methods are allowed
         return response
 

@@ -82,9 +82,9 @@ class APIKeyMiddleware:
 
     def authorized(self, headers: Headers, path: str) -> bool:
         """`Authorization: Bearer <key>`; on Anthropic's routes `x-api-key: <key>` too (its clients send that)."""
-        if error_style(path) == ANTHROPIC and "x-api-key" in headers:
-            return self.key.matches(headers["x-api-key"].encode("latin-1"))
-        return self.key.bearer_matches(headers)
+        bearer = self.key.bearer_matches(headers)
+        x_api_key = self.key.matches(headers.get("x-api-key", "").encode("latin-1"))  # (both compared: same time)
+        return bearer or (x_api_key and "x-api-key" in headers and error_style(path) == ANTHROPIC)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # CORS preflights never carry credentials, so OPTIONS passes (as in vLLM); lifespan events too.

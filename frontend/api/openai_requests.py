@@ -22,6 +22,7 @@ MaxTokens = Annotated[int | None, Field(ge=1, description="prompt + max_tokens m
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 TokenIds = Annotated[list[int], Field(description="token ids, each below the vocabulary size")]
 Flag = Annotated[bool, Field(description="default: true")]
+TemplateKwargs = Annotated[dict[str, Any] | None, Reworded("'chat_template_kwargs' must be an object")]
 # documented cross-field rules (checked in openai_protocol): anything else is a 400
 _STREAM_OPTIONS_NEED_STREAM = {"stream_options": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
 
@@ -180,7 +181,7 @@ class ChatRequest(SamplingFields):
                                                    "named function are enforced by a grammar: the arguments follow "
                                                    "the function's parameters schema")
     parallel_tool_calls: bool = Field(True, description="false: at most one call")
-    chat_template_kwargs: Annotated[dict[str, Any] | None, Reworded("'chat_template_kwargs' must be an object")] = Field(
+    chat_template_kwargs: TemplateKwargs = Field(
         None, examples=[{"enable_thinking": False}], description="extra variables for the chat template (Qwen3's "
                                                                  "enable_thinking: false turns its thinking off)")
     reasoning_effort: Literal["low", "medium", "high"] | None = Field(
@@ -217,6 +218,8 @@ class TokenizeChatRequest(RequestModel):
     add_special_tokens: bool = False
     continue_final_message: Annotated[Literal[False], Reworded("continue_final_message is not supported")] = False
     return_token_strs: bool = False
+    chat_template_kwargs: TemplateKwargs = Field(
+        None, description="extra variables for the chat template, as on /v1/chat/completions")
 
 
 class DetokenizeRequest(RequestModel):

@@ -7,8 +7,9 @@
 - deepseek_r1: DeepSeek-R1 thinks first whether or not its reply opens the block (its newer templates open it in
   the prompt), so everything before `</think>` is thinking; a reply that never closes it is all thinking.
 
-Without `--reasoning-parser` the parser follows the model's chat template, as llama.cpp's does: one that writes
-`<think>` gets qwen3 where it knows `enable_thinking`, deepseek_r1 otherwise; `none` keeps the tags in the content.
+Without `--reasoning-parser` the parser follows the model's chat template: one that writes `<think>` gets qwen3 where
+it knows `enable_thinking`, deepseek_r1 otherwise, either taking thinking only where the prompt or the reply opens
+a block (as llama.cpp does); `none` keeps the tags in the content.
 The split runs on the detokenized text as it streams, so a tag split across chunks (`</th` + `ink>`) is held back
 until it is whole; whitespace between the closing tag and the answer is dropped.
 """
@@ -35,11 +36,13 @@ class ReasoningFormat:
 
 
 def reasoning_format(parser: str | None, chat_template: str | None) -> ReasoningFormat | None:
-    """The format `--reasoning-parser` names; None (the flag not given): the one the chat template implies."""
+    """The format `--reasoning-parser` names; None (the flag not given): the one the chat template implies, which
+    takes thinking only where the prompt or the reply opens it (a template may mention `<think>` only to drop past
+    turns' thinking, for a model that answers at once: its replies must stay content)."""
     if parser is None:
         if not chat_template or "<think>" not in chat_template:
             return None
-        parser = "qwen3" if "enable_thinking" in chat_template else "deepseek_r1"
+        return ReasoningFormat("qwen3" if "enable_thinking" in chat_template else "deepseek_r1", thinks_first=False)
     if parser not in REASONING_PARSERS:
         raise ValueError(f"unknown reasoning parser {parser!r} (choose from {', '.join(REASONING_PARSERS)})")
     return None if parser == "none" else ReasoningFormat(parser, thinks_first=parser == "deepseek_r1")

@@ -39,9 +39,10 @@ class Tokenization:
             raise api.model_not_found(req.model)
         return req
 
-    def _render_chat(self, messages: list[dict], add_generation_prompt: bool) -> str:
+    def _render_chat(self, messages: list[dict], add_generation_prompt: bool, template_kwargs: dict) -> str:
         try:
-            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                      **template_kwargs)
         except Exception as e:  # the template only sees user input, so whatever it rejects is a bad request
             raise api.APIError(f"Could not apply the chat template: {e}", param="messages") from None
 
@@ -50,7 +51,8 @@ class Tokenization:
             return req.prompt
         messages = api.message_dicts(req.messages)
         size = sum(len(m["content"]) for m in messages)
-        return await _run(size, self._render_chat, messages, req.add_generation_prompt)
+        template_kwargs = api.template_kwargs(req.chat_template_kwargs or {}, None)
+        return await _run(size, self._render_chat, messages, req.add_generation_prompt, template_kwargs)
 
     def _token_strs(self, ids: list[int]) -> list[str]:
         id_to_token = getattr(self.tokenizer, "id_to_token", None)

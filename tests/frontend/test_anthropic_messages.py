@@ -22,10 +22,13 @@ WEATHER = {"name": "get_weather", "description": "The weather in a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 
 
-def sdk(reply: str = REPLY, tokenizer=None, api_key: str | None = None, key_sent: str = "unused"):
+def sdk(reply: str = REPLY, tokenizer=None, api_key: str | None = None, key_sent: str = "unused",
+        max_model_len: int = 4096, **engine_kwargs):
     tokenizer = tokenizer or CharTokenizer()
-    engine = FakeEngine(tokenizer.encode(reply, add_special_tokens=False), tokenizer.eos_token_ids[0], max_model_len=4096)
-    app = build_app(engine, tokenizer, MODEL, 4096, make_detokenizer=CharDetokenizer, api_key=api_key)
+    engine = FakeEngine(tokenizer.encode(reply, add_special_tokens=False), tokenizer.eos_token_ids[0],
+                        max_model_len=max_model_len, **engine_kwargs)
+    app = build_app(engine, tokenizer, MODEL, max_model_len, make_detokenizer=CharDetokenizer, api_key=api_key,
+                    max_body_bytes=64 * 1024)
     http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app), base_url="http://test", timeout=10)
     client = anthropic.AsyncAnthropic(base_url="http://test", api_key=key_sent, http_client=http, max_retries=0)
     client.app = app
@@ -46,6 +49,9 @@ async def test_a_plain_message():
     assert prompt.startswith("<system>Be brief.\n<user>Hi\n")
     assert message.usage.input_tokens == len(prompt) and message.usage.output_tokens == len(REPLY) + 1
     assert message.usage.cache_read_input_tokens == 0
+    cached, _ = sdk(num_cached_tokens=5)  # Anthropic's prompt = input_tokens + cache_read_input_tokens
+    usage = (await cached.messages.create(model=MODEL, max_tokens=50, messages=USER, system="Be brief.")).usage
+    assert (usage.input_tokens, usage.cache_read_input_tokens) == (len(prompt) - 5, 5)
     short = await client.messages.create(model=MODEL, max_tokens=3, messages=USER)
     assert short.stop_reason == "max_tokens" and short.content[0].text == REPLY[:3]
     stopped = await client.messages.create(model=MODEL, max_tokens=50, messages=USER, stop_sequences=["wor"])
@@ -86,6 +92,11 @@ async def test_tool_use_and_a_tool_result_turn():
     await client.messages.create(model=MODEL, max_tokens=5, messages=turn, tools=[WEATHER])
     prompt = prompt_of(engine)
     assert '"city": "Paris"' in prompt and "Sunny" in prompt  # the call and its result reach the template
+    failed = turn[:-1] + [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": block.id, "content": [{"type": "text", "text": "No such city"}],
+         "is_error": True}, {"type": "text", "text": "Try"}, {"type": "text", "text": "again"}]}]
+    await client.messages.create(model=MODEL, max_tokens=5, messages=failed, tools=[WEATHER])
+    assert "Error: No such city" in prompt_of(engine) and "Try\nagain" in prompt_of(engine)
     forced = await client.messages.create(model=MODEL, max_tokens=200, messages=USER, tools=[WEATHER],
                                           tool_choice={"type": "tool", "name": "get_weather"})
     assert list(engine.requests.values())[-1].sampling.grammar  # tool_choice tool: a grammar forces the call
@@ -132,11 +143,33 @@ async def test_errors_come_in_anthropics_shape():
             assert r.json()["error"]["type"] == "invalid_request_error" and word in r.json()["error"]["message"], r.text
         r = await http.post("/v1/messages", content=b"{not json")
         assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+        r = await http.post("/v1/messages", content=b"x" * (64 * 1024 + 1))
+        assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large", r.text
+        r = await http.get("/v1/messages")
+        assert r.status_code == 405 and r.json()["type"] == "error", r.text
+
+
+async def test_max_tokens_is_a_ceiling_and_a_dead_engine_is_a_503_before_any_event():
+    client, engine = sdk(max_model_len=64)
+    message = await client.messages.create(model=MODEL, max_tokens=32000, messages=USER)  # as Claude Code asks
+    assert message.content[0].text == REPLY
+    assert list(engine.requests.values())[-1].sampling.max_tokens == 64 - len(prompt_of(engine))
+    engine.mark_dead("the worker died")
+    with pytest.raises(anthropic.APIStatusError) as e:
+        await client.messages.create(model=MODEL, max_tokens=5, messages=USER, stream=True)
+    assert e.value.status_code == 503 and e.value.body["error"]["type"] == "overloaded_error"
 
 
 async def test_x_api_key_is_accepted_and_a_wrong_key_is_refused_in_anthropics_shape():
     client, _ = sdk(api_key="s3cret", key_sent="s3cret")
     assert (await client.messages.create(model=MODEL, max_tokens=5, messages=USER)).content[0].text == REPLY[:5]
+    body = {"model": MODEL, "max_tokens": 5, "messages": USER}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(client.app), base_url="http://test") as http:
+        # a right Bearer with a stale x-api-key beside it (both of Claude Code's variables set) is let in
+        r = await http.post("/v1/messages", json=body, headers={"Authorization": "Bearer s3cret", "x-api-key": "old"})
+        assert r.status_code == 200
+        r = await http.post("/v1/chat/completions", json={"messages": USER}, headers={"x-api-key": "s3cret"})
+        assert r.status_code == 401 and "error" in r.json() and "type" not in r.json()  # OpenAI's routes: Bearer
     wrong, _ = sdk(api_key="s3cret", key_sent="wrong")
     with pytest.raises(anthropic.AuthenticationError) as e:
         await wrong.messages.create(model=MODEL, max_tokens=5, messages=USER)

@@ -55,7 +55,12 @@ def test_nothing_is_shown_before_it_is_known_to_be_thinking_or_answer():
 
 def test_the_parser_follows_the_chat_template_unless_named():
     assert reasoning_format(None, "{% if enable_thinking is false %}<think>\n\n</think>{% endif %}").name == "qwen3"
-    assert reasoning_format(None, "{{ '<｜Assistant｜><think>\n' }}").name == "deepseek_r1"
+    implied = reasoning_format(None, "{{ '<｜Assistant｜><think>\n' }}")
+    assert implied.name == "deepseek_r1" and not implied.thinks_first
+    # a template that names <think> only to drop past thinking, for a model that answers at once: all content
+    assert split(implied, False, ["Hello world"]) == ("", "Hello world")
+    assert split(implied, True, ["plan</think>Answer"]) == ("plan", "Answer")  # its prompt opened the block
+    assert reasoning_format("deepseek_r1", None).thinks_first
     assert reasoning_format(None, "{{ messages }}") is None and reasoning_format(None, None) is None
     assert reasoning_format("none", "<think>") is None
     with pytest.raises(ValueError, match="unknown reasoning parser 'o1'"):

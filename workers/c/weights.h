@@ -35,6 +35,9 @@
 #else
 #error "define one of WEIGHT_F32, WEIGHT_F16, WEIGHT_BF16, WEIGHT_Q4_1, WEIGHT_Q8_0, WEIGHT_Q8_16, WEIGHT_F8_E4M3, WEIGHT_Q4_K, WEIGHT_Q6_K"
 #endif
+#if (defined(WEIGHT_Q4_K) || defined(WEIGHT_Q6_K)) && K % 256
+#error "a K-quant's rows are whole 256-element super-blocks"
+#endif
 #if defined(WEIGHT_Q4_1) || defined(WEIGHT_Q4_K)
 #define WEIGHT_NIBBLES  // 16 bytes of nibbles per block and a minimum: value = q * scale + minimum
 #endif

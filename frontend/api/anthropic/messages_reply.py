@@ -14,8 +14,10 @@ Event = tuple[str, dict]
 _DELTA_FIELD = {"text": ("text_delta", "text"), "thinking": ("thinking_delta", "thinking")}
 
 
-def _usage(input_tokens: int, output_tokens: int, cached: int) -> dict:
-    return {"input_tokens": input_tokens, "output_tokens": output_tokens, "cache_read_input_tokens": cached,
+def _usage(prompt_tokens: int, output_tokens: int, cached: int) -> dict:
+    """Anthropic counts a prompt as input_tokens + cache_read_input_tokens (+ cache_creation_input_tokens): the
+    prefix cache's tokens are not input_tokens too."""
+    return {"input_tokens": prompt_tokens - cached, "output_tokens": output_tokens, "cache_read_input_tokens": cached,
             "cache_creation_input_tokens": 0}
 
 

@@ -106,13 +106,14 @@ def _messages(req: MessagesRequest) -> list[dict]:
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
             continue
-        text = "".join(b.text for b in m.content if isinstance(b, TextBlock))
+        text = _text([b for b in m.content if isinstance(b, TextBlock)])
         if m.role == "assistant":
             calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
                      for b in m.content if isinstance(b, ToolUseBlock)]
             out.append({"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})})
             continue
-        out += [{"role": "tool", "tool_call_id": b.tool_use_id, "content": _text(b.content)}
+        out += [{"role": "tool", "tool_call_id": b.tool_use_id,
+                 "content": ("Error: " if b.is_error else "") + _text(b.content)}
                 for b in m.content if isinstance(b, ToolResultBlock)]
         if text or not any(isinstance(b, ToolResultBlock) for b in m.content):
             out.append({"role": "user", "content": text})

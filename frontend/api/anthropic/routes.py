@@ -15,6 +15,7 @@ from tinyvllm.frontend.api import openapi
 from tinyvllm.frontend.api.anthropic.errors import MESSAGES_PATH, anthropic_error_body
 from tinyvllm.frontend.api.anthropic.messages_reply import message_body, message_events, sse
 from tinyvllm.frontend.api.anthropic.messages_request import CountTokensRequest, MessagesRequest, parse_messages_request
+from tinyvllm.frontend.engine.engine_client import EngineDeadError
 from tinyvllm.frontend.api.http_json import (CLIENT_CLOSED_REQUEST, exception_response, read_json_body,
                                              run_unless_disconnected)
 from tinyvllm.frontend.api.reasoning import with_reasoning
@@ -36,12 +37,17 @@ def anthropic_routes(serving: RequestServing, model_name: str, max_body_bytes: i
         parsed, req = parse_messages_request(await read_json_body(request, max_body_bytes), count_only)
         if parsed.model != model_name:
             raise api.APIError(f"model: {parsed.model} (this server serves {model_name})", 404, "NotFoundError")
+        if not count_only and (dead := serving.engine.dead_reason) is not None:
+            raise EngineDeadError(dead)  # a 503 before the stream starts, not an error event after message_start
         return req, await serving.prompt_token_ids(req, is_chat=True)
 
     async def messages(request: Request) -> Response:
         try:
             req, prompt_ids = await prompt_of(request, count_only=False)
-            serving.fit_to_context(req, len(prompt_ids))
+            limit, p = serving.max_model_len, len(prompt_ids)
+            if p < limit:  # max_tokens is only a ceiling here (Claude Code asks for 32,000): the context's rest at most
+                req.max_tokens = min(req.max_tokens, limit - p)
+            serving.fit_to_context(req, p)
             message_id = "msg_" + uuid.uuid4().hex
             deltas = serving.generate_text(message_id, prompt_ids, req)
             if serving.reasoning is not None:
