@@ -14,6 +14,7 @@ from starlette.routing import Route
 from tinyvllm.frontend.api import openai_protocol as api
 from tinyvllm.frontend.api import openapi, streaming, tool_call_replies
 from tinyvllm.frontend.api.anthropic.routes import anthropic_routes
+from tinyvllm.frontend.api.responses.routes import responses_routes
 from tinyvllm.frontend.api.auth import APIKeyMiddleware, error_body_for
 from tinyvllm.frontend.api.beam_search_completion import beam_search_completion
 from tinyvllm.frontend.api.dashboard import dashboard_routes
@@ -137,6 +138,7 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             *anthropic_routes(serving, model_name, max_body_bytes),
+            *responses_routes(serving, model_name, max_body_bytes),
             *tokenization_routes(tokenizer, model_name, max_model_len, max_body_bytes),
             *embedding_routes(ServedEngine(engine, gate), tokenizer, model_name, max_model_len, max_body_bytes),
             *ops_routes(engine, metrics),

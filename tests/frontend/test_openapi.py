@@ -257,6 +257,7 @@ async def test_every_request_body_documents_its_required_fields():
         "/v1/completions": ["prompt"], "/v1/chat/completions": ["messages"], "/v1/embeddings": ["input"],
         "/tokenize": None, "/detokenize": ["tokens"], "/api/copy": ["source", "destination"],
         "/v1/messages": ["model", "max_tokens", "messages"], "/v1/messages/count_tokens": ["model", "messages"],
+        "/v1/responses": ["input"],
         **{path: ["model"] for path in ("/api/show", "/api/delete", "/api/generate", "/api/chat", "/api/embed",
                                         "/api/embeddings", "/api/create", "/api/pull")}}
     assert [form["required"] for form in request_schema(doc, "/tokenize")["oneOf"]] == [["prompt"], ["messages"]]
