@@ -16,9 +16,8 @@ pytestmark = pytest.mark.anyio
 SLOW_LONG = {"max_tokens": 500, "ignore_eos": True}  # 500 steps of 20 ms: only an abort ends it in time
 
 
-@pytest.fixture(scope="module")
-def live_server():
-    app, engine, _ = make_app(max_model_len=1024, step_delay_s=0.02)
+def serve_live(app):
+    """The app on a real uvicorn on 127.0.0.1 (a thread): yields its URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -29,10 +28,26 @@ def live_server():
     while not server.started:
         assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
         time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}", engine
+    yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(5)
     sock.close()
+
+
+@pytest.fixture(scope="module")
+def live_server():
+    app, engine, _ = make_app(max_model_len=1024, step_delay_s=0.02)
+    for url in serve_live(app):
+        yield url, engine
+
+
+@pytest.fixture(scope="module")
+def live_long_server():
+    """A reply of 500 tokens: for the APIs without ignore_eos (only an abort ends it in time)."""
+    app, engine, tokenizer = make_app(max_model_len=1024, step_delay_s=0.02)
+    engine.choice_replies = [tokenizer.encode("word " * 100, add_special_tokens=False)]
+    for url in serve_live(app):
+        yield url, engine
 
 
 async def _wait_until(predicate, timeout_s: float = 3.0) -> None:
@@ -92,3 +107,21 @@ async def test_leaving_a_parallel_sampling_stream_aborts_every_choice(live_serve
         await _wait_until(lambda: req_id in engine.aborted)
         await _wait_until(lambda: engine.num_active == 0 and engine.stats.num_running == 0)
         assert req_id not in engine.finished
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/messages", {"model": "tiny-test-model", "max_tokens": 500, "messages": [{"role": "user", "content": "Hi"}],
+                      "stream": True}),
+    ("/v1/responses", {"input": "Hi", "max_output_tokens": 500, "stream": True}),
+], ids=["anthropic-messages", "responses"])
+async def test_leaving_an_anthropic_or_responses_stream_aborts_the_request(live_long_server, path, body):
+    url, engine = live_long_server
+    before = set(engine.aborted)
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        async with client.stream("POST", path, json=body) as r:
+            assert r.status_code == 200
+            lines = r.aiter_lines()
+            while "delta" not in await anext(lines):  # the first token's event: the request runs
+                pass
+        await _wait_until(lambda: set(engine.aborted) - before)
+        await _wait_until(lambda: engine.num_active == 0)

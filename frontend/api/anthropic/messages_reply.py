@@ -8,7 +8,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
-from tinyvllm.frontend.api.tool_calls import ToolCallText
+from tinyvllm.frontend.api.reply_parts import ReplyEnd, reply_parts
 
 Event = tuple[str, dict]
 _DELTA_FIELD = {"text": ("text_delta", "text"), "thinking": ("thinking_delta", "thinking")}
@@ -69,16 +69,15 @@ async def message_events(deltas: AsyncIterator, message_id: str, model: str, num
         "id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": None, "stop_sequence": None, "usage": _usage(num_prompt_tokens, 0, 0)}}
     yield "ping", {"type": "ping"}
-    blocks, calls_text, calls, last = _Blocks(), ToolCallText() if parse_calls else None, [], None
-    async with aclosing(deltas):
-        async for last in deltas:
-            events = blocks.write("thinking", last.reasoning) if last.reasoning else []
-            text = calls_text.feed(last.text) if calls_text else last.text
-            if last.finish_reason is not None and calls_text is not None:
-                rest, calls = calls_text.finish()
-                text += rest
-            for event in events + (blocks.write("text", text) if text else []):
+    blocks, end = _Blocks(), ReplyEnd()
+    async with aclosing(reply_parts(deltas, parse_calls)) as parts:  # closed (the request aborted) if we are
+        async for part in parts:
+            if isinstance(part, ReplyEnd):
+                end = part
+                continue
+            for event in blocks.write("thinking" if part[0] == "thinking" else "text", part[1]):
                 yield event
+    calls, last = end.calls, end.last
     for event in blocks.close() + [e for call in calls for e in blocks.tool_use(call)]:
         yield event
     stop_reason, stop_sequence = _stop(last.finish_reason if last else None, last.stop_reason if last else None,

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
-from tinyvllm.frontend.api.tool_calls import ToolCallText
+from tinyvllm.frontend.api.reply_parts import ReplyEnd, reply_parts
 
 Event = dict
 
@@ -118,17 +118,16 @@ class ResponseBuilder:
 async def response_events(deltas: AsyncIterator, builder: ResponseBuilder, parse_calls: bool) -> AsyncIterator[Event]:
     for event in builder.start():
         yield event
-    calls_text, calls, last = ToolCallText() if parse_calls else None, [], None
-    async with aclosing(deltas):
-        async for last in deltas:
-            events = builder.write("reasoning", last.reasoning) if last.reasoning else []
-            text = calls_text.feed(last.text) if calls_text else last.text
-            if last.finish_reason is not None and calls_text is not None:
-                rest, calls = calls_text.finish()
-                text += rest
-            for event in events + (builder.write("message", text) if text else []):
+    end = ReplyEnd()
+    async with aclosing(reply_parts(deltas, parse_calls)) as parts:  # closed (the request aborted) if we are
+        async for part in parts:
+            if isinstance(part, ReplyEnd):
+                end = part
+                continue
+            for event in builder.write("reasoning" if part[0] == "thinking" else "message", part[1]):
                 yield event
-    for event in builder.close() + [e for call in calls for e in builder.function_call(call)] + builder.finish(last):
+    events = builder.close() + [e for call in end.calls for e in builder.function_call(call)] + builder.finish(end.last)
+    for event in events:
         yield event
 
 
