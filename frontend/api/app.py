@@ -28,7 +28,7 @@ from tinyvllm.frontend.api.ollama.routes import mount_ollama
 from tinyvllm.frontend.api.openai_requests import ChatRequest, CompletionRequest
 from tinyvllm.frontend.api.openai_responses import ChatResponse, CompletionResponse, ModelList
 from tinyvllm.frontend.api.ops_routes import ops_routes
-from tinyvllm.frontend.api.reasoning import reasoning_format, with_reasoning
+from tinyvllm.frontend.api.reasoning import reasoning_format
 from tinyvllm.frontend.api.request_gate import GateMiddleware, RequestGate
 from tinyvllm.frontend.api.served_engine import ServedEngine
 from tinyvllm.frontend.api.serving import CompletionResult, RequestServing, collect, keep_best
@@ -95,10 +95,8 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
             if req.beam_search is not None:
                 work = beam_search_completion(serving, request_id, prompt_ids, req)
             else:
-                deltas = serving.generate_text(request_id, prompt_ids, req)
-                n = req.sampling.n
-                if is_chat and serving.reasoning is not None:
-                    deltas = with_reasoning(deltas, n, serving.reasoning, req.reasoning_opened)
+                generate = serving.generate_reply if is_chat else serving.generate_text
+                deltas, n = generate(request_id, prompt_ids, req), req.sampling.n
                 if req.tools.parse and req.stream:  # (a whole reply's calls are parsed from its whole answer)
                     deltas = tool_call_replies.with_tool_calls(deltas, n)
                 if req.stream:

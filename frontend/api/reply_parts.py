@@ -1,7 +1,7 @@
 """One choice's streamed reply as the pieces Anthropic's and the Responses API's replies are made of: thinking text,
 answer text (tool calls taken out of it) and, at the end, the calls and the last delta (frontend/api/serving.py's
 TextDelta: finish reason and token counts)."""
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -28,3 +28,18 @@ async def reply_parts(deltas: AsyncIterator, parse_calls: bool) -> AsyncIterator
             if text:
                 yield "answer", text
     yield end
+
+
+async def reply_events(deltas: AsyncIterator, parse_calls: bool, write: Callable[[str, str], Iterable],
+                       finish: Callable[[ReplyEnd], Iterable]) -> AsyncIterator:
+    """The events `write` makes of each part in order, then those `finish` makes of the ReplyEnd."""
+    end = ReplyEnd()
+    async with aclosing(reply_parts(deltas, parse_calls)) as parts:  # closed (the request aborted) if we are
+        async for part in parts:
+            if isinstance(part, ReplyEnd):
+                end = part
+                continue
+            for event in write(*part):
+                yield event
+    for event in finish(end):
+        yield event

@@ -10,7 +10,7 @@ from typing import Any
 from tinyvllm.frontend.api import logprobs as lp
 from tinyvllm.frontend.api.choice_text import ChoiceText
 from tinyvllm.frontend.api.openai_protocol import APIError, GenerationRequest
-from tinyvllm.frontend.api.reasoning import ReasoningFormat
+from tinyvllm.frontend.api.reasoning import ReasoningFormat, with_reasoning
 from tinyvllm.frontend.engine.request_errors import EngineRequestError
 from tinyvllm.frontend.api.tool_calls import template_messages
 from tinyvllm.protocol.messages import FinishReason
@@ -145,6 +145,14 @@ class RequestServing:
             last = req.messages[-1]
             return last["content"] if last["role"] == "assistant" else ""
         return req.prompt if isinstance(req.prompt, str) else self.tokenizer.decode(prompt_ids)
+
+    def generate_reply(self, req_id: str, prompt_ids: list[int], req: GenerationRequest) -> AsyncIterator[TextDelta]:
+        """generate_text's deltas for a templated reply: a thinking model's thinking goes to each delta's
+        `reasoning`, apart from the answer's text."""
+        deltas = self.generate_text(req_id, prompt_ids, req)
+        if self.reasoning is None:
+            return deltas
+        return with_reasoning(deltas, req.sampling.n, self.reasoning, req.reasoning_opened)
 
     async def generate_text(self, req_id: str, prompt_ids: list[int],
                             req: GenerationRequest) -> AsyncIterator[TextDelta]:

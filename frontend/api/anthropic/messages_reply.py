@@ -8,7 +8,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
-from tinyvllm.frontend.api.reply_parts import ReplyEnd, reply_parts
+from tinyvllm.frontend.api.reply_parts import ReplyEnd, reply_events
 
 Event = tuple[str, dict]
 _DELTA_FIELD = {"text": ("text_delta", "text"), "thinking": ("thinking_delta", "thinking")}
@@ -69,23 +69,21 @@ async def message_events(deltas: AsyncIterator, message_id: str, model: str, num
         "id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": None, "stop_sequence": None, "usage": _usage(num_prompt_tokens, 0, 0)}}
     yield "ping", {"type": "ping"}
-    blocks, end = _Blocks(), ReplyEnd()
-    async with aclosing(reply_parts(deltas, parse_calls)) as parts:  # closed (the request aborted) if we are
-        async for part in parts:
-            if isinstance(part, ReplyEnd):
-                end = part
-                continue
-            for event in blocks.write("thinking" if part[0] == "thinking" else "text", part[1]):
-                yield event
-    calls, last = end.calls, end.last
-    for event in blocks.close() + [e for call in calls for e in blocks.tool_use(call)]:
-        yield event
-    stop_reason, stop_sequence = _stop(last.finish_reason if last else None, last.stop_reason if last else None,
-                                       bool(calls))
-    generated, cached = (last.num_generated_tokens, last.num_cached_tokens) if last else (0, 0)
-    yield "message_delta", {"type": "message_delta", "delta": {"stop_reason": stop_reason,
-                                                               "stop_sequence": stop_sequence},
-                            "usage": _usage(num_prompt_tokens, generated, cached)}
+    blocks = _Blocks()
+
+    def finish(end: ReplyEnd) -> list[Event]:
+        calls, last = end.calls, end.last
+        stop_reason, stop_sequence = _stop(last.finish_reason if last else None, last.stop_reason if last else None,
+                                           bool(calls))
+        generated, cached = (last.num_generated_tokens, last.num_cached_tokens) if last else (0, 0)
+        return blocks.close() + [e for call in calls for e in blocks.tool_use(call)] + [
+            ("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop_reason,
+                                                                  "stop_sequence": stop_sequence},
+                               "usage": _usage(num_prompt_tokens, generated, cached)})]
+    async with aclosing(reply_events(deltas, parse_calls, lambda kind, text: blocks.write(
+            "thinking" if kind == "thinking" else "text", text), finish)) as events:
+        async for event in events:
+            yield event
     yield "message_stop", {"type": "message_stop"}
 
 

@@ -18,7 +18,6 @@ from tinyvllm.frontend.api.anthropic.messages_request import CountTokensRequest,
 from tinyvllm.frontend.engine.engine_client import EngineDeadError
 from tinyvllm.frontend.api.http_json import (CLIENT_CLOSED_REQUEST, exception_response, read_json_body,
                                              run_unless_disconnected)
-from tinyvllm.frontend.api.reasoning import with_reasoning
 from tinyvllm.frontend.api.serving import RequestServing
 from tinyvllm.frontend.api.streaming import SSEResponse
 
@@ -49,9 +48,7 @@ def anthropic_routes(serving: RequestServing, model_name: str, max_body_bytes: i
                 req.max_tokens = min(req.max_tokens, limit - p)
             serving.fit_to_context(req, p)
             message_id = "msg_" + uuid.uuid4().hex
-            deltas = serving.generate_text(message_id, prompt_ids, req)
-            if serving.reasoning is not None:
-                deltas = with_reasoning(deltas, 1, serving.reasoning, req.reasoning_opened)
+            deltas = serving.generate_reply(message_id, prompt_ids, req)
             events = message_events(deltas, message_id, model_name, len(prompt_ids), req.tools.parse)
             if req.stream:
                 return SSEResponse(streamed(events, request.url.path))

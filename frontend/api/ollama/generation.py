@@ -24,8 +24,8 @@ from tinyvllm.frontend.api.ollama.options import GenerationSettings
 from tinyvllm.frontend.api.ollama.service import OllamaService
 from tinyvllm.frontend.api.ollama.http_io import OllamaError, streamed, timestamp
 from tinyvllm.frontend.api.openai_protocol import GenerationRequest
-from tinyvllm.frontend.api.reasoning import ReasoningFormat, with_reasoning
-from tinyvllm.frontend.api.tool_calls import ToolCallText
+from tinyvllm.frontend.api.reasoning import ReasoningFormat
+from tinyvllm.frontend.api.reply_parts import ReplyEnd, reply_parts
 
 @dataclass
 class PreparedRequest:
@@ -69,7 +69,7 @@ def load_reply(model: str, is_chat: bool, unload: bool) -> Response:
 async def chunks(service: OllamaService, prep: PreparedRequest) -> AsyncIterator[dict]:
     """Text chunks (done false), then the final object (done true) with the counts and durations."""
     req = GenerationRequest(model=prep.model, sampling=prep.settings.sampling, max_tokens=prep.settings.max_tokens,
-                            stop=prep.settings.stop)
+                            stop=prep.settings.stop, reasoning_opened=prep.reasoning_opened)
     limit, p = service.max_model_len, len(prep.prompt_ids)
     if req.max_tokens is not None and p < limit:
         req.max_tokens = min(req.max_tokens, limit - p)  # Ollama stops at the context's end instead of refusing
@@ -78,23 +78,20 @@ async def chunks(service: OllamaService, prep: PreparedRequest) -> AsyncIterator
     submitted_ns = time.perf_counter_ns()
     first_ns, last = None, None
     try:
-        calls_text = ToolCallText() if prep.parse_tool_calls else None
-        deltas = service.serving.generate_text(req_id, prep.prompt_ids, req)
-        if (reasoning := service.serving.reasoning) is not None:
-            deltas = with_reasoning(deltas, 1, reasoning, prep.reasoning_opened)
-        async with aclosing(deltas):
-            async for last in deltas:
+        parts = reply_parts(service.serving.generate_reply(req_id, prep.prompt_ids, req), prep.parse_tool_calls)
+        async with aclosing(parts):
+            async for part in parts:
                 first_ns = first_ns or time.perf_counter_ns()
-                text = calls_text.feed(last.text) if calls_text else last.text
-                if text or last.reasoning:
-                    yield text_chunk(prep, text, thinking=last.reasoning)
-        if calls_text is not None:
-            rest, calls = calls_text.finish()
-            if rest or calls:
-                chunk = text_chunk(prep, rest)
-                if calls:
-                    chunk["message"]["tool_calls"] = [call.ollama() for call in calls]
-                yield chunk
+                if isinstance(part, ReplyEnd):
+                    last = part.last
+                    if part.calls:
+                        chunk = text_chunk(prep, "")
+                        chunk["message"]["tool_calls"] = [call.ollama() for call in part.calls]
+                        yield chunk
+                elif part[0] == "thinking":
+                    yield text_chunk(prep, "", thinking=part[1])
+                else:
+                    yield text_chunk(prep, part[1])
         generated = service.recorder.generated.get(req_id, [])
     finally:
         service.recorder.generated.pop(req_id, None)

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
-from tinyvllm.frontend.api.reply_parts import ReplyEnd, reply_parts
+from tinyvllm.frontend.api.reply_parts import reply_events
 
 Event = dict
 
@@ -118,17 +118,12 @@ class ResponseBuilder:
 async def response_events(deltas: AsyncIterator, builder: ResponseBuilder, parse_calls: bool) -> AsyncIterator[Event]:
     for event in builder.start():
         yield event
-    end = ReplyEnd()
-    async with aclosing(reply_parts(deltas, parse_calls)) as parts:  # closed (the request aborted) if we are
-        async for part in parts:
-            if isinstance(part, ReplyEnd):
-                end = part
-                continue
-            for event in builder.write("reasoning" if part[0] == "thinking" else "message", part[1]):
-                yield event
-    events = builder.close() + [e for call in end.calls for e in builder.function_call(call)] + builder.finish(end.last)
-    for event in events:
-        yield event
+    async with aclosing(reply_events(
+            deltas, parse_calls, lambda kind, text: builder.write("reasoning" if kind == "thinking" else "message", text),
+            lambda end: builder.close() + [e for call in end.calls for e in builder.function_call(call)]
+            + builder.finish(end.last))) as events:
+        async for event in events:
+            yield event
 
 
 def sse(event: Event) -> bytes:

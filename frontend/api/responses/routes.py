@@ -11,7 +11,6 @@ from tinyvllm.frontend.api import openai_protocol as api
 from tinyvllm.frontend.api import openapi
 from tinyvllm.frontend.api.http_json import (CLIENT_CLOSED_REQUEST, exception_response, read_json_body,
                                              run_unless_disconnected)
-from tinyvllm.frontend.api.reasoning import with_reasoning
 from tinyvllm.frontend.api.responses.reply import ResponseBuilder, response_events, sse
 from tinyvllm.frontend.api.responses.request import ResponsesRequest, parse_responses_request
 from tinyvllm.frontend.api.serving import RequestServing
@@ -46,9 +45,7 @@ def responses_routes(serving: RequestServing, model_name: str, max_body_bytes: i
             serving.fit_to_context(req, len(prompt_ids))
             builder = ResponseBuilder(_echo(parsed, model_name), len(prompt_ids),
                                       lambda text: len(serving.tokenizer.encode(text, False)))
-            deltas = serving.generate_text(builder.response["id"], prompt_ids, req)
-            if serving.reasoning is not None:
-                deltas = with_reasoning(deltas, 1, serving.reasoning, req.reasoning_opened)
+            deltas = serving.generate_reply(builder.response["id"], prompt_ids, req)
             events = response_events(deltas, builder, req.tools.parse)
             if req.stream:
                 return SSEResponse(streamed(events, builder, request.url.path))
