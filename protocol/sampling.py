@@ -9,6 +9,7 @@ MAX_LOGIT_BIAS = 100.0  # logit_bias values are clamped to [-100, 100], as OpenA
 MAX_LOGPROB_ENTRIES = 1_000_000
 MAX_BEAM_WIDTH = MAX_LOGPROBS // 2  # each beam search step asks for 2 x beam_width logprobs
 MAX_GRAMMAR_CHARS = 65536  # a structured output's schema, regex or grammar, and the grammar it becomes
+MAX_TAG_TOKENS = 16  # a thinking tag's tokens (one for Qwen3's and DeepSeek-R1's)
 GREEDY_TEMPERATURE = 1e-5  # at or below it a row samples the argmax: SamplingParams.greedy and workers/sampler.py
 
 
@@ -26,6 +27,23 @@ class KVTransferParams:
     remote_request_id: str = ""
     tp_size: int = 1
     remote_num_tokens: int = 0  # how many prompt tokens the remote blocks hold (all but the last)
+
+
+@dataclass(slots=True)
+class ThinkingParams:
+    """A reasoning model's thinking as the sampling worker follows it (workers/thinking_phase.py): its tags as token
+    ids, whether the prompt left the thinking open, and the most tokens it may take before the worker makes the
+    reply close it (None: no limit). The grammar of a structured reply or a tool call applies after the thinking."""
+    start_ids: list[int]
+    end_ids: list[int]
+    opened: bool = False
+    budget: int | None = None
+
+    def validate(self) -> None:
+        if not 1 <= len(self.start_ids) <= MAX_TAG_TOKENS or not 1 <= len(self.end_ids) <= MAX_TAG_TOKENS:
+            raise ValueError(f"thinking tags must be 1 to {MAX_TAG_TOKENS} tokens long")
+        if self.budget is not None and self.budget < 0:
+            raise ValueError(f"thinking_token_budget must be non-negative, got {self.budget}")
 
 
 @dataclass(slots=True)
@@ -67,6 +85,7 @@ class SamplingParams:
     embed: bool = False  # a pooling request: the worker returns the prompt's embedding and samples nothing
     # structured output: an llguidance grammar (frontend/api/structured_output.py) that masks every sampled token
     grammar: str | None = None
+    thinking: ThinkingParams | None = None  # a reasoning model's chat reply
     # Disaggregated prefill/decode (scheduler/remote_kv.py); vLLM carries it in SamplingParams.extra_args too.
     kv_transfer: KVTransferParams | None = None
 
@@ -88,6 +107,11 @@ class SamplingParams:
         prompt = num_prompt_tokens * (self.prompt_logprobs + 1) if self.prompt_logprobs is not None else 0
         sampled = self.max_tokens * (self.logprobs + 1) if self.logprobs is not None else 0
         return self.n * (prompt + sampled)
+
+    @property
+    def masked(self) -> bool:
+        """The worker masks this request's tokens: a grammar, or a thinking budget it may have to enforce."""
+        return self.grammar is not None or (self.thinking is not None and self.thinking.budget is not None)
 
     @property
     def uses_penalties(self) -> bool:
@@ -123,6 +147,8 @@ class SamplingParams:
                              f"got {self.min_tokens}.")
         if self.grammar is not None and len(self.grammar) > MAX_GRAMMAR_CHARS:
             raise ValueError(f"the structured output grammar is longer than {MAX_GRAMMAR_CHARS} characters")
+        if self.thinking is not None:
+            self.thinking.validate()
         if len(self.logit_bias_token_ids) != len(self.logit_bias_values):
             raise ValueError("logit_bias: token ids and values differ in length")
         for name in ("logprobs", "prompt_logprobs"):

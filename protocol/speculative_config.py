@@ -61,9 +61,10 @@ def parse_speculative_config(text: str | dict | None) -> SpeculativeConfig | Non
 
 def may_draft(s: SamplingParams) -> bool:
     """Sampling whose per-position draws need nothing but the tokens before them, so drafts verify exactly: no
-    penalties (their counts would include drafts), no logprobs (one per token, per row), no grammar (its masks are
-    not applied at draft positions). The scheduler drafts, and the worker's draft model proposes, for these only."""
-    return not s.embed and s.logprobs is None and not s.uses_penalties and s.grammar is None
+    penalties (their counts would include drafts), no logprobs (one per token, per row), no masks (a grammar's or a
+    thinking budget's are not applied at draft positions). The scheduler drafts, and the worker's draft model
+    proposes, for these only."""
+    return not s.embed and s.logprobs is None and not s.uses_penalties and not s.masked
 
 
 def resolve_draft_model(config: SpeculativeConfig, target) -> SpeculativeConfig:

@@ -22,7 +22,8 @@ class RequestState:
     pooled_sum: np.ndarray | None = None  # embedding requests: the sum of the final hidden states so far
     last_sampled: int | None = None  # sampled by this worker, not in token_ids yet (CachedRequestData.append_sampled)
     num_drafts: int = 0  # this step's drafts, the last entries of token_ids until verified (workers/spec_verify.py)
-    grammar: object | None = None  # structured output: its workers.grammar_masks.GrammarState, made on first use
+    grammar: object | None = None  # structured output: its workers.sampling_masks.GrammarState, made on first use
+    thinking: object | None = None  # a reasoning reply: its workers.thinking_phase.ThinkingPhase, made on first use
 
     @property
     def num_output_tokens(self) -> int:

@@ -93,12 +93,12 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
     if spec.world_size == 1 and draft_model is None:  # a lone worker (the common case), also without warm-up
         from tinyvllm.workers.captured_steps import CapturedSteps
         captured_steps = CapturedSteps.for_model(model, cache, captured_steps_key(args, init, cfg, kernels, num_blocks))
-    grammar_masks = None
+    sampling_masks = None
     if spec.samples:
-        from tinyvllm.workers.grammar_masks import GrammarMasks, tokenizer_for_model
-        grammar_masks = GrammarMasks(lambda: tokenizer_for_model(args.model, vocab_size))
+        from tinyvllm.workers.sampling_masks import SamplingMasks, tokenizer_for_model
+        sampling_masks = SamplingMasks(lambda: tokenizer_for_model(args.model, vocab_size))
     runner = ModelRunner(model, cache, batch.max_num_seqs, max_model_len, batch.max_num_batched_tokens, spec, group,
-                         link, kv.swap_space, draft=draft_model, grammar_masks=grammar_masks,
+                         link, kv.swap_space, draft=draft_model, sampling_masks=sampling_masks,
                          captured_steps=captured_steps)
     if captured_steps is not None:
         from tinyvllm.workers.captured_steps import LoadedJit

@@ -19,7 +19,7 @@ from tinyvllm.workers.attention import PagedAttention
 from tinyvllm.workers.batch_state import BatchState, ScheduledChunk
 from tinyvllm.workers.device_input import HostInputs, device_tensor, host_array
 from tinyvllm.workers.flat_batch import FlatBatch, flatten, split_into_forwards
-from tinyvllm.workers.grammar_masks import GrammarMasks
+from tinyvllm.workers.sampling_masks import SamplingMasks
 from tinyvllm.workers.host_swap import HostSwap
 from tinyvllm.workers.kv_block_io import KVBlockIO
 from tinyvllm.workers.kv_cache import PagedKVCache
@@ -67,16 +67,16 @@ class ModelRunner:
     def __init__(self, model: Transformer, cache: PagedKVCache, max_num_seqs: int, max_model_len: int,
                  max_num_batched_tokens: int, spec: ShardSpec = ShardSpec(), group=None, link: StageLink | None = None,
                  swap_space_bytes: int = 0, *, draft: "DraftModel | None" = None,
-                 grammar_masks: GrammarMasks | None = None, captured_steps: "CapturedSteps | None" = None):
+                 sampling_masks: SamplingMasks | None = None, captured_steps: "CapturedSteps | None" = None):
         """spec: this worker's place among the engine's workers; group (workers/collective.HostGroup): its
         tensor-parallel peers; link: its pipeline neighbours. One worker alone needs none of them.
         swap_space_bytes: host memory for swapped-out KV blocks (workers/host_swap.py).
-        draft: --speculative-config's draft model (workers/draft_model.py). grammar_masks: structured output, on the
-        worker that samples. captured_steps: makes the forward and sampler jits, loading stored steps from the disk
-        and storing new captures (workers/captured_steps.py); None: plain TinyJits."""
+        draft: --speculative-config's draft model (workers/draft_model.py). sampling_masks: structured output and
+        thinking budgets, on the worker that samples. captured_steps: makes the forward and sampler jits, loading
+        stored steps from the disk and storing new captures (workers/captured_steps.py); None: plain TinyJits."""
         self.model, self.cache = model, cache
         self.spec, self.group, self.link = spec, group, link
-        self.draft, self.grammar_masks, self.captured_steps = draft, grammar_masks, captured_steps
+        self.draft, self.sampling_masks, self.captured_steps = draft, sampling_masks, captured_steps
         new_jit = captured_steps.jit if captured_steps is not None else lambda name, fxn: TinyJit(fxn)
         self.max_blocks_per_seq = -(-max_model_len // cache.block_size)
         self.max_model_len = max_model_len
@@ -205,8 +205,8 @@ class ModelRunner:
             states = [c.state for c in work.rows]
             # the forward was dispatched in compute(): the masks are computed on the host while the device runs it
             allowed = None
-            if self.grammar_masks is not None and any(s.sampling.grammar is not None for s in states):
-                allowed = self.grammar_masks.allowed(states, work.logits.shape[1])
+            if self.sampling_masks is not None and any(s.sampling.masked for s in states):
+                allowed = self.sampling_masks.allowed(states, work.logits.shape[1])
             tokens, logprobs = self.sampler.sample(states, work.logits, allowed)
             if work.draft_logits:  # never a constrained row's: the scheduler drafts no tokens for those
                 result.accepted_draft_ids = verify(self.sampler, work.rows, tokens, work.draft_logits)
@@ -281,8 +281,8 @@ class ModelRunner:
 
     def warm_up_grammars(self) -> None:
         """Builds the tokenizer structured output needs (about a second), so no constrained request waits for it."""
-        if self.grammar_masks is not None:
-            self.grammar_masks.tokenizer
+        if self.sampling_masks is not None:
+            self.sampling_masks.tokenizer
 
     def warm_up_bucket(self, size: int) -> bool:
         """Captures token bucket `size` as warm_up does, or runs once a step loaded from the disk; False (and nothing

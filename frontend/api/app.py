@@ -63,7 +63,8 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, models_dir: str | None = None,
               make_detokenizer: Callable = IncrementalDetokenizer, api_key: str | None = None,
               gate: RequestGate | None = None, allowed_origins: list[str] | None = None,
-              default_max_tokens: int | None = None, reasoning_parser: str | None = None) -> Starlette:
+              default_max_tokens: int | None = None, reasoning_parser: str | None = None,
+              responses_store_size: int = 0) -> Starlette:
     """engine: an EngineClient (or anything with its generate/stats/dead_reason);
     tokenizer: a protocol.tokenizer.Tokenizer (encode, vocab_size, eos_token_ids, apply_chat_template).
 
@@ -74,6 +75,7 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
     default_max_tokens: the limit of a chat request that sets none (OpenAI max_tokens, Ollama num_predict);
     None: the rest of the context.
     reasoning_parser: --reasoning-parser (frontend/api/reasoning.py); None: the one the chat template implies.
+    responses_store_size: --responses-store-size (frontend/api/responses/store.py); 0: no store.
     """
     gate = gate or RequestGate()
     metrics = FrontendMetrics(engine, model_name, max_model_len, gate)
@@ -136,7 +138,7 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             *anthropic_routes(serving, model_name, max_body_bytes),
-            *responses_routes(serving, model_name, max_body_bytes),
+            *responses_routes(serving, model_name, max_body_bytes, responses_store_size),
             *tokenization_routes(tokenizer, model_name, max_model_len, max_body_bytes),
             *embedding_routes(ServedEngine(engine, gate), tokenizer, model_name, max_model_len, max_body_bytes),
             *ops_routes(engine, metrics),

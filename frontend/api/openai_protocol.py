@@ -65,6 +65,7 @@ class GenerationRequest:
     beam_search: BeamSearchParams | None = None
     template_kwargs: dict = field(default_factory=dict)  # chat: chat_template_kwargs and reasoning_effort
     reasoning_opened: bool = False  # chat: the rendered prompt left a think block open (frontend/api/reasoning.py)
+    thinking_budget: int | None = None  # chat: thinking_token_budget
 
 
 def validated(model: type[RequestModel], body: Any) -> Any:
@@ -213,6 +214,7 @@ def parse_chat_request(body: Any) -> GenerationRequest:
     req = _generation(parsed, is_chat=True, tools=tools)
     req.messages = message_dicts(parsed.messages)
     req.template_kwargs = template_kwargs(parsed.chat_template_kwargs or {}, parsed.reasoning_effort)
+    req.thinking_budget = parsed.thinking_token_budget
     return req
 
 

@@ -40,7 +40,8 @@ async def serve_async(engine: EnginePool, engine_config: EngineConfig, server_ar
                         api_key=server_args.api_key, models_dir=server_args.models_dir, gate=gate,
                         allowed_origins=server_args.allowed_origins or None,
                         default_max_tokens=server_args.default_max_tokens,
-                        reasoning_parser=server_args.reasoning_parser)
+                        reasoning_parser=server_args.reasoning_parser,
+                        responses_store_size=server_args.responses_store_size)
         config = http_config(app, server_args.host, server_args.port)
         server = QuietSignalServer(config)
         serving = await start_serving(server)

@@ -46,6 +46,9 @@ class ServerArgs:
         None, "how chat replies' thinking is told from their answer (reasoning_content): qwen3 (<think> blocks the "
               "reply opens), deepseek_r1 (thinking until </think>), or none (the tags stay in the content). Default: "
               "from the model's chat template, as llama.cpp does", choices=REASONING_PARSERS)
+    responses_store_size: int = knob(
+        0, "responses the Responses API keeps in memory for previous_response_id, GET, DELETE and background "
+           "responses (least recently used out first); 0: none are kept, as vLLM's default")
     startup_timeout_s: float = 900.0
     registration: Registration | None = None  # --register-with: heartbeats to a `tinyvllm router`
 
@@ -56,6 +59,8 @@ class ServerArgs:
             raise ValueError("--request-timeout must be positive")
         if self.shutdown_timeout_s < 0:
             raise ValueError("--shutdown-timeout must not be negative")
+        if self.responses_store_size < 0:
+            raise ValueError("--responses-store-size must not be negative")
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError("--default-max-tokens must be at least 1")
 

@@ -14,7 +14,7 @@ from tinyvllm.frontend.api.reasoning import ReasoningFormat, with_reasoning
 from tinyvllm.frontend.engine.request_errors import EngineRequestError
 from tinyvllm.frontend.api.tool_calls import template_messages
 from tinyvllm.protocol.messages import FinishReason
-from tinyvllm.protocol.sampling import MAX_LOGPROB_ENTRIES, SamplingParams
+from tinyvllm.protocol.sampling import MAX_LOGPROB_ENTRIES, SamplingParams, ThinkingParams
 
 # Tokenizing or templating more characters than this runs in a thread so the event loop keeps streaming.
 LONG_INPUT_CHARS = 4096
@@ -71,6 +71,7 @@ class RequestServing:
         self.make_detokenizer = make_detokenizer
         self.metrics = metrics
         self.token_text = lp.TokenText(tokenizer)
+        self._thinking_tags: tuple[list[int], list[int]] | None = None  # the think tags' token ids, once needed
 
     async def prompt_token_ids(self, req: GenerationRequest, is_chat: bool) -> list[int]:
         if is_chat:
@@ -78,6 +79,7 @@ class RequestServing:
             text = await _maybe_in_thread(size, self._render_chat, req.messages, req.tools.functions,
                                           req.template_kwargs)
             req.reasoning_opened = self.reasoning is not None and self.reasoning.opened_by(text)
+            req.sampling.thinking = self.thinking_params(req.reasoning_opened, req.thinking_budget)
         elif isinstance(req.prompt, list):
             self._check_token_ids(req.prompt, "prompt")
             return req.prompt
@@ -87,6 +89,20 @@ class RequestServing:
         if not ids:
             raise APIError("The prompt is empty", param="prompt" if not is_chat else "messages")
         return ids
+
+    def thinking_params(self, opened: bool, budget: int | None) -> ThinkingParams | None:
+        """A templated reply's thinking as the worker follows it (grammars after it, the budget); None: the model
+        does not think."""
+        if self.reasoning is None:
+            if budget is not None:
+                raise APIError("thinking_token_budget needs a reasoning model: the served model's chat template does "
+                               "not think (--reasoning-parser)", param="thinking_token_budget")
+            return None
+        if self._thinking_tags is None:
+            self._thinking_tags = tuple(self.tokenizer.encode(tag, False) for tag in (self.reasoning.start,
+                                                                                     self.reasoning.end))
+        start_ids, end_ids = self._thinking_tags
+        return ThinkingParams(start_ids, end_ids, opened or self.reasoning.thinks_first, budget)
 
     def _render_chat(self, messages: list[dict], functions: list[dict], template_kwargs: dict) -> str:
         messages, extra = template_messages(messages, functions, self.tokenizer.chat_template)

@@ -1,6 +1,6 @@
 """Structured output: what a request asks for (OpenAI's response_format, vLLM's structured_outputs and guided_*,
 Ollama's format) -> one llguidance grammar, as the JSON string SamplingParams.grammar carries to the worker, which
-compiles it once per request and masks the logits with it at every step (workers/grammar_masks.py).
+compiles it once per request and masks the logits with it at every step (workers/sampling_masks.py).
 
 Each grammar is checked here, when the request arrives, so a broken schema, regex or grammar is a 400 that names
 the problem instead of a failure in the worker.

@@ -41,7 +41,7 @@ def server_factory(tiny_model, tmp_path):
 
 @pytest.fixture(scope="session")
 def shared_server(tiny_model, tmp_path_factory):
-    server = start_server(tiny_model, tmp_path_factory.mktemp("shared") / "server.log")
+    server = start_server(tiny_model, tmp_path_factory.mktemp("shared") / "server.log", "--responses-store-size", "8")
     yield server
     alive = server.proc.poll() is None
     left = server.stop()

@@ -1,6 +1,7 @@
 """The official `openai` SDK's responses client (Codex speaks only this API) against the real server: a response
 equal to the chat route's reply, the same streamed, a required function call whose arguments follow its schema and
-a function_call_output turn, and a json_schema text format that validates."""
+a function_call_output turn, a json_schema text format that validates, and previous_response_id (the shared server
+keeps a response store) equal to sending the whole conversation."""
 import json
 
 import jsonschema
@@ -54,3 +55,16 @@ def test_a_json_schema_format_validates(server):
     response = sdk(server).responses.create(model=MODEL_NAME, input=PROMPT, max_output_tokens=40, temperature=0,
                                             text={"format": {"type": "json_schema", "name": "sea", "schema": schema}})
     jsonschema.validate(json.loads(response.output_text), schema)
+
+
+def test_previous_response_id_equals_sending_the_whole_conversation(server):
+    client = sdk(server)
+    first = client.responses.create(model=MODEL_NAME, input=PROMPT, max_output_tokens=8, temperature=0)
+    assert first.store and client.responses.retrieve(first.id).output_text == first.output_text
+    follow = client.responses.create(model=MODEL_NAME, input="Another one.", previous_response_id=first.id,
+                                     max_output_tokens=8, temperature=0)
+    whole = client.responses.create(model=MODEL_NAME, max_output_tokens=8, temperature=0, store=False, input=[
+        {"role": "user", "content": PROMPT}, {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "Another one."}])
+    assert follow.output_text == whole.output_text and follow.usage.input_tokens == whole.usage.input_tokens
+    assert follow.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens

@@ -20,7 +20,7 @@ ENGINE_FLAGS = {
 }
 SERVE_FLAGS = {
     **ENGINE_FLAGS, "--advertise-url": None, "--allowed-origins": [], "--api-key": None, "--default-max-tokens": None,
-    "--reasoning-parser": None,
+    "--reasoning-parser": None, "--responses-store-size": 0,
     "--external-workers": False, "--host": "127.0.0.1", "--max-waiting-requests": 512,
     "--models-dir": str(default_models_dir()), "--port": 8000, "--register-secret": None, "--register-with": None,
     "--request-timeout": None, "--served-model-name": None, "--shutdown-timeout": 30.0, "--worker-address": None,

@@ -20,11 +20,11 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "The weathe
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 
 
-def sdk(reply: str = REPLY, tokenizer=None, **engine_kwargs):
+def sdk(reply: str = REPLY, tokenizer=None, store_size: int = 0, **engine_kwargs):
     tokenizer = tokenizer or CharTokenizer()
     engine = FakeEngine(tokenizer.encode(reply, add_special_tokens=False), tokenizer.eos_token_ids[0],
                         max_model_len=4096, **engine_kwargs)
-    app = build_app(engine, tokenizer, MODEL, 4096, make_detokenizer=CharDetokenizer)
+    app = build_app(engine, tokenizer, MODEL, 4096, make_detokenizer=CharDetokenizer, responses_store_size=store_size)
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test/v1", timeout=10)
     return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", http_client=http, max_retries=0), engine
 
@@ -111,6 +111,9 @@ async def test_without_a_store_ids_are_404s_and_previous_response_id_a_400():
         await client.responses.delete("resp_123")
     with pytest.raises(openai.BadRequestError, match="previous_response_id"):
         await client.responses.create(model=MODEL, input="Hi", previous_response_id="resp_123")
+    with pytest.raises(openai.BadRequestError, match="background"):
+        await client.responses.create(model=MODEL, input="Hi", background=True)
+    assert (await client.responses.create(model=MODEL, input="Hi", store=True)).store is False
     with pytest.raises(openai.BadRequestError, match="only function tools"):
         await client.responses.create(model=MODEL, input="Hi", tools=[{"type": "web_search"}])
     with pytest.raises(openai.NotFoundError):

@@ -19,7 +19,7 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"typ
 @pytest.fixture(scope="module")
 def tokenizer():
     from tinyvllm.protocol.tokenizer import Tokenizer
-    from tinyvllm.workers.grammar_masks import tokenizer_for_model
+    from tinyvllm.workers.sampling_masks import tokenizer_for_model
     return Tokenizer.from_model_path(None), tokenizer_for_model(None, 49152)
 
 

@@ -1,9 +1,10 @@
 """An Anthropic Messages request, validated, and the OpenAI chat request it becomes: `system` a system message,
 text blocks a message's text, `tool_use` blocks an assistant's tool_calls, `tool_result` blocks tool messages,
 `tools` functions, `tool_choice` auto/any/tool/none as auto/required/named/none, `thinking` enabled or disabled the
-chat template's enable_thinking, `output_config.format` (a JSON schema) the response_format. temperature, top_p and
-top_k, which the 2026 SDKs no longer send, are honoured where older clients do. A past turn's thinking blocks are dropped (chat templates drop them too). The chat
-parser then checks the rest (sampling ranges, the tools' schemas) as it checks an OpenAI request."""
+chat template's enable_thinking (and its budget_tokens the thinking_token_budget), `output_config.format` (a JSON
+schema) the response_format. temperature, top_p and top_k, which the 2026 SDKs no longer send, are honoured where
+older clients do. A past turn's thinking blocks are dropped (chat templates drop them too). The chat parser then
+checks the rest (sampling ranges, the tools' schemas) as it checks an OpenAI request."""
 from __future__ import annotations
 
 import json
@@ -63,7 +64,7 @@ class ToolChoice(RequestModel):
 
 class Thinking(RequestModel):
     type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: int | None = None  # accepted; not enforced yet
+    budget_tokens: Annotated[int | None, Field(ge=0)] = None  # enabled: the most tokens the thinking may take
 
 
 class OutputFormat(RequestModel):
@@ -150,6 +151,8 @@ def chat_request_body(req: MessagesRequest) -> dict:
             "name": "output", "schema": req.output_config.format.schema_}}
     if req.thinking is not None:
         body["chat_template_kwargs"] = {"enable_thinking": req.thinking.type != "disabled"}
+        if req.thinking.type == "enabled" and req.thinking.budget_tokens is not None:
+            body["thinking_token_budget"] = req.thinking.budget_tokens
     return body
 
 

@@ -74,6 +74,7 @@ async def chunks(service: OllamaService, prep: PreparedRequest) -> AsyncIterator
     if req.max_tokens is not None and p < limit:
         req.max_tokens = min(req.max_tokens, limit - p)  # Ollama stops at the context's end instead of refusing
     service.serving.fit_to_context(req, p)
+    req.sampling.thinking = service.serving.thinking_params(prep.reasoning_opened, None)
     req_id = f"ollama-{uuid.uuid4().hex}"
     submitted_ns = time.perf_counter_ns()
     first_ns, last = None, None

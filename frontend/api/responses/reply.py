@@ -39,8 +39,9 @@ class ResponseBuilder:
         return json.loads(json.dumps(self.response))  # (events must not change as the response grows)
 
     def start(self) -> list[Event]:
-        return [self._event("response.created", response=self._snapshot()),
-                self._event("response.in_progress", response=self._snapshot())]
+        created = self._event("response.created", response=self._snapshot())  # (a background one: queued)
+        self.response["status"] = "in_progress"
+        return [created, self._event("response.in_progress", response=self._snapshot())]
 
     def _add(self, item: dict) -> list[Event]:
         self.response["output"].append(item)
@@ -118,10 +119,12 @@ class ResponseBuilder:
 async def response_events(deltas: AsyncIterator, builder: ResponseBuilder, parse_calls: bool) -> AsyncIterator[Event]:
     for event in builder.start():
         yield event
-    async with aclosing(reply_events(
-            deltas, parse_calls, lambda kind, text: builder.write("reasoning" if kind == "thinking" else "message", text),
-            lambda end: builder.close() + [e for call in end.calls for e in builder.function_call(call)]
-            + builder.finish(end.last))) as events:
+    def write(kind: str, text: str) -> list[Event]:
+        return builder.write("reasoning" if kind == "thinking" else "message", text)
+
+    def finish(end) -> list[Event]:
+        return builder.close() + [e for call in end.calls for e in builder.function_call(call)] + builder.finish(end.last)
+    async with aclosing(reply_events(deltas, parse_calls, write, finish)) as events:
         async for event in events:
             yield event
 

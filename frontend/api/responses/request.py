@@ -1,17 +1,20 @@
 """A Responses request, validated, and the chat request it becomes: `instructions` a system message, `input` (a
 string, or items: messages, function_call, function_call_output; past reasoning items dropped) the messages, function
 `tools` and `tool_choice` as chat's, `text.format` the response_format, `reasoning.effort` the template's
-reasoning_effort (`none`: enable_thinking false), `max_output_tokens` max_tokens. Stateless: previous_response_id
-needs a response store, which this server does not keep yet (a 400 says so)."""
+reasoning_effort (`none`: enable_thinking false), `max_output_tokens` max_tokens. With `previous_response_id`, the
+stored conversation it names (store.py) comes before the input; without a store that is a 400."""
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
 from tinyvllm.frontend.api import openai_protocol as api
 from tinyvllm.frontend.api.request_models import RequestModel, Reworded
 from tinyvllm.frontend.api.tool_calls import MAX_TOOLS
+
+if TYPE_CHECKING:
+    from tinyvllm.frontend.api.responses.store import ResponseStore
 
 
 class InputTextPart(RequestModel):
@@ -92,7 +95,8 @@ class ResponsesRequest(RequestModel):
     text: TextOptions | None = None
     reasoning: ReasoningOptions | None = None
     previous_response_id: str | None = None
-    store: bool | None = None  # accepted; nothing is stored
+    store: bool | None = None  # None: stored when the server keeps a store (OpenAI's default is true)
+    background: bool = False
     metadata: dict[str, str] | None = None
     user: str | None = None
 
@@ -101,13 +105,18 @@ def _text(content: str | list[InputTextPart]) -> str:
     return content if isinstance(content, str) else "\n".join(part.text for part in content)
 
 
-def _messages(req: ResponsesRequest) -> list[dict]:
-    out = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    for item in [MessageItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input:
+def input_items(req: ResponsesRequest) -> list[InputItem]:
+    return [MessageItem(role="user", content=req.input)] if isinstance(req.input, str) else list(req.input)
+
+
+def _messages(instructions: str | None, items: list[InputItem]) -> list[dict]:
+    out = [{"role": "system", "content": instructions}] if instructions else []
+    for item in items:
         if isinstance(item, MessageItem):
             out.append({"role": "system" if item.role == "developer" else item.role, "content": _text(item.content)})
         elif isinstance(item, FunctionCallItem):
-            call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
             if out and out[-1]["role"] == "assistant" and "tool_calls" in out[-1]:
                 out[-1]["tool_calls"].append(call)  # a reply's parallel calls: one assistant turn
             else:
@@ -117,8 +126,9 @@ def _messages(req: ResponsesRequest) -> list[dict]:
     return out
 
 
-def chat_request_body(req: ResponsesRequest) -> dict:
-    body: dict[str, Any] = {"messages": _messages(req), "stream": req.stream,
+def chat_request_body(req: ResponsesRequest, items: list[InputItem]) -> dict:
+    """items: the conversation, the earlier turns' (previous_response_id) then this input's."""
+    body: dict[str, Any] = {"messages": _messages(req.instructions, items), "stream": req.stream,
                             "parallel_tool_calls": req.parallel_tool_calls}
     for name, value in (("model", req.model), ("max_tokens", req.max_output_tokens), ("temperature", req.temperature),
                         ("top_p", req.top_p)):
@@ -145,9 +155,20 @@ def chat_request_body(req: ResponsesRequest) -> dict:
     return body
 
 
-def parse_responses_request(body: Any) -> tuple[ResponsesRequest, api.GenerationRequest]:
+def parse_responses_request(body: Any, store: ResponseStore | None
+                            ) -> tuple[ResponsesRequest, api.GenerationRequest, list[InputItem]]:
+    """The request, the chat request it means and its conversation's items; store: the server's (None: it keeps
+    none)."""
     req = api.validated(ResponsesRequest, body)
+    history: list[InputItem] = []
     if req.previous_response_id is not None:
-        raise api.APIError("previous_response_id needs a response store, which this server does not keep: send the "
-                           "whole conversation as input", param="previous_response_id")
-    return req, api.parse_chat_request(chat_request_body(req))
+        if store is None:
+            raise api.APIError("previous_response_id needs the response store, which this server does not keep "
+                               "(--responses-store-size): send the whole conversation as input",
+                               param="previous_response_id")
+        history = store.get(req.previous_response_id, param="previous_response_id").items
+    if req.background and (store is None or req.store is False):
+        raise api.APIError("background responses are kept in the response store: the server needs "
+                           "--responses-store-size and the request must not set store false", param="background")
+    items = history + input_items(req)
+    return req, api.parse_chat_request(chat_request_body(req, items)), items
