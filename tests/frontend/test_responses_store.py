@@ -97,3 +97,12 @@ async def test_cancelling_a_background_response_aborts_its_request():
     assert (await client.responses.cancel(running.id)).status == "cancelled"  # again: the same answer
     engine.hold.set()
     assert (await client.responses.create(model=MODEL, input="Hi")).store is True  # the cancelled one may go now
+
+
+async def test_a_store_full_of_running_background_responses_still_answers_the_others():
+    client, _ = sdk("x" * 400, store_size=1, step_delay_s=0.005)
+    running = await client.responses.create(model=MODEL, input="Hi", background=True)  # ~2 s of tokens
+    unkept = await client.responses.create(model=MODEL, input="Hi", max_output_tokens=2)
+    assert unkept.output_text == "xx" and unkept.store is False  # answered all the same, and not kept
+    assert (await client.responses.retrieve(running.id)).status == "in_progress"
+    await client.responses.cancel(running.id)

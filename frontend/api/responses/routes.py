@@ -78,9 +78,14 @@ def responses_routes(serving: RequestServing, model_name: str, max_body_bytes: i
             return exception_response(e, request.url.path)
 
     def keep(entry: StoredResponse | None) -> None:
+        """Stores a finished response; when every place holds a background response still running it is not kept,
+        and says so (store false), rather than losing the answer."""
         if entry is not None:
             entry.end()
-            store.put(entry)
+            try:
+                store.put(entry)
+            except api.APIError:
+                entry.response["store"] = False
 
     async def streamed(events, builder: ResponseBuilder, entry: StoredResponse | None, path: str):
         try:
