@@ -4,10 +4,10 @@ people serve on GPUs, generated on a device machine that reaches no hub (nothing
     python benchmarks/shape_twin.py --shape llama-3-8b --type Q8_0 --tokenizer-from smollm2.gguf OUT.gguf
 
 The metadata and tensor shapes are the model's (its llama.cpp conversion: names, layer count, heads, vocabulary
-rows, llama3 rope frequencies); every matrix is of --type (F16, BF16, Q8_0, Q4_1, the K-quants and IQ4 types the device
-keeps compact, or the Q4_K_M mix as llama-quantize assigns it), norms F32. The tokenizer is the --tokenizer-from
-file's (the real one does not travel): ids past its vocabulary exist in the embedding but are never produced by
-encoding. The weights are benchmarks/gguf_twin.py's seeded block patterns, so the text is gibberish: use it for
+rows, llama3 rope frequencies); every matrix is of --type (F16, BF16, Q8_0, Q4_1, the K-quants and IQ4 types the
+device keeps compact, or the Q4_K_M or Q5_K_M mix as llama-quantize assigns it), norms F32. The tokenizer is the
+--tokenizer-from file's (the real one does not travel): ids past its vocabulary exist in the embedding but are never
+produced by encoding. The weights are benchmarks/gguf_twin.py's seeded block patterns, so the text is gibberish: use it for
 speed only.
 """
 import argparse
@@ -46,7 +46,8 @@ def llama3_rope_factors(head_dim: int, theta: float, factor: float, low: float, 
     return out.astype(np.float32)
 
 
-MIXES = {"Q4_K_M": ("Q4_K", "Q6_K")}  # llama-quantize's mixes: (most matrices, the ones given more bits)
+# llama-quantize's mixes: (most matrices, the ones given more bits)
+MIXES = {"Q4_K_M": ("Q4_K", "Q6_K"), "Q5_K_M": ("Q5_K", "Q6_K")}
 
 
 def matrix_type(mix_or_type: str, name: str, layers: int, tied: bool) -> str:

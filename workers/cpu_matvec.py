@@ -1,5 +1,5 @@
 """Matrix products of a few rows (below workers/cpu_gemm.py's GEMM_MIN_ROWS) on the CPU backend, as hand-written
-C kernels for F32, F16, BF16, Q4_1, Q8_0, Q8_16, F8_E4M3, Q4_K and Q6_K weights.
+C kernels for F32, F16, BF16, Q4_1, Q8_0, Q8_16, F8_E4M3, Q4_K, Q5_K and Q6_K weights.
 
 tinygrad's generated kernels for these reduced each 32-element block into a scalar, so every block ended in a
 horizontal vector sum. These kernels keep one 16-lane accumulator per activation row
@@ -21,7 +21,7 @@ from tinyvllm.workers.c_kernel import c_kernel, c_source
 
 # bytes of one 32-element block on the device
 BLOCK_BYTES = {"F32": 128, "F16": 64, "BF16": 64, "Q4_1": 24, "Q8_0": 36, "Q8_16": 48, "F8_E4M3": 36,
-               "Q4_K": 19, "Q6_K": 34.5}
+               "Q4_K": 19, "Q5_K": 23, "Q6_K": 34.5}
 
 
 def c_kernels_support(w) -> bool:
@@ -44,17 +44,19 @@ def c_matmul(h: Tensor, w, kernel: str, h_input: Tensor | None = None) -> Tensor
     return out.custom_kernel(h.float().contiguous() if h_input is None else h_input, *w.parts, fxn=fxn)[0]
 
 
-INT8_ACTIVATION_KINDS = ("Q4_1", "Q4_K", "Q8_0")
+INT8_ACTIVATION_KINDS = ("Q4_1", "Q4_K", "Q5_K", "Q8_0")
 
 
 def takes_int8(w, int8_activations: bool) -> bool:
-    """Whether a product with weight w quantises its activations to int8 (asked for, and a Q4_1, Q4_K or Q8_0 weight)."""
+    """Whether a product with weight w quantises its activations to int8 (asked for, and an INT8_ACTIVATION_KINDS
+    weight)."""
     return int8_activations and w.kind in INT8_ACTIVATION_KINDS
 
 
 def cpu_matvec(h: Tensor, w, int8_activations: bool = False) -> Tensor:
     """h [T, K] @ w.T (see c_matmul). Best for a few rows; workers/cpu_gemm.py's register tiles win from
-    GEMM_MIN_ROWS rows (int8: INT8_GEMM_MIN_ROWS). int8_activations (Q4_1, Q4_K and Q8_0 weights): workers/c/matvec_i8.c,
+    GEMM_MIN_ROWS rows (int8: INT8_GEMM_MIN_ROWS). int8_activations (Q4_1, Q4_K, Q5_K and Q8_0 weights):
+    workers/c/matvec_i8.c,
     h quantised to int8 per block and multiplied with integer dot products (not exact: within half a step of each
     block's scale)."""
     return c_matmul(h, w, "matvec_i8" if takes_int8(w, int8_activations) else "matvec")

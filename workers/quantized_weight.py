@@ -15,6 +15,8 @@ repacked types below the product of a super-block's scale and a sub-block's):
     Q8_16: int8 [N, K/32, 32], d and m float32 [N, K/32, 2] (one per 16 elements); value = q * d + m
     Q4_K: Q4_1's nibbles [N, K/32, 16], each 32-block's 6-bit scale and minimum codes uint8 [N, K/32, 2] and each
           256-element super-block's d and dmin float32 [N, K/256, 2]; value = q * (d x scale) - dmin x minimum
+    Q5_K: Q4_K's parts and each 32-block's fifth bits uint8 [N, K/32, 4] (bit e: element e's) after the nibbles;
+          value = (q + 16 x fifth bit) * (d x scale) - dmin x minimum
     Q6_K: codes q - 32 int8 [N, K/32, 32], a signed 8-bit scale per 16 elements int8 [N, K/32, 2] and each
           super-block's d float32 [N, K/256, 1]; value = q * (d x scale)
     F16:  float16 [N, K] (a 2-D float16 host array), widened in the kernel: half the bytes a step reads
@@ -31,15 +33,15 @@ time, with the same values (every product involved is exact in float32, so only 
     Q4_0 -> Q4_1: m = -8 d
     Q5_0 -> Q8_0: codes q - 16;  IQ4_NL -> Q8_0: codes from the non-linear table, d
     IQ4_XS -> Q8_0: codes from the table, each 32-element sub-block's d = super d x (6-bit scale - 32)
-    Q5_K -> Q8_16: codes, Q4_K's d and m (each twice); Q5_1 -> Q8_16: codes, d and m (each twice)
+    Q5_1 -> Q8_16: codes, d and m (each twice)
     Q2_K -> Q8_16: codes 0..3, d = super d x 4-bit scale, m = -(super dmin x 4-bit min), per 16 elements
     Q3_K -> Q8_16: codes -4..3 (two low bits, minus 4 where hmask's bit is clear), d = super d x (6-bit scale - 32)
-Q4_K and Q6_K keep the file's scales: their nibbles (Q4_K's reordered from the super-block's 64-element chunks to
-Q4_1's order) and 6-bit codes (as bytes) with the sub-blocks' scale codes, the products with the super-block's d
-taken inside the kernels, as the repacked types' d are, in float32. On the device Q4_K takes 4.75 bits a value
-(the file 4.5), Q6_K 8.6 (the file 6.6), Q4_0 6, Q5_0/IQ4 9 and Q2_K/Q3_K/Q5_1/Q5_K 12 (where the file has 2.6-5.5:
-Q2_K and Q3_K take more than Q4_K here); F32 is a float32 "F32" weight (the other GGUF types are
-refused, naming them). The dequantisation computes what
+Q4_K, Q5_K and Q6_K keep the file's scales: their nibbles (Q4_K's and Q5_K's reordered from the super-block's
+64-element chunks to Q4_1's order, Q5_K's fifth bits beside them) and 6-bit codes (as bytes) with the sub-blocks'
+scale codes, the products with the super-block's d taken inside the kernels, as the repacked types' d are, in
+float32. On the device Q4_K takes 4.75 bits a value (the file 4.5), Q5_K 5.75 (the file 5.5), Q6_K 8.6 (the file
+6.6), Q4_0 6, Q5_0/IQ4 9 and Q2_K/Q3_K/Q5_1 12 (where the file has 2.6-6: Q2_K and Q3_K take more than Q4_K here);
+F32 is a float32 "F32" weight (the other GGUF types are refused, naming them). The dequantisation computes what
 workers/gguf_dequantize.py's numpy does, in the same order, in float32.
 """
 from __future__ import annotations
@@ -54,10 +56,11 @@ from tinyvllm.workers.gguf_dequantize import (IQ4_VALUES, dequantize, f16_field,
                                               nibbles, q2_k_values, q3_k_values, q5_codes, q6_k_values)
 from tinyvllm.workers.kv_quant import decode as kv_decode
 
-IN_KERNEL_TYPES = ("Q4_1", "Q8_0", "Q8_16", "Q4_K", "Q6_K", "BF16", "F8_E4M3")  # the kinds the kernels multiply (and F16, F32)
+# the kinds the kernels multiply (and F16, F32)
+IN_KERNEL_TYPES = ("Q4_1", "Q8_0", "Q8_16", "Q4_K", "Q5_K", "Q6_K", "BF16", "F8_E4M3")
 DEVICE_KIND = {"Q4_1": "Q4_1", "Q4_0": "Q4_1", "Q4_K": "Q4_K",  # the types kept compact, and as which kind
                "Q8_0": "Q8_0", "Q5_0": "Q8_0", "IQ4_NL": "Q8_0", "IQ4_XS": "Q8_0",
-               "Q6_K": "Q6_K", "Q5_1": "Q8_16", "Q5_K": "Q8_16", "Q2_K": "Q8_16", "Q3_K": "Q8_16",
+               "Q6_K": "Q6_K", "Q5_K": "Q5_K", "Q5_1": "Q8_16", "Q2_K": "Q8_16", "Q3_K": "Q8_16",
                "BF16": "BF16", "F8_E4M3": "F8_E4M3"}
 # F8_E4M3 is no GGUF type: the blocks a safetensors FP8 matrix is packed into (workers/fp8_checkpoint.py), 32 codes
 # after their float32 scale
@@ -181,15 +184,17 @@ def _narrowed(array, dtype: str):
     return QuantizedArray("BF16", rounded.view(np.uint8).reshape(*wide.shape, 2))
 
 
-def _q4_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Q4_K super-blocks [N, S, 144] as the Q4_K kind's parts: nibbles [N, 8S, 16] (Q4_1's order), 6-bit scale and
-    minimum codes [N, 8S, 2], d and dmin float32 [N, S, 2]."""
+def _k_quant_parts(b: np.ndarray, five_bit: bool) -> tuple[np.ndarray, ...]:
+    """Q4_K or Q5_K super-blocks [N, S, bytes] as their kind's parts: nibbles [N, 8S, 16] (Q4_1's order), Q5_K's
+    fifth bits [N, 8S, 4], 6-bit scale and minimum codes [N, 8S, 2], d and dmin float32 [N, S, 2]."""
     n, s = b.shape[:2]
     flat = b.reshape(n * s, -1)
-    q, _, _ = k_quant_values(flat, five_bit=False)
-    packed = q[..., :16] | (q[..., 16:] << 4)
+    q, _, _ = k_quant_values(flat, five_bit)
+    low = q & 15
+    packed = low[..., :16] | (low[..., 16:] << 4)
+    fifth = (np.packbits(q >> 4, axis=-1, bitorder="little").reshape(n, s * 8, 4),) if five_bit else ()
     scale_codes = np.stack(k_scales_mins(flat[:, 4:16]), axis=-1).astype(np.uint8)
-    return (packed.reshape(n, s * 8, 16), scale_codes.reshape(n, s * 8, 2),
+    return (packed.reshape(n, s * 8, 16), *fifth, scale_codes.reshape(n, s * 8, 2),
             np.concatenate([f16_field(b, 0), f16_field(b, 2)], axis=-1))
 
 
@@ -212,12 +217,6 @@ def _as_q8_16(b: np.ndarray, values) -> tuple[np.ndarray, ...]:
     return q.astype(np.int8).reshape(n, s * 8, 32), d, m
 
 
-def _q5_k_values_per_16(b: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Q5_K's codes, with its scale and minimum per 32 elements given per 16 (each twice)."""
-    q, scale, minimum = k_quant_values(b, five_bit=True)
-    return q, np.repeat(scale, 2, axis=-1), np.repeat(minimum, 2, axis=-1)
-
-
 def _iq4_xs_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
     n, s = b.shape[:2]
     codes = IQ4_VALUES[nibbles(b[:, :, 8:].reshape(n, s * 8, 16))]
@@ -228,14 +227,14 @@ def _iq4_xs_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
 _DEVICE_PARTS = {
     "Q4_1": lambda b: (b[:, :, 4:], f16_field(b, 0), f16_field(b, 2)),
     "Q4_0": lambda b: (b[:, :, 2:], f16_field(b, 0), f16_field(b, 0) * np.float32(-8)),
-    "Q4_K": _q4_k_parts,
+    "Q4_K": lambda b: _k_quant_parts(b, five_bit=False),
     "Q8_0": lambda b: (b[:, :, 2:].view(np.int8), f16_field(b, 0)),
     "Q5_0": lambda b: (q5_codes(b, 2).astype(np.int8) - np.int8(16), f16_field(b, 0)),
     "IQ4_NL": lambda b: (IQ4_VALUES[nibbles(b[:, :, 2:])], f16_field(b, 0)),
     "IQ4_XS": _iq4_xs_parts,
     "Q5_1": lambda b: (q5_codes(b, 4).astype(np.int8), np.repeat(f16_field(b, 0), 2, axis=-1),
                        np.repeat(f16_field(b, 2), 2, axis=-1)),
-    "Q5_K": lambda b: _as_q8_16(b, _q5_k_values_per_16),
+    "Q5_K": lambda b: _k_quant_parts(b, five_bit=True),
     "Q6_K": _q6_k_parts,
     "Q2_K": lambda b: _as_q8_16(b, q2_k_values),
     "Q3_K": lambda b: _as_q8_16(b, q3_k_values),
@@ -291,12 +290,23 @@ def _dequant_q4_k(packed: Tensor, codes: Tensor, dm: Tensor) -> Tensor:
     return _dequant_q4_1(packed, dm[..., 0:1] * codes[..., 0:1], -(dm[..., 1:2] * codes[..., 1:2]))
 
 
+def _dequant_q5_k(packed: Tensor, fifth: Tensor, codes: Tensor, dm: Tensor) -> Tensor:
+    # each byte's bits by integer division in int32: shifts of the uint8 bytes (or a float floor of them) met
+    # tinygrad 0.14 rewrite bugs inside a traced layer function, and a mask tensor would be a buffer it may not hold
+    b = fifth.cast(dtypes.int32)
+    sixteens = Tensor.stack(*((b // (1 << i)) % 2 for i in range(8)), dim=-1).reshape(*fifth.shape[:-1], 32) * 16
+    dm, codes = _per_block(dm, packed.shape[1]), codes.cast(dtypes.float32)
+    q = Tensor.stack(packed & 15, packed >> 4, dim=2).reshape(*packed.shape[:-1], 32).cast(dtypes.int32) + sixteens
+    return q.cast(dtypes.float32) * (dm[..., 0:1] * codes[..., 0:1]) - dm[..., 1:2] * codes[..., 1:2]
+
+
 def _dequant_q6_k(q: Tensor, scales: Tensor, d: Tensor) -> Tensor:
     halves = q.reshape(*q.shape[:-1], 2, 16).cast(dtypes.float32)
     return (halves * (_per_block(d, q.shape[1]) * scales.cast(dtypes.float32)).unsqueeze(-1)).reshape(q.shape)
 
 
-_DEQUANT = {"Q4_1": _dequant_q4_1, "Q4_K": _dequant_q4_k, "Q6_K": _dequant_q6_k, "Q8_0": _dequant_q8_0, "Q8_16": _dequant_q8_16, "F16": _widen_f16,
+_DEQUANT = {"Q4_1": _dequant_q4_1, "Q4_K": _dequant_q4_k, "Q5_K": _dequant_q5_k, "Q6_K": _dequant_q6_k,
+            "Q8_0": _dequant_q8_0, "Q8_16": _dequant_q8_16, "F16": _widen_f16,
             "BF16": lambda w: kv_decode(w, "bfloat16"), "F8_E4M3": _dequant_f8_e4m3}
 
 
@@ -351,8 +361,7 @@ class DeviceWeight:
         """The float32 rows `idx` ([T] -> [T, K]), dequantising only the gathered blocks."""
         if self.kind == "F32":
             return self.parts[0][idx]
-        gathered = [p[idx] for p in self.parts]
-        gathered[0] = gathered[0].cast(self.parts[0].dtype)  # a gather may widen the integer type
+        gathered = [p[idx].cast(p.dtype) for p in self.parts]  # a gather may widen an integer type
         return _DEQUANT[self.kind](*gathered).reshape(idx.shape[0], self.shape[1])
 
     def __repr__(self) -> str:

@@ -24,18 +24,22 @@ def quantize_rows(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def weight_codes(kind: str, parts: list[np.ndarray]) -> np.ndarray:
-    """The integer values the kernels multiply: [N, K/32, 32] (Q4_1's and Q4_K's nibbles, Q8_0's signed bytes)."""
-    if kind in ("Q4_1", "Q4_K"):
+    """The integer values the kernels multiply: [N, K/32, 32] (Q4_1's and Q4_K's nibbles, Q5_K's with their fifth
+    bits, Q8_0's signed bytes)."""
+    if kind in ("Q4_1", "Q4_K", "Q5_K"):
         packed = parts[0].astype(np.int64)
-        return np.concatenate([packed & 15, packed >> 4], axis=-1)
+        codes = np.concatenate([packed & 15, packed >> 4], axis=-1)
+        if kind == "Q5_K":
+            codes += np.unpackbits(parts[1], axis=-1, bitorder="little").astype(np.int64) << 4
+        return codes
     return parts[0].astype(np.int64)
 
 
 def weight_scales(kind: str, parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
-    """Each block's scale and minimum (None for Q8_0) [N, K/32] float32; Q4_K's as float32 products of the
+    """Each block's scale and minimum (None for Q8_0) [N, K/32] float32; Q4_K's and Q5_K's as float32 products of the
     super-block's d or dmin and the block's 6-bit codes."""
-    if kind == "Q4_K":
-        codes, dm = parts[1].astype(f32), np.repeat(parts[2], 8, axis=1)
+    if kind in ("Q4_K", "Q5_K"):
+        codes, dm = parts[-2].astype(f32), np.repeat(parts[-1], 8, axis=1)
         return (dm[..., 0] * codes[..., 0]).astype(f32), (-(dm[..., 1] * codes[..., 1])).astype(f32)
     shape = parts[0].shape[:2]
     return parts[1].reshape(shape).astype(f32), parts[2].reshape(shape).astype(f32) if kind == "Q4_1" else None
@@ -43,8 +47,8 @@ def weight_scales(kind: str, parts: list[np.ndarray]) -> tuple[np.ndarray, np.nd
 
 def int8_matvec(kind: str, h: np.ndarray, parts: list[np.ndarray]) -> np.ndarray:
     """out [T, N] as the kernels compute it. parts: the DeviceWeight's (codes, d[, m]) as numpy arrays. Per output:
-    8 float lanes; block b adds float(its exact integer dot product) * (d_w * d_x) to lane b % 8, then for Q4_1 and
-    Q4_K m_w * (d_x * the block's code sum); out = ((L0 + L1) + (L2 + L3)) + ((L4 + L5) + (L6 + L7))."""
+    8 float lanes; block b adds float(its exact integer dot product) * (d_w * d_x) to lane b % 8, then for the nibble
+    kinds m_w * (d_x * the block's code sum); out = ((L0 + L1) + (L2 + L3)) + ((L4 + L5) + (L6 + L7))."""
     xq, xd, xm = quantize_rows(h)
     w = weight_codes(kind, parts)
     wd, wm = weight_scales(kind, parts)

@@ -18,7 +18,7 @@ from tinyvllm.workers.cpu_gemm import TILE_BYTES_PER_BLOCK
 from tinyvllm.workers.cpu_matvec import cpu_matvec
 
 TARGETS = {"native": ("-march=native",), "baseline": ()}
-INT8_KINDS = ["Q4_1", "Q8_0", "Q4_K"]
+INT8_KINDS = ["Q4_1", "Q8_0", "Q4_K", "Q5_K"]
 if platform.machine().lower() in ("x86_64", "amd64"):
     TARGETS["avx2"] = ("-march=native", "-mno-avx512f", "-mno-avxvnni")  # AVX2's maddubs path, no VNNI
 
@@ -43,12 +43,14 @@ def run_int8_gemm(flags: tuple[str, ...], kind: str, h: np.ndarray, parts: list[
 
 
 def random_parts(kind: str, cols: int, k: int) -> list[np.ndarray]:
-    """A DeviceWeight's parts of random blocks: codes, scales (and Q4_1's minimums; Q4_K's scale and minimum codes
-    and its super-blocks' d and dmin)."""
+    """A DeviceWeight's parts of random blocks: codes, scales (and Q4_1's minimums; Q4_K's and Q5_K's scale and
+    minimum codes and its super-blocks' d and dmin, after Q5_K's fifth bits)."""
     rng, blocks = np.random.default_rng(cols), (cols, k // 32)
     scales = (rng.standard_normal(blocks) * 0.02).astype(np.float32)
-    if kind == "Q4_K":
-        return [rng.integers(0, 256, (*blocks, 16), dtype=np.uint8), rng.integers(0, 64, (*blocks, 2), dtype=np.uint8),
+    if kind in ("Q4_K", "Q5_K"):
+        fifth = [rng.integers(0, 256, (*blocks, 4), dtype=np.uint8)] if kind == "Q5_K" else []
+        return [rng.integers(0, 256, (*blocks, 16), dtype=np.uint8), *fifth,
+                rng.integers(0, 64, (*blocks, 2), dtype=np.uint8),
                 (rng.standard_normal((cols, k // 256, 2)) * 0.002).astype(np.float32)]
     if kind == "Q4_1":
         return [rng.integers(0, 256, (*blocks, 16), dtype=np.uint8), scales, (rng.standard_normal(blocks) * 0.1).astype(np.float32)]
@@ -88,7 +90,7 @@ def test_kernel_equals_the_numpy_model_bit_for_bit(weights, target, kind, kernel
 def test_both_kernels_give_every_row_the_models_bits_on_a_larger_odd_shape(target, kind):
     """K = 544 (17 blocks: two whole groups of 8 lanes and one more; Q4_K: 768, 3 super-blocks), 30 columns (15 a
     core: a part panel of 3)."""
-    k = 768 if kind == "Q4_K" else 544
+    k = 768 if kind in ("Q4_K", "Q5_K") else 544
     parts, h = random_parts(kind, 30, k), np.random.default_rng(5).standard_normal((13, k)).astype(np.float32)
     want = int8_matvec(kind, h, parts)
     np.testing.assert_array_equal(run_int8_gemm(TARGETS[target], kind, h, parts), want)

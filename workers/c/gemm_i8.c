@@ -1,4 +1,4 @@
-// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a Q4_1, Q4_K or Q8_0 weight and more rows than matvec_i8.c takes, h given
+// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a Q4_1, Q4_K, Q5_K or Q8_0 weight and more rows than matvec_i8.c takes, h given
 // as quantize_i8.c's tiles of int8 codes: int8_rows.h's arithmetic, so every row gets the bits matvec_i8.c would
 // give it (a request's tokens do not depend on what shares its steps). Core core_id of CORES takes its share of
 // the columns, in panels of 4 weight rows, each unpacked once per slab of tiles (L2-sized) into a stack buffer
@@ -60,8 +60,9 @@ ALWAYS_INLINE i32x16 dot4(i32x16 acc, i32x16 w, i32x16 x) {
 // weight row n's block b as 32 code bytes (8 dwords: dword k = elements 4k..4k+3)
 ALWAYS_INLINE i32x8 block_codes(WEIGHT_PARAMS, int n, int b) {
 #if defined(WEIGHT_NIBBLES)
-  const u8x16 q = *(const u8x16 *)(weight + ((long)n * KB + b) * 16);
-  return (i32x8)__builtin_shufflevector(q & (unsigned char)15, q >> 4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+  u8x16 q0, q1;
+  block_nibbles(WEIGHT_ARGS, (long)n * KB + b, &q0, &q1);
+  return (i32x8)__builtin_shufflevector(q0, q1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
                                         14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
 #elif defined(OFFSET_CODES)
   return (i32x8)(*(const i8x32 *)(weight + ((long)n * KB + b) * 32) ^ (signed char)-128);

@@ -3,7 +3,7 @@
 // tests/workers/int8_matvec_model.py's bits.
 // Activations: int8 codes per 32-element block, scale = max |x| / 127 (llama.cpp's Q8_0/Q8_1 activations).
 // Per output: 8 float lanes; block b adds (float)(its exact integer dot product) * (d_w * d_x) to lane b % 8,
-// then for Q4_1 and Q4_K m_w * xm (xm = d_x * the block's code sum); out = ((L0 + L1) + (L2 + L3)) + ((L4 + L5) + (L6 + L7)).
+// then for the nibble kinds (Q4_1, Q4_K, Q5_K) m_w * xm (xm = d_x * the block's code sum); out = ((L0 + L1) + (L2 + L3)) + ((L4 + L5) + (L6 + L7)).
 // No reassociation, no contraction into fused multiply-adds. Needs K and kernel.h.
 #pragma clang fp contract(off)
 #ifndef KB
@@ -12,7 +12,7 @@
 
 typedef int i32x8 __attribute__((vector_size(32), aligned(4)));
 
-// x[K] as int8 codes xq and per block a scale xd and xm = xd * (the codes' sum), what a Q4_1 or Q4_K minimum multiplies
+// x[K] as int8 codes xq and per block a scale xd and xm = xd * (the codes' sum), what a nibble kind's minimum multiplies
 // (and that sum in xs, unless xs is 0);
 // code = (int)(x * (1 / scale) +- 0.5) in float32. A block with a NaN or an infinity gets codes 0 and scale NaN
 // (its outputs turn NaN, as the float kernel's would); one too small for 1 / scale to be finite, codes 0.

@@ -1,4 +1,4 @@
-// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a few rows and a Q4_1, Q4_K or Q8_0 weight, with h quantised to int8 per
+// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a few rows and a Q4_1, Q4_K, Q5_K or Q8_0 weight, with h quantised to int8 per
 // 32-element block and each block's products summed as integers: 4 multiplies per instruction lane (VNNI's
 // vpdpbusd, AVX2's vpmaddubsw + vpmaddwd, NEON's sdot), where the float32 kernel (matvec.c) widens every weight
 // to a float first. Core core_id of CORES computes its share of the columns; each core quantises h itself
@@ -13,7 +13,7 @@
 
 // weight row n's block b as the instructions take it (loaded and unpacked once for every activation row)
 #if defined(__AVX2__)
-typedef struct { __m256i u, w; } block_t;  // u: the unsigned factor (Q4_1's and Q4_K's nibbles, Q8_0's |w|); w: Q8_0's signs
+typedef struct { __m256i u, w; } block_t;  // u: the unsigned factor (the nibble kinds' codes, Q8_0's |w|); w: Q8_0's signs
 #elif defined(__ARM_FEATURE_DOTPROD)
 typedef struct { int8x16_t w0, w1; } block_t;
 #else
@@ -23,31 +23,27 @@ typedef struct { signed char w[32]; } block_t;
 ALWAYS_INLINE block_t load_block(WEIGHT_PARAMS, int n, int b) {
   block_t blk;
 #if defined(WEIGHT_NIBBLES)
-  const unsigned char *q = weight + ((long)n * KB + b) * 16;  // byte i: element i (low nibble), i + 16 (high)
+  u8x16 q0, q1;  // elements 0-15 and 16-31
+  block_nibbles(WEIGHT_ARGS, (long)n * KB + b, &q0, &q1);
+#if defined(__AVX2__)
+  blk.u = _mm256_set_m128i((__m128i)q1, (__m128i)q0);
+  blk.w = blk.u;
+#elif defined(__ARM_FEATURE_DOTPROD)
+  blk.w0 = vreinterpretq_s8_u8((uint8x16_t)q0);
+  blk.w1 = vreinterpretq_s8_u8((uint8x16_t)q1);
+#else
+  for (int e = 0; e < 16; e++) blk.w[e] = (signed char)q0[e], blk.w[e + 16] = (signed char)q1[e];
+#endif
 #else
   const signed char *q = weight + ((long)n * KB + b) * 32;
-#endif
-#if defined(__AVX2__) && defined(WEIGHT_NIBBLES)
-  const __m128i packed = _mm_loadu_si128((const __m128i *)q), low = _mm_set1_epi8(15);
-  blk.u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low), _mm_and_si128(packed, low));
-  blk.w = blk.u;
-#elif defined(__AVX2__)  // unsigned |w| times x with w's sign: the u8 x s8 products the instructions take
+#if defined(__AVX2__)  // unsigned |w| times x with w's sign: the u8 x s8 products the instructions take
   blk.w = _mm256_loadu_si256((const __m256i *)q);
   blk.u = _mm256_sign_epi8(blk.w, blk.w);
-#elif defined(__ARM_FEATURE_DOTPROD) && defined(WEIGHT_NIBBLES)
-  const uint8x16_t packed = vld1q_u8(q);
-  blk.w0 = vreinterpretq_s8_u8(vandq_u8(packed, vdupq_n_u8(15)));
-  blk.w1 = vreinterpretq_s8_u8(vshrq_n_u8(packed, 4));
 #elif defined(__ARM_FEATURE_DOTPROD)
   blk.w0 = vld1q_s8(q), blk.w1 = vld1q_s8(q + 16);
 #else
-  for (int e = 0; e < 32; e++) {
-#if defined(WEIGHT_NIBBLES)
-    blk.w[e] = (signed char)(e < 16 ? q[e] & 15 : q[e - 16] >> 4);
-#else
-    blk.w[e] = q[e];
+  for (int e = 0; e < 32; e++) blk.w[e] = q[e];
 #endif
-  }
 #endif
   return blk;
 }
@@ -63,7 +59,7 @@ ALWAYS_INLINE i32x8 block_dot(block_t blk, const signed char *restrict x) {
 #endif
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
   return (i32x8)_mm256_dpbusd_epi32(_mm256_setzero_si256(), blk.u, s);
-#else  // pairs of products fit int16 unsaturated: 15 * 127 * 2 and 128 * 127 * 2 are under 32767
+#else  // pairs of products fit int16 unsaturated: 31 * 127 * 2 and 128 * 127 * 2 are under 32767
   return (i32x8)_mm256_madd_epi16(_mm256_maddubs_epi16(blk.u, s), _mm256_set1_epi16(1));
 #endif
 #elif defined(__ARM_FEATURE_DOTPROD)
@@ -98,7 +94,7 @@ ALWAYS_INLINE f32x8 load8(const float *p, int n) {
 
 // the scales (and minimums) of row n's blocks b0 .. b0 + nb - 1 as 8 lanes, zeros after
 ALWAYS_INLINE void block_scales8(WEIGHT_PARAMS, int n, int b0, int nb, f32x8 *wd, f32x8 *wm) {
-#if defined(WEIGHT_Q4_K)  // nb = 8 and one super-block: K-quant rows are whole super-blocks of 8 blocks
+#if defined(WEIGHT_K_SCALES)  // nb = 8 and one super-block: K-quant rows are whole super-blocks of 8 blocks
   const u8x16 c = *(const u8x16 *)(codes + ((long)n * KB + b0) * 2);  // scale, minimum, scale, ...
   const float *super = dm + ((long)n * KB + b0) / 8 * 2;
   *wd = __builtin_convertvector(__builtin_shufflevector(c, c, 0, 2, 4, 6, 8, 10, 12, 14), f32x8) * super[0];

@@ -3,7 +3,8 @@
 // of nibbles, scale d, minimum m per 32-element block), WEIGHT_Q8_0 (32 signed bytes, scale d per block),
 // WEIGHT_Q8_16 (32 signed bytes, a scale d and a minimum m per 16 elements), WEIGHT_F8_E4M3 (32 float8 e4m3
 // codes, scale d per block), WEIGHT_Q4_K (Q4_1's nibbles; a 6-bit scale and minimum code per block, a d and dmin per
-// 8 blocks) or WEIGHT_Q6_K (32 signed bytes, a signed 8-bit scale per 16 elements, a d per 8 blocks).
+// 8 blocks), WEIGHT_Q5_K (Q4_K's, and 4 bytes of fifth bits per block) or WEIGHT_Q6_K (32 signed bytes, a signed
+// 8-bit scale per 16 elements, a d per 8 blocks).
 // WEIGHT_PARAMS are its C parameters, WEIGHT_ARGS the same names to pass on. Needs K (a multiple of 32; of 256
 // for the K-quants) and kernel.h.
 #define KB (K / 32)
@@ -29,17 +30,26 @@
 #elif defined(WEIGHT_Q4_K)
 #define WEIGHT_PARAMS const unsigned char *restrict weight, const unsigned char *restrict codes, const float *restrict dm
 #define WEIGHT_ARGS weight, codes, dm
+#elif defined(WEIGHT_Q5_K)
+#define WEIGHT_PARAMS const unsigned char *restrict weight, const unsigned char *restrict high, \
+                      const unsigned char *restrict codes, const float *restrict dm
+#define WEIGHT_ARGS weight, high, codes, dm
 #elif defined(WEIGHT_Q6_K)
 #define WEIGHT_PARAMS const signed char *restrict weight, const signed char *restrict scales, const float *restrict d
 #define WEIGHT_ARGS weight, scales, d
 #else
-#error "define one of WEIGHT_F32, WEIGHT_F16, WEIGHT_BF16, WEIGHT_Q4_1, WEIGHT_Q8_0, WEIGHT_Q8_16, WEIGHT_F8_E4M3, WEIGHT_Q4_K, WEIGHT_Q6_K"
+#error "define one of WEIGHT_F32, WEIGHT_F16, WEIGHT_BF16, WEIGHT_Q4_1, WEIGHT_Q8_0, WEIGHT_Q8_16, WEIGHT_F8_E4M3, \
+WEIGHT_Q4_K, WEIGHT_Q5_K, WEIGHT_Q6_K"
 #endif
-#if (defined(WEIGHT_Q4_K) || defined(WEIGHT_Q6_K)) && K % 256
+#if defined(WEIGHT_Q4_K) || defined(WEIGHT_Q5_K)
+#define WEIGHT_K_SCALES  // 6-bit scale and minimum codes per block, the super-block's d and dmin
+#endif
+#if (defined(WEIGHT_K_SCALES) || defined(WEIGHT_Q6_K)) && K % 256
 #error "a K-quant's rows are whole 256-element super-blocks"
 #endif
-#if defined(WEIGHT_Q4_1) || defined(WEIGHT_Q4_K)
-#define WEIGHT_NIBBLES  // 16 bytes of nibbles per block and a minimum: value = q * scale + minimum
+#if defined(WEIGHT_Q4_1) || defined(WEIGHT_K_SCALES)
+#define WEIGHT_NIBBLES  // 16 bytes of nibbles per block (Q5_K: and their fifth bits) and a minimum:
+                        // value = q * scale + minimum
 #endif
 
 #if defined(WEIGHT_Q4_1) || defined(WEIGHT_Q8_0) || defined(WEIGHT_F8_E4M3)
@@ -48,11 +58,29 @@ ALWAYS_INLINE float block_scale(WEIGHT_PARAMS, long i) { return d[i]; }
 #if defined(WEIGHT_Q4_1)
 ALWAYS_INLINE float block_min(WEIGHT_PARAMS, long i) { return m[i]; }
 #endif
-#elif defined(WEIGHT_Q4_K)
+#elif defined(WEIGHT_K_SCALES)
 // the super-block's d (dmin) times the block's 6-bit scale (minimum) code: the float32 product the repacked types
 // store (workers/quantized_weight.py), taken here so the device holds a byte where they hold a float
 ALWAYS_INLINE float block_scale(WEIGHT_PARAMS, long i) { return dm[i / 8 * 2] * (float)codes[2 * i]; }
 ALWAYS_INLINE float block_min(WEIGHT_PARAMS, long i) { return -(dm[i / 8 * 2 + 1] * (float)codes[2 * i + 1]); }
+#endif
+
+// block i's 16 nibble bytes as two code vectors: elements 0-15 in *q0, 16-31 in *q1 (Q5_K: 0..31, its fifth bits
+// added: bit e of the block's 4 bytes is element e's)
+#if defined(WEIGHT_NIBBLES)
+ALWAYS_INLINE void block_nibbles(WEIGHT_PARAMS, long i, u8x16 *q0, u8x16 *q1) {
+  const u8x16 q = *(const u8x16 *)(weight + i * 16);
+  *q0 = q & (unsigned char)15;
+  *q1 = q >> 4;
+#if defined(WEIGHT_Q5_K)
+  const unsigned char *h = high + i * 4;
+  const u8x16 bit = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+  const u8x16 h0 = {h[0], h[0], h[0], h[0], h[0], h[0], h[0], h[0], h[1], h[1], h[1], h[1], h[1], h[1], h[1], h[1]};
+  const u8x16 h1 = {h[2], h[2], h[2], h[2], h[2], h[2], h[2], h[2], h[3], h[3], h[3], h[3], h[3], h[3], h[3], h[3]};
+  *q0 |= (u8x16)((h0 & bit) != 0) & (unsigned char)16;
+  *q1 |= (u8x16)((h1 & bit) != 0) & (unsigned char)16;
+#endif
+}
 #endif
 
 // weight row n's 32-element block b as two 16-lane vectors: elements 0-15 in *w0, 16-31 in *w1
@@ -77,10 +105,11 @@ ALWAYS_INLINE void dequant_block(WEIGHT_PARAMS, int n, int b, v16 *w0, v16 *w1) 
   *w0 = widen_e4m3(q0) * scale;
   *w1 = widen_e4m3(q1) * scale;
 #elif defined(WEIGHT_NIBBLES)
-  const u8x16 q = *(const u8x16 *)(weight + ((long)n * KB + b) * 16);
+  u8x16 q0, q1;
+  block_nibbles(WEIGHT_ARGS, (long)n * KB + b, &q0, &q1);
   const float scale = block_scale(WEIGHT_ARGS, (long)n * KB + b), low = block_min(WEIGHT_ARGS, (long)n * KB + b);
-  *w0 = __builtin_convertvector(q & (unsigned char)15, v16) * scale + low;
-  *w1 = __builtin_convertvector(q >> 4, v16) * scale + low;
+  *w0 = __builtin_convertvector(q0, v16) * scale + low;
+  *w1 = __builtin_convertvector(q1, v16) * scale + low;
 #elif defined(WEIGHT_Q8_16)
   const i8x16 q0 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32);
   const i8x16 q1 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32 + 16);
@@ -116,8 +145,11 @@ ALWAYS_INLINE void prefetch_row(WEIGHT_PARAMS, int n) {
     __builtin_prefetch(d + (long)n * KB + i);
     __builtin_prefetch(m + (long)n * KB + i);
   }
-#elif defined(WEIGHT_Q4_K)
+#elif defined(WEIGHT_K_SCALES)
   for (int i = 0; i < KB * 16; i += 64) __builtin_prefetch(weight + (long)n * KB * 16 + i);
+#if defined(WEIGHT_Q5_K)
+  for (int i = 0; i < KB * 4; i += 64) __builtin_prefetch(high + (long)n * KB * 4 + i);
+#endif
   for (int i = 0; i < KB * 2; i += 64) __builtin_prefetch(codes + (long)n * KB * 2 + i);
   for (int i = 0; i < KB / 4; i += 16) __builtin_prefetch(dm + (long)n * KB / 4 + i);
 #elif defined(WEIGHT_Q6_K)
