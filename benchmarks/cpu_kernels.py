@@ -5,8 +5,9 @@ matvec_i8 and gemm_i8 with int8 activations; gemm_i8's time includes quantize_i8
 
 Each cell: a TinyJit chain of 32 products h = f(h, w) (so the CPU graph runs them back to back on all cores),
 median over 20 calls, per product. --kind: Q4_1 weights of random blocks (the default model's type, the default),
-Q4_K ones of the same values (every sub-block's 6-bit scale and minimum code 15), or F32, F16, BF16 or F8_E4M3 ones (float kernels only: matvec, gemm) of values that keep the chain's size; GB/s is
-the weight's bytes per product over its time. Prints a table.
+Q4_K ones of the same values (every sub-block's 6-bit scale and minimum code 15), Q5_K ones (5-bit codes, the same
+scale codes), or F32, F16, BF16 or F8_E4M3 ones (float kernels only: matvec, gemm) of values that keep the chain's
+size; GB/s is the weight's bytes per product over its time. Prints a table.
 
     DEV=CPU python benchmarks/cpu_kernels.py --kind BF16 --shapes 2048x2048 --rows 1 --kernels matvec
 """
@@ -42,6 +43,15 @@ def q4_k_weight(rng, n: int, k: int) -> DeviceWeight:
     blocks[:, :, 2:4] = np.frombuffer(np.float16(7.5 * scale / 15).tobytes(), np.uint8)
     blocks[:, :, 4:12], blocks[:, :, 12:16] = 15, 0xFF  # 6-bit scales and minimums 15 (the high two bits in 12-15)
     return DeviceWeight.from_host(QuantizedArray("Q4_K", blocks))
+
+
+def q5_k_weight(rng, n: int, k: int) -> DeviceWeight:
+    blocks = rng.integers(0, 256, size=(n, k // 256, 176), dtype=np.uint8)
+    scale = 1.0 / (9.2 * k ** 0.5)  # 9.2: the 5-bit codes' spread
+    blocks[:, :, 0:2] = np.frombuffer(np.float16(scale / 15).tobytes(), np.uint8)
+    blocks[:, :, 2:4] = np.frombuffer(np.float16(15.5 * scale / 15).tobytes(), np.uint8)
+    blocks[:, :, 4:12], blocks[:, :, 12:16] = 15, 0xFF
+    return DeviceWeight.from_host(QuantizedArray("Q5_K", blocks))
 
 
 def float_weight(rng, n: int, k: int, kind: str) -> DeviceWeight:
@@ -81,9 +91,9 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["576x576", "1536x1536"], help="square NxN weights (a chain)")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
-    ap.add_argument("--kind", default="Q4_1", choices=("Q4_1", "Q4_K", "F32", "F16", "BF16", "F8_E4M3"))
+    ap.add_argument("--kind", default="Q4_1", choices=("Q4_1", "Q4_K", "Q5_K", "F32", "F16", "BF16", "F8_E4M3"))
     args = ap.parse_args()
-    if args.kind not in ("Q4_1", "Q4_K") and (int8 := [k for k in args.kernels if k.endswith("_i8")]):
+    if args.kind not in ("Q4_1", "Q4_K", "Q5_K") and (int8 := [k for k in args.kernels if k.endswith("_i8")]):
         ap.error(f"--kind {args.kind} has float kernels only (matvec, gemm), not {', '.join(int8)}")
     configure_device(Device.DEFAULT, "c")  # raises unless DEV=CPU
     print("| weight | rows | " + " | ".join(f"{k} us" for k in args.kernels) + " | " +
@@ -94,7 +104,7 @@ def main() -> None:
     for shape in args.shapes:
         n, k = (int(v) for v in shape.split("x"))
         assert n == k, "the chain feeds each product's output into the next"
-        make = {"Q4_1": q4_1_weight, "Q4_K": q4_k_weight}.get(args.kind, lambda *a: float_weight(*a, args.kind))
+        make = {"Q4_1": q4_1_weight, "Q4_K": q4_k_weight, "Q5_K": q5_k_weight}.get(args.kind, lambda *a: float_weight(*a, args.kind))
         weights = [make(rng, n, k) for _ in range(4)]
         for rows in args.rows:
             times = [time_chain(lambda h, w, kernel=kernel: c_matmul(h, w, kernel, int8_tiles(h) if kernel == "gemm_i8"

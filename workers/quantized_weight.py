@@ -15,8 +15,9 @@ repacked types below the product of a super-block's scale and a sub-block's):
     Q8_16: int8 [N, K/32, 32], d and m float32 [N, K/32, 2] (one per 16 elements); value = q * d + m
     Q4_K: Q4_1's nibbles [N, K/32, 16], each 32-block's 6-bit scale and minimum codes uint8 [N, K/32, 2] and each
           256-element super-block's d and dmin float32 [N, K/256, 2]; value = q * (d x scale) - dmin x minimum
-    Q5_K: Q4_K's parts and each 32-block's fifth bits uint8 [N, K/32, 4] (bit e: element e's) after the nibbles;
-          value = (q + 16 x fifth bit) * (d x scale) - dmin x minimum
+    Q5_K: Q4_K's parts and, after the nibbles, each super-block's fifth bits as the file has them, uint8
+          [N, K/256, 32] (bit j of byte e: element e of 32-block j's); value = (q + 16 x fifth bit) * (d x scale)
+          - dmin x minimum
     Q6_K: codes q - 32 int8 [N, K/32, 32], a signed 8-bit scale per 16 elements int8 [N, K/32, 2] and each
           super-block's d float32 [N, K/256, 1]; value = q * (d x scale)
     F16:  float16 [N, K] (a 2-D float16 host array), widened in the kernel: half the bytes a step reads
@@ -186,13 +187,13 @@ def _narrowed(array, dtype: str):
 
 def _k_quant_parts(b: np.ndarray, five_bit: bool) -> tuple[np.ndarray, ...]:
     """Q4_K or Q5_K super-blocks [N, S, bytes] as their kind's parts: nibbles [N, 8S, 16] (Q4_1's order), Q5_K's
-    fifth bits [N, 8S, 4], 6-bit scale and minimum codes [N, 8S, 2], d and dmin float32 [N, S, 2]."""
+    fifth bits [N, S, 32] (the file's), 6-bit scale and minimum codes [N, 8S, 2], d and dmin float32 [N, S, 2]."""
     n, s = b.shape[:2]
     flat = b.reshape(n * s, -1)
     q, _, _ = k_quant_values(flat, five_bit)
     low = q & 15
     packed = low[..., :16] | (low[..., 16:] << 4)
-    fifth = (np.packbits(q >> 4, axis=-1, bitorder="little").reshape(n, s * 8, 4),) if five_bit else ()
+    fifth = (np.ascontiguousarray(b[:, :, 16:48]),) if five_bit else ()
     scale_codes = np.stack(k_scales_mins(flat[:, 4:16]), axis=-1).astype(np.uint8)
     return (packed.reshape(n, s * 8, 16), *fifth, scale_codes.reshape(n, s * 8, 2),
             np.concatenate([f16_field(b, 0), f16_field(b, 2)], axis=-1))
@@ -293,8 +294,8 @@ def _dequant_q4_k(packed: Tensor, codes: Tensor, dm: Tensor) -> Tensor:
 def _dequant_q5_k(packed: Tensor, fifth: Tensor, codes: Tensor, dm: Tensor) -> Tensor:
     # each byte's bits by integer division in int32: shifts of the uint8 bytes (or a float floor of them) met
     # tinygrad 0.14 rewrite bugs inside a traced layer function, and a mask tensor would be a buffer it may not hold
-    b = fifth.cast(dtypes.int32)
-    sixteens = Tensor.stack(*((b // (1 << i)) % 2 for i in range(8)), dim=-1).reshape(*fifth.shape[:-1], 32) * 16
+    b = fifth.cast(dtypes.int32)  # [N, S, 32]: bit j of byte e is element e of block j's
+    sixteens = Tensor.stack(*((b // (1 << j)) % 2 for j in range(8)), dim=2).reshape(*packed.shape[:-1], 32) * 16
     dm, codes = _per_block(dm, packed.shape[1]), codes.cast(dtypes.float32)
     q = Tensor.stack(packed & 15, packed >> 4, dim=2).reshape(*packed.shape[:-1], 32).cast(dtypes.int32) + sixteens
     return q.cast(dtypes.float32) * (dm[..., 0:1] * codes[..., 0:1]) - dm[..., 1:2] * codes[..., 1:2]

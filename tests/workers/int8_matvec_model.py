@@ -29,8 +29,9 @@ def weight_codes(kind: str, parts: list[np.ndarray]) -> np.ndarray:
     if kind in ("Q4_1", "Q4_K", "Q5_K"):
         packed = parts[0].astype(np.int64)
         codes = np.concatenate([packed & 15, packed >> 4], axis=-1)
-        if kind == "Q5_K":
-            codes += np.unpackbits(parts[1], axis=-1, bitorder="little").astype(np.int64) << 4
+        if kind == "Q5_K":  # fifth bits [N, S, 32]: bit j of byte e is element e of block j's
+            fifth = (parts[1][:, :, None, :].astype(np.int64) >> np.arange(8)[:, None]) & 1
+            codes += fifth.reshape(codes.shape) << 4
         return codes
     return parts[0].astype(np.int64)
 

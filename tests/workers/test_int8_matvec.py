@@ -48,7 +48,7 @@ def random_parts(kind: str, cols: int, k: int) -> list[np.ndarray]:
     rng, blocks = np.random.default_rng(cols), (cols, k // 32)
     scales = (rng.standard_normal(blocks) * 0.02).astype(np.float32)
     if kind in ("Q4_K", "Q5_K"):
-        fifth = [rng.integers(0, 256, (*blocks, 4), dtype=np.uint8)] if kind == "Q5_K" else []
+        fifth = [rng.integers(0, 256, (cols, k // 256, 32), dtype=np.uint8)] if kind == "Q5_K" else []
         return [rng.integers(0, 256, (*blocks, 16), dtype=np.uint8), *fifth,
                 rng.integers(0, 64, (*blocks, 2), dtype=np.uint8),
                 (rng.standard_normal((cols, k // 256, 2)) * 0.002).astype(np.float32)]

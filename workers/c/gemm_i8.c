@@ -60,10 +60,7 @@ ALWAYS_INLINE i32x16 dot4(i32x16 acc, i32x16 w, i32x16 x) {
 // weight row n's block b as 32 code bytes (8 dwords: dword k = elements 4k..4k+3)
 ALWAYS_INLINE i32x8 block_codes(WEIGHT_PARAMS, int n, int b) {
 #if defined(WEIGHT_NIBBLES)
-  u8x16 q0, q1;
-  block_nibbles(WEIGHT_ARGS, (long)n * KB + b, &q0, &q1);
-  return (i32x8)__builtin_shufflevector(q0, q1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
-                                        14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+  return (i32x8)block_codes32(WEIGHT_ARGS, n, b);
 #elif defined(OFFSET_CODES)
   return (i32x8)(*(const i8x32 *)(weight + ((long)n * KB + b) * 32) ^ (signed char)-128);
 #else

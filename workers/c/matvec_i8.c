@@ -23,16 +23,14 @@ typedef struct { signed char w[32]; } block_t;
 ALWAYS_INLINE block_t load_block(WEIGHT_PARAMS, int n, int b) {
   block_t blk;
 #if defined(WEIGHT_NIBBLES)
-  u8x16 q0, q1;  // elements 0-15 and 16-31
-  block_nibbles(WEIGHT_ARGS, (long)n * KB + b, &q0, &q1);
+  const u8x32 c = block_codes32(WEIGHT_ARGS, n, b);
 #if defined(__AVX2__)
-  blk.u = _mm256_set_m128i((__m128i)q1, (__m128i)q0);
-  blk.w = blk.u;
+  blk.u = blk.w = (__m256i)c;
 #elif defined(__ARM_FEATURE_DOTPROD)
-  blk.w0 = vreinterpretq_s8_u8((uint8x16_t)q0);
-  blk.w1 = vreinterpretq_s8_u8((uint8x16_t)q1);
+  blk.w0 = vreinterpretq_s8_u8((uint8x16_t)LOW_HALF(c));
+  blk.w1 = vreinterpretq_s8_u8((uint8x16_t)HIGH_HALF(c));
 #else
-  for (int e = 0; e < 16; e++) blk.w[e] = (signed char)q0[e], blk.w[e + 16] = (signed char)q1[e];
+  for (int e = 0; e < 32; e++) blk.w[e] = (signed char)c[e];
 #endif
 #else
   const signed char *q = weight + ((long)n * KB + b) * 32;

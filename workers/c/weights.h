@@ -3,7 +3,8 @@
 // of nibbles, scale d, minimum m per 32-element block), WEIGHT_Q8_0 (32 signed bytes, scale d per block),
 // WEIGHT_Q8_16 (32 signed bytes, a scale d and a minimum m per 16 elements), WEIGHT_F8_E4M3 (32 float8 e4m3
 // codes, scale d per block), WEIGHT_Q4_K (Q4_1's nibbles; a 6-bit scale and minimum code per block, a d and dmin per
-// 8 blocks), WEIGHT_Q5_K (Q4_K's, and 4 bytes of fifth bits per block) or WEIGHT_Q6_K (32 signed bytes, a signed
+// 8 blocks), WEIGHT_Q5_K (Q4_K's, and the file's 32 bytes of fifth bits per 8 blocks) or WEIGHT_Q6_K (32 signed
+// bytes, a signed
 // 8-bit scale per 16 elements, a d per 8 blocks).
 // WEIGHT_PARAMS are its C parameters, WEIGHT_ARGS the same names to pass on. Needs K (a multiple of 32; of 256
 // for the K-quants) and kernel.h.
@@ -65,21 +66,25 @@ ALWAYS_INLINE float block_scale(WEIGHT_PARAMS, long i) { return dm[i / 8 * 2] * 
 ALWAYS_INLINE float block_min(WEIGHT_PARAMS, long i) { return -(dm[i / 8 * 2 + 1] * (float)codes[2 * i + 1]); }
 #endif
 
-// block i's 16 nibble bytes as two code vectors: elements 0-15 in *q0, 16-31 in *q1 (Q5_K: 0..31, its fifth bits
-// added: bit e of the block's 4 bytes is element e's)
+typedef unsigned char u8x32 __attribute__((vector_size(32), aligned(1)));
+#define LOW_HALF(v) __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+#define HIGH_HALF(v) __builtin_shufflevector(v, v, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31)
+
+// weight row n's block b's codes, elements 0-31 in order, from its 16 nibble bytes (Q5_K: 0..31, its fifth bits
+// added: as the file keeps them, 32 bytes per super-block, bit j of byte e the fifth bit of element e of block j)
 #if defined(WEIGHT_NIBBLES)
-ALWAYS_INLINE void block_nibbles(WEIGHT_PARAMS, long i, u8x16 *q0, u8x16 *q1) {
-  const u8x16 q = *(const u8x16 *)(weight + i * 16);
-  *q0 = q & (unsigned char)15;
-  *q1 = q >> 4;
+ALWAYS_INLINE u8x32 block_codes32(WEIGHT_PARAMS, int n, int b) {
+  const u8x16 q = *(const u8x16 *)(weight + ((long)n * KB + b) * 16);
+  u8x32 c = __builtin_shufflevector(q, q >> 4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,
+                                    20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31) & (unsigned char)15;
 #if defined(WEIGHT_Q5_K)
-  const unsigned char *h = high + i * 4;
-  const u8x16 bit = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
-  const u8x16 h0 = {h[0], h[0], h[0], h[0], h[0], h[0], h[0], h[0], h[1], h[1], h[1], h[1], h[1], h[1], h[1], h[1]};
-  const u8x16 h1 = {h[2], h[2], h[2], h[2], h[2], h[2], h[2], h[2], h[3], h[3], h[3], h[3], h[3], h[3], h[3], h[3]};
-  *q0 |= (u8x16)((h0 & bit) != 0) & (unsigned char)16;
-  *q1 |= (u8x16)((h1 & bit) != 0) & (unsigned char)16;
+  // bit j moved to bit 4 (16); unsigned, and b's place in its super-block apart: where b steps through whole
+  // super-blocks, the compiler sees j as a constant and shifts by an immediate
+  const u8x32 h = *(const u8x32 *)(high + ((unsigned long)n * (KB / 8) + (unsigned)b / 8) * 32);
+  const unsigned j = (unsigned)b % 8;
+  c |= (j <= 4 ? h << (4 - j) : h >> (j - 4)) & (unsigned char)16;
 #endif
+  return c;
 }
 #endif
 
@@ -105,11 +110,10 @@ ALWAYS_INLINE void dequant_block(WEIGHT_PARAMS, int n, int b, v16 *w0, v16 *w1) 
   *w0 = widen_e4m3(q0) * scale;
   *w1 = widen_e4m3(q1) * scale;
 #elif defined(WEIGHT_NIBBLES)
-  u8x16 q0, q1;
-  block_nibbles(WEIGHT_ARGS, (long)n * KB + b, &q0, &q1);
+  const u8x32 c = block_codes32(WEIGHT_ARGS, n, b);
   const float scale = block_scale(WEIGHT_ARGS, (long)n * KB + b), low = block_min(WEIGHT_ARGS, (long)n * KB + b);
-  *w0 = __builtin_convertvector(q0, v16) * scale + low;
-  *w1 = __builtin_convertvector(q1, v16) * scale + low;
+  *w0 = __builtin_convertvector(LOW_HALF(c), v16) * scale + low;
+  *w1 = __builtin_convertvector(HIGH_HALF(c), v16) * scale + low;
 #elif defined(WEIGHT_Q8_16)
   const i8x16 q0 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32);
   const i8x16 q1 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32 + 16);
@@ -148,7 +152,7 @@ ALWAYS_INLINE void prefetch_row(WEIGHT_PARAMS, int n) {
 #elif defined(WEIGHT_K_SCALES)
   for (int i = 0; i < KB * 16; i += 64) __builtin_prefetch(weight + (long)n * KB * 16 + i);
 #if defined(WEIGHT_Q5_K)
-  for (int i = 0; i < KB * 4; i += 64) __builtin_prefetch(high + (long)n * KB * 4 + i);
+  for (int i = 0; i < KB * 4; i += 64) __builtin_prefetch(high + (long)n * KB * 4 + i);  // 32 bytes per 8 blocks
 #endif
   for (int i = 0; i < KB * 2; i += 64) __builtin_prefetch(codes + (long)n * KB * 2 + i);
   for (int i = 0; i < KB / 4; i += 16) __builtin_prefetch(dm + (long)n * KB / 4 + i);
