@@ -44,7 +44,7 @@ def c_matmul(h: Tensor, w, kernel: str, h_input: Tensor | None = None) -> Tensor
     return out.custom_kernel(h.float().contiguous() if h_input is None else h_input, *w.parts, fxn=fxn)[0]
 
 
-INT8_ACTIVATION_KINDS = ("Q4_1", "Q4_K", "Q5_K", "Q8_0")
+INT8_ACTIVATION_KINDS = ("Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0")
 
 
 def takes_int8(w, int8_activations: bool) -> bool:
@@ -55,7 +55,7 @@ def takes_int8(w, int8_activations: bool) -> bool:
 
 def cpu_matvec(h: Tensor, w, int8_activations: bool = False) -> Tensor:
     """h [T, K] @ w.T (see c_matmul). Best for a few rows; workers/cpu_gemm.py's register tiles win from
-    GEMM_MIN_ROWS rows (int8: INT8_GEMM_MIN_ROWS). int8_activations (Q4_1, Q4_K, Q5_K and Q8_0 weights):
+    GEMM_MIN_ROWS rows (int8: INT8_GEMM_MIN_ROWS). int8_activations (INT8_ACTIVATION_KINDS weights):
     workers/c/matvec_i8.c,
     h quantised to int8 per block and multiplied with integer dot products (not exact: within half a step of each
     block's scale)."""

@@ -25,7 +25,7 @@ def quantize_rows(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def weight_codes(kind: str, parts: list[np.ndarray]) -> np.ndarray:
     """The integer values the kernels multiply: [N, K/32, 32] (Q4_1's and Q4_K's nibbles, Q5_K's with their fifth
-    bits, Q8_0's signed bytes)."""
+    bits, Q8_0's and Q6_K's signed bytes)."""
     if kind in ("Q4_1", "Q4_K", "Q5_K"):
         packed = parts[0].astype(np.int64)
         codes = np.concatenate([packed & 15, packed >> 4], axis=-1)
@@ -39,6 +39,8 @@ def weight_codes(kind: str, parts: list[np.ndarray]) -> np.ndarray:
 def weight_scales(kind: str, parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
     """Each block's scale and minimum (None for Q8_0) [N, K/32] float32; Q4_K's and Q5_K's as float32 products of the
     super-block's d or dmin and the block's 6-bit codes."""
+    if kind == "Q6_K":  # the super-block's d (the half-blocks' scales multiply the integer sums: half_scaled)
+        return np.repeat(parts[2][..., 0], 8, axis=1).astype(f32), None
     if kind in ("Q4_K", "Q5_K"):
         codes, dm = parts[-2].astype(f32), np.repeat(parts[-1], 8, axis=1)
         return (dm[..., 0] * codes[..., 0]).astype(f32), (-(dm[..., 1] * codes[..., 1])).astype(f32)
@@ -53,7 +55,11 @@ def int8_matvec(kind: str, h: np.ndarray, parts: list[np.ndarray]) -> np.ndarray
     xq, xd, xm = quantize_rows(h)
     w = weight_codes(kind, parts)
     wd, wm = weight_scales(kind, parts)
-    dots = np.einsum("tbe,nbe->tnb", xq, w).astype(f32)  # exact integers (int32 in the kernels), then float32
+    if kind == "Q6_K":  # each 16-element half's exact sum times its signed 8-bit scale, still an exact integer
+        halves = np.einsum("tbhe,nbhe->tnbh", xq.reshape(*xq.shape[:2], 2, 16), w.reshape(*w.shape[:2], 2, 16))
+        dots = (halves * parts[1].astype(np.int64)[None]).sum(-1).astype(f32)
+    else:
+        dots = np.einsum("tbe,nbe->tnb", xq, w).astype(f32)  # exact integers (int32 in the kernels), then float32
     lanes = np.zeros((h.shape[0], w.shape[0], LANES), f32)
     with np.errstate(invalid="ignore", over="ignore"):
         for b in range(w.shape[1]):

@@ -1,4 +1,4 @@
-// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a Q4_1, Q4_K, Q5_K or Q8_0 weight and more rows than matvec_i8.c takes, h given
+// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a Q4_1, Q4_K, Q5_K, Q6_K or Q8_0 weight and more rows than matvec_i8.c takes, h given
 // as quantize_i8.c's tiles of int8 codes: int8_rows.h's arithmetic, so every row gets the bits matvec_i8.c would
 // give it (a request's tokens do not depend on what shares its steps). Core core_id of CORES takes its share of
 // the columns, in panels of 4 weight rows, each unpacked once per slab of tiles (L2-sized) into a stack buffer
@@ -24,10 +24,14 @@ typedef signed char i8x32 __attribute__((vector_size(32), aligned(1)));
 #define SPREAD4(v) __builtin_shufflevector(v, v, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)  // lane 4j + i: v[i]
 #define EACH4(v) __builtin_shufflevector(v, v, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)    // lane 4j + i: v[j]
 
-// acc + per lane the sum of the 4 products of w's and x's bytes in it (w: nibbles or Q8_0's codes)
-#if defined(__AVX2__) && !defined(__AVX512VNNI__)
+// acc + per lane the sum of the 4 products of w's and x's bytes in it (w: nibbles or signed codes). Q6_K's signed
+// codes take AVX2's path on VNNI CPUs too: vpdpbusd's unsigned factor would need an offset per 16 codes.
+#if defined(__AVX512VNNI__) && !defined(WEIGHT_Q6_K)
+#define DOT4_VNNI 1
+#endif
+#if defined(__AVX2__) && !defined(DOT4_VNNI)
 ALWAYS_INLINE __m256i dot4_half(__m256i w, __m256i x) {  // pairs of products fit int16 (see matvec_i8.c)
-#if defined(WEIGHT_Q8_0)
+#if defined(WEIGHT_SIGNED_CODES)
   return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
 #else
   return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
@@ -37,7 +41,7 @@ ALWAYS_INLINE __m256i dot4_half(__m256i w, __m256i x) {  // pairs of products fi
 #define HALF(v, h) __builtin_shufflevector(v, v, 8 * h, 8 * h + 1, 8 * h + 2, 8 * h + 3, 8 * h + 4, 8 * h + 5, 8 * h + 6, 8 * h + 7)
 #define QUARTER(v, q) __builtin_shufflevector(v, v, 4 * q, 4 * q + 1, 4 * q + 2, 4 * q + 3)
 ALWAYS_INLINE i32x16 dot4(i32x16 acc, i32x16 w, i32x16 x) {
-#if defined(__AVX512VNNI__)
+#if defined(DOT4_VNNI)
   return (i32x16)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)w, (__m512i)x);
 #elif defined(__AVX2__)
   const i32x8 lo = (i32x8)dot4_half((__m256i)HALF(w, 0), (__m256i)HALF(x, 0));
@@ -71,6 +75,9 @@ ALWAYS_INLINE i32x8 block_codes(WEIGHT_PARAMS, int n, int b) {
 typedef struct {
   i32x16 codes[KB][8];  // [b][k]: lane 4j + i = dword k of weight row j
   f32x16 d[KB], m[KB];
+#if defined(WEIGHT_Q6_K)
+  i32x16 half_scale[KB][2];  // lane 4j + i: weight row j's scale of elements 0-15, 16-31
+#endif
 } panel_t;
 
 #define SPREAD_ROWS(k) __builtin_shufflevector(c01, c23, k, k, k, k, 8 + k, 8 + k, 8 + k, 8 + k, 16 + k, 16 + k, 16 + k, \
@@ -97,6 +104,13 @@ ALWAYS_INLINE void unpack_panel(WEIGHT_PARAMS, int n0, int nr, panel_t *restrict
     }
     panel->d[b] = EACH4(ds);
     panel->m[b] = EACH4(ms);
+#if defined(WEIGHT_Q6_K)
+    for (int half = 0; half < 2; half++) {
+      i32x4 hs;
+      for (int j = 0; j < 4; j++) hs[j] = block_half_scale(WEIGHT_ARGS, (long)n[j] * KB + b, half);
+      panel->half_scale[b][half] = EACH4(hs);
+    }
+#endif
   }
 }
 
@@ -109,7 +123,12 @@ ALWAYS_INLINE f32x16 block_step(f32x16 acc, const tile_t *restrict tile, const p
 #endif
   for (int k = 0; k < 4; k++) s0 = dot4(s0, panel->codes[b][k], SPREAD4(tile->codes[b][k]));
   for (int k = 4; k < 8; k++) s1 = dot4(s1, panel->codes[b][k], SPREAD4(tile->codes[b][k]));
-  acc += __builtin_convertvector(s0 + s1, f32x16) * (panel->d[b] * SPREAD4(tile->d[b]));
+#if defined(WEIGHT_Q6_K)  // k 0-3: elements 0-15 (s0), k 4-7: 16-31 (s1)
+  const i32x16 sum = s0 * panel->half_scale[b][0] + s1 * panel->half_scale[b][1];
+#else
+  const i32x16 sum = s0 + s1;
+#endif
+  acc += __builtin_convertvector(sum, f32x16) * (panel->d[b] * SPREAD4(tile->d[b]));
 #if defined(WEIGHT_NIBBLES)
   acc += panel->m[b] * SPREAD4(tile->m[b]);
 #endif

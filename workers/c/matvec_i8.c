@@ -1,4 +1,4 @@
-// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a few rows and a Q4_1, Q4_K, Q5_K or Q8_0 weight, with h quantised to int8 per
+// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a few rows and a Q4_1, Q4_K, Q5_K, Q6_K or Q8_0 weight, with h quantised to int8 per
 // 32-element block and each block's products summed as integers: 4 multiplies per instruction lane (VNNI's
 // vpdpbusd, AVX2's vpmaddubsw + vpmaddwd, NEON's sdot), where the float32 kernel (matvec.c) widens every weight
 // to a float first. Core core_id of CORES computes its share of the columns; each core quantises h itself
@@ -13,7 +13,7 @@
 
 // weight row n's block b as the instructions take it (loaded and unpacked once for every activation row)
 #if defined(__AVX2__)
-typedef struct { __m256i u, w; } block_t;  // u: the unsigned factor (the nibble kinds' codes, Q8_0's |w|); w: Q8_0's signs
+typedef struct { __m256i u, w; } block_t;  // u: the unsigned factor (nibble kinds' codes, signed ones' |w|); w: signs
 #elif defined(__ARM_FEATURE_DOTPROD)
 typedef struct { int8x16_t w0, w1; } block_t;
 #else
@@ -46,8 +46,36 @@ ALWAYS_INLINE block_t load_block(WEIGHT_PARAMS, int n, int b) {
   return blk;
 }
 
-// the block's 8 int32 lanes against the activation codes x[32] (see the top)
-ALWAYS_INLINE i32x8 block_dot(block_t blk, const signed char *restrict x) {
+// Q6_K: block b0 + i's half-block scales as block_dot multiplies its lanes: with AVX2 16-bit ones for madd, lanes
+// 0-7 elements 0-15's scale and 8-15 16-31's (one byte shuffle of the 8 blocks' scales, widened once: the
+// compiler keeps that across the unrolled blocks), else 32-bit ones for lanes 0-3 and 4-7
+#if defined(__AVX2__)
+typedef __m256i half_scales_t;
+#else
+typedef i32x8 half_scales_t;
+#endif
+#if defined(WEIGHT_Q6_K)
+ALWAYS_INLINE half_scales_t half_scales(WEIGHT_PARAMS, int n, int b0, int i) {
+  const signed char *sc = scales + ((long)n * KB + b0) * 2;  // s0, s1 of block b0, then of b0 + 1, ...
+#if defined(__AVX2__)
+  // the 8 blocks' scales as int16: lane 2k + h of `wide` holds block k's scale of half h (in both 128-bit halves)
+  const __m128i wide = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)sc));
+  const __m128i wide_hi = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8)));
+  const __m128i s = i < 4 ? wide : wide_hi;
+  const int k = i % 4;  // block i's pair of 16-bit lanes in s
+  const __m128i h0 = _mm_shuffle_epi8(s, _mm_set1_epi16((short)((4 * k + 1) << 8 | 4 * k)));
+  const __m128i h1 = _mm_shuffle_epi8(s, _mm_set1_epi16((short)((4 * k + 3) << 8 | (4 * k + 2))));
+  return _mm256_set_m128i(h1, h0);
+#else
+  const int s0 = sc[2 * i], s1 = sc[2 * i + 1];
+  return (i32x8){s0, s0, s0, s0, s1, s1, s1, s1};
+#endif
+}
+#endif
+
+// the block's 8 int32 lanes against the activation codes x[32] (see the top); Q6_K: each half's lanes times its
+// scale (`scales`, from half_scales; other kinds ignore it)
+ALWAYS_INLINE i32x8 block_dot(block_t blk, const signed char *restrict x, half_scales_t scales) {
 #if defined(__AVX2__)
   const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
 #if defined(WEIGHT_NIBBLES)
@@ -55,19 +83,28 @@ ALWAYS_INLINE i32x8 block_dot(block_t blk, const signed char *restrict x) {
 #else
   const __m256i s = _mm256_sign_epi8(xv, blk.w);
 #endif
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(WEIGHT_Q6_K)  // the scales as madd's second factor instead of ones: no multiply of their own
+  return (i32x8)_mm256_madd_epi16(_mm256_maddubs_epi16(blk.u, s), scales);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
   return (i32x8)_mm256_dpbusd_epi32(_mm256_setzero_si256(), blk.u, s);
 #else  // pairs of products fit int16 unsaturated: 31 * 127 * 2 and 128 * 127 * 2 are under 32767
   return (i32x8)_mm256_madd_epi16(_mm256_maddubs_epi16(blk.u, s), _mm256_set1_epi16(1));
 #endif
-#elif defined(__ARM_FEATURE_DOTPROD)
+#else
+#if defined(__ARM_FEATURE_DOTPROD)
   const int32x4_t lo = vdotq_s32(vdupq_n_s32(0), blk.w0, vld1q_s8(x));
   const int32x4_t hi = vdotq_s32(vdupq_n_s32(0), blk.w1, vld1q_s8(x + 16));
-  return (i32x8){lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]};
+  const i32x8 lanes = {lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]};
 #else
   i32x8 lanes = {0};
   for (int e = 0; e < 32; e++) lanes[e / 4] += blk.w[e] * x[e];
+#endif
+#if defined(WEIGHT_Q6_K)
+  return lanes * scales;
+#else
+  (void)scales;
   return lanes;
+#endif
 #endif
 }
 
@@ -97,6 +134,8 @@ ALWAYS_INLINE void block_scales8(WEIGHT_PARAMS, int n, int b0, int nb, f32x8 *wd
   const float *super = dm + ((long)n * KB + b0) / 8 * 2;
   *wd = __builtin_convertvector(__builtin_shufflevector(c, c, 0, 2, 4, 6, 8, 10, 12, 14), f32x8) * super[0];
   *wm = -(__builtin_convertvector(__builtin_shufflevector(c, c, 1, 3, 5, 7, 9, 11, 13, 15), f32x8) * super[1]);
+#elif defined(WEIGHT_Q6_K)  // the one super-block's d for its 8 blocks
+  *wd = (f32x8){0} + d[((long)n * KB + b0) / 8];
 #else
   *wd = load8(d + (long)n * KB + b0, nb);
 #if defined(WEIGHT_Q4_1)
@@ -121,7 +160,12 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
       for (int i = 0; i < 8; i++) {
         if (i < nb) {
           const block_t blk = load_block(WEIGHT_ARGS, n, b0 + i);
-          for (int t = 0; t < ROWS; t++) dots[t][i] = block_dot(blk, xq[t] + (b0 + i) * 32);
+#if defined(WEIGHT_Q6_K)
+          const half_scales_t hs = half_scales(WEIGHT_ARGS, n, b0, i);
+#else
+          const half_scales_t hs = {0};
+#endif
+          for (int t = 0; t < ROWS; t++) dots[t][i] = block_dot(blk, xq[t] + (b0 + i) * 32, hs);
         } else {
           for (int t = 0; t < ROWS; t++) dots[t][i] = (i32x8){0};
         }

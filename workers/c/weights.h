@@ -52,6 +52,9 @@ WEIGHT_Q4_K, WEIGHT_Q5_K, WEIGHT_Q6_K"
 #define WEIGHT_NIBBLES  // 16 bytes of nibbles per block (Q5_K: and their fifth bits) and a minimum:
                         // value = q * scale + minimum
 #endif
+#if defined(WEIGHT_Q8_0) || defined(WEIGHT_Q6_K)
+#define WEIGHT_SIGNED_CODES  // 32 signed bytes per block: value = q * scale (Q6_K: a scale per 16 of them)
+#endif
 
 #if defined(WEIGHT_Q4_1) || defined(WEIGHT_Q8_0) || defined(WEIGHT_F8_E4M3)
 // block i (= n * KB + b)'s scale and (Q4_1) minimum, as the int8 products take them
@@ -64,6 +67,11 @@ ALWAYS_INLINE float block_min(WEIGHT_PARAMS, long i) { return m[i]; }
 // store (workers/quantized_weight.py), taken here so the device holds a byte where they hold a float
 ALWAYS_INLINE float block_scale(WEIGHT_PARAMS, long i) { return dm[i / 8 * 2] * (float)codes[2 * i]; }
 ALWAYS_INLINE float block_min(WEIGHT_PARAMS, long i) { return -(dm[i / 8 * 2 + 1] * (float)codes[2 * i + 1]); }
+#elif defined(WEIGHT_Q6_K)
+// the super-block's d; the int8 products multiply each half-block's integer sum by its 8-bit scale first
+// (block_half_scale), as llama.cpp's q6_K x q8_K does, so the block's sum stays an exact integer
+ALWAYS_INLINE float block_scale(WEIGHT_PARAMS, long i) { return d[i / 8]; }
+ALWAYS_INLINE int block_half_scale(WEIGHT_PARAMS, long i, int half) { return scales[2 * i + half]; }
 #endif
 
 typedef unsigned char u8x32 __attribute__((vector_size(32), aligned(1)));
