@@ -92,14 +92,14 @@ class SamplingMasks:
         return state.thinking
 
     def allowed(self, states: list, vocab_size: int) -> np.ndarray | None:
-        """[R, V] bool, True where row j may sample the token; None when no row is masked. Rows without a mask, and
-        rows still thinking within their budget, allow everything. A stopped matcher (complete) or one in an error
+        """[R, V] bool, True where row j may sample the token; None when no row is masked, or none restricts its
+        tokens this step. Rows without a mask, and rows still thinking within their budget, allow everything. A stopped matcher (complete) or one in an error
         state allows EOS only: the request ends."""
         rows = [(j, s) for j, s in enumerate(states) if s.sampling.masked]
         if not rows:
             return None
         words = np.full((len(states), (vocab_size + 31) // 32), -1, np.int32)
-        ended, only, also = [], {}, {}  # rows allowing EOS only; j -> the one token allowed; j -> a token more
+        ended, only, also, filled = [], {}, {}, []  # EOS-only rows; j -> the one token; j -> a token more; masked
         # one thread below: a pool's spinning threads would slow the CPU backend's kernels
         for j, s in rows:
             thinking = self._thinking(s)
@@ -117,19 +117,24 @@ class SamplingMasks:
                     matcher.consume_tokens(partial)
                     fill_next_token_bitmask(matcher, words, j)
                     matcher.rollback(len(partial))
+                    filled.append(j)
             else:
                 matcher = self._synced(s, thinking.answer_start if thinking is not None else 0)
                 if matcher.is_error() or matcher.is_stopped():
                     ended.append(j)
                 else:
                     fill_next_token_bitmask(matcher, words, j)
+                    filled.append(j)
+        if not (filled or ended or only):  # rows thinking within their budget, or answering with no grammar
+            return None
         allowed = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size].astype(bool)
         for j in ended:
             allowed[j] = False
             allowed[j, [t for t in states[j].eos_token_ids if 0 <= t < vocab_size]] = True
         for j, token in also.items():
-            allowed[j, token] = True
+            if 0 <= token < vocab_size:
+                allowed[j, token] = True
         for j, token in only.items():
             allowed[j] = False
-            allowed[j, token] = True
+            allowed[j, token if 0 <= token < vocab_size else states[j].eos_token_ids[0]] = True
         return allowed

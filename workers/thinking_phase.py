@@ -19,7 +19,7 @@ class ThinkingPhase:
     params: ThinkingParams
     phase: str  # "start" (the reply may open its thinking), "thinking", "answer"
     num_seen: int = 0  # output tokens looked at
-    num_thinking: int = 0  # tokens after the opening tag, the closing tag's so far included
+    num_thinking: int = 0  # tokens after the opening tag, a closing tag begun included
     closing: int = 0  # how many of the closing tag's tokens the output ends with
     answer_start: int = 0  # the answer's first output token, once the phase is "answer"
 
@@ -44,9 +44,10 @@ class ThinkingPhase:
                     self.phase, self.answer_start = "answer", self.num_seen
 
     def forced(self) -> int | None:
-        """The only token the reply may take next: the closing tag's next one once the budget is spent."""
+        """The only token the reply may take next: the closing tag's next one once the budget is spent (a closing
+        tag begun counts as thinking until it is whole, so a false start cannot take the thinking past it)."""
         budget = self.params.budget
-        if self.phase != "thinking" or budget is None or self.num_thinking - self.closing < budget:
+        if self.phase != "thinking" or budget is None or self.num_thinking < budget:
             return None
         return self.params.end_ids[self.closing]
 

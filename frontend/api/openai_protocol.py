@@ -215,6 +215,9 @@ def parse_chat_request(body: Any) -> GenerationRequest:
     req.messages = message_dicts(parsed.messages)
     req.template_kwargs = template_kwargs(parsed.chat_template_kwargs or {}, parsed.reasoning_effort)
     req.thinking_budget = parsed.thinking_token_budget
+    if req.thinking_budget is not None and req.beam_search is not None:
+        # each beam step is a request of its own, so no worker would follow a beam's thinking
+        raise APIError("thinking_token_budget is not supported with use_beam_search", param="thinking_token_budget")
     return req
 
 

@@ -186,7 +186,7 @@ class ChatRequest(SamplingFields):
                                                                  "enable_thinking: false turns its thinking off)")
     reasoning_effort: Literal["low", "medium", "high"] | None = Field(
         None, examples=["low"], description="passed to the chat template as reasoning_effort (for models whose template reads it)")
-    thinking_token_budget: Annotated[int | None, Field(ge=0)] = Field(
+    thinking_token_budget: Annotated[int | None, Field(ge=0, le=2**31 - 1)] = Field(
         None, examples=[256], description="a reasoning model thinks at most this many tokens: then its reply is made "
                                           "to close the thinking and answer (vLLM's name)")
 

@@ -34,6 +34,11 @@ class ReasoningFormat:
         templates end with `<think>`)."""
         return prompt.rstrip().endswith(self.start)
 
+    def closed_by(self, prompt: str) -> bool:
+        """Whether the rendered prompt ends with a closed think block: the reply is all answer (Qwen3's template with
+        enable_thinking false)."""
+        return prompt.rstrip().endswith(self.end)
+
 
 def reasoning_format(parser: str | None, chat_template: str | None) -> ReasoningFormat | None:
     """The format `--reasoning-parser` names; None (the flag not given): the one the chat template implies, which

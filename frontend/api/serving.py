@@ -71,7 +71,7 @@ class RequestServing:
         self.make_detokenizer = make_detokenizer
         self.metrics = metrics
         self.token_text = lp.TokenText(tokenizer)
-        self._thinking_tags: tuple[list[int], list[int]] | None = None  # the think tags' token ids, once needed
+        self._thinking_tags: list[list[int]] | None = None  # the think tags' token ids ([]: not single tokens)
 
     async def prompt_token_ids(self, req: GenerationRequest, is_chat: bool) -> list[int]:
         if is_chat:
@@ -79,7 +79,8 @@ class RequestServing:
             text = await _maybe_in_thread(size, self._render_chat, req.messages, req.tools.functions,
                                           req.template_kwargs)
             req.reasoning_opened = self.reasoning is not None and self.reasoning.opened_by(text)
-            req.sampling.thinking = self.thinking_params(req.reasoning_opened, req.thinking_budget)
+            closed = self.reasoning is not None and self.reasoning.closed_by(text)
+            req.sampling.thinking = self.thinking_params(req.reasoning_opened, req.thinking_budget, closed)
         elif isinstance(req.prompt, list):
             self._check_token_ids(req.prompt, "prompt")
             return req.prompt
@@ -90,17 +91,33 @@ class RequestServing:
             raise APIError("The prompt is empty", param="prompt" if not is_chat else "messages")
         return ids
 
-    def thinking_params(self, opened: bool, budget: int | None) -> ThinkingParams | None:
+    def follows_thinking(self) -> bool:
+        """Whether the worker can follow this model's thinking (a reasoning format whose tags are single tokens):
+        what a thinking budget and a grammar after the thinking need."""
+        if self.reasoning is None:
+            return False
+        if self._thinking_tags is None:
+            ids = [self.tokenizer.encode(tag, False) for tag in (self.reasoning.start, self.reasoning.end)]
+            vocab = self.tokenizer.vocab_size
+            self._thinking_tags = ids if all(len(i) == 1 and 0 <= i[0] < vocab for i in ids) else []
+        return bool(self._thinking_tags)
+
+    def thinking_params(self, opened: bool, budget: int | None, closed: bool = False) -> ThinkingParams | None:
         """A templated reply's thinking as the worker follows it (grammars after it, the budget); None: the model
-        does not think."""
+        does not think, or not in this reply (closed: the prompt closed the think block), or its tags are no single
+        tokens, which the worker could not see reliably in the reply's tokens (a 400 if a budget was asked for)."""
         if self.reasoning is None:
             if budget is not None:
                 raise APIError("thinking_token_budget needs a reasoning model: the served model's chat template does "
                                "not think (--reasoning-parser)", param="thinking_token_budget")
             return None
-        if self._thinking_tags is None:
-            self._thinking_tags = tuple(self.tokenizer.encode(tag, False) for tag in (self.reasoning.start,
-                                                                                     self.reasoning.end))
+        if closed:
+            return None
+        if not self.follows_thinking():
+            if budget is not None:
+                raise APIError(f"thinking_token_budget needs the model's {self.reasoning.start} and "
+                               f"{self.reasoning.end} to be single tokens, and they are not", param="thinking_token_budget")
+            return None
         start_ids, end_ids = self._thinking_tags
         return ThinkingParams(start_ids, end_ids, opened or self.reasoning.thinks_first, budget)
 

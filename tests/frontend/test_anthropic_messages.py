@@ -114,6 +114,12 @@ async def test_thinking_blocks_from_a_reasoning_template():
     deltas = [e.delta for e in events if e.type == "content_block_delta"]
     assert "".join(d.thinking for d in deltas if d.type == "thinking_delta") == "Hmm."
     assert "".join(d.text for d in deltas if d.type == "text_delta") == "Yes."
+    plain, _ = sdk()  # Claude Code sends a budget whatever the model: one that cannot hold it ignores it
+    message = await plain.messages.create(model=MODEL, max_tokens=100, messages=USER,
+                                          thinking={"type": "enabled", "budget_tokens": 1024})
+    assert message.content[0].text == REPLY
+    assert (await plain.messages.count_tokens(model=MODEL, messages=USER, thinking={
+        "type": "enabled", "budget_tokens": 1024})).input_tokens > 0
 
 
 async def test_count_tokens_is_the_prompts_length():

@@ -173,3 +173,26 @@ async def test_ollama_think_gives_message_thinking_and_turns_thinking_off_or_set
         assert prompt.endswith("<think>\n\n</think>\n\n")
         r = await client.post("/api/chat", json={**chat, "think": "very"})
         assert r.status_code == 400 and "'think' must be" in r.json()["error"]
+
+
+# ---- the thinking budget's refusals (tests/e2e/test_reasoning_model.py serves one that holds) ---------------------
+
+@pytest.mark.anyio
+async def test_a_thinking_budget_that_cannot_hold_is_a_400():
+    plain_tokenizer = CharTokenizer()
+    engine = FakeEngine(plain_tokenizer.encode("Hi", add_special_tokens=False), 2, max_model_len=256)
+    plain = build_app(engine, plain_tokenizer, MODEL, 256, make_detokenizer=CharDetokenizer)
+    thinking, _ = served_app("<think>x</think>y")  # its tags are several (character) tokens each
+    for app, body, words in [
+            (plain, {**CHAT, "thinking_token_budget": 8}, "needs a reasoning model"),
+            (thinking, {**CHAT, "thinking_token_budget": 8}, "single tokens"),
+            (thinking, {**CHAT, "thinking_token_budget": 2**31}, "thinking_token_budget"),
+            (thinking, {**CHAT, "thinking_token_budget": -1}, "thinking_token_budget"),
+            (plain, {**CHAT, "thinking_token_budget": 8, "use_beam_search": True, "n": 2}, "use_beam_search")]:
+        async with client_for(app) as client:
+            r = await client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+        assert r.json()["error"]["param"] == "thinking_token_budget"
+    async with client_for(thinking) as client:  # no budget: the thinking is split as ever
+        r = await client.post("/v1/chat/completions", json=CHAT)
+    assert r.json()["choices"][0]["message"]["reasoning_content"] == "x"

@@ -78,6 +78,9 @@ async def test_a_background_response_is_polled_and_streamed_again():
     assert replayed[-1].type == "response.completed" and replayed[-1].response.output_text == REPLY
     later = [event async for event in await client.responses.retrieve(queued.id, stream=True, starting_after=3)]
     assert later == replayed[4:]
+    for bad in ("-5", "x"):
+        with pytest.raises(openai.BadRequestError, match="starting_after"):
+            await client.responses.retrieve(queued.id, stream=True, extra_query={"starting_after": bad})
     async with client.responses.stream(model=MODEL, input="Hi", background=True) as stream:
         assert (await stream.get_final_response()).output_text == REPLY  # a background stream: the same events
 
@@ -86,6 +89,8 @@ async def test_cancelling_a_background_response_aborts_its_request():
     client, engine = sdk(store_size=1)
     engine.hold.clear()
     running = await client.responses.create(model=MODEL, input="Hi", background=True)
+    with pytest.raises(openai.BadRequestError, match="only a finished response can be continued"):
+        await client.responses.create(model=MODEL, input="And?", previous_response_id=running.id)
     with pytest.raises(openai.APIStatusError, match="running") as full:  # never evicted while it runs
         await client.responses.create(model=MODEL, input="Hi", background=True)
     assert full.value.status_code == 503
@@ -100,9 +105,10 @@ async def test_cancelling_a_background_response_aborts_its_request():
 
 
 async def test_a_store_full_of_running_background_responses_still_answers_the_others():
-    client, _ = sdk("x" * 400, store_size=1, step_delay_s=0.005)
-    running = await client.responses.create(model=MODEL, input="Hi", background=True)  # ~2 s of tokens
+    client, _ = sdk("x" * 400, store_size=1, step_delay_s=0.05)
+    running = await client.responses.create(model=MODEL, input="Hi", background=True)  # ~20 s of tokens, cancelled
     unkept = await client.responses.create(model=MODEL, input="Hi", max_output_tokens=2)
     assert unkept.output_text == "xx" and unkept.store is False  # answered all the same, and not kept
     assert (await client.responses.retrieve(running.id)).status == "in_progress"
-    await client.responses.cancel(running.id)
+    cancelled = await client.responses.cancel(running.id)
+    assert cancelled.status == "cancelled" and cancelled.output[0].status == "incomplete"  # the item it was writing

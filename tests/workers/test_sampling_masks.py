@@ -80,6 +80,11 @@ def only(masks: SamplingMasks, s: RequestState, vocab: int) -> list[int]:
     return np.flatnonzero(masks.allowed([s], vocab)[0]).tolist()
 
 
+def unmasked(masks: SamplingMasks, s: RequestState, vocab: int) -> bool:
+    """No mask this step: the sampler runs its unmasked variant."""
+    return masks.allowed([s], vocab) is None
+
+
 def test_a_grammar_waits_for_the_thinking_and_a_spent_budget_closes_it(tiny):
     """The tiny model's tokenizer writes <think> and </think> as several tokens: the tags are followed token by
     token."""
@@ -95,7 +100,7 @@ def test_a_grammar_waits_for_the_thinking_and_a_spent_budget_closes_it(tiny):
         assert allowed[token] and 0 < allowed.sum() < vocab
         s.append_token(token)
     for token in (5, 6, 7):  # thinking: anything, until the budget of 3 is spent
-        assert masks.allowed([s], vocab)[0].all()
+        assert unmasked(masks, s, vocab)
         s.append_token(token)
     for token in end:  # then only the closing tag
         assert only(masks, s, vocab) == [token]
@@ -112,7 +117,7 @@ def test_a_reply_that_closes_its_thinking_itself_or_never_opens_it(tiny):
     opened = state(SamplingParams(grammar=grammar, thinking=ThinkingParams(start, end, opened=True, budget=50)),
                    [1, 2], eos=eos)
     for token in [9] + end[:1] + [9] + end:  # a false start of the closing tag is thinking too
-        assert masks.allowed([opened], vocab)[0].all()
+        assert unmasked(masks, opened, vocab)
         opened.append_token(token)
     assert tokenizer.decode(greedy_under_mask(masks, opened, vocab, 20)[:-1]) in ("yes", "no thanks")
     direct = state(SamplingParams(grammar=grammar, thinking=ThinkingParams(start, end)), [1, 2], eos=eos)
@@ -127,3 +132,9 @@ def test_a_reply_that_closes_its_thinking_itself_or_never_opens_it(tiny):
     assert only(masks, begun, vocab) == [start[1]]
     no_budget_left = state(SamplingParams(thinking=ThinkingParams(start, end, opened=True, budget=0)), [1], eos=eos)
     assert only(masks, no_budget_left, vocab) == [end[0]]
+    begun_at_the_limit = state(SamplingParams(thinking=ThinkingParams(start, end, opened=True, budget=2)), [1], eos=eos)
+    for token in (9, end[0]):  # a closing tag begun at the budget's last token must now close
+        begun_at_the_limit.append_token(token)
+    assert only(masks, begun_at_the_limit, vocab) == [end[1]]
+    beside = masks.allowed([state(SamplingParams(), [1]), no_budget_left], vocab)  # a mask only for the row forced
+    assert beside[0].all() and beside[1].sum() == 1

@@ -64,7 +64,7 @@ class ToolChoice(RequestModel):
 
 class Thinking(RequestModel):
     type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: Annotated[int | None, Field(ge=0)] = None  # enabled: the most tokens the thinking may take
+    budget_tokens: Annotated[int | None, Field(ge=0, le=2**31 - 1)] = None  # enabled: the thinking's most tokens
 
 
 class OutputFormat(RequestModel):

@@ -38,6 +38,8 @@ def anthropic_routes(serving: RequestServing, model_name: str, max_body_bytes: i
             raise api.APIError(f"model: {parsed.model} (this server serves {model_name})", 404, "NotFoundError")
         if not count_only and (dead := serving.engine.dead_reason) is not None:
             raise EngineDeadError(dead)  # a 503 before the stream starts, not an error event after message_start
+        if not serving.follows_thinking():
+            req.thinking_budget = None  # Claude Code asks for a budget whatever the model: where it cannot hold, none
         return req, await serving.prompt_token_ids(req, is_chat=True)
 
     async def messages(request: Request) -> Response:

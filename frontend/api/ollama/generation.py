@@ -78,11 +78,18 @@ async def chunks(service: OllamaService, prep: PreparedRequest) -> AsyncIterator
     req_id = f"ollama-{uuid.uuid4().hex}"
     submitted_ns = time.perf_counter_ns()
     first_ns, last = None, None
+
+    async def stamped(deltas: AsyncIterator) -> AsyncIterator:  # the first token's time, before any text is held back
+        nonlocal first_ns
+        async with aclosing(deltas):
+            async for delta in deltas:
+                first_ns = first_ns or time.perf_counter_ns()
+                yield delta
     try:
-        parts = reply_parts(service.serving.generate_reply(req_id, prep.prompt_ids, req), prep.parse_tool_calls)
+        parts = reply_parts(stamped(service.serving.generate_reply(req_id, prep.prompt_ids, req)),
+                            prep.parse_tool_calls)
         async with aclosing(parts):
             async for part in parts:
-                first_ns = first_ns or time.perf_counter_ns()
                 if isinstance(part, ReplyEnd):
                     last = part.last
                     if part.calls:

@@ -166,7 +166,11 @@ def parse_responses_request(body: Any, store: ResponseStore | None
             raise api.APIError("previous_response_id needs the response store, which this server does not keep "
                                "(--responses-store-size): send the whole conversation as input",
                                param="previous_response_id")
-        history = store.get(req.previous_response_id, param="previous_response_id").items
+        previous = store.get(req.previous_response_id, param="previous_response_id")
+        if previous.response["status"] != "completed" and previous.response["status"] != "incomplete":
+            raise api.APIError(f"Response '{req.previous_response_id}' is {previous.response['status']}: only a "
+                               "finished response can be continued", param="previous_response_id")
+        history = previous.items
     if req.background and (store is None or req.store is False):
         raise api.APIError("background responses are kept in the response store: the server needs "
                            "--responses-store-size and the request must not set store false", param="background")

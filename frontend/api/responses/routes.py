@@ -39,7 +39,7 @@ def _echo(parsed: ResponsesRequest, model: str, stored: bool) -> dict:
 
 def _error_fields(exc: Exception, path: str) -> dict:
     error = json.loads(exception_response(exc, path).body)["error"]
-    return {"code": error["type"], "message": error["message"]}
+    return {"code": error["type"], "message": error["message"], "param": error["param"]}
 
 
 def responses_routes(serving: RequestServing, model_name: str, max_body_bytes: int, store_size: int = 0) -> list[Route]:
@@ -93,7 +93,7 @@ def responses_routes(serving: RequestServing, model_name: str, max_body_bytes: i
                 yield sse(event)
             keep(entry)
         except Exception as e:  # the stream has begun: an error event ends it
-            yield sse(builder._event("error", **_error_fields(e, path), param=None))
+            yield sse(builder._event("error", **_error_fields(e, path)))
         finally:
             await events.aclose()
 
@@ -106,9 +106,10 @@ def responses_routes(serving: RequestServing, model_name: str, max_body_bytes: i
                 async for event in events:
                     entry.add_event(event)
             except asyncio.CancelledError:
-                builder.response["status"] = "cancelled"
+                cancelled(entry)
             except Exception as e:
-                builder.response.update(status="failed", error=_error_fields(e, path))
+                fields = _error_fields(e, path)
+                builder.response.update(status="failed", error={"code": fields["code"], "message": fields["message"]})
                 entry.add_event(builder._event("response.failed", response=builder._snapshot()))
             finally:
                 await events.aclose()  # (aborts the request when it was cancelled)
@@ -124,10 +125,14 @@ def responses_routes(serving: RequestServing, model_name: str, max_body_bytes: i
             if request.query_params.get("stream") == "true":
                 if entry.events is None:
                     raise api.APIError("Only background responses can be streamed again", param="stream")
-                after = request.query_params.get("starting_after", "-1")
-                if not after.lstrip("-").isdigit():
-                    raise api.APIError("starting_after must be an integer", param="starting_after")
-                return SSEResponse(sse(event) async for event in entry.replay(int(after)))
+                after = request.query_params.get("starting_after")
+                try:
+                    after = -1 if after is None else int(after)
+                except ValueError:
+                    after = -2
+                if after < -1:
+                    raise api.APIError("starting_after must be a sequence number (0 or more)", param="starting_after")
+                return SSEResponse(sse(event) async for event in entry.replay(after))
             return JSONResponse(entry.response)
         except Exception as e:
             return exception_response(e, request.url.path)
@@ -150,11 +155,18 @@ def responses_routes(serving: RequestServing, model_name: str, max_body_bytes: i
                 entry.task.cancel()
                 await asyncio.gather(entry.task, return_exceptions=True)
                 if entry.running:  # cancelled before it began
-                    entry.response["status"] = "cancelled"
+                    cancelled(entry)
                     entry.end()
             return JSONResponse(entry.response)
         except Exception as e:
             return exception_response(e, request.url.path)
+
+    def cancelled(entry: StoredResponse) -> None:
+        """A background response stopped: cancelled, the item it was writing incomplete."""
+        entry.response["status"] = "cancelled"
+        for item in entry.response["output"]:
+            if item.get("status") == "in_progress":
+                item["status"] = "incomplete"
 
     def _stored(request: Request, pop: bool = False) -> StoredResponse:
         response_id = request.path_params["response_id"]
