@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+CANCEL_AGAIN_S = 0.5  # how long cancelled tasks get before those still running are cancelled again
 
 
 class BackgroundLoop:
@@ -63,7 +64,10 @@ async def _next(agen: AsyncIterator[T]) -> T:
 
 
 async def _cancel_other_tasks() -> None:
-    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    """Cancels until no other task is left: a task may survive one cancel (Python 3.11's asyncio.wait_for swallows
+    a cancel that arrives as its inner future completes: an engine restart's start() did, and LLM's shutdown
+    waited on that task forever) and start new ones."""
+    while tasks := [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]:
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks, timeout=CANCEL_AGAIN_S)

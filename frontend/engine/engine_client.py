@@ -120,8 +120,9 @@ class EngineClient(RequestQueues):
                 break
             if (left := deadline - time.monotonic()) <= 0:
                 raise TimeoutError("engine did not start in time")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ready_event.wait(), min(left, PROCESS_POLL_S) if dead_process else left)
+            with contextlib.suppress(TimeoutError):  # (not wait_for: in 3.11 it may swallow a cancel)
+                async with asyncio.timeout(min(left, PROCESS_POLL_S) if dead_process else left):
+                    await self._ready_event.wait()
         if self.ready is None:
             raise EngineDeadError(self.dead_reason or "engine did not start")
         if dead_process is not None:
