@@ -7,6 +7,7 @@ found: descendants by ppid (snapshots taken while the server runs) and every pro
 """
 from __future__ import annotations
 
+import errno
 import os
 import pathlib
 import re
@@ -104,6 +105,9 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:
         time.sleep(interval_s)
 
 
+PORT_TAKEN = f"[Errno {errno.EADDRINUSE}] error while attempting to bind on address ('127.0.0.1'"  # uvicorn's
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -148,18 +152,25 @@ class ServerProcess:
                  defaults: tuple = SERVE_DEFAULTS):
         """command_prefix: what runs the server, e.g. ("ip", "netns", "exec", name) (it must exec, keeping the pid);
         defaults: the flags before extra_args."""
+        self.log_path = log_path
+        self.known: dict[int, int] = {}  # every descendant ever seen
+        self._command = (command_prefix, model, defaults, extra_args)
+        self._launch()
+
+    def _launch(self) -> None:
+        """Starts the server on a free port. (free_port's port is free when asked, not when the server binds it:
+        another suite on the machine may take it in between; wait_ready then launches again on another.)"""
+        command_prefix, model, defaults, extra_args = self._command
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        private_store = str(log_path.parent / f"models-{self.port}")  # never the user's ~/.cache model store
+        private_store = str(self.log_path.parent / f"models-{self.port}")  # never the user's ~/.cache model store
         cmd = [*command_prefix, sys.executable, "-m", "tinyvllm.frontend.cli.main", "serve", "--model", str(model),
                "--port", str(self.port), *defaults, "--models-dir", private_store, *extra_args]
         env = {**os.environ, "DEV": "CPU", "PYTHONUNBUFFERED": "1"}
-        self._log_file = open(log_path, "wb")
+        self._log_file = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log_file, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         self.pid = self.proc.pid
-        self.known: dict[int, int] = {}  # every descendant ever seen
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -167,9 +178,15 @@ class ServerProcess:
     def log_tail(self, n: int = 4000) -> str:
         return f"\n---- {self.log_path} (tail) ----\n{self.log()[-n:]}"
 
-    def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+    def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S, relaunches: int = 3) -> None:
         deadline = time.monotonic() + timeout_s
         while READY_LINE not in self.log():
+            if self.proc.poll() is not None and relaunches > 0 and PORT_TAKEN in self.log():
+                self.kill_leftovers(grace_s=5)  # its engine, started before the HTTP port turned out taken
+                self._log_file.close()
+                self._launch()
+                relaunches -= 1
+                continue
             if self.proc.poll() is not None:
                 raise AssertionError(f"the server exited with {self.proc.returncode} before it was ready"
                                      + self.log_tail())
