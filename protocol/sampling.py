@@ -9,7 +9,6 @@ MAX_LOGIT_BIAS = 100.0  # logit_bias values are clamped to [-100, 100], as OpenA
 MAX_LOGPROB_ENTRIES = 1_000_000
 MAX_BEAM_WIDTH = MAX_LOGPROBS // 2  # each beam search step asks for 2 x beam_width logprobs
 MAX_GRAMMAR_CHARS = 65536  # a structured output's schema, regex or grammar, and the grammar it becomes
-MAX_TAG_TOKENS = 16  # a thinking tag's tokens (one for Qwen3's and DeepSeek-R1's)
 GREEDY_TEMPERATURE = 1e-5  # at or below it a row samples the argmax: SamplingParams.greedy and workers/sampler.py
 
 
@@ -31,17 +30,17 @@ class KVTransferParams:
 
 @dataclass(slots=True)
 class ThinkingParams:
-    """A reasoning model's thinking as the sampling worker follows it (workers/thinking_phase.py): its tags as token
-    ids, whether the prompt left the thinking open, and the most tokens it may take before the worker makes the
-    reply close it (None: no limit). The grammar of a structured reply or a tool call applies after the thinking."""
-    start_ids: list[int]
-    end_ids: list[int]
+    """A reasoning model's thinking as the sampling worker follows it (workers/thinking_phase.py): the tokens that
+    open and close it (single tokens, as Qwen3's and DeepSeek-R1's are: a tag of several tokens could be spelled
+    otherwise in a reply, and the frontend follows no such model), whether the prompt left the thinking open, and
+    the most tokens it may take before the worker makes the reply close it (None: no limit). The grammar of a
+    structured reply or a tool call applies after the thinking."""
+    start_id: int
+    end_id: int
     opened: bool = False
     budget: int | None = None
 
     def validate(self) -> None:
-        if not 1 <= len(self.start_ids) <= MAX_TAG_TOKENS or not 1 <= len(self.end_ids) <= MAX_TAG_TOKENS:
-            raise ValueError(f"thinking tags must be 1 to {MAX_TAG_TOKENS} tokens long")
         if self.budget is not None and self.budget < 0:
             raise ValueError(f"thinking_token_budget must be non-negative, got {self.budget}")
 

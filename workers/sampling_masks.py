@@ -108,15 +108,12 @@ class SamplingMasks:
             elif s.sampling.grammar is None or (thinking is not None and thinking.phase == "thinking"):
                 continue
             elif thinking is not None and thinking.phase == "start":
-                also[j] = thinking.opening()  # the grammar's tokens, or the opening tag's next
-                matcher, partial = self._matcher(s).matcher, s.token_ids[s.num_prompt_tokens:]
-                # a tag of several tokens, begun: its tokens so far may begin the answer too, if the grammar takes them
-                if matcher.validate_tokens(partial) < len(partial):
-                    only[j] = also[j]
-                elif not matcher.is_error() and not matcher.is_stopped():
-                    matcher.consume_tokens(partial)
+                also[j] = thinking.params.start_id  # the grammar's first tokens, or the opening tag
+                matcher = self._matcher(s).matcher
+                if matcher.is_error() or matcher.is_stopped():
+                    ended.append(j)
+                else:
                     fill_next_token_bitmask(matcher, words, j)
-                    matcher.rollback(len(partial))
                     filled.append(j)
             else:
                 matcher = self._synced(s, thinking.answer_start if thinking is not None else 0)

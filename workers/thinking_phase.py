@@ -19,8 +19,7 @@ class ThinkingPhase:
     params: ThinkingParams
     phase: str  # "start" (the reply may open its thinking), "thinking", "answer"
     num_seen: int = 0  # output tokens looked at
-    num_thinking: int = 0  # tokens after the opening tag, a closing tag begun included
-    closing: int = 0  # how many of the closing tag's tokens the output ends with
+    num_thinking: int = 0  # tokens after the opening tag
     answer_start: int = 0  # the answer's first output token, once the phase is "answer"
 
     @classmethod
@@ -29,28 +28,19 @@ class ThinkingPhase:
 
     def advance(self, output: list[int]) -> None:
         """Looks at the output tokens it has not seen (the reply's tokens so far, in order)."""
-        start, end = self.params.start_ids, self.params.end_ids
         for token in output[self.num_seen:]:
             self.num_seen += 1
             if self.phase == "start":
-                if token != start[self.num_seen - 1]:
-                    self.phase, self.answer_start = "answer", 0  # (a partial opening tag is answer too)
-                elif self.num_seen == len(start):
-                    self.phase = "thinking"
+                self.phase = "thinking" if token == self.params.start_id else "answer"
             elif self.phase == "thinking":
-                self.num_thinking += 1
-                self.closing = self.closing + 1 if token == end[self.closing] else int(token == end[0])
-                if self.closing == len(end):
+                if token == self.params.end_id:
                     self.phase, self.answer_start = "answer", self.num_seen
+                else:
+                    self.num_thinking += 1
 
     def forced(self) -> int | None:
-        """The only token the reply may take next: the closing tag's next one once the budget is spent (a closing
-        tag begun counts as thinking until it is whole, so a false start cannot take the thinking past it)."""
+        """The only token the reply may take next: the closing tag once the budget is spent."""
         budget = self.params.budget
         if self.phase != "thinking" or budget is None or self.num_thinking < budget:
             return None
-        return self.params.end_ids[self.closing]
-
-    def opening(self) -> int | None:
-        """The opening tag's next token while the reply may still open its thinking."""
-        return self.params.start_ids[self.num_seen] if self.phase == "start" else None
+        return self.params.end_id

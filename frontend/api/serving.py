@@ -71,7 +71,7 @@ class RequestServing:
         self.make_detokenizer = make_detokenizer
         self.metrics = metrics
         self.token_text = lp.TokenText(tokenizer)
-        self._thinking_tags: list[list[int]] | None = None  # the think tags' token ids ([]: not single tokens)
+        self._thinking_tags = self._single_token_tags()  # the think tags' ids; None: no reasoning, or not single tokens
 
     async def prompt_token_ids(self, req: GenerationRequest, is_chat: bool) -> list[int]:
         if is_chat:
@@ -91,16 +91,18 @@ class RequestServing:
             raise APIError("The prompt is empty", param="prompt" if not is_chat else "messages")
         return ids
 
+    def _single_token_tags(self) -> tuple[int, int] | None:
+        if self.reasoning is None:
+            return None
+        ids = [self.tokenizer.encode(tag, False) for tag in (self.reasoning.start, self.reasoning.end)]
+        if all(len(i) == 1 and 0 <= i[0] < self.tokenizer.vocab_size for i in ids):
+            return ids[0][0], ids[1][0]
+        return None
+
     def follows_thinking(self) -> bool:
         """Whether the worker can follow this model's thinking (a reasoning format whose tags are single tokens):
         what a thinking budget and a grammar after the thinking need."""
-        if self.reasoning is None:
-            return False
-        if self._thinking_tags is None:
-            ids = [self.tokenizer.encode(tag, False) for tag in (self.reasoning.start, self.reasoning.end)]
-            vocab = self.tokenizer.vocab_size
-            self._thinking_tags = ids if all(len(i) == 1 and 0 <= i[0] < vocab for i in ids) else []
-        return bool(self._thinking_tags)
+        return self._thinking_tags is not None
 
     def thinking_params(self, opened: bool, budget: int | None, closed: bool = False) -> ThinkingParams | None:
         """A templated reply's thinking as the worker follows it (grammars after it, the budget); None: the model
@@ -118,8 +120,8 @@ class RequestServing:
                 raise APIError(f"thinking_token_budget needs the model's {self.reasoning.start} and "
                                f"{self.reasoning.end} to be single tokens, and they are not", param="thinking_token_budget")
             return None
-        start_ids, end_ids = self._thinking_tags
-        return ThinkingParams(start_ids, end_ids, opened or self.reasoning.thinks_first, budget)
+        start_id, end_id = self._thinking_tags
+        return ThinkingParams(start_id, end_id, opened or self.reasoning.thinks_first, budget)
 
     def _render_chat(self, messages: list[dict], functions: list[dict], template_kwargs: dict) -> str:
         messages, extra = template_messages(messages, functions, self.tokenizer.chat_template)

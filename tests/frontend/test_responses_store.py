@@ -78,7 +78,7 @@ async def test_a_background_response_is_polled_and_streamed_again():
     assert replayed[-1].type == "response.completed" and replayed[-1].response.output_text == REPLY
     later = [event async for event in await client.responses.retrieve(queued.id, stream=True, starting_after=3)]
     assert later == replayed[4:]
-    for bad in ("-5", "x"):
+    for bad in ("-5", "x", "²"):
         with pytest.raises(openai.BadRequestError, match="starting_after"):
             await client.responses.retrieve(queued.id, stream=True, extra_query={"starting_after": bad})
     async with client.responses.stream(model=MODEL, input="Hi", background=True) as stream:

@@ -85,26 +85,29 @@ def unmasked(masks: SamplingMasks, s: RequestState, vocab: int) -> bool:
     return masks.allowed([s], vocab) is None
 
 
+def think_tags(tokenizer) -> tuple[int, int]:
+    """Two token ids to stand for a reasoning model's <think> and </think> (the tiny model has no such tokens;
+    the worker only compares ids)."""
+    start, end = tokenizer.encode("<", False), tokenizer.encode("</", False)
+    assert len(start) == len(end) == 1 and start != end
+    return start[0], end[0]
+
+
 def test_a_grammar_waits_for_the_thinking_and_a_spent_budget_closes_it(tiny):
-    """The tiny model's tokenizer writes <think> and </think> as several tokens: the tags are followed token by
-    token."""
     tokenizer, masks, vocab = tiny
     eos = tokenizer.eos_token_ids[0]
-    start, end = tokenizer.encode("<think>", False), tokenizer.encode("</think>", False)
-    assert len(start) > 1 and len(end) > 1
+    start, end = think_tags(tokenizer)
     grammar = choice_grammar(["yes", "no thanks"], "choice")
     s = state(SamplingParams(grammar=grammar, thinking=ThinkingParams(start, end, budget=3)), [1, 2], eos=eos)
     assert SamplingParams(thinking=ThinkingParams(start, end)).masked is False and s.sampling.masked
-    for token in start:  # the reply may open its thinking beside the grammar's first tokens
-        allowed = masks.allowed([s], vocab)[0]
-        assert allowed[token] and 0 < allowed.sum() < vocab
-        s.append_token(token)
+    allowed = masks.allowed([s], vocab)[0]  # the reply may open its thinking beside the grammar's first tokens
+    assert allowed[start] and 0 < allowed.sum() < vocab
+    s.append_token(start)
     for token in (5, 6, 7):  # thinking: anything, until the budget of 3 is spent
         assert unmasked(masks, s, vocab)
         s.append_token(token)
-    for token in end:  # then only the closing tag
-        assert only(masks, s, vocab) == [token]
-        s.append_token(token)
+    assert only(masks, s, vocab) == [end]  # then only the closing tag
+    s.append_token(end)
     out = greedy_under_mask(masks, s, vocab, 20)  # the answer follows the grammar, from its first token
     assert out[-1] == eos and tokenizer.decode(out[:-1]) in ("yes", "no thanks")
 
@@ -112,29 +115,27 @@ def test_a_grammar_waits_for_the_thinking_and_a_spent_budget_closes_it(tiny):
 def test_a_reply_that_closes_its_thinking_itself_or_never_opens_it(tiny):
     tokenizer, masks, vocab = tiny
     eos = tokenizer.eos_token_ids[0]
-    start, end = tokenizer.encode("<think>", False), tokenizer.encode("</think>", False)
+    start, end = think_tags(tokenizer)
     grammar = choice_grammar(["yes", "no thanks"], "choice")
     opened = state(SamplingParams(grammar=grammar, thinking=ThinkingParams(start, end, opened=True, budget=50)),
                    [1, 2], eos=eos)
-    for token in [9] + end[:1] + [9] + end:  # a false start of the closing tag is thinking too
+    for token in (9, start, 9, end):  # thinking, whatever it holds, until the closing tag
         assert unmasked(masks, opened, vocab)
         opened.append_token(token)
     assert tokenizer.decode(greedy_under_mask(masks, opened, vocab, 20)[:-1]) in ("yes", "no thanks")
     direct = state(SamplingParams(grammar=grammar, thinking=ThinkingParams(start, end)), [1, 2], eos=eos)
     yes = tokenizer.encode("yes", False)
     plain = state(SamplingParams(grammar=grammar), [1, 2], eos=eos)
-    assert set(only(masks, direct, vocab)) == set(only(masks, plain, vocab)) | {start[0]} and start[0] not in \
+    assert set(only(masks, direct, vocab)) == set(only(masks, plain, vocab)) | {start} and start not in \
         only(masks, plain, vocab)
     direct.append_token(yes[0])  # an answer at once: the grammar from its first token
     assert tokenizer.decode(yes + greedy_under_mask(masks, direct, vocab, 20)[:-1]) == "yes"
-    begun = state(SamplingParams(grammar=grammar, thinking=ThinkingParams(start, end)), [1, 2], eos=eos)
-    begun.append_token(start[0])  # "<" begins no answer this grammar allows: the tag goes on
-    assert only(masks, begun, vocab) == [start[1]]
     no_budget_left = state(SamplingParams(thinking=ThinkingParams(start, end, opened=True, budget=0)), [1], eos=eos)
-    assert only(masks, no_budget_left, vocab) == [end[0]]
-    begun_at_the_limit = state(SamplingParams(thinking=ThinkingParams(start, end, opened=True, budget=2)), [1], eos=eos)
-    for token in (9, end[0]):  # a closing tag begun at the budget's last token must now close
-        begun_at_the_limit.append_token(token)
-    assert only(masks, begun_at_the_limit, vocab) == [end[1]]
+    assert only(masks, no_budget_left, vocab) == [end]
+    at_the_limit = state(SamplingParams(thinking=ThinkingParams(start, end, opened=True, budget=2)), [1], eos=eos)
+    for token in (9, 10):
+        assert unmasked(masks, at_the_limit, vocab)
+        at_the_limit.append_token(token)
+    assert only(masks, at_the_limit, vocab) == [end]
     beside = masks.allowed([state(SamplingParams(), [1]), no_budget_left], vocab)  # a mask only for the row forced
     assert beside[0].all() and beside[1].sum() == 1

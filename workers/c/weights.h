@@ -1,11 +1,13 @@
 // A weight matrix [N, K] as workers/quantized_weight.py's DeviceWeight.parts, in one of the kinds selected by
-// a define: WEIGHT_F32 (float32), WEIGHT_F16 or WEIGHT_BF16 (16-bit floats, widened here), WEIGHT_Q4_1 (16 bytes
-// of nibbles, scale d, minimum m per 32-element block), WEIGHT_Q8_0 (32 signed bytes, scale d per block),
-// WEIGHT_Q8_16 (32 signed bytes, a scale d and a minimum m per 16 elements), WEIGHT_F8_E4M3 (32 float8 e4m3
-// codes, scale d per block), WEIGHT_Q4_K (Q4_1's nibbles; a 6-bit scale and minimum code per block, a d and dmin per
-// 8 blocks), WEIGHT_Q5_K (Q4_K's, and the file's 32 bytes of fifth bits per 8 blocks) or WEIGHT_Q6_K (32 signed
-// bytes, a signed
-// 8-bit scale per 16 elements, a d per 8 blocks).
+// a define:
+// - WEIGHT_F32 (float32), WEIGHT_F16 or WEIGHT_BF16 (16-bit floats, widened here);
+// - WEIGHT_Q4_1: 16 bytes of nibbles, a scale d and a minimum m per 32-element block;
+// - WEIGHT_Q8_0: 32 signed bytes, a scale d per block;
+// - WEIGHT_Q8_16: 32 signed bytes, a scale d and a minimum m per 16 elements;
+// - WEIGHT_F8_E4M3: 32 float8 e4m3 codes, a scale d per block;
+// - WEIGHT_Q4_K: Q4_1's nibbles; a 6-bit scale and minimum code per block, a d and dmin per 8 blocks;
+// - WEIGHT_Q5_K: Q4_K's, and the file's 32 bytes of fifth bits per 8 blocks;
+// - WEIGHT_Q6_K: 32 signed bytes, a signed 8-bit scale per 16 elements, a d per 8 blocks.
 // WEIGHT_PARAMS are its C parameters, WEIGHT_ARGS the same names to pass on. Needs K (a multiple of 32; of 256
 // for the K-quants) and kernel.h.
 #define KB (K / 32)

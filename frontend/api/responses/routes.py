@@ -125,14 +125,10 @@ def responses_routes(serving: RequestServing, model_name: str, max_body_bytes: i
             if request.query_params.get("stream") == "true":
                 if entry.events is None:
                     raise api.APIError("Only background responses can be streamed again", param="stream")
-                after = request.query_params.get("starting_after")
-                try:
-                    after = -1 if after is None else int(after)
-                except ValueError:
-                    after = -2
-                if after < -1:
+                after = request.query_params.get("starting_after", "-1")
+                if not (after == "-1" or after.isascii() and after.isdigit()):
                     raise api.APIError("starting_after must be a sequence number (0 or more)", param="starting_after")
-                return SSEResponse(sse(event) async for event in entry.replay(after))
+                return SSEResponse(sse(event) async for event in entry.replay(int(after)))
             return JSONResponse(entry.response)
         except Exception as e:
             return exception_response(e, request.url.path)
