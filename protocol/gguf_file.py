@@ -33,6 +33,8 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
     30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
 }
 GGML_TYPE_IDS = {name: type_id for type_id, (name, _, _) in GGML_TYPES.items()}
+HEADERS_CACHED = 4  # parsed headers kept per process, by file identity (path, inode, size, modification time)
+_HEADERS: dict[tuple, tuple] = {}
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,9 @@ class TensorInfo:
     @property
     def type_name(self) -> str:
         return GGML_TYPES.get(self.ggml_type, (f"unknown({self.ggml_type})",))[0]
+
+
+_U64 = struct.Struct("<Q")
 
 
 class _Cursor:
@@ -65,6 +70,18 @@ class _Cursor:
         self.pos += n
         return raw.decode("utf-8", errors="replace")
 
+    def strings(self, count: int) -> list[str]:
+        """count strings in a row: a tokenizer's vocabulary and merges (~10^5 each), in one tight loop."""
+        buf, pos, out, unpack = self.buf, self.pos, [], _U64.unpack_from
+        for _ in range(count):
+            (n,) = unpack(buf, pos)
+            out.append(str(buf[pos + 8:pos + 8 + n], "utf-8", "replace"))
+            pos += 8 + n
+        if pos > len(buf):
+            raise ValueError("a string runs past the end of the file")
+        self.pos = pos
+        return out
+
     def value(self, vtype: int):
         if vtype == _STRING:
             return self.string()
@@ -75,6 +92,8 @@ class _Cursor:
                                     count=count, offset=self.pos)
                 self.pos += arr.nbytes
                 return arr.tolist()
+            if item_type == _STRING:
+                return self.strings(count)
             return [self.value(item_type) for _ in range(count)]
         if vtype not in _SCALAR_FORMATS:
             raise ValueError(f"GGUF: unknown metadata value type {vtype}")
@@ -87,10 +106,21 @@ class GGUFFile:
         self._data = np.memmap(self.path, dtype=np.uint8, mode="r")
         if bytes(self._data[:4]) != GGUF_MAGIC:
             raise ValueError(f"{self.path} is not a GGUF file (bad magic)")
-        try:
-            raw_infos = self._parse_header(_Cursor(memoryview(self._data)))
-        except (struct.error, ValueError) as e:
-            raise ValueError(f"{self.path}: corrupt or truncated GGUF header ({e})") from e
+        if len(self._data) < 8:
+            raise ValueError(f"{self.path}: truncated GGUF header")
+        if (version := struct.unpack_from("<I", self._data, 4)[0]) not in (2, 3):
+            raise ValueError(f"{self.path}: unsupported GGUF version {version}")
+        stat = self.path.stat()
+        key = (str(self.path.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        if key not in _HEADERS:  # a process reads one file's header several times (config, fingerprint, tokenizer)
+            try:
+                _HEADERS[key] = self._parse_header(_Cursor(memoryview(self._data)))
+            except (struct.error, ValueError) as e:
+                raise ValueError(f"{self.path}: corrupt or truncated GGUF header ({e})") from e
+            while len(_HEADERS) > HEADERS_CACHED:
+                del _HEADERS[next(iter(_HEADERS))]
+        self.version, metadata, raw_infos, self.alignment, self._data_start = _HEADERS[key]
+        self.metadata = dict(metadata)
         self._tensors: dict[str, TensorInfo] = {}
         for name, dims, ggml_type, offset in raw_infos:
             n_elements = int(np.prod(dims, dtype=np.int64)) if dims else 1
@@ -101,24 +131,22 @@ class GGUFFile:
                 raise ValueError(f"{self.path}: tensor {name} extends past the end of the file (truncated?)")
             self._tensors[name] = info
 
-    def _parse_header(self, cur: _Cursor) -> list[tuple]:
+    def _parse_header(self, cur: _Cursor) -> tuple:
+        """(version, metadata, raw tensor infos, alignment, where the data starts)"""
         cur.pos = 4
-        self.version = cur.scalar("<I")
-        if self.version not in (2, 3):
-            raise ValueError(f"{self.path}: unsupported GGUF version {self.version}")
+        version = cur.scalar("<I")
         n_tensors, n_kv = cur.scalar("<Q"), cur.scalar("<Q")
-        self.metadata: dict = {}
+        metadata: dict = {}
         for _ in range(n_kv):
             key = cur.string()
-            self.metadata[key] = cur.value(cur.scalar("<I"))
+            metadata[key] = cur.value(cur.scalar("<I"))
         raw_infos = []
         for _ in range(n_tensors):
             name = cur.string()
             dims = tuple(cur.scalar("<Q") for _ in range(cur.scalar("<I")))
             raw_infos.append((name, dims, cur.scalar("<I"), cur.scalar("<Q")))
-        self.alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
-        self._data_start = -(-cur.pos // self.alignment) * self.alignment
-        return raw_infos
+        alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        return version, metadata, raw_infos, alignment, -(-cur.pos // alignment) * alignment
 
     @property
     def tensor_names(self) -> list[str]:
