@@ -1,7 +1,8 @@
 """Two data-parallel replicas behind one server (--data-parallel-size 2): requests reach both, a shared prefix stays
 on the replica that caches it, and a replica whose worker dies (SIGKILL) or hangs (SIGSTOP, caught by --step-timeout)
 fails only its own requests, with an explicit error within seconds, while the other replica serves on; the broken
-one is restarted and serves again within a minute."""
+one is restarted and serves again within a minute. The three tests share one server: each leaves both replicas
+serving, as a broken replica's restart must."""
 import os
 import signal
 import time
@@ -12,7 +13,8 @@ import pytest
 
 from tests.e2e.http_helpers import complete, completion_body
 from tests.e2e.replicas import LongStreams, current_workers, engine_metric, per_engine, serving_lines
-from tests.e2e.server_process import REQUEST_TIMEOUT_S, is_alive, wait_until
+from tests.e2e.server_process import (REQUEST_TIMEOUT_S, engine_idle, engine_load, is_alive, start_server,
+                                      wait_until)
 from tests.helpers.tiny_model import make_wide_gguf
 
 CONTEXT = 2048
@@ -34,15 +36,30 @@ def tiny_model(tmp_path_factory):
     return make_wide_gguf(tmp_path_factory.mktemp("model") / "wide.gguf", context=CONTEXT)
 
 
+@pytest.fixture(scope="module")
+def dp_server(tiny_model, tmp_path_factory):
+    server = start_server(tiny_model, tmp_path_factory.mktemp("dp") / "server.log", *DP,
+                          "--step-timeout", str(STEP_TIMEOUT_S))
+    yield server
+    assert not server.stop(), f"the server left processes running: {server.leftover_description}"
+
+
+@pytest.fixture
+def server(dp_server):
+    assert dp_server.proc.poll() is None, "the server died" + dp_server.log_tail()
+    assert wait_until(lambda: engine_idle(dp_server.url), 60), engine_load(dp_server.url)
+    return dp_server
+
+
 def queries(server) -> dict[str, float]:
     return per_engine(server, "vllm:prefix_cache_queries_total", ENGINES)
 
 
-def test_requests_reach_both_replicas_and_a_shared_prefix_stays_on_one(server_factory):
-    server = server_factory(*DP)
+def test_requests_reach_both_replicas_and_a_shared_prefix_stays_on_one(server):
+    before = queries(server)
     for i in range(4):  # one after another: idle replicas take turns
         complete(server.url, "/v1/completions", completion_body(f"Question {i}:", max_tokens=2))
-    assert all(q > 0 for q in queries(server).values()), queries(server)
+    assert all(queries(server)[e] > before[e] for e in ENGINES), (before, queries(server))
 
     prefix = "A long shared system prompt that every request of this workload starts with. " * 4  # > 3 blocks
     before, hits_before = queries(server), {e: engine_metric(server, "vllm:prefix_cache_hits_total", e)
@@ -74,12 +91,14 @@ def break_one_replica_under_load(server, sig: int, detect_s: float) -> None:
     assert wait_until(lambda: running() == {"0": 2, "1": 2}, 120), \
         (running(), [(r.finish_reason, r.errors) if r else None for r in streams.results], server.log_tail())
     (worker,) = current_workers(server, "engine 1")
+    starts = len(serving_lines(server, "engine 1"))
     os.kill(worker, sig)
     broken_at = time.monotonic()
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200  # engine 0 still serves
 
     # Engine 1 is back while engine 0's long streams still run (the recovery deadline does not wait for them).
-    assert wait_until(lambda: len(serving_lines(server, "engine 1")) == 2, RECOVERY_DEADLINE_S), server.log_tail()
+    assert wait_until(lambda: len(serving_lines(server, "engine 1")) == starts + 1, RECOVERY_DEADLINE_S), \
+        server.log_tail()
     assert not is_alive(worker)
     # The new engine 1 is the least loaded, so the next requests reach it (its counters start from zero).
     while queries(server)["1"] == 0:
@@ -96,10 +115,9 @@ def break_one_replica_under_load(server, sig: int, detect_s: float) -> None:
         assert ended_at - broken_at < detect_s + ERROR_DEADLINE_S, ended_at - broken_at
 
 
-def test_a_killed_worker_fails_only_its_replicas_requests_and_both_serve_again(server_factory):
-    break_one_replica_under_load(server_factory(*DP), signal.SIGKILL, detect_s=0)
+def test_a_killed_worker_fails_only_its_replicas_requests_and_both_serve_again(server):
+    break_one_replica_under_load(server, signal.SIGKILL, detect_s=0)
 
 
-def test_a_stopped_worker_is_caught_by_the_step_timeout_and_its_replica_restarted(server_factory):
-    server = server_factory(*DP, "--step-timeout", str(STEP_TIMEOUT_S))
+def test_a_stopped_worker_is_caught_by_the_step_timeout_and_its_replica_restarted(server):
     break_one_replica_under_load(server, signal.SIGSTOP, detect_s=STEP_TIMEOUT_S)

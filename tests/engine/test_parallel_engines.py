@@ -13,7 +13,7 @@ import pytest
 from tinyvllm.frontend.engine.llm import LLM
 from tinyvllm.protocol.sampling import SamplingParams
 from tinyvllm.workers.weights import load_weights
-from tests.helpers.tiny_model import make_tiny_gguf
+from tests.helpers.tiny_model import make_shallow_default_gguf, make_tiny_gguf
 from tests.workers.dense_reference import dense_logits
 
 N_TOKENS = 10
@@ -81,15 +81,17 @@ SMOLLM2_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a
 
 
 @pytest.fixture(scope="module")
-def smollm2(default_model_path, default_tokenizer):
+def smollm2(default_tokenizer, tmp_path_factory):
+    """SmolLM2-135M's first 4 layers: its heads, widths and stored weight types, at a seventh of the depth."""
+    path = str(make_shallow_default_gguf(tmp_path_factory.mktemp("model") / "smollm2-4-layers.gguf", n_layers=4))
     prompts = [default_tokenizer.encode(p) for p in SMOLLM2_PROMPTS]
-    with LLM(str(default_model_path), **ENGINE) as llm:
-        return str(default_model_path), prompts, [r.token_ids for r in llm.generate(prompts, GREEDY)]
+    with LLM(path, **ENGINE) as llm:
+        return path, prompts, [r.token_ids for r in llm.generate(prompts, GREEDY)]
 
 
 @pytest.mark.parametrize("tp,pp", [(3, 1), (1, 2)], ids=["tp3", "pp2"])
 def test_smollm2_split_over_workers_gives_the_same_tokens(smollm2, tp, pp):
-    """9 query heads and 3 KV heads over 3 ranks; 30 layers over 2 stages."""
+    """9 query heads and 3 KV heads over 3 ranks; 4 layers over 2 stages."""
     path, prompts, reference = smollm2
     with LLM(path, tensor_parallel_size=tp, pipeline_parallel_size=pp, **ENGINE) as llm:
         got = [r.token_ids for r in llm.generate(prompts, GREEDY)]

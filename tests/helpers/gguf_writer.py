@@ -146,14 +146,23 @@ class Blocks:
         self.blocks, self.shape = blocks, (blocks.shape[0], blocks.shape[1] * elems)
 
 
+class Raw:
+    """A tensor given as its bytes as stored (another GGUF's, any type) and its numpy-order shape."""
+
+    def __init__(self, data: np.ndarray | bytes, shape: tuple[int, ...]):
+        self.data, self.shape = bytes(data), tuple(shape)
+
+
 def write_gguf(path: str | pathlib.Path, metadata: dict,
-               tensors: dict[str, tuple[np.ndarray | Blocks, str | int]]) -> pathlib.Path:
+               tensors: dict[str, tuple[np.ndarray | Blocks | Raw, str | int]]) -> pathlib.Path:
     path = pathlib.Path(path)
     id_to_name = {v: k for k, v in GGML_TYPE_IDS.items()}
     infos, data = [], []
     for name, (array, ggml_type) in tensors.items():
         type_name = id_to_name[ggml_type] if isinstance(ggml_type, int) else ggml_type
-        if isinstance(array, Blocks):
+        if isinstance(array, Raw):
+            raw, shape = array.data, array.shape
+        elif isinstance(array, Blocks):
             raw, shape = array.blocks.tobytes(), array.shape
         else:
             array = np.asarray(array)

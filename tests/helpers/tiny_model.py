@@ -85,3 +85,19 @@ def make_tiny_gguf(path: str | pathlib.Path, seed: int = 0, n_layers: int = 2, d
     # Random signs: the logit of the token just read is no longer ~|e|^2 (see the module docstring).
     tensors["output_norm.weight"] = (rng.standard_normal(dim).astype(np.float32), "F32")
     return write_gguf(path, md, tensors)
+
+
+def make_shallow_default_gguf(path: str | pathlib.Path, n_layers: int = 4) -> pathlib.Path:
+    """The default model (SmolLM2-135M-Instruct: its tokenizer, heads, widths and stored weights) cut to its
+    first n_layers of 30, for tests that need its real shapes and weights but not its depth: a step costs about
+    n_layers/30 of the whole model's, in compute and in capture."""
+    from tinyvllm.protocol.gguf_file import GGUFFile
+    from tinyvllm.protocol.model_path import resolve_model_path
+    from tests.helpers.gguf_writer import Raw
+    src = GGUFFile(resolve_model_path(None))
+    metadata = {**src.metadata, "llama.block_count": n_layers}
+    metadata.pop("general.alignment", None)
+    kept = [name for name in src.tensor_names
+            if not name.startswith("blk.") or int(name.split(".")[1]) < n_layers]
+    return write_gguf(path, metadata, {name: (Raw(src.raw(name), src.tensor_shape(name)), src.tensor_type(name))
+                                       for name in kept})

@@ -2,6 +2,9 @@
 // lane sum. Portable vector extensions, no intrinsics: clang compiles them to AVX-512, AVX2, SSE or NEON code.
 // tinygrad compiles a kernel from its source text, so workers/c_kernel.py pastes this file in for the #include.
 #define ALWAYS_INLINE static inline __attribute__((always_inline))  // an entry point must be a program's only function
+// Vectors wider than the target's registers pass between always-inlined functions only: clang's note that their
+// ABI would differ under AVX-512 is noise on a worker's console.
+#pragma clang diagnostic ignored "-Wpsabi"
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef unsigned char u8x16 __attribute__((vector_size(16), aligned(1)));
