@@ -6,7 +6,7 @@ matvec_i8 and gemm_i8 with int8 activations; gemm_i8's time includes quantize_i8
 Each cell: a TinyJit chain of 32 products h = f(h, w) (so the CPU graph runs them back to back on all cores),
 median over 20 calls, per product. --kind: Q4_1 weights of random blocks (the default model's type, the default),
 Q4_K ones of the same values (every sub-block's 6-bit scale and minimum code 15), Q5_K ones (5-bit codes, the same
-scale codes), Q6_K ones (every 8-bit scale 16), or F32, F16, BF16 or F8_E4M3 ones (float kernels only: matvec, gemm) of values that keep the chain's
+scale codes), Q6_K ones (every 8-bit scale 16), Q3_K ones (every 6-bit scale 16, so 16 - 32 = -16), or F32, F16, BF16 or F8_E4M3 ones (float kernels only: matvec, gemm) of values that keep the chain's
 size; GB/s is the weight's bytes per product over its time. Prints a table.
 
     DEV=CPU python benchmarks/cpu_kernels.py --kind BF16 --shapes 2048x2048 --rows 1 --kernels matvec
@@ -61,6 +61,13 @@ def q6_k_weight(rng, n: int, k: int) -> DeviceWeight:
     return DeviceWeight.from_host(QuantizedArray("Q6_K", blocks))
 
 
+def q3_k_weight(rng, n: int, k: int) -> DeviceWeight:
+    blocks = rng.integers(0, 256, size=(n, k // 256, 110), dtype=np.uint8)
+    blocks[:, :, 96:104], blocks[:, :, 104:108] = 0, 0x55  # every 6-bit scale 16 (the high two bits 01 in 104-107)
+    blocks[:, :, 108:110] = np.frombuffer(np.float16(1.0 / (2.3 * 16 * k ** 0.5)).tobytes(), np.uint8)
+    return DeviceWeight.from_host(QuantizedArray("Q3_K", blocks))
+
+
 def float_weight(rng, n: int, k: int, kind: str) -> DeviceWeight:
     if kind == "F8_E4M3":
         codes = random_e4m3_codes(rng, n, k)
@@ -98,10 +105,10 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["576x576", "1536x1536"], help="square NxN weights (a chain)")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
-    ap.add_argument("--kind", default="Q4_1", choices=("Q4_1", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16",
+    ap.add_argument("--kind", default="Q4_1", choices=("Q4_1", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16",
                                                           "F8_E4M3"))
     args = ap.parse_args()
-    if args.kind not in ("Q4_1", "Q4_K", "Q5_K", "Q6_K") and (int8 := [k for k in args.kernels if k.endswith("_i8")]):
+    if args.kind not in ("Q4_1", "Q3_K", "Q4_K", "Q5_K", "Q6_K") and (int8 := [k for k in args.kernels if k.endswith("_i8")]):
         ap.error(f"--kind {args.kind} has float kernels only (matvec, gemm), not {', '.join(int8)}")
     configure_device(Device.DEFAULT, "c")  # raises unless DEV=CPU
     print("| weight | rows | " + " | ".join(f"{k} us" for k in args.kernels) + " | " +
@@ -112,7 +119,8 @@ def main() -> None:
     for shape in args.shapes:
         n, k = (int(v) for v in shape.split("x"))
         assert n == k, "the chain feeds each product's output into the next"
-        make = {"Q4_1": q4_1_weight, "Q4_K": q4_k_weight, "Q5_K": q5_k_weight, "Q6_K": q6_k_weight}.get(args.kind, lambda *a: float_weight(*a, args.kind))
+        make = {"Q4_1": q4_1_weight, "Q3_K": q3_k_weight, "Q4_K": q4_k_weight, "Q5_K": q5_k_weight,
+                "Q6_K": q6_k_weight}.get(args.kind, lambda *a: float_weight(*a, args.kind))
         weights = [make(rng, n, k) for _ in range(4)]
         for rows in args.rows:
             times = [time_chain(lambda h, w, kernel=kernel: c_matmul(h, w, kernel, int8_tiles(h) if kernel == "gemm_i8"

@@ -34,7 +34,7 @@ def int8_tiles(h: Tensor) -> Tensor:
 
 def cpu_gemm(h: Tensor, w, int8_activations: bool = False, tiles: Tensor | None = None) -> Tensor:
     """h [T, K] @ w.T (see workers/cpu_matvec.py's c_matmul), for GEMM_MIN_ROWS rows or more. int8_activations
-    (Q4_1, Q4_K, Q5_K, Q6_K and Q8_0 weights, INT8_GEMM_MIN_ROWS rows or more): h quantised as cpu_matvec's int8 path does, by
+    (Q4_1, Q3_K, Q4_K, Q5_K, Q6_K and Q8_0 weights, INT8_GEMM_MIN_ROWS rows or more): h quantised as cpu_matvec's int8 path does, by
     workers/c/quantize_i8.c (or given as `tiles`, int8_tiles(h) shared by products of one input), then multiplied
     with integer dot products by workers/c/gemm_i8.c; each row's result has the bits cpu_matvec would give it."""
     if takes_int8(w, int8_activations):

@@ -108,15 +108,20 @@ def q2_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return _two_bit_runs(b[:, 16:80]), f16_field(b, 80) * (b[:, 0:16] & 15), f16_field(b, 82) * (b[:, 0:16] >> 4)
 
 
-def q3_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q3_K blocks [n, 110] -> (codes [n, 256] int8 in -4..3, scale [n, 16] float32 per 16 elements): two low bits as
-    Q2_K's, minus 4 where the run's bit of hmask is clear; 16 six-bit scales (minus 32) in 12 bytes."""
-    high = (b[:, None, None, 0:32] >> np.arange(8, dtype=np.uint8).reshape(1, 2, 4, 1)) & 1  # run h*4+j's bit
-    q = _two_bit_runs(b[:, 32:96]).astype(np.int8) - np.int8(4) * (1 - high.reshape(-1, 256)).astype(np.int8)
+def q3_k_scale_codes(b: np.ndarray) -> np.ndarray:
+    """Q3_K blocks [n, 110] -> their 16 six-bit scales minus 32 [n, 16] int8 (per 16 elements; 12 bytes packed)."""
     lo, hi = b[:, 96:104], b[:, 104:108]
     sc = np.concatenate([(lo[:, :4] & 15) | ((hi & 3) << 4), (lo[:, 4:] & 15) | (((hi >> 2) & 3) << 4),
                          (lo[:, :4] >> 4) | (((hi >> 4) & 3) << 4), (lo[:, 4:] >> 4) | (((hi >> 6) & 3) << 4)], axis=-1)
-    return q, f16_field(b, 108) * (sc.astype(np.float32) - 32)
+    return sc.astype(np.int8) - np.int8(32)
+
+
+def q3_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q3_K blocks [n, 110] -> (codes [n, 256] int8 in -4..3, scale [n, 16] float32 per 16 elements): two low bits as
+    Q2_K's, minus 4 where the run's bit of hmask is clear; d x the 16 six-bit scales (minus 32)."""
+    high = (b[:, None, None, 0:32] >> np.arange(8, dtype=np.uint8).reshape(1, 2, 4, 1)) & 1  # run h*4+j's bit
+    q = _two_bit_runs(b[:, 32:96]).astype(np.int8) - np.int8(4) * (1 - high.reshape(-1, 256)).astype(np.int8)
+    return q, f16_field(b, 108) * q3_k_scale_codes(b).astype(np.float32)
 
 
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)  # IQ4_NL/XS

@@ -25,7 +25,7 @@ def quantize_rows(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def weight_codes(kind: str, parts: list[np.ndarray]) -> np.ndarray:
     """The integer values the kernels multiply: [N, K/32, 32] (Q4_1's and Q4_K's nibbles, Q5_K's with their fifth
-    bits, Q8_0's and Q6_K's signed bytes)."""
+    bits, Q8_0's and Q6_K's signed bytes, Q3_K's 2-bit codes and third bits as signed values -4..3)."""
     if kind in ("Q4_1", "Q4_K", "Q5_K"):
         packed = parts[0].astype(np.int64)
         codes = np.concatenate([packed & 15, packed >> 4], axis=-1)
@@ -33,14 +33,20 @@ def weight_codes(kind: str, parts: list[np.ndarray]) -> np.ndarray:
             fifth = (parts[1][:, :, None, :].astype(np.int64) >> np.arange(8)[:, None]) & 1
             codes += fifth.reshape(codes.shape) << 4
         return codes
+    if kind == "Q3_K":  # 2-bit codes [N, 8S, 8] (64 bytes a super-block: 4 runs of 2 bits per byte of each half),
+        n, blocks = parts[0].shape[:2]  # third bits [N, S, 32] as Q5_K's fifth ones
+        low = parts[0].reshape(n, blocks // 8, 2, 1, 32).astype(np.int64)
+        two = (low >> (2 * np.arange(4))[:, None]) & 3  # [N, S, half, run, 32]
+        third = (parts[1][:, :, None, :].astype(np.int64) >> np.arange(8)[:, None]) & 1
+        return (two.reshape(n, blocks, 32) + 4 * third.reshape(n, blocks, 32) - 4)
     return parts[0].astype(np.int64)
 
 
 def weight_scales(kind: str, parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
     """Each block's scale and minimum (None for Q8_0) [N, K/32] float32; Q4_K's and Q5_K's as float32 products of the
     super-block's d or dmin and the block's 6-bit codes."""
-    if kind == "Q6_K":  # the super-block's d (the half-blocks' scales multiply the integer sums: half_scaled)
-        return np.repeat(parts[2][..., 0], 8, axis=1).astype(f32), None
+    if kind in ("Q6_K", "Q3_K"):  # the super-block's d (the half-blocks' scales multiply the integer sums)
+        return np.repeat(parts[-1][..., 0], 8, axis=1).astype(f32), None
     if kind in ("Q4_K", "Q5_K"):
         codes, dm = parts[-2].astype(f32), np.repeat(parts[-1], 8, axis=1)
         return (dm[..., 0] * codes[..., 0]).astype(f32), (-(dm[..., 1] * codes[..., 1])).astype(f32)
@@ -55,9 +61,9 @@ def int8_matvec(kind: str, h: np.ndarray, parts: list[np.ndarray]) -> np.ndarray
     xq, xd, xm = quantize_rows(h)
     w = weight_codes(kind, parts)
     wd, wm = weight_scales(kind, parts)
-    if kind == "Q6_K":  # each 16-element half's exact sum times its signed 8-bit scale, still an exact integer
+    if kind in ("Q6_K", "Q3_K"):  # each 16-element half's exact sum times its signed 8-bit scale: an exact integer
         halves = np.einsum("tbhe,nbhe->tnbh", xq.reshape(*xq.shape[:2], 2, 16), w.reshape(*w.shape[:2], 2, 16))
-        dots = (halves * parts[1].astype(np.int64)[None]).sum(-1).astype(f32)
+        dots = (halves * parts[-2].astype(np.int64)[None]).sum(-1).astype(f32)
     else:
         dots = np.einsum("tbe,nbe->tnb", xq, w).astype(f32)  # exact integers (int32 in the kernels), then float32
     lanes = np.zeros((h.shape[0], w.shape[0], LANES), f32)

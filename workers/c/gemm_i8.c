@@ -1,4 +1,4 @@
-// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a Q4_1, Q4_K, Q5_K, Q6_K or Q8_0 weight and more rows than matvec_i8.c takes, h given
+// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a Q4_1, Q3_K, Q4_K, Q5_K, Q6_K or Q8_0 weight and more rows than matvec_i8.c takes, h given
 // as quantize_i8.c's tiles of int8 codes: int8_rows.h's arithmetic, so every row gets the bits matvec_i8.c would
 // give it (a request's tokens do not depend on what shares its steps). Core core_id of CORES takes its share of
 // the columns, in panels of 4 weight rows, each unpacked once per slab of tiles (L2-sized) into a stack buffer
@@ -20,13 +20,12 @@
 
 typedef int i32x16 __attribute__((vector_size(64), aligned(64)));
 typedef float f32x16 __attribute__((vector_size(64), aligned(64)));
-typedef signed char i8x32 __attribute__((vector_size(32), aligned(1)));
 #define SPREAD4(v) __builtin_shufflevector(v, v, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)  // lane 4j + i: v[i]
 #define EACH4(v) __builtin_shufflevector(v, v, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)    // lane 4j + i: v[j]
 
 // acc + per lane the sum of the 4 products of w's and x's bytes in it (w: nibbles or signed codes). Q6_K's signed
-// codes take AVX2's path on VNNI CPUs too: vpdpbusd's unsigned factor would need an offset per 16 codes.
-#if defined(__AVX512VNNI__) && !defined(WEIGHT_Q6_K)
+// codes (and Q3_K's) take AVX2's path on VNNI CPUs too: vpdpbusd's unsigned factor would need an offset per 16 codes.
+#if defined(__AVX512VNNI__) && !defined(WEIGHT_HALF_SCALES)
 #define DOT4_VNNI 1
 #endif
 #if defined(__AVX2__) && !defined(DOT4_VNNI)
@@ -66,16 +65,16 @@ ALWAYS_INLINE i32x8 block_codes(WEIGHT_PARAMS, int n, int b) {
 #if defined(WEIGHT_NIBBLES)
   return (i32x8)block_codes32(WEIGHT_ARGS, n, b);
 #elif defined(OFFSET_CODES)
-  return (i32x8)(*(const i8x32 *)(weight + ((long)n * KB + b) * 32) ^ (signed char)-128);
+  return (i32x8)(block_signed_codes(WEIGHT_ARGS, n, b) ^ (signed char)-128);
 #else
-  return (i32x8) * (const i8x32 *)(weight + ((long)n * KB + b) * 32);
+  return (i32x8)block_signed_codes(WEIGHT_ARGS, n, b);
 #endif
 }
 
 typedef struct {
   i32x16 codes[KB][8];  // [b][k]: lane 4j + i = dword k of weight row j
   f32x16 d[KB], m[KB];
-#if defined(WEIGHT_Q6_K)
+#if defined(WEIGHT_HALF_SCALES)
   i32x16 half_scale[KB][2];  // lane 4j + i: weight row j's scale of elements 0-15, 16-31
 #endif
 } panel_t;
@@ -104,7 +103,7 @@ ALWAYS_INLINE void unpack_panel(WEIGHT_PARAMS, int n0, int nr, panel_t *restrict
     }
     panel->d[b] = EACH4(ds);
     panel->m[b] = EACH4(ms);
-#if defined(WEIGHT_Q6_K)
+#if defined(WEIGHT_HALF_SCALES)
     for (int half = 0; half < 2; half++) {
       i32x4 hs;
       for (int j = 0; j < 4; j++) hs[j] = block_half_scale(WEIGHT_ARGS, (long)n[j] * KB + b, half);
@@ -123,7 +122,7 @@ ALWAYS_INLINE f32x16 block_step(f32x16 acc, const tile_t *restrict tile, const p
 #endif
   for (int k = 0; k < 4; k++) s0 = dot4(s0, panel->codes[b][k], SPREAD4(tile->codes[b][k]));
   for (int k = 4; k < 8; k++) s1 = dot4(s1, panel->codes[b][k], SPREAD4(tile->codes[b][k]));
-#if defined(WEIGHT_Q6_K)  // k 0-3: elements 0-15 (s0), k 4-7: 16-31 (s1)
+#if defined(WEIGHT_HALF_SCALES)  // k 0-3: elements 0-15 (s0), k 4-7: 16-31 (s1)
   const i32x16 sum = s0 * panel->half_scale[b][0] + s1 * panel->half_scale[b][1];
 #else
   const i32x16 sum = s0 + s1;

@@ -1,4 +1,4 @@
-// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a few rows and a Q4_1, Q4_K, Q5_K, Q6_K or Q8_0 weight, with h quantised to int8 per
+// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a few rows and a Q4_1, Q3_K, Q4_K, Q5_K, Q6_K or Q8_0 weight, with h quantised to int8 per
 // 32-element block and each block's products summed as integers: 4 multiplies per instruction lane (VNNI's
 // vpdpbusd, AVX2's vpmaddubsw + vpmaddwd, NEON's sdot), where the float32 kernel (matvec.c) widens every weight
 // to a float first. Core core_id of CORES computes its share of the columns; each core quantises h itself
@@ -33,12 +33,12 @@ ALWAYS_INLINE block_t load_block(WEIGHT_PARAMS, int n, int b) {
   for (int e = 0; e < 32; e++) blk.w[e] = (signed char)c[e];
 #endif
 #else
-  const signed char *q = weight + ((long)n * KB + b) * 32;
+  const i8x32 q = block_signed_codes(WEIGHT_ARGS, n, b);
 #if defined(__AVX2__)  // unsigned |w| times x with w's sign: the u8 x s8 products the instructions take
-  blk.w = _mm256_loadu_si256((const __m256i *)q);
+  blk.w = (__m256i)q;
   blk.u = _mm256_sign_epi8(blk.w, blk.w);
 #elif defined(__ARM_FEATURE_DOTPROD)
-  blk.w0 = vld1q_s8(q), blk.w1 = vld1q_s8(q + 16);
+  blk.w0 = (int8x16_t)LOW_HALF(q), blk.w1 = (int8x16_t)HIGH_HALF(q);
 #else
   for (int e = 0; e < 32; e++) blk.w[e] = q[e];
 #endif
@@ -46,7 +46,7 @@ ALWAYS_INLINE block_t load_block(WEIGHT_PARAMS, int n, int b) {
   return blk;
 }
 
-// Q6_K: block b0 + i's half-block scales as block_dot multiplies its lanes: with AVX2 16-bit ones for madd, lanes
+// Q6_K, Q3_K: block b0 + i's half-block scales as block_dot multiplies its lanes: with AVX2 16-bit ones for madd, lanes
 // 0-7 elements 0-15's scale and 8-15 16-31's (one byte shuffle of the 8 blocks' scales, widened once: the
 // compiler keeps that across the unrolled blocks), else 32-bit ones for lanes 0-3 and 4-7
 #if defined(__AVX2__)
@@ -54,7 +54,7 @@ typedef __m256i half_scales_t;
 #else
 typedef i32x8 half_scales_t;
 #endif
-#if defined(WEIGHT_Q6_K)
+#if defined(WEIGHT_HALF_SCALES)
 ALWAYS_INLINE half_scales_t half_scales(WEIGHT_PARAMS, int n, int b0, int i) {
   const signed char *sc = scales + ((long)n * KB + b0) * 2;  // s0, s1 of block b0, then of b0 + 1, ...
 #if defined(__AVX2__)
@@ -73,7 +73,7 @@ ALWAYS_INLINE half_scales_t half_scales(WEIGHT_PARAMS, int n, int b0, int i) {
 }
 #endif
 
-// the block's 8 int32 lanes against the activation codes x[32] (see the top); Q6_K: each half's lanes times its
+// the block's 8 int32 lanes against the activation codes x[32] (see the top); Q6_K, Q3_K: each half's lanes times its
 // scale (`scales`, from half_scales; other kinds ignore it)
 ALWAYS_INLINE i32x8 block_dot(block_t blk, const signed char *restrict x, half_scales_t scales) {
 #if defined(__AVX2__)
@@ -83,7 +83,7 @@ ALWAYS_INLINE i32x8 block_dot(block_t blk, const signed char *restrict x, half_s
 #else
   const __m256i s = _mm256_sign_epi8(xv, blk.w);
 #endif
-#if defined(WEIGHT_Q6_K)  // the scales as madd's second factor instead of ones: no multiply of their own
+#if defined(WEIGHT_HALF_SCALES)  // the scales as madd's second factor instead of ones: no multiply of their own
   return (i32x8)_mm256_madd_epi16(_mm256_maddubs_epi16(blk.u, s), scales);
 #elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
   return (i32x8)_mm256_dpbusd_epi32(_mm256_setzero_si256(), blk.u, s);
@@ -99,7 +99,7 @@ ALWAYS_INLINE i32x8 block_dot(block_t blk, const signed char *restrict x, half_s
   i32x8 lanes = {0};
   for (int e = 0; e < 32; e++) lanes[e / 4] += blk.w[e] * x[e];
 #endif
-#if defined(WEIGHT_Q6_K)
+#if defined(WEIGHT_HALF_SCALES)
   return lanes * scales;
 #else
   (void)scales;
@@ -134,7 +134,7 @@ ALWAYS_INLINE void block_scales8(WEIGHT_PARAMS, int n, int b0, int nb, f32x8 *wd
   const float *super = dm + ((long)n * KB + b0) / 8 * 2;
   *wd = __builtin_convertvector(__builtin_shufflevector(c, c, 0, 2, 4, 6, 8, 10, 12, 14), f32x8) * super[0];
   *wm = -(__builtin_convertvector(__builtin_shufflevector(c, c, 1, 3, 5, 7, 9, 11, 13, 15), f32x8) * super[1]);
-#elif defined(WEIGHT_Q6_K)  // the one super-block's d for its 8 blocks
+#elif defined(WEIGHT_HALF_SCALES)  // the one super-block's d for its 8 blocks
   *wd = (f32x8){0} + d[((long)n * KB + b0) / 8];
 #else
   *wd = load8(d + (long)n * KB + b0, nb);
@@ -160,7 +160,7 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
       for (int i = 0; i < 8; i++) {
         if (i < nb) {
           const block_t blk = load_block(WEIGHT_ARGS, n, b0 + i);
-#if defined(WEIGHT_Q6_K)
+#if defined(WEIGHT_HALF_SCALES)
           const half_scales_t hs = half_scales(WEIGHT_ARGS, n, b0, i);
 #else
           const half_scales_t hs = {0};

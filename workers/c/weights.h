@@ -7,7 +7,9 @@
 // - WEIGHT_F8_E4M3: 32 float8 e4m3 codes, a scale d per block;
 // - WEIGHT_Q4_K: Q4_1's nibbles; a 6-bit scale and minimum code per block, a d and dmin per 8 blocks;
 // - WEIGHT_Q5_K: Q4_K's, and the file's 32 bytes of fifth bits per 8 blocks;
-// - WEIGHT_Q6_K: 32 signed bytes, a signed 8-bit scale per 16 elements, a d per 8 blocks.
+// - WEIGHT_Q6_K: 32 signed bytes, a signed 8-bit scale per 16 elements, a d per 8 blocks;
+// - WEIGHT_Q3_K: the file's 2-bit codes (64 bytes per 8 blocks) and third bits (32 bytes per 8 blocks), a signed
+//   8-bit scale per 16 elements, a d per 8 blocks.
 // WEIGHT_PARAMS are its C parameters, WEIGHT_ARGS the same names to pass on. Needs K (a multiple of 32; of 256
 // for the K-quants) and kernel.h.
 #define KB (K / 32)
@@ -40,22 +42,29 @@
 #elif defined(WEIGHT_Q6_K)
 #define WEIGHT_PARAMS const signed char *restrict weight, const signed char *restrict scales, const float *restrict d
 #define WEIGHT_ARGS weight, scales, d
+#elif defined(WEIGHT_Q3_K)
+#define WEIGHT_PARAMS const unsigned char *restrict weight, const unsigned char *restrict high, \
+                      const signed char *restrict scales, const float *restrict d
+#define WEIGHT_ARGS weight, high, scales, d
 #else
 #error "define one of WEIGHT_F32, WEIGHT_F16, WEIGHT_BF16, WEIGHT_Q4_1, WEIGHT_Q8_0, WEIGHT_Q8_16, WEIGHT_F8_E4M3, \
-WEIGHT_Q4_K, WEIGHT_Q5_K, WEIGHT_Q6_K"
+WEIGHT_Q3_K, WEIGHT_Q4_K, WEIGHT_Q5_K, WEIGHT_Q6_K"
+#endif
+#if defined(WEIGHT_Q6_K) || defined(WEIGHT_Q3_K)
+#define WEIGHT_HALF_SCALES  // a signed 8-bit scale per 16 elements, a d per super-block
 #endif
 #if defined(WEIGHT_Q4_K) || defined(WEIGHT_Q5_K)
 #define WEIGHT_K_SCALES  // 6-bit scale and minimum codes per block, the super-block's d and dmin
 #endif
-#if (defined(WEIGHT_K_SCALES) || defined(WEIGHT_Q6_K)) && K % 256
+#if (defined(WEIGHT_K_SCALES) || defined(WEIGHT_HALF_SCALES)) && K % 256
 #error "a K-quant's rows are whole 256-element super-blocks"
 #endif
 #if defined(WEIGHT_Q4_1) || defined(WEIGHT_K_SCALES)
 #define WEIGHT_NIBBLES  // 16 bytes of nibbles per block (Q5_K: and their fifth bits) and a minimum:
                         // value = q * scale + minimum
 #endif
-#if defined(WEIGHT_Q8_0) || defined(WEIGHT_Q6_K)
-#define WEIGHT_SIGNED_CODES  // 32 signed bytes per block: value = q * scale (Q6_K: a scale per 16 of them)
+#if defined(WEIGHT_Q8_0) || defined(WEIGHT_HALF_SCALES)
+#define WEIGHT_SIGNED_CODES  // 32 signed codes per block: value = q * scale (Q6_K, Q3_K: a scale per 16 of them)
 #endif
 
 #if defined(WEIGHT_Q4_1) || defined(WEIGHT_Q8_0) || defined(WEIGHT_F8_E4M3)
@@ -69,7 +78,7 @@ ALWAYS_INLINE float block_min(WEIGHT_PARAMS, long i) { return m[i]; }
 // store (workers/quantized_weight.py), taken here so the device holds a byte where they hold a float
 ALWAYS_INLINE float block_scale(WEIGHT_PARAMS, long i) { return dm[i / 8 * 2] * (float)codes[2 * i]; }
 ALWAYS_INLINE float block_min(WEIGHT_PARAMS, long i) { return -(dm[i / 8 * 2 + 1] * (float)codes[2 * i + 1]); }
-#elif defined(WEIGHT_Q6_K)
+#elif defined(WEIGHT_HALF_SCALES)
 // the super-block's d; the int8 products multiply each half-block's integer sum by its 8-bit scale first
 // (block_half_scale), as llama.cpp's q6_K x q8_K does, so the block's sum stays an exact integer
 ALWAYS_INLINE float block_scale(WEIGHT_PARAMS, long i) { return d[i / 8]; }
@@ -77,6 +86,7 @@ ALWAYS_INLINE int block_half_scale(WEIGHT_PARAMS, long i, int half) { return sca
 #endif
 
 typedef unsigned char u8x32 __attribute__((vector_size(32), aligned(1)));
+typedef signed char i8x32 __attribute__((vector_size(32), aligned(1)));
 #define LOW_HALF(v) __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 #define HIGH_HALF(v) __builtin_shufflevector(v, v, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31)
 
@@ -95,6 +105,23 @@ ALWAYS_INLINE u8x32 block_codes32(WEIGHT_PARAMS, int n, int b) {
   c |= (j <= 4 ? h << (4 - j) : h >> (j - 4)) & (unsigned char)16;
 #endif
   return c;
+}
+#endif
+
+// weight row n's block b's 32 signed codes, elements 0-31 in order (Q3_K: from the file's 2-bit codes, bits 2b'-2b'+1
+// of byte e of its half's 32 (b' = b's place in the half), and its third bits, as Q5_K's fifth bits, minus 4)
+#if defined(WEIGHT_SIGNED_CODES)
+ALWAYS_INLINE i8x32 block_signed_codes(WEIGHT_PARAMS, int n, int b) {
+#if defined(WEIGHT_Q3_K)
+  const unsigned long super = (unsigned long)n * (KB / 8) + (unsigned)b / 8;
+  const unsigned j = (unsigned)b % 8;  // a constant where b steps through whole super-blocks: shifts by immediates
+  const u8x32 q = *(const u8x32 *)(weight + super * 64 + j / 4 * 32);
+  const u8x32 h = *(const u8x32 *)(high + super * 32);
+  const u8x32 c = ((q >> (2 * (j % 4))) & (unsigned char)3) | (((h >> j) & (unsigned char)1) << 2);
+  return (i8x32)c - (signed char)4;
+#else
+  return *(const i8x32 *)(weight + ((long)n * KB + b) * 32);
+#endif
 }
 #endif
 
@@ -130,13 +157,12 @@ ALWAYS_INLINE void dequant_block(WEIGHT_PARAMS, int n, int b, v16 *w0, v16 *w1) 
   const long half = ((long)n * KB + b) * 2;
   *w0 = __builtin_convertvector(q0, v16) * d[half] + m[half];
   *w1 = __builtin_convertvector(q1, v16) * d[half + 1] + m[half + 1];
-#elif defined(WEIGHT_Q6_K)
-  const i8x16 q0 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32);
-  const i8x16 q1 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32 + 16);
+#elif defined(WEIGHT_HALF_SCALES)
+  const i8x32 q = block_signed_codes(WEIGHT_ARGS, n, b);
   const long half = ((long)n * KB + b) * 2;
   const float super = d[((long)n * KB + b) / 8];
-  *w0 = __builtin_convertvector(q0, v16) * (super * (float)scales[half]);
-  *w1 = __builtin_convertvector(q1, v16) * (super * (float)scales[half + 1]);
+  *w0 = __builtin_convertvector(LOW_HALF(q), v16) * (super * (float)scales[half]);
+  *w1 = __builtin_convertvector(HIGH_HALF(q), v16) * (super * (float)scales[half + 1]);
 #else
   const i8x16 q0 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32);
   const i8x16 q1 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32 + 16);
@@ -166,8 +192,13 @@ ALWAYS_INLINE void prefetch_row(WEIGHT_PARAMS, int n) {
 #endif
   for (int i = 0; i < KB * 2; i += 64) __builtin_prefetch(codes + (long)n * KB * 2 + i);
   for (int i = 0; i < KB / 4; i += 16) __builtin_prefetch(dm + (long)n * KB / 4 + i);
-#elif defined(WEIGHT_Q6_K)
+#elif defined(WEIGHT_HALF_SCALES)
+#if defined(WEIGHT_Q3_K)
+  for (int i = 0; i < KB * 8; i += 64) __builtin_prefetch(weight + (long)n * KB * 8 + i);
+  for (int i = 0; i < KB * 4; i += 64) __builtin_prefetch(high + (long)n * KB * 4 + i);
+#else
   for (int i = 0; i < KB * 32; i += 64) __builtin_prefetch(weight + (long)n * KB * 32 + i);
+#endif
   for (int i = 0; i < KB * 2; i += 64) __builtin_prefetch(scales + (long)n * KB * 2 + i);
   for (int i = 0; i < KB / 8; i += 16) __builtin_prefetch(d + (long)n * KB / 8 + i);
 #elif defined(WEIGHT_Q8_16)
