@@ -1,5 +1,5 @@
 """Matrix products of a few rows (below workers/cpu_gemm.py's GEMM_MIN_ROWS) on the CPU backend, as hand-written
-C kernels for F32, F16, BF16, Q4_1, Q8_0, Q8_16, F8_E4M3, Q3_K, Q4_K, Q5_K and Q6_K weights.
+C kernels for F32, F16, BF16, Q4_1, Q8_0, Q8_16, F8_E4M3, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K weights.
 
 tinygrad's generated kernels for these reduced each 32-element block into a scalar, so every block ended in a
 horizontal vector sum. These kernels keep one 16-lane accumulator per activation row
@@ -21,7 +21,7 @@ from tinyvllm.workers.c_kernel import c_kernel, c_source
 
 # bytes of one 32-element block on the device
 BLOCK_BYTES = {"F32": 128, "F16": 64, "BF16": 64, "Q4_1": 24, "Q8_0": 36, "Q8_16": 48, "F8_E4M3": 36,
-               "Q3_K": 14.5, "Q4_K": 19, "Q5_K": 23, "Q6_K": 34.5}
+               "Q2_K": 11, "Q3_K": 14.5, "Q4_K": 19, "Q5_K": 23, "Q6_K": 34.5}
 
 
 def c_kernels_support(w) -> bool:

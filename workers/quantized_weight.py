@@ -25,6 +25,9 @@ repacked types below the product of a super-block's scale and a sub-block's):
           [N, K/256, 32] (bit j of byte e: element e of 32-block j's, as Q5_K's fifth bits), its 16 six-bit scales
           minus 32 as int8 [N, K/32, 2] and d float32 [N, K/256, 1]; value = (2-bit code + 4 x third bit - 4) *
           (d x scale)
+    Q2_K: the file's bytes: 2-bit codes uint8 [N, K/32, 8] as Q3_K's, one byte per 16 elements uint8 [N, K/32, 2]
+          (a 4-bit scale code, the minimum's above it) and each super-block's d and dmin float32 [N, K/256, 2];
+          value = code * (d x scale) - dmin x minimum
     F16:  float16 [N, K] (a 2-D float16 host array), widened in the kernel: half the bytes a step reads
     BF16: bfloat16's bits as uint16 [N, K] (a GGUF or safetensors BF16 matrix), widened in the kernel
     F8_E4M3: float8 e4m3 codes uint8 [N, K/32, 32], d float32 [N, K/32, 1]; value = fp8(q) * d (a safetensors
@@ -40,13 +43,12 @@ time, with the same values (every product involved is exact in float32, so only 
     Q5_0 -> Q8_0: codes q - 16;  IQ4_NL -> Q8_0: codes from the non-linear table, d
     IQ4_XS -> Q8_0: codes from the table, each 32-element sub-block's d = super d x (6-bit scale - 32)
     Q5_1 -> Q8_16: codes, d and m (each twice)
-    Q2_K -> Q8_16: codes 0..3, d = super d x 4-bit scale, m = -(super dmin x 4-bit min), per 16 elements
-Q3_K, Q4_K, Q5_K and Q6_K keep the file's scales: their codes (Q3_K's as the file has them; Q4_K's and Q5_K's
+Q2_K, Q3_K, Q4_K, Q5_K and Q6_K keep the file's scales: their codes (Q2_K's and Q3_K's as the file has them; Q4_K's and Q5_K's
 nibbles reordered from the super-block's 64-element chunks to Q4_1's order, Q5_K's fifth bits beside them; Q6_K's
 6-bit codes as bytes) with the sub-blocks' scale codes, the products with the super-block's d taken inside the
-kernels, as the repacked types' d are, in float32. On the device Q3_K takes 3.6 bits a value (the file 3.4), Q4_K
-4.75 (the file 4.5), Q5_K 5.75 (the file 5.5), Q6_K 8.6 (the file 6.6), Q4_0 6, Q5_0/IQ4 9 and Q2_K/Q5_1 12 (where
-the file has 2.6-6: Q2_K takes more than Q4_K here);
+kernels, as the repacked types' d are, in float32. On the device Q2_K takes 2.75 bits a value (the file 2.6), Q3_K
+3.6 (the file 3.4), Q4_K 4.75 (the file 4.5), Q5_K 5.75 (the file 5.5), Q6_K 8.6 (the file 6.6), Q4_0 6, Q5_0/IQ4 9
+and Q5_1 12 (where the file has 6);
 F32 is a float32 "F32" weight (the other GGUF types are refused, naming them). The dequantisation computes what
 workers/gguf_dequantize.py's numpy does, in the same order, in float32.
 """
@@ -58,15 +60,15 @@ from tinygrad import Tensor, dtypes
 from tinyvllm.protocol.gguf_file import GGML_TYPE_IDS, GGML_TYPES
 from tinyvllm.workers.device_input import device_tensor
 from tinyvllm.workers.gguf_dequantize import (IQ4_VALUES, dequantize, f16_field, iq4_xs_scales, k_quant_values,
-                                              k_scales_mins, nibbles, q2_k_values, q3_k_scale_codes, q5_codes,
+                                              k_scales_mins, nibbles, q3_k_scale_codes, q5_codes,
                                               q6_k_values)
 from tinyvllm.workers.kv_quant import decode as kv_decode
 
 # the kinds the kernels multiply (and F16, F32)
-IN_KERNEL_TYPES = ("Q4_1", "Q8_0", "Q8_16", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "BF16", "F8_E4M3")
+IN_KERNEL_TYPES = ("Q4_1", "Q8_0", "Q8_16", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "BF16", "F8_E4M3")
 DEVICE_KIND = {"Q4_1": "Q4_1", "Q4_0": "Q4_1", "Q4_K": "Q4_K",  # the types kept compact, and as which kind
                "Q8_0": "Q8_0", "Q5_0": "Q8_0", "IQ4_NL": "Q8_0", "IQ4_XS": "Q8_0",
-               "Q6_K": "Q6_K", "Q5_K": "Q5_K", "Q5_1": "Q8_16", "Q2_K": "Q8_16", "Q3_K": "Q3_K",
+               "Q6_K": "Q6_K", "Q5_K": "Q5_K", "Q5_1": "Q8_16", "Q2_K": "Q2_K", "Q3_K": "Q3_K",
                "BF16": "BF16", "F8_E4M3": "F8_E4M3"}
 # F8_E4M3 is no GGUF type: the blocks a safetensors FP8 matrix is packed into (workers/fp8_checkpoint.py), 32 codes
 # after their float32 scale
@@ -221,14 +223,13 @@ def _q3_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
             q3_k_scale_codes(b.reshape(n * s, -1)).reshape(n, s * 8, 2), f16_field(b, 108))
 
 
-def _as_q8_16(b: np.ndarray, values) -> tuple[np.ndarray, ...]:
-    """K-quant super-blocks [N, S, bytes] as Q8_16's parts. values: blocks [N*S, bytes] -> (codes [N*S, 256], a
-    scale [N*S, 16] and, for the types that have one, a minimum [N*S, 16] per 16 elements): code x scale - minimum."""
+def _q2_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Q2_K super-blocks [N, S, 84] as the Q2_K kind's parts: 2-bit codes [N, 8S, 8] and scale/minimum bytes
+    [N, 8S, 2] (the file's), d and dmin float32 [N, S, 2]."""
     n, s = b.shape[:2]
-    q, scale, *minimum = values(b.reshape(n * s, -1))
-    d = scale.reshape(n, s * 8, 2)
-    m = -minimum[0].reshape(n, s * 8, 2) if minimum else np.zeros_like(d)
-    return q.astype(np.int8).reshape(n, s * 8, 32), d, m
+    return (np.ascontiguousarray(b[:, :, 16:80]).reshape(n, s * 8, 8),
+            np.ascontiguousarray(b[:, :, 0:16]).reshape(n, s * 8, 2),
+            np.concatenate([f16_field(b, 80), f16_field(b, 82)], axis=-1))
 
 
 def _iq4_xs_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -250,7 +251,7 @@ _DEVICE_PARTS = {
                        np.repeat(f16_field(b, 2), 2, axis=-1)),
     "Q5_K": lambda b: _k_quant_parts(b, five_bit=True),
     "Q6_K": _q6_k_parts,
-    "Q2_K": lambda b: _as_q8_16(b, q2_k_values),
+    "Q2_K": _q2_k_parts,
     "Q3_K": _q3_k_parts,
     "BF16": lambda b: (np.ascontiguousarray(b).view("<u2").reshape(b.shape[0], -1),),
     "F8_E4M3": lambda b: (b[:, :, 4:], _f8_scales(b)),
@@ -320,11 +321,25 @@ def _bits(b: Tensor, count: int, width: int) -> Tensor:
     return Tensor.stack(*((b // (1 << (width * j))) % (1 << width) for j in range(count)), dim=-2)
 
 
+def _two_bit_codes(low: Tensor) -> Tensor:
+    """Q2_K's and Q3_K's 2-bit codes [N, K/32, 8] (each super-block's 64 bytes) -> int32 [N, K/256, 2, 4, 32]."""
+    n, blocks = low.shape[:2]
+    return _bits(low.cast(dtypes.int32).reshape(n, blocks // 8, 2, 32), 4, 2)
+
+
+def _dequant_q2_k(low: Tensor, codes: Tensor, dm: Tensor) -> Tensor:
+    n, blocks = low.shape[:2]
+    halves = _two_bit_codes(low).reshape(n, blocks, 2, 16).cast(dtypes.float32)
+    codes, dm = codes.cast(dtypes.int32), _per_block(dm, blocks)
+    scale = (dm[..., 0:1] * (codes % 16).cast(dtypes.float32)).unsqueeze(-1)
+    minimum = (dm[..., 1:2] * (codes // 16).cast(dtypes.float32)).unsqueeze(-1)
+    return (halves * scale - minimum).reshape(n, blocks, 32)
+
+
 def _dequant_q3_k(low: Tensor, high: Tensor, scales: Tensor, d: Tensor) -> Tensor:
     n, blocks = low.shape[:2]
-    two = _bits(low.cast(dtypes.int32).reshape(n, blocks // 8, 2, 32), 4, 2)  # [N, S, half, run, 32]
     third = _bits(high.cast(dtypes.int32), 8, 1).reshape(n, blocks // 8, 2, 4, 32)
-    q = (two + third * 4 - 4).reshape(n, blocks, 32)
+    q = (_two_bit_codes(low) + third * 4 - 4).reshape(n, blocks, 32)
     return _dequant_q6_k(q, scales, d)
 
 
@@ -333,7 +348,7 @@ def _dequant_q6_k(q: Tensor, scales: Tensor, d: Tensor) -> Tensor:
     return (halves * (_per_block(d, q.shape[1]) * scales.cast(dtypes.float32)).unsqueeze(-1)).reshape(q.shape)
 
 
-_DEQUANT = {"Q4_1": _dequant_q4_1, "Q3_K": _dequant_q3_k, "Q4_K": _dequant_q4_k, "Q5_K": _dequant_q5_k, "Q6_K": _dequant_q6_k,
+_DEQUANT = {"Q4_1": _dequant_q4_1, "Q2_K": _dequant_q2_k, "Q3_K": _dequant_q3_k, "Q4_K": _dequant_q4_k, "Q5_K": _dequant_q5_k, "Q6_K": _dequant_q6_k,
             "Q8_0": _dequant_q8_0, "Q8_16": _dequant_q8_16, "F16": _widen_f16,
             "BF16": lambda w: kv_decode(w, "bfloat16"), "F8_E4M3": _dequant_f8_e4m3}
 

@@ -1,5 +1,5 @@
 """The CPU backend's matmul kernels (workers/cpu_matmul.py): h @ w.T for float32, float16, bfloat16, Q4_1, Q8_0,
-Q8_16, float8 e4m3, Q3_K, Q4_K, Q5_K and Q6_K weights (the K-quants [N, K_SUPER]: rows of whole 256-element super-blocks) equals numpy's product on the dequantised weight at every row count a step can have. (The reassociating renderer the
+Q8_16, float8 e4m3, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K weights (the K-quants [N, K_SUPER]: rows of whole 256-element super-blocks) equals numpy's product on the dequantised weight at every row count a step can have. (The reassociating renderer the
 "c" kernel set installs: tests/workers/test_kernel_set.py.)"""
 import numpy as np
 import pytest
@@ -14,7 +14,7 @@ from tinyvllm.workers.quantized_weight import DeviceWeight, QuantizedArray
 
 N, K = 48, 160
 K_SUPER = 512
-KINDS = ["F32", "F16", "BF16", "Q4_1", "Q8_0", "Q8_16", "F8_E4M3", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+KINDS = ["F32", "F16", "BF16", "Q4_1", "Q8_0", "Q8_16", "F8_E4M3", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def weights(tmp_path_factory):
     codes[(codes & 0x7F) == 0x7F] = 0  # no NaN codes
     fp8 = fp8_matrix(codes, np.random.default_rng(3).uniform(1e-3, 1, (N, 1)).astype(np.float32), "w")
     out["F8_E4M3"] = (DeviceWeight.from_host(fp8), np.asarray(fp8))
-    for seed, t in enumerate(("Q4_K", "Q6_K", "Q5_K", "Q3_K"), start=4):
+    for seed, t in enumerate(("Q4_K", "Q6_K", "Q5_K", "Q3_K", "Q2_K"), start=4):
         host = QuantizedArray(t, random_blocks(t, (N, K_SUPER // 256), np.random.default_rng(seed)))
         out[t] = (DeviceWeight.from_host(host), np.asarray(host))
     return out

@@ -1,9 +1,9 @@
-"""GGUF types kept compact (workers/quantized_weight.py): Q3_K, Q4_K, Q5_K and Q6_K in kinds of their own (their
-sub-block scale codes kept), Q4_0, Q5_0, IQ4_NL, IQ4_XS, Q5_1 and Q2_K repacked into the kernels' Q4_1, Q8_0 or Q8_16
+"""GGUF types kept compact (workers/quantized_weight.py): Q2_K, Q3_K, Q4_K, Q5_K and Q6_K in kinds of their own (their
+sub-block scale codes kept), Q4_0, Q5_0, IQ4_NL, IQ4_XS and Q5_1 repacked into the kernels' Q4_1, Q8_0 or Q8_16
 layout: random blocks (finite scales from subnormal to large, every code) dequantise on the device to exactly what
 llama.cpp's own `gguf` package computes (an independent implementation; values, so a zero's sign aside), take the
 kind's bytes on the device (not float32's), and multiply under the exact C kernels, the int8-activation ones (the
-Q4_1, Q3_K, Q4_K, Q5_K, Q6_K and Q8_0 kinds; Q8_16's products stay float32 under c-int8) and tinygrad's, within each
+Q4_1, Q3_K, Q4_K, Q5_K, Q6_K and Q8_0 kinds; Q8_16's and Q2_K's products stay float32 under c-int8) and tinygrad's, within each
 arithmetic's bound of numpy's float64 product; a 2-layer llama with every one of these types gives transformers'
 log-probabilities (its own GGUF loading)."""
 import numpy as np
@@ -62,10 +62,11 @@ def test_the_device_holds_the_kinds_bytes_not_float32(type_name):
     assert weight.nbytes == {"Q4_1": n // 2 + n // 32 * 8, "Q8_0": n + n // 32 * 4, "Q8_16": n + n // 16 * 8,
                              "Q4_K": n // 2 + n // 32 * 2 + n // 256 * 8, "Q5_K": n // 2 + n // 8 + n // 32 * 2 + n // 256 * 8,
                              "Q6_K": n + n // 16 + n // 256 * 4,
-                             "Q3_K": n // 4 + n // 8 + n // 16 + n // 256 * 4}[weight.kind]
+                             "Q3_K": n // 4 + n // 8 + n // 16 + n // 256 * 4,
+                             "Q2_K": n // 4 + n // 16 + n // 256 * 8}[weight.kind]
     assert weight.nbytes <= n * 12 // 8  # at most 12 bits a value, where float32 takes 32
-    if type_name in ("Q3_K", "Q4_K", "Q5_K", "Q6_K"):  # within 1.33x of the file's bits: 3.625 for 3.4375, 4.75 for 4.5,
-        # 5.75 for 5.5, 8.625 for 6.5625
+    if type_name in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"):  # within 1.33x of the file's bits: 2.75 for 2.625,
+        # 3.625 for 3.4375, 4.75 for 4.5, 5.75 for 5.5, 8.625 for 6.5625
         assert weight.nbytes <= 1.33 * blocks_bytes(type_name, n)
 
 

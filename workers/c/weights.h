@@ -9,7 +9,9 @@
 // - WEIGHT_Q5_K: Q4_K's, and the file's 32 bytes of fifth bits per 8 blocks;
 // - WEIGHT_Q6_K: 32 signed bytes, a signed 8-bit scale per 16 elements, a d per 8 blocks;
 // - WEIGHT_Q3_K: the file's 2-bit codes (64 bytes per 8 blocks) and third bits (32 bytes per 8 blocks), a signed
-//   8-bit scale per 16 elements, a d per 8 blocks.
+//   8-bit scale per 16 elements, a d per 8 blocks;
+// - WEIGHT_Q2_K: the file's 2-bit codes and its byte per 16 elements (a 4-bit scale code, a 4-bit minimum code
+//   above it), a d and dmin per 8 blocks.
 // WEIGHT_PARAMS are its C parameters, WEIGHT_ARGS the same names to pass on. Needs K (a multiple of 32; of 256
 // for the K-quants) and kernel.h.
 #define KB (K / 32)
@@ -46,9 +48,12 @@
 #define WEIGHT_PARAMS const unsigned char *restrict weight, const unsigned char *restrict high, \
                       const signed char *restrict scales, const float *restrict d
 #define WEIGHT_ARGS weight, high, scales, d
+#elif defined(WEIGHT_Q2_K)
+#define WEIGHT_PARAMS const unsigned char *restrict weight, const unsigned char *restrict codes, const float *restrict dm
+#define WEIGHT_ARGS weight, codes, dm
 #else
 #error "define one of WEIGHT_F32, WEIGHT_F16, WEIGHT_BF16, WEIGHT_Q4_1, WEIGHT_Q8_0, WEIGHT_Q8_16, WEIGHT_F8_E4M3, \
-WEIGHT_Q3_K, WEIGHT_Q4_K, WEIGHT_Q5_K, WEIGHT_Q6_K"
+WEIGHT_Q2_K, WEIGHT_Q3_K, WEIGHT_Q4_K, WEIGHT_Q5_K, WEIGHT_Q6_K"
 #endif
 #if defined(WEIGHT_Q6_K) || defined(WEIGHT_Q3_K)
 #define WEIGHT_HALF_SCALES  // a signed 8-bit scale per 16 elements, a d per super-block
@@ -56,7 +61,7 @@ WEIGHT_Q3_K, WEIGHT_Q4_K, WEIGHT_Q5_K, WEIGHT_Q6_K"
 #if defined(WEIGHT_Q4_K) || defined(WEIGHT_Q5_K)
 #define WEIGHT_K_SCALES  // 6-bit scale and minimum codes per block, the super-block's d and dmin
 #endif
-#if (defined(WEIGHT_K_SCALES) || defined(WEIGHT_HALF_SCALES)) && K % 256
+#if (defined(WEIGHT_K_SCALES) || defined(WEIGHT_HALF_SCALES) || defined(WEIGHT_Q2_K)) && K % 256
 #error "a K-quant's rows are whole 256-element super-blocks"
 #endif
 #if defined(WEIGHT_Q4_1) || defined(WEIGHT_K_SCALES)
@@ -108,17 +113,24 @@ ALWAYS_INLINE u8x32 block_codes32(WEIGHT_PARAMS, int n, int b) {
 }
 #endif
 
-// weight row n's block b's 32 signed codes, elements 0-31 in order (Q3_K: from the file's 2-bit codes, bits 2b'-2b'+1
-// of byte e of its half's 32 (b' = b's place in the half), and its third bits, as Q5_K's fifth bits, minus 4)
+// Q2_K's and Q3_K's 2-bit codes of weight row n's block b, elements 0-31 in order, as the file keeps them: 64 bytes
+// per super-block, bits 2j'..2j'+1 of byte e of its half (32 bytes) element e of the half's block j'
+#if defined(WEIGHT_Q2_K) || defined(WEIGHT_Q3_K)
+ALWAYS_INLINE u8x32 two_bit_codes32(const unsigned char *restrict weight, int n, int b) {
+  const unsigned j = (unsigned)b % 8;  // a constant where b steps through whole super-blocks: shifts by immediates
+  const u8x32 q = *(const u8x32 *)(weight + ((unsigned long)n * (KB / 8) + (unsigned)b / 8) * 64 + j / 4 * 32);
+  return (q >> (2 * (j % 4))) & (unsigned char)3;
+}
+#endif
+
+// weight row n's block b's 32 signed codes, elements 0-31 in order (Q3_K: its 2-bit codes and third bits, as Q5_K's
+// fifth bits, minus 4)
 #if defined(WEIGHT_SIGNED_CODES)
 ALWAYS_INLINE i8x32 block_signed_codes(WEIGHT_PARAMS, int n, int b) {
 #if defined(WEIGHT_Q3_K)
-  const unsigned long super = (unsigned long)n * (KB / 8) + (unsigned)b / 8;
-  const unsigned j = (unsigned)b % 8;  // a constant where b steps through whole super-blocks: shifts by immediates
-  const u8x32 q = *(const u8x32 *)(weight + super * 64 + j / 4 * 32);
-  const u8x32 h = *(const u8x32 *)(high + super * 32);
-  const u8x32 c = ((q >> (2 * (j % 4))) & (unsigned char)3) | (((h >> j) & (unsigned char)1) << 2);
-  return (i8x32)c - (signed char)4;
+  const unsigned j = (unsigned)b % 8;
+  const u8x32 h = *(const u8x32 *)(high + ((unsigned long)n * (KB / 8) + (unsigned)b / 8) * 32);
+  return (i8x32)(two_bit_codes32(weight, n, b) | (((h >> j) & (unsigned char)1) << 2)) - (signed char)4;
 #else
   return *(const i8x32 *)(weight + ((long)n * KB + b) * 32);
 #endif
@@ -151,6 +163,14 @@ ALWAYS_INLINE void dequant_block(WEIGHT_PARAMS, int n, int b, v16 *w0, v16 *w1) 
   const float scale = block_scale(WEIGHT_ARGS, (long)n * KB + b), low = block_min(WEIGHT_ARGS, (long)n * KB + b);
   *w0 = __builtin_convertvector(LOW_HALF(c), v16) * scale + low;
   *w1 = __builtin_convertvector(HIGH_HALF(c), v16) * scale + low;
+#elif defined(WEIGHT_Q2_K)
+  const u8x32 c = two_bit_codes32(weight, n, b);
+  const long i = (long)n * KB + b;
+  const float super_d = dm[i / 8 * 2], super_min = dm[i / 8 * 2 + 1];
+  *w0 = __builtin_convertvector(LOW_HALF(c), v16) * (super_d * (float)(codes[2 * i] & 15)) -
+        super_min * (float)(codes[2 * i] >> 4);
+  *w1 = __builtin_convertvector(HIGH_HALF(c), v16) * (super_d * (float)(codes[2 * i + 1] & 15)) -
+        super_min * (float)(codes[2 * i + 1] >> 4);
 #elif defined(WEIGHT_Q8_16)
   const i8x16 q0 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32);
   const i8x16 q1 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32 + 16);
@@ -190,6 +210,10 @@ ALWAYS_INLINE void prefetch_row(WEIGHT_PARAMS, int n) {
 #if defined(WEIGHT_Q5_K)
   for (int i = 0; i < KB * 4; i += 64) __builtin_prefetch(high + (long)n * KB * 4 + i);  // 32 bytes per 8 blocks
 #endif
+  for (int i = 0; i < KB * 2; i += 64) __builtin_prefetch(codes + (long)n * KB * 2 + i);
+  for (int i = 0; i < KB / 4; i += 16) __builtin_prefetch(dm + (long)n * KB / 4 + i);
+#elif defined(WEIGHT_Q2_K)
+  for (int i = 0; i < KB * 8; i += 64) __builtin_prefetch(weight + (long)n * KB * 8 + i);
   for (int i = 0; i < KB * 2; i += 64) __builtin_prefetch(codes + (long)n * KB * 2 + i);
   for (int i = 0; i < KB / 4; i += 16) __builtin_prefetch(dm + (long)n * KB / 4 + i);
 #elif defined(WEIGHT_HALF_SCALES)
