@@ -7,6 +7,7 @@ Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
 """
 from __future__ import annotations
 
+import hashlib
 import pathlib
 import struct
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
     30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
 }
 GGML_TYPE_IDS = {name: type_id for type_id, (name, _, _) in GGML_TYPES.items()}
-HEADERS_CACHED = 4  # parsed headers kept per process, by file identity (path, inode, size, modification time)
+HEADERS_CACHED = 2  # parsed headers kept per process (a tokenizer's vocabulary and merges: ~10-30 MB each)
 _HEADERS: dict[tuple, tuple] = {}
 
 
@@ -110,17 +111,21 @@ class GGUFFile:
             raise ValueError(f"{self.path}: truncated GGUF header")
         if (version := struct.unpack_from("<I", self._data, 4)[0]) not in (2, 3):
             raise ValueError(f"{self.path}: unsupported GGUF version {version}")
+        # A process reads one file's header several times (config, fingerprint, tokenizer): parsed once, and found
+        # again by the file's identity and its header's bytes (a file rewritten in place within one timestamp tick)
         stat = self.path.stat()
         key = (str(self.path.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
-        if key not in _HEADERS:  # a process reads one file's header several times (config, fingerprint, tokenizer)
+        header = _HEADERS.get(key)
+        if header is None or hashlib.blake2b(self._data[:header[4]]).digest() != header[5]:
             try:
-                _HEADERS[key] = self._parse_header(_Cursor(memoryview(self._data)))
+                parsed = self._parse_header(_Cursor(memoryview(self._data)))
             except (struct.error, ValueError) as e:
                 raise ValueError(f"{self.path}: corrupt or truncated GGUF header ({e})") from e
+            header = _HEADERS[key] = (*parsed, hashlib.blake2b(self._data[:parsed[4]]).digest())
             while len(_HEADERS) > HEADERS_CACHED:
-                del _HEADERS[next(iter(_HEADERS))]
-        self.version, metadata, raw_infos, self.alignment, self._data_start = _HEADERS[key]
-        self.metadata = dict(metadata)
+                _HEADERS.pop(next(iter(_HEADERS)), None)
+        self.version, metadata, raw_infos, self.alignment, self._data_start, _ = header
+        self.metadata = {k: list(v) if isinstance(v, list) else v for k, v in metadata.items()}  # callers' own lists
         self._tensors: dict[str, TensorInfo] = {}
         for name, dims, ggml_type, offset in raw_infos:
             n_elements = int(np.prod(dims, dtype=np.int64)) if dims else 1

@@ -110,7 +110,7 @@ class SamplingMasks:
             elif thinking is not None and thinking.phase == "start":
                 also[j] = thinking.params.start_id  # the grammar's first tokens, or the opening tag
                 matcher = self._matcher(s).matcher
-                if matcher.is_error() or matcher.is_stopped():
+                if matcher.is_error() or matcher.is_stopped():  # an empty grammar: EOS, or the thinking
                     ended.append(j)
                 else:
                     fill_next_token_bitmask(matcher, words, j)

@@ -4,7 +4,7 @@
 - a grammar (structured output, a forced tool call) constrains the answer only: while the reply may still open its
   thinking, the opening tag is allowed beside the grammar's tokens; while it thinks, nothing is masked; the grammar's
   matcher consumes the tokens from the answer's first on (workers/sampling_masks.py);
-- a thinking budget: once the thinking holds `budget` tokens, the reply may take only the closing tag's tokens.
+- a thinking budget: once the thinking holds `budget` tokens, the reply may take only the closing tag.
 
 A reply that never opens its thinking (Qwen3 with enable_thinking false: the prompt holds an empty, closed block) is
 all answer from its first token.

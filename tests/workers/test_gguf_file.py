@@ -125,3 +125,19 @@ def test_rejects_bad_files(tmp_path):
         path.write_bytes(cut)
         with pytest.raises(ValueError, match="truncated"):
             GGUFFile(path)
+
+
+def test_a_header_rewritten_in_place_is_read_again_and_callers_get_their_own_lists(tmp_path):
+    """The per-process header cache (one parse for the config, fingerprint and tokenizer) keys on the file's
+    identity and checks the header's bytes: a same-size rewrite within one timestamp tick is seen."""
+    path = tmp_path / "m.gguf"
+    tensors = {"t": (np.zeros((2, 32), np.float32), "F32")}
+    write_gguf(path, {"general.architecture": "test", "x": 1, "names": ["a", "b"]}, tensors)
+    first = GGUFFile(path)
+    stat = os.stat(path)
+    first.metadata["names"].append("c")
+    assert GGUFFile(path).metadata["names"] == ["a", "b"]
+    write_gguf(path, {"general.architecture": "test", "x": 2, "names": ["a", "b"]}, tensors)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert os.stat(path).st_size == stat.st_size and os.stat(path).st_ino == stat.st_ino
+    assert GGUFFile(path).metadata["x"] == 2

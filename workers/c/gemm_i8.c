@@ -2,7 +2,7 @@
 // as quantize_i8.c's tiles of int8 codes: int8_rows.h's arithmetic, so every row gets the bits matvec_i8.c would
 // give it (a request's tokens do not depend on what shares its steps). Core core_id of CORES takes its share of
 // the columns, in panels of 4 weight rows, each unpacked once per slab of tiles (L2-sized) into a stack buffer
-// (640 bytes per block: L1-sized up to K ~ 2,400), every tile of 4 activation rows run against it. A 16-lane vector holds a tile's 16
+// (640 bytes per block, 768 with half-block scales: L1-sized up to K ~ 2,000-2,400), every tile of 4 activation rows run against it. A 16-lane vector holds a tile's 16
 // (row, column) pairs, lane 4j + i = row i, column j, so one vpdpbusd adds 4 products to each of 16 outputs and
 // a block's integer sums need no horizontal reduction.
 #include "kernel.h"
