@@ -305,20 +305,19 @@ def _dequant_q4_k(packed: Tensor, codes: Tensor, dm: Tensor) -> Tensor:
     return _dequant_q4_1(packed, dm[..., 0:1] * codes[..., 0:1], -(dm[..., 1:2] * codes[..., 1:2]))
 
 
+def _bits(b: Tensor, count: int, width: int) -> Tensor:
+    """The `count` fields of `width` bits in each int32 byte of b [..., E], lowest first: [..., count, E]. By integer
+    division: shifts of the uint8 bytes (or a float floor of them) met tinygrad 0.14 rewrite bugs inside a traced
+    layer function, and a mask tensor would be a buffer it may not hold."""
+    return Tensor.stack(*((b // (1 << (width * j))) % (1 << width) for j in range(count)), dim=-2)
+
+
 def _dequant_q5_k(packed: Tensor, fifth: Tensor, codes: Tensor, dm: Tensor) -> Tensor:
-    # each byte's bits by integer division in int32: shifts of the uint8 bytes (or a float floor of them) met
-    # tinygrad 0.14 rewrite bugs inside a traced layer function, and a mask tensor would be a buffer it may not hold
     b = fifth.cast(dtypes.int32)  # [N, S, 32]: bit j of byte e is element e of block j's
-    sixteens = Tensor.stack(*((b // (1 << j)) % 2 for j in range(8)), dim=2).reshape(*packed.shape[:-1], 32) * 16
+    sixteens = _bits(b, 8, 1).reshape(*packed.shape[:-1], 32) * 16
     dm, codes = _per_block(dm, packed.shape[1]), codes.cast(dtypes.float32)
     q = Tensor.stack(packed & 15, packed >> 4, dim=2).reshape(*packed.shape[:-1], 32).cast(dtypes.int32) + sixteens
     return q.cast(dtypes.float32) * (dm[..., 0:1] * codes[..., 0:1]) - dm[..., 1:2] * codes[..., 1:2]
-
-
-def _bits(b: Tensor, count: int, width: int) -> Tensor:
-    """The `count` fields of `width` bits in each int32 byte of b [..., E], lowest first: [..., count, E] (by
-    integer division: see _dequant_q5_k)."""
-    return Tensor.stack(*((b // (1 << (width * j))) % (1 << width) for j in range(count)), dim=-2)
 
 
 def _two_bit_codes(low: Tensor) -> Tensor:
@@ -348,7 +347,8 @@ def _dequant_q6_k(q: Tensor, scales: Tensor, d: Tensor) -> Tensor:
     return (halves * (_per_block(d, q.shape[1]) * scales.cast(dtypes.float32)).unsqueeze(-1)).reshape(q.shape)
 
 
-_DEQUANT = {"Q4_1": _dequant_q4_1, "Q2_K": _dequant_q2_k, "Q3_K": _dequant_q3_k, "Q4_K": _dequant_q4_k, "Q5_K": _dequant_q5_k, "Q6_K": _dequant_q6_k,
+_DEQUANT = {"Q4_1": _dequant_q4_1, "Q2_K": _dequant_q2_k, "Q3_K": _dequant_q3_k, "Q4_K": _dequant_q4_k,
+            "Q5_K": _dequant_q5_k, "Q6_K": _dequant_q6_k,
             "Q8_0": _dequant_q8_0, "Q8_16": _dequant_q8_16, "F16": _widen_f16,
             "BF16": lambda w: kv_decode(w, "bfloat16"), "F8_E4M3": _dequant_f8_e4m3}
 

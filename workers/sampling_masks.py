@@ -107,15 +107,9 @@ class SamplingMasks:
                 only[j] = token
             elif s.sampling.grammar is None or (thinking is not None and thinking.phase == "thinking"):
                 continue
-            elif thinking is not None and thinking.phase == "start":
-                also[j] = thinking.params.start_id  # the grammar's first tokens, or the opening tag
-                matcher = self._matcher(s).matcher
-                if matcher.is_error() or matcher.is_stopped():  # an empty grammar: EOS, or the thinking
-                    ended.append(j)
-                else:
-                    fill_next_token_bitmask(matcher, words, j)
-                    filled.append(j)
             else:
+                if thinking is not None and thinking.phase == "start":  # no output yet: the answer, or the thinking
+                    also[j] = thinking.params.start_id  # (an empty grammar: EOS, or the opening tag)
                 matcher = self._synced(s, thinking.answer_start if thinking is not None else 0)
                 if matcher.is_error() or matcher.is_stopped():
                     ended.append(j)

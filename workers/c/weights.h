@@ -205,15 +205,15 @@ ALWAYS_INLINE void prefetch_row(WEIGHT_PARAMS, int n) {
     __builtin_prefetch(d + (long)n * KB + i);
     __builtin_prefetch(m + (long)n * KB + i);
   }
-#elif defined(WEIGHT_K_SCALES)
+#elif defined(WEIGHT_K_SCALES) || defined(WEIGHT_Q2_K)  // codes; a byte or two per block; d and dmin per 8 blocks
+#if defined(WEIGHT_Q2_K)
+  for (int i = 0; i < KB * 8; i += 64) __builtin_prefetch(weight + (long)n * KB * 8 + i);
+#else
   for (int i = 0; i < KB * 16; i += 64) __builtin_prefetch(weight + (long)n * KB * 16 + i);
+#endif
 #if defined(WEIGHT_Q5_K)
   for (int i = 0; i < KB * 4; i += 64) __builtin_prefetch(high + (long)n * KB * 4 + i);  // 32 bytes per 8 blocks
 #endif
-  for (int i = 0; i < KB * 2; i += 64) __builtin_prefetch(codes + (long)n * KB * 2 + i);
-  for (int i = 0; i < KB / 4; i += 16) __builtin_prefetch(dm + (long)n * KB / 4 + i);
-#elif defined(WEIGHT_Q2_K)
-  for (int i = 0; i < KB * 8; i += 64) __builtin_prefetch(weight + (long)n * KB * 8 + i);
   for (int i = 0; i < KB * 2; i += 64) __builtin_prefetch(codes + (long)n * KB * 2 + i);
   for (int i = 0; i < KB / 4; i += 16) __builtin_prefetch(dm + (long)n * KB / 4 + i);
 #elif defined(WEIGHT_HALF_SCALES)
