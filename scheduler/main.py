@@ -126,10 +126,10 @@ class SchedulerLoop:
             self.scheduler.remote_kv.release(msg.req_ids, msg.rank)
         return msg
 
-    def finish_step(self, plan: StepPlan) -> list:
+    def finish_step(self, plan: StepPlan) -> tuple[list, list]:
         """Waits for the result of `plan`, the oldest plan sent, from the rank that samples (workers.output_rank;
-        the others' are ignored; a result in several parts is merged) and applies it; frontend messages that arrive
-        meanwhile are applied after it.
+        the others' are ignored; a result in several parts is merged) and applies it: its outputs, and the frontend
+        messages that arrived meanwhile, for the caller to apply once it has reported the step.
         A Shutdown while waiting (say, because a worker died and will never answer) ends the wait."""
         poller = zmq.Poller()
         poller.register(self.workers.sock, zmq.POLLIN)
@@ -151,12 +151,9 @@ class SchedulerLoop:
                     continue
                 if isinstance(incoming, Shutdown):
                     self.running = False
-                    return []
+                    return [], []
                 pending.append(incoming)
-        outputs = self.scheduler.update_from_output(plan, merge_step_results(parts))
-        for incoming in pending:
-            self.handle_frontend(incoming)
-        return outputs
+        return self.scheduler.update_from_output(plan, merge_step_results(parts)), pending
 
     def loop(self) -> None:
         """Keeps up to max_steps_in_flight plans sent (workers run them in order), then waits for the oldest."""
@@ -180,12 +177,16 @@ class SchedulerLoop:
                 # just taken on, nor the aborts and rejections.
                 send_step_outputs(self.to_frontend, sched, outputs)
                 outputs, changed = [], False
-            stepped = bool(sent)
+            stepped, arrived = bool(sent), []
             if stepped:
-                outputs += self.finish_step(sent.popleft())
-                outputs += sched.take_pending_outputs()
+                step_outputs, arrived = self.finish_step(sent.popleft())
+                outputs += step_outputs + sched.take_pending_outputs()
             if outputs or changed or stepped:
                 send_step_outputs(self.to_frontend, sched, outputs)
+            # Requests that arrived during the step are taken on after its report: reported now, they would show as
+            # waiting until the next plan, and the replica router weighs a waiting request as four running ones.
+            for incoming in arrived:
+                self.handle_frontend(incoming)
             for remote in sched.remote_kv.take_abandoned():
                 try:
                     release_remote_kv(self.ctx, remote, self.kv_secret)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 import threading
 import time
+from typing import Callable
 
 from tests.e2e.http_helpers import StreamResult, completion_body, stream
-from tests.e2e.server_process import ServerProcess, metrics_text, read_metric
+from tests.e2e.server_process import ServerProcess, metrics_text, read_metric, wait_until
 
 SERVING_LINE = re.compile(r"(engine(?: \d+)?) serving \(scheduler pid (\d+), worker pids ([\d ]+)\)")
 
@@ -33,17 +34,21 @@ def per_engine(server: ServerProcess, name: str, engines: tuple[str, ...]) -> di
 
 
 class LongStreams:
-    """`count` long streamed completions, each in its own thread, started a little apart; each result notes when
-    its stream ended."""
+    """`count` long streamed completions, each in its own thread, started a little apart, or each once
+    `started(i)` says the i-th is under way (so that the replicas' load reports are current when the next one is
+    routed); each result notes when its stream ended."""
 
-    def __init__(self, url: str, count: int, max_tokens: int):
+    def __init__(self, url: str, count: int, max_tokens: int, started: Callable[[int], bool] | None = None):
         self.results: list[StreamResult | None] = [None] * count
         self.ended_at: list[float] = [0.0] * count
         self.threads = [threading.Thread(target=self._run, args=(url, i, max_tokens), daemon=True)
                         for i in range(count)]
-        for t in self.threads:
+        for i, t in enumerate(self.threads):
             t.start()
-            time.sleep(0.2)
+            if started is None:
+                time.sleep(0.2)
+            else:
+                assert wait_until(lambda: started(i), 60), f"stream {i} did not start"
 
     def _run(self, url: str, i: int, max_tokens: int) -> None:
         body = completion_body(f"Story {i}:", max_tokens=max_tokens, ignore_eos=True, temperature=0)

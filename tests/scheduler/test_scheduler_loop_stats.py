@@ -89,3 +89,38 @@ def test_requests_taken_on_are_in_the_stats_before_their_first_step_is_back():
         held.stop()
         loop.ctx.destroy(linger=0)
     assert not thread.is_alive()
+
+
+def test_a_request_that_arrives_during_a_step_is_never_reported_waiting_when_it_is_taken_on_next():
+    """Reported after the step's result but before the next plan, it would show as waiting for a moment, and the
+    data-parallel router weighs a waiting request as four running ones (4 streams split 3 to 1 on a loaded machine)."""
+    sched, worker = make_scheduler(max_steps_in_flight=2, async_scheduling=True)
+    endpoints = Endpoints("inproc://arrive-scheduler-input", "inproc://arrive-frontend-output", "inproc://arrive-workers")
+    loop = SchedulerLoop(endpoints, SchedulerArgs(EngineConfig.of(block_size=4, num_kv_blocks=64, max_model_len=128)))
+    from_scheduler = make_socket(loop.ctx, zmq.PULL, endpoints.frontend_output, bind=True)
+    to_scheduler = make_socket(loop.ctx, zmq.PUSH, endpoints.scheduler_input, bind=False)
+    held = HeldWorker(loop.ctx, worker)
+    loop.workers, loop.scheduler = held, sched
+    send(to_scheduler, AddRequest("a", make_prompt("a", 6), SamplingParams(max_tokens=8)))
+    thread = threading.Thread(target=loop.loop, daemon=True)
+    thread.start()
+    try:
+        assert from_scheduler.poll(WAIT_MS)
+        assert recv(from_scheduler).stats.num_running == 1  # "a" planned; its step is held
+        send(to_scheduler, AddRequest("b", make_prompt("b", 6), SamplingParams(max_tokens=2)))
+        threading.Event().wait(0.5)  # the loop, waiting for the held step, reads "b" meanwhile
+        held.answer.set()
+        reported, finished = [], set()
+        while finished != {"a", "b"}:
+            assert from_scheduler.poll(WAIT_MS), "no StepOutputs"
+            msg = recv(from_scheduler)
+            reported.append((msg.stats.num_running, msg.stats.num_waiting))
+            finished |= {out.req_id for out in msg.outputs if out.finish_reason}
+        assert all(waiting == 0 for _, waiting in reported), reported
+        assert (2, 0) in reported, reported  # "b" ran beside "a"
+    finally:
+        send(to_scheduler, Shutdown("done"))
+        thread.join(10)
+        held.stop()
+        loop.ctx.destroy(linger=0)
+    assert not thread.is_alive()
