@@ -8,6 +8,8 @@
 #
 # Options (each also as an environment variable, in capitals: SERVERS, INPUT_LEN, ...):
 #   --servers "tinyvllm vllm llama-server"   which to run; the others' JSON from an earlier run in --out is reused
+#   --model FILE.gguf                        another GGUF than the default model, served by tinyvllm and llama-server
+#                                            from the same file (its own tokenizer makes the prompts; not vLLM)
 #   --input-len 256 --output-len 128         prompt tokens and generated tokens per request (ignore_eos is on)
 #   --concurrency "1 4 16 64"                levels, each run as its own `bench serve` call
 #   --num-prompts N                          measured requests per level (default: max(4, concurrency): one full wave)
@@ -15,7 +17,8 @@
 #   --threads 2                              CPU threads for llama-server (-t) and vLLM (VLLM_CPU_OMP_THREADS_BIND)
 #   (vLLM also gets VLLM_CPU_KVCACHE_SPACE=2 GiB and LD_PRELOAD of the venv's libiomp5.so and the system's tcmalloc,
 #    as its CPU guide says; VLLM_LD_PRELOAD="" turns the preload off, DEV=... picks tinyvllm's backend)
-#   --out DIR                                JSON and server logs (default benchmarks/results/compare)
+#   --out DIR                                JSON and server logs (default benchmarks/results/compare), and each
+#                                            server's resident memory after its last level (<name>-rss-mb.txt)
 #   --tinyvllm-args "..."  --vllm-args "..."  --llama-args "..."   extra flags for each server
 #   --vllm-bench                             also run `vllm bench serve` against tinyvllm (a protocol check)
 #   READY_TIMEOUT=seconds                    how long a server may take to start (default 1800/1200/300)
@@ -29,10 +32,11 @@ INPUT_LEN=${INPUT_LEN:-256}; OUTPUT_LEN=${OUTPUT_LEN:-128}; CONCURRENCY=${CONCUR
 NUM_PROMPTS=${NUM_PROMPTS:-}; WARMUP=${WARMUP:-}; THREADS=${THREADS:-2}
 OUT=${OUT:-benchmarks/results/compare}; VLLM_BENCH=${VLLM_BENCH:-0}
 TINYVLLM_ARGS=${TINYVLLM_ARGS:-}; VLLM_ARGS=${VLLM_ARGS:-}; LLAMA_ARGS=${LLAMA_ARGS:-}
-MODEL_NAME=SmolLM2-135M-Instruct
+MODEL_NAME=SmolLM2-135M-Instruct; GGUF=${MODEL:-}
 while [ $# -gt 0 ]; do
   case $1 in
     --servers) SERVERS=$2; shift 2;;
+    --model) GGUF=$2; shift 2;;
     --input-len) INPUT_LEN=$2; shift 2;;
     --output-len) OUTPUT_LEN=$2; shift 2;;
     --concurrency) CONCURRENCY=$2; shift 2;;
@@ -49,13 +53,26 @@ while [ $# -gt 0 ]; do
   esac
 done
 mkdir -p "$OUT"
-GGUF=$(default_gguf)
+if [ -n "$GGUF" ]; then
+  [ -f "$GGUF" ] || { echo "compare.sh: --model $GGUF: no such file" >&2; exit 2; }
+  GGUF=$(realpath "$GGUF"); MODEL_NAME=$(basename "$GGUF" .gguf)
+  [[ " $SERVERS " == *" vllm "* ]] && { echo "compare.sh: --model is for tinyvllm and llama-server (vLLM serves the default model's HF folder)" >&2; exit 2; }
+else
+  GGUF=$(default_gguf)
+fi
 MAX_C=0; for c in $CONCURRENCY; do [ "$c" -gt "$MAX_C" ] && MAX_C=$c; done
 MAX_LEN=$((INPUT_LEN + OUTPUT_LEN + 64))  # per sequence, with room for a BOS and tokenizer drift
 
 free_port() { "$TINYVLLM_PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 SERVER_PID=
+resident_mb() {  # the server's processes' resident memory together, MB
+  local pid total=0
+  for pid in $(pgrep -g "$SERVER_PID" || true); do
+    total=$((total + $(awk '/^VmRSS/{print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)))
+  done
+  echo $((total / 1024))
+}
 stop_server() {  # the whole process group (vLLM and tinyvllm start worker processes)
   [ -n "$SERVER_PID" ] || return 0
   gone() { ! kill -0 -- "-$SERVER_PID" 2>/dev/null; }
@@ -79,9 +96,12 @@ start_server() {  # start_server <name> <port>: in its own process group, log in
   case $name in
     tinyvllm)
       timeout=${READY_TIMEOUT:-1800}  # it compiles its jitted steps (one per batch size and prompt chunk) first
+      # the KV cache llama-server gets (-c below), unless the caller sizes it
+      local kv="--num-kv-blocks $(( MAX_C * ((MAX_LEN + 15) / 16) ))"
+      [[ "$TINYVLLM_ARGS" == *kv-cache-memory* || "$TINYVLLM_ARGS" == *num-kv-blocks* ]] && kv=
       # shellcheck disable=SC2086
-      DEV=${DEV:-CPU} setsid "$TINYVLLM_BIN/tinyvllm" serve --host 127.0.0.1 --port "$port" --served-model-name "$MODEL_NAME" \
-        --max-num-seqs "$MAX_C" --max-model-len "$MAX_LEN" --warmup-before-serving $TINYVLLM_ARGS > "$OUT/$name.log" 2>&1 &;;
+      DEV=${DEV:-CPU} setsid "$TINYVLLM_BIN/tinyvllm" serve --model "$GGUF" --host 127.0.0.1 --port "$port" --served-model-name "$MODEL_NAME" \
+        --max-num-seqs "$MAX_C" --max-model-len "$MAX_LEN" --warmup-before-serving $kv $TINYVLLM_ARGS > "$OUT/$name.log" 2>&1 &;;
     vllm)
       timeout=${READY_TIMEOUT:-1200}  # ~3 minutes on a 2-CPU machine (import, model load, torch.compile, warm-up)
       [ -x "$VLLM_PY" ] && [ -f "$HF_MODEL_DIR/config.json" ] || { echo "vLLM is not set up: run benchmarks/peers/setup.sh" >&2; return 1; }
@@ -136,6 +156,7 @@ for name in $SERVERS; do
   port=$(free_port)
   if start_server "$name" "$port"; then
     bench "$name" "$port"
+    resident_mb > "$OUT/$name-rss-mb.txt"
     [ "$name" = tinyvllm ] && [ "$VLLM_BENCH" = 1 ] && { vllm_bench_against_tinyvllm "$port" || echo "warning: vllm bench serve failed" >&2; }
   fi
   stop_server
@@ -146,5 +167,8 @@ for name in tinyvllm vllm llama-server; do
   for c in $CONCURRENCY; do [ -f "$OUT/$name-c$c.json" ] && specs+=("$name=$OUT/$name-c$c.json"); done
 done
 echo
-echo "SmolLM2-135M-Instruct, $INPUT_LEN prompt tokens, $OUTPUT_LEN output tokens (ignore_eos), $(nproc) CPUs; ratios > 1 favour tinyvllm for tok/s, < 1 for TTFT"
+echo "$MODEL_NAME, $INPUT_LEN prompt tokens, $OUTPUT_LEN output tokens (ignore_eos), $(nproc) CPUs; ratios > 1 favour tinyvllm for tok/s, < 1 for TTFT"
 [ ${#specs[@]} -gt 0 ] && "$TINYVLLM_PYTHON" benchmarks/compare_table.py --concurrency "$CONCURRENCY" "${specs[@]}"
+for name in $SERVERS; do
+  if [ -f "$OUT/$name-rss-mb.txt" ]; then echo "$name resident memory after the run: $(cat "$OUT/$name-rss-mb.txt") MB"; fi
+done

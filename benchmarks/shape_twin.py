@@ -7,7 +7,8 @@ The metadata and tensor shapes are the model's (its llama.cpp conversion: names,
 rows, llama3 rope frequencies); every matrix is of --type (F16, BF16, Q8_0, Q4_1, the K-quants and IQ4 types the
 device keeps compact, or the Q4_K_M or Q5_K_M mix as llama-quantize assigns it), norms F32. The tokenizer is the
 --tokenizer-from file's (the real one does not travel): ids past its vocabulary exist in the embedding but are never
-produced by encoding. The weights are benchmarks/gguf_twin.py's seeded block patterns, so the text is gibberish: use it for
+produced by encoding; --tokenizer-vocab cuts the embedding (and output head) to that vocabulary instead, as llama.cpp
+requires (it checks the rows against the tokenizer's tokens), for files llama-server serves too. The weights are benchmarks/gguf_twin.py's seeded block patterns, so the text is gibberish: use it for
 speed only.
 """
 import argparse
@@ -99,12 +100,15 @@ def nbytes(shape: tuple[int, ...], type_name: str) -> int:
     return int(np.prod(shape)) // block_elems * block_bytes
 
 
-def make_shape_twin(shape: dict, name: str, matrix_type: str, tokenizer_from: str, out: str, seed: int = 0) -> None:
+def make_shape_twin(shape: dict, name: str, matrix_type: str, tokenizer_from: str, out: str, seed: int = 0,
+                    tokenizer_vocab: bool = False) -> None:
+    tokenizer = GGUFFile(tokenizer_from).metadata
+    if tokenizer_vocab:
+        shape = shape | {"vocab": len(tokenizer["tokenizer.ggml.tokens"])}
     specs = tensor_specs(shape, matrix_type)
     rng, patterns = np.random.default_rng(seed), {}
     rope = llama3_rope_factors(shape["dim"] // shape["heads"], 500000.0, *shape["llama3_rope"]) if shape["llama3_rope"] else None
-    header = gguf_header(metadata(name, shape, GGUFFile(tokenizer_from).metadata),
-                         [(n, sh, t, nbytes(sh, t)) for n, sh, t in specs])
+    header = gguf_header(metadata(name, shape, tokenizer), [(n, sh, t, nbytes(sh, t)) for n, sh, t in specs])
     with open(out, "wb") as w:
         w.write(header)
         for n, sh, t in specs:
@@ -125,9 +129,12 @@ def main() -> None:
     ap.add_argument("--type", choices=("F16", "BF16", "Q8_0", "Q4_1", *gguf_twin.TWIN_SCALE_STD, *MIXES), required=True,
                     help="every matrix's type, or a llama-quantize mix")
     ap.add_argument("--tokenizer-from", required=True, help="a GGUF whose tokenizer.* metadata the twin takes")
+    ap.add_argument("--tokenizer-vocab", action="store_true",
+                    help="embedding rows = the tokenizer's vocabulary (what llama.cpp requires), not the model's")
     ap.add_argument("out")
     args = ap.parse_args()
-    make_shape_twin(SHAPES[args.shape], args.shape, args.type, args.tokenizer_from, args.out)
+    make_shape_twin(SHAPES[args.shape], args.shape, args.type, args.tokenizer_from, args.out,
+                    tokenizer_vocab=args.tokenizer_vocab)
 
 
 if __name__ == "__main__":

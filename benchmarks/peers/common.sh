@@ -8,8 +8,9 @@ TORCH_VERSION=${TORCH_VERSION:-2.13.0+cpu}
 VLLM_VENV=$PEERS_DIR/vllm-venv
 VLLM_PY=$VLLM_VENV/bin/python
 VLLM_MAIN=$REPO_ROOT/benchmarks/peers/vllm_main.py      # `$VLLM_PY $VLLM_MAIN serve ...` == `vllm serve ...`
-LLAMA_SRC=$PEERS_DIR/llama.cpp                           # llama.cpp source, from the llama-cpp-python sdist
+LLAMA_SRC=$PEERS_DIR/llama.cpp                           # llama.cpp source (setup_llama_cpp.sh)
 LLAMA_SERVER=$LLAMA_SRC/build/bin/llama-server
+LLAMA_QUANTIZE=$LLAMA_SRC/build/bin/llama-quantize       # F16 twins into llama.cpp's own quant mixes
 HF_MODEL_DIR=$PEERS_DIR/hf-model                          # the default GGUF converted to a HF folder (float32)
 if [ -z "${TINYVLLM_PYTHON:-}" ]; then
   if [ -x "$REPO_ROOT/.venv/bin/python" ]; then TINYVLLM_PYTHON=$REPO_ROOT/.venv/bin/python

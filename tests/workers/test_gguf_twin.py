@@ -59,3 +59,18 @@ def test_shape_twin_loads_with_the_described_shapes_and_types(tmp_path):
         assert w.shape == (64, 128) and np.isfinite(w).all() and 0 < np.abs(w).max() < 1
         freqs = weights["rope_freqs.weight"]  # llama3 scaling: 1 for the high frequencies, the factor for the low
         assert freqs[0] == 1.0 and freqs[-1] == 8.0
+
+
+def test_shape_twin_with_the_tokenizers_vocabulary_has_as_many_embedding_rows_as_tokens(tmp_path):
+    """--tokenizer-vocab: llama.cpp refuses a file whose embedding rows differ from its tokenizer's tokens."""
+    from tinyvllm.workers.weights import load_weights
+    tokenizer = make_tiny_gguf(tmp_path / "tiny.gguf", dim=64, ffn=128)
+    tokens = len(GGUFFile(tokenizer).metadata["tokenizer.ggml.tokens"])
+    shape = dict(dim=128, layers=1, heads=4, kv_heads=2, ffn=256, vocab=tokens + 64, context=4096, tied=False,
+                 llama3_rope=None)
+    out = tmp_path / "twin.gguf"
+    shape_twin.make_shape_twin(shape, "tiny", "Q8_0", str(tokenizer), str(out), tokenizer_vocab=True)
+    gguf = GGUFFile(out)
+    assert gguf.metadata["llama.vocab_size"] == tokens
+    assert gguf.tensor_shape("token_embd.weight") == gguf.tensor_shape("output.weight") == (tokens, 128)
+    assert load_weights(out)[0].vocab_size == tokens
