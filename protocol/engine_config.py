@@ -15,6 +15,7 @@ from tinyvllm.protocol.kernel_choice import KERNEL_SETS
 from tinyvllm.protocol.knobs import add_flags, build, knob, knobs_of, options_from, parse_bytes, parse_gib
 from tinyvllm.protocol.kv_auth import require_kv_secret_beyond_loopback, resolve_kv_secret
 from tinyvllm.protocol.kv_cache_dtype import KV_CACHE_DTYPES, check_kv_cache_dtype
+from tinyvllm.protocol.kv_events_config import KVEventsConfig, parse_kv_events_config
 from tinyvllm.protocol.speculative_config import SpeculativeConfig, parse_speculative_config
 from tinyvllm.protocol.worker_auth import require_secret_beyond_loopback, resolve_worker_secret
 
@@ -76,6 +77,14 @@ class CacheConfig:
                                        "activation dtype) on a CPU, float16 on a GPU", choices=KV_CACHE_DTYPES)
     enable_prefix_caching: bool = knob(True, "turn off automatic prefix caching (reusing the KV blocks of prompts "
                                              "seen before)", flag="--no-prefix-caching", action="store_false")
+    kv_events_config: KVEventsConfig | None = knob(
+        None, 'publish the prefix cache\'s block stores and evictions for external KV-aware routers (llm-d, Dynamo), '
+              'as vLLM spells it, e.g. \'{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557", '
+              '"replay_endpoint": "tcp://127.0.0.1:5558", "topic": "kv"}\' (fields: enable_kv_cache_events, '
+              'publisher, endpoint, replay_endpoint, buffer_steps, hwm, topic). A bound endpoint must be loopback or '
+              'ipc:// (events carry the prompts\' tokens); connect to a remote subscriber instead '
+              '(tcp://HOST:PORT). Engine r of --data-parallel-size adds r to the ports',
+        parse=parse_kv_events_config, flag_type=str, metavar="JSON")
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ class SchedulerArgs:
     n_layers: int = 0
     model_fingerprint: str = ""
     sliding_window: int = 0  # the model's, where every layer has one: blocks behind it are freed
+    data_parallel_rank: int = 0  # which of --data-parallel-size engines this is (its KV events' ports and label)
     startup_timeout_s: float = 900.0
 
 

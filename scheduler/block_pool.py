@@ -4,12 +4,15 @@ A block nobody holds sits in the free queue. If it was registered in the prefix 
 there ("cached free"): a later request with the same prefix revives it (taken out of the middle of the
 queue in O(1)), and only when a fresh block is needed and it reaches the queue's front is it evicted.
 Blocks join the queue's tail as their last holder lets go, so the front is the least recently used.
+With `events` a list (KV events on: scheduler/kv_events.py), every registration and eviction is recorded there, in
+order, for the publisher to take.
 """
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tinyvllm.protocol.block_hash import BlockHash
+from tinyvllm.protocol.kv_events import KVEvent, record_removed, record_stored
 
 
 @dataclass(slots=True, eq=False)
@@ -31,6 +34,7 @@ class BlockPool:
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # front: evicted first
         self._cached: dict[BlockHash, KVBlock] = {}
         self._num_cached_free = 0  # free blocks with a hash: kept as a count, since stats read it every step
+        self.events: list[KVEvent] | None = None
 
     @property
     def num_total_blocks(self) -> int:
@@ -95,9 +99,13 @@ class BlockPool:
         block.block_hash, block.parent_hash, block.token_ids = block_hash, parent_hash, token_ids
         self._cached[block_hash] = block
         self._num_cached_free += block.ref_count == 0
+        if self.events is not None:
+            record_stored(self.events, block_hash, parent_hash, token_ids, len(token_ids))
         return True
 
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is not None:
             del self._cached[block.block_hash]
+            if self.events is not None:
+                record_removed(self.events, block.block_hash)
             block.block_hash, block.parent_hash, block.token_ids = None, None, ()

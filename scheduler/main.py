@@ -26,6 +26,7 @@ from tinyvllm.protocol.process_args import SchedulerArgs
 from tinyvllm.scheduler.request import Request
 from tinyvllm.scheduler.config import SchedulerConfig
 from tinyvllm.scheduler.disk_kv import scan_disk_dir
+from tinyvllm.scheduler.kv_events import KVEventPublisher
 from tinyvllm.scheduler.output_messages import send_step_outputs
 from tinyvllm.scheduler.scheduler import Scheduler
 from tinyvllm.scheduler.worker_group import WorkerGroup
@@ -51,6 +52,7 @@ class SchedulerLoop:
         self.args = args
         self.kv_secret = os.environ.get(KV_SECRET_ENV, "")  # the launcher's --kv-secret
         self.scheduler: Scheduler | None = None
+        self.kv_events: KVEventPublisher | None = None
         self.running = True
 
     def start(self) -> None:
@@ -74,6 +76,9 @@ class SchedulerLoop:
                 remote_port=port, tp_size=e.parallel.tensor_parallel_size)
             log.info("KV side channel at %s:%d, leases of %.0f s", e.kv_transfer.kv_host, port,
                      e.kv_transfer.kv_lease_s)
+        if (events := e.cache.kv_events_config) is not None and e.cache.enable_prefix_caching:
+            self.kv_events = KVEventPublisher(self.ctx, events, a.data_parallel_rank)
+            self.scheduler.kv_cache_manager.pool.events = []
         if self.workers.kv_disk_dirs:  # every rank has its files in the same folder, named by rank
             self.open_disk_cache(self.workers.kv_disk_dirs[0])
         send(self.to_frontend, EngineReady(num_blocks, e.cache.block_size, e.model.max_model_len, e.batch.max_num_seqs,
@@ -187,13 +192,23 @@ class SchedulerLoop:
             # waiting until the next plan, and the replica router weighs a waiting request as four running ones.
             for incoming in arrived:
                 self.handle_frontend(incoming)
+            self.publish_kv_events()
             for remote in sched.remote_kv.take_abandoned():
                 try:
                     release_remote_kv(self.ctx, remote, self.kv_secret)
                 except Exception as e:  # a host ZMQ cannot parse, say: the lease runs out on its own
                     log.warning("could not release the remote KV of %s: %r", remote.remote_request_id, e)
 
+    def publish_kv_events(self) -> None:
+        """The block pool's stores and evictions since the last pass, as one batch (KV events on)."""
+        pool = self.scheduler.kv_cache_manager.pool
+        if self.kv_events is not None and pool.events:
+            self.kv_events.publish(pool.events)
+            pool.events = []
+
     def close(self) -> None:
+        if self.kv_events is not None:
+            self.kv_events.close()
         self.workers.broadcast(Shutdown("scheduler stopping"), skip_gone=True)
         self.ctx.destroy(linger=100)
 

@@ -55,7 +55,8 @@ class EngineProcesses:
         if parallel.external_workers:
             self.endpoints = dataclasses.replace(self.endpoints, workers=parallel.worker_address)
         sched_args = SchedulerArgs(self.config, self.model_config.n_layers,
-                                   model_fingerprint(self.model_path), self.model_config.sliding_window_everywhere)
+                                   model_fingerprint(self.model_path), self.model_config.sliding_window_everywhere,
+                                   data_parallel_rank=replica)
         # tcp on loopback is open to every local user: the launcher's workers then prove a secret of its own
         secret = parallel.worker_secret or (secrets.token_hex(32) if parallel.transport == "tcp"
                                             and not parallel.external_workers else "")
