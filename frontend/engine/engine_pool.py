@@ -13,10 +13,14 @@ from contextlib import aclosing
 import itertools
 from dataclasses import fields
 
+import zmq.asyncio
+
 from tinyvllm.frontend.engine.engine_client import EngineClient, EngineDeadError
+from tinyvllm.frontend.engine.kv_event_follower import can_follow, follow_kv_events
 from tinyvllm.frontend.engine.engine_replica import EngineReplica, RestartPolicy
 from tinyvllm.frontend.engine.launcher import EngineProcesses
 from tinyvllm.protocol.engine_config import EngineConfig
+from tinyvllm.protocol.kv_events_config import KVEventsConfig
 from tinyvllm.frontend.engine.replica_router import ReplicaRouter, RoutingPolicy, prompt_block_hashes
 from tinyvllm.protocol.messages import EngineReady, RequestOutput, SchedulerStats
 from tinyvllm.protocol.model_path import resolve_model_path
@@ -35,14 +39,18 @@ def summed(values: list):
 
 class EnginePool:
     def __init__(self, replicas: list[EngineReplica], routing: RoutingPolicy = RoutingPolicy(),
-                 cache_aware: bool = True, model_path: pathlib.Path | None = None):
-        """cache_aware: route by cached prefixes too (pointless without the engines' prefix caching)."""
+                 cache_aware: bool = True, model_path: pathlib.Path | None = None,
+                 kv_events: KVEventsConfig | None = None):
+        """cache_aware: route by cached prefixes too (pointless without the engines' prefix caching); kv_events:
+        the engines' --kv-events-config, which the router then follows (frontend/engine/kv_event_follower.py)."""
         self.replicas, self.model_path = replicas, model_path
         self.router = ReplicaRouter(len(replicas), routing)
         self.cache_aware = cache_aware and len(replicas) > 1
+        self.kv_events = kv_events if self.cache_aware and can_follow(kv_events) else None
         self.ready: EngineReady | None = None
         self._owner: dict[str, EngineReplica] = {}  # open request id -> the replica serving it
         self._supervisors: list[asyncio.Task] = []
+        self._followers: list[asyncio.Task] = []
 
     async def start(self, timeout_s: float = 600.0) -> EngineReady:
         """Starts every replica at once and waits until all are ready; then supervises them."""
@@ -57,6 +65,11 @@ class EnginePool:
         self.ready = min((task.result() for task in starting), key=lambda ready: ready.max_model_len)
         self._supervisors = [asyncio.create_task(r.supervise(timeout_s, lambda ready, r=r: self._on_ready(r, ready)))
                              for r in self.replicas]
+        if self.kv_events is not None:
+            ctx = zmq.asyncio.Context.instance()
+            self._followers = [asyncio.create_task(follow_kv_events(ctx, self.kv_events, r.index,
+                                                                    self.router.prefixes[r.index]))
+                               for r in self.replicas]
         return self.ready
 
     def _on_ready(self, replica: EngineReplica, ready: EngineReady) -> None:
@@ -125,9 +138,9 @@ class EnginePool:
 
     async def stop_restarting(self) -> None:
         """From now on a replica that fails stays down (the server is stopping)."""
-        for task in self._supervisors:
+        for task in self._supervisors + self._followers:
             task.cancel()
-        await asyncio.gather(*self._supervisors, return_exceptions=True)
+        await asyncio.gather(*self._supervisors, *self._followers, return_exceptions=True)
 
     async def close(self) -> None:
         """Stops supervising and asks every replica's scheduler to stop (then stop_processes waits for them)."""
@@ -154,4 +167,4 @@ def launch_pool(config: EngineConfig, restart: RestartPolicy = RestartPolicy()) 
         return EngineReplica(index, launch, name, restart)
 
     return EnginePool([launcher(i) for i in range(size)], cache_aware=config.cache.enable_prefix_caching,
-                      model_path=resolve_model_path(config.model.model))
+                      model_path=resolve_model_path(config.model.model), kv_events=config.cache.kv_events_config)

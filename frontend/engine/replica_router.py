@@ -5,7 +5,8 @@ longer on a loaded machine), so requests routed since (open here, absent from th
 where the replica had no queue, as waiting behind one. Counting them all as waiting made a replica whose stats were
 a moment late look four times as loaded as one whose stats were current, and split 4 requests 3 to 1. Cache-aware as SGLang's router: each
 replica's prompts are remembered as the chained hashes of their full blocks (the scheduler's own prefix-cache
-keys), in an LRU as large as that replica's KV pool, so it forgets about as fast as the cache does. A request goes
+keys), in an LRU as large as that replica's KV pool, so it forgets about as fast as the cache does; with KV events on,
+each replica's index also follows what its engine stores and evicts (frontend/engine/kv_event_follower.py). A request goes
 to the replica with the longest remembered prefix (at least one block) unless that replica is overloaded against
 the least loaded one: its load exceeds the least by more than `balance_abs` and by more than `balance_rel` times.
 Ties go round-robin, so that idle replicas take turns.
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from tinyvllm.protocol.messages import SchedulerStats
 from tinyvllm.protocol.block_hash import BlockHash, hash_block, root_hash
+from tinyvllm.protocol.kv_events import external_hash
 
 WAITING_WEIGHT = 4  # vLLM's DP load balancer: a waiting request weighs as four running ones
 CACHE, LOAD = "cache", "load"  # why decide() chose a replica
@@ -36,26 +38,44 @@ def prompt_block_hashes(token_ids: list[int], block_size: int) -> list[BlockHash
 
 
 class PrefixIndex:
-    """The block hashes one replica has seen lately, least recently used first, at most `capacity` of them."""
+    """The block hashes one replica holds as far as the router knows, least recently used first, at most `capacity`
+    of them: those of the prompts routed there and, where its engine publishes KV events (--kv-events-config), the
+    blocks it stored, less those it evicted (apply). Kept in the events' integer form."""
 
     def __init__(self, capacity: int = 0):
         self.capacity = capacity
-        self._hashes: OrderedDict[BlockHash, None] = OrderedDict()
+        self._hashes: OrderedDict[int, None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._hashes)
 
     def add(self, hashes: list[BlockHash]) -> None:
-        for h in hashes:
-            self._hashes[h] = None
-            self._hashes.move_to_end(h)
+        self._add([external_hash(h) for h in hashes])
+
+    def _add(self, keys: list[int]) -> None:
+        for key in keys:
+            self._hashes[key] = None
+            self._hashes.move_to_end(key)
         while len(self._hashes) > self.capacity:
             self._hashes.popitem(last=False)
+
+    def apply(self, event: dict) -> None:
+        """One KV event as it comes off the wire (protocol/kv_events.py); a malformed one changes nothing."""
+        keys = event.get("block_hashes")
+        keys = [k for k in keys if isinstance(k, int)] if isinstance(keys, list) else []
+        kind = event.get("type")
+        if kind == "BlockStored":
+            self._add(keys)
+        elif kind == "BlockRemoved":
+            for key in keys:
+                self._hashes.pop(key, None)
+        elif kind == "AllBlocksCleared":
+            self._hashes.clear()
 
     def matched_blocks(self, hashes: list[BlockHash]) -> int:
         """How many leading blocks of a prompt are here."""
         for i, h in enumerate(hashes):
-            if h not in self._hashes:
+            if external_hash(h) not in self._hashes:
                 return i
         return len(hashes)
 

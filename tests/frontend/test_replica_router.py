@@ -114,3 +114,69 @@ def test_the_prefix_index_forgets_the_least_recently_used_blocks_and_all_on_rese
     assert index.matched_blocks(a) == 2 and index.matched_blocks(b) == 0
     index.reset(capacity=10)
     assert len(index) == 0 and index.capacity == 10
+
+
+def test_kv_events_from_the_engine_move_the_cache_aware_choice(tmp_path):
+    """With --kv-events-config the router follows each engine's stores and evictions (kv_event_follower.py): a
+    prompt whose blocks replica 1 stored draws requests there, and none once they are evicted; a malformed batch
+    changes nothing."""
+    import asyncio
+
+    import zmq
+    import zmq.asyncio
+
+    from tinyvllm.frontend.engine.kv_event_follower import follow_kv_events
+    from tinyvllm.protocol.kv_events import BlockRemoved, BlockStored
+    from tinyvllm.protocol.kv_events_config import KVEventsConfig
+    from tinyvllm.scheduler.kv_events import KVEventPublisher
+
+    prompt = list(range(3 * BLOCK))
+    hashes = prompt_block_hashes(prompt, BLOCK)
+    config = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"ipc://{tmp_path}/events", topic="kv")
+
+    async def scenario():
+        router = ReplicaRouter(2)
+        for r in range(2):
+            router.prefixes[r].reset(capacity=1000)
+        sync_ctx, ctx = zmq.Context(), zmq.asyncio.Context()
+        publisher = KVEventPublisher(sync_ctx, config, data_parallel_rank=1)  # engine 1's sockets
+        follower = asyncio.create_task(follow_kv_events(ctx, config, 1, router.prefixes[1]))
+        idle = {0: IDLE, 1: stats(running=1)}  # replica 0 is the least loaded
+
+        async def until(choice: int) -> bool:
+            for _ in range(200):
+                if router.choose(idle, hashes) == choice:
+                    return True
+                publisher.publish([])  # PUB drops until the SUB's subscription is through: keep the line busy
+                await asyncio.sleep(0.02)
+            return False
+
+        try:
+            assert router.choose(idle, hashes) == 0
+            while router.prefixes[1].matched_blocks(hashes) < 3:  # a batch may precede the subscription: again
+                publisher.publish([BlockStored(hashes, None, prompt, BLOCK)])
+                await asyncio.sleep(0.02)
+            assert await until(1)
+            publisher.pub.send_multipart((b"kv", bytes(8), b"\xc1"))  # not msgpack
+            publisher.publish([BlockRemoved(hashes[:1])])
+            assert await until(0)  # the prompt's first block is gone from engine 1: no prefix there
+            assert router.prefixes[1].matched_blocks(hashes[1:]) == 2
+        finally:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
+            publisher.close()
+            sync_ctx.destroy(linger=0)
+            ctx.destroy(linger=0)
+
+    asyncio.run(scenario())
+
+
+def test_a_prefix_index_applies_stores_removals_and_clears_and_ignores_malformed_events():
+    index = PrefixIndex(capacity=10)
+    index.apply({"type": "BlockStored", "block_hashes": [1, 2, 3]})
+    index.apply({"type": "BlockRemoved", "block_hashes": [2, "x"]})
+    index.apply({"type": "BlockStored", "block_hashes": "nope"})
+    index.apply({"type": "Unknown", "block_hashes": [9]})
+    assert len(index) == 2
+    index.apply({"type": "AllBlocksCleared"})
+    assert len(index) == 0

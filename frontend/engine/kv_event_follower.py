@@ -1,0 +1,47 @@
+"""The replica router's view of an engine's prefix cache, kept current by the engine's own KV events
+(--kv-events-config; scheduler/kv_events.py): a SUB socket on the engine's endpoint, each batch's events applied to
+that replica's PrefixIndex. So a prompt whose blocks the engine evicted no longer draws requests to it, and one it
+loaded from disk or computed for another frontend does. Only where the engine binds its endpoint (loopback or
+ipc://); an engine that connects out to a remote indexer has nothing here to subscribe to."""
+import logging
+
+import msgpack
+import zmq
+import zmq.asyncio
+
+from tinyvllm.frontend.engine.replica_router import PrefixIndex
+from tinyvllm.protocol.kv_events_config import KVEventsConfig, binds
+
+log = logging.getLogger("tinyvllm.frontend")
+MAX_BATCH_BYTES = 64 << 20  # a step's events: a few KB per block stored; far under this
+
+
+def can_follow(config: KVEventsConfig | None) -> bool:
+    return config is not None and binds(config.endpoint)
+
+
+async def follow_kv_events(ctx: zmq.asyncio.Context, config: KVEventsConfig, data_parallel_rank: int,
+                           index: PrefixIndex) -> None:
+    """Applies engine `data_parallel_rank`'s events to `index` until cancelled (across the engine's restarts: ZMQ
+    reconnects to the address the new engine binds)."""
+    endpoint = config.for_rank(data_parallel_rank).endpoint
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.MAXMSGSIZE, MAX_BATCH_BYTES)
+    sub.setsockopt(zmq.SUBSCRIBE, config.topic.encode())
+    sub.connect(endpoint)
+    try:
+        while True:
+            frames = await sub.recv_multipart()
+            try:
+                batch = msgpack.unpackb(frames[-1], strict_map_key=False) if len(frames) == 3 else None
+                events = batch.get("events") if isinstance(batch, dict) else None
+            except (ValueError, msgpack.UnpackException):
+                events = None
+            if not isinstance(events, list):
+                log.warning("ignored a malformed KV event batch from %s", endpoint)
+                continue
+            for event in events:
+                if isinstance(event, dict):
+                    index.apply(event)
+    finally:
+        sub.close(linger=0)
