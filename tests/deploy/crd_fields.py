@@ -5,7 +5,9 @@ manifests use, written from each project's documented API (not taken from its Cu
   policy, failure handling and restart policies);
 - PodMonitor `monitoring.coreos.com/v1`: the Prometheus Operator's API reference (PodMonitorSpec, PodMetricsEndpoint)
   and Prometheus' duration format;
-- ScaledObject `keda.sh/v1alpha1`: KEDA's ScaledObject specification and its Prometheus scaler page.
+- ScaledObject `keda.sh/v1alpha1`: KEDA's ScaledObject specification and its Prometheus scaler page;
+- InferencePool `inference.networking.k8s.io/v1`: the Gateway API Inference Extension's API reference;
+- HTTPRoute `gateway.networking.k8s.io/v1`: the Gateway API's API reference.
 
 Every object level we fill in says additionalProperties: false, so a misspelt or unknown field fails (a manifest
 that starts to use another documented field must add it here first). Where a custom resource embeds a Kubernetes
@@ -106,6 +108,49 @@ SCALED_OBJECT = resource("keda.sh/v1alpha1", "ScaledObject", obj({
     }, required=("type", "metadata"))),
 }, required=("scaleTargetRef", "triggers")))
 
+PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
+DNS_LABEL = {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63}
+
+# InferencePool: the Gateway API Inference Extension's pool of model-server pods (its API reference and
+# api/v1/inferencepool_types.go): the pods it selects by labels alone (matchLabels, as a Service's selector), the
+# one port (v1 allows one) requests go to, and the endpoint picker: a Service's name and port (required for a
+# Service), and whether the gateway routes anyway (FailOpen) or refuses (FailClose) when the picker does not answer.
+INFERENCE_POOL = resource("inference.networking.k8s.io/v1", "InferencePool", obj({
+    "selector": obj({"matchLabels": {"type": "object", "minProperties": 1, "additionalProperties": {"type": "string"}}},
+                    required=("matchLabels",)),
+    "targetPorts": {**array(obj({"number": PORT}, required=("number",))), "maxItems": 1},
+    "endpointPickerRef": obj({
+        "group": {"type": "string"},
+        "kind": NAME,
+        "name": DNS_LABEL,
+        "port": obj({"number": PORT}, required=("number",)),
+        "failureMode": {"enum": ["FailOpen", "FailClose"]},
+    }, required=("name",)),
+}, required=("selector", "targetPorts", "endpointPickerRef")))
+
+# HTTPRoute `gateway.networking.k8s.io/v1` (the Gateway API's reference): the Gateways it attaches to (parentRefs),
+# and rules, each matching requests (a path: Exact, PathPrefix or RegularExpression) and naming the backends that
+# take them (a Service, or another kind by group and kind: here the InferencePool), with timeouts in the Gateway
+# API's duration format.
+GATEWAY_DURATION = {"type": "string", "pattern": "^([0-9]{1,5}(h|m|s|ms)){1,4}$"}
+HTTP_ROUTE = resource("gateway.networking.k8s.io/v1", "HTTPRoute", obj({
+    "parentRefs": array(obj({"group": {"type": "string"}, "kind": NAME, "namespace": DNS_LABEL, "name": NAME,
+                             "sectionName": DNS_LABEL, "port": PORT}, required=("name",))),
+    "hostnames": array({"type": "string"}),
+    "rules": array(obj({
+        "matches": array(obj({
+            "path": obj({"type": {"enum": ["Exact", "PathPrefix", "RegularExpression"]},
+                         "value": {"type": "string", "pattern": "^/", "maxLength": 1024}}),
+        })),
+        "backendRefs": array(obj({"group": {"type": "string"}, "kind": NAME, "name": NAME, "namespace": DNS_LABEL,
+                                  "port": PORT, "weight": {"type": "integer", "minimum": 0, "maximum": 1000000}},
+                                 required=("name",))),
+        "timeouts": obj({"request": GATEWAY_DURATION, "backendRequest": GATEWAY_DURATION}),
+    })),
+}, required=()))
+
 SCHEMAS = {("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): LEADER_WORKER_SET,
            ("monitoring.coreos.com/v1", "PodMonitor"): POD_MONITOR,
-           ("keda.sh/v1alpha1", "ScaledObject"): SCALED_OBJECT}
+           ("keda.sh/v1alpha1", "ScaledObject"): SCALED_OBJECT,
+           ("inference.networking.k8s.io/v1", "InferencePool"): INFERENCE_POOL,
+           ("gateway.networking.k8s.io/v1", "HTTPRoute"): HTTP_ROUTE}

@@ -166,6 +166,22 @@ def broken_copies():
     scaled = first("ScaledObject")
     scaled["spec"]["triggers"][0]["type"] = "prometheus-adapter"
     yield "ScaledObject with another trigger type", scaled, "spec/triggers/0/type"
+    pool = first("InferencePool")
+    pool["spec"]["targetPorts"].append({"number": 8001})  # v1 takes one port
+    yield "InferencePool with two target ports", pool, "spec/targetPorts"
+    pool = first("InferencePool")
+    pool["spec"]["selector"]["matchExpressions"] = []  # labels only, unlike a core LabelSelector
+    yield "InferencePool with a set-based selector", pool, "spec/selector"
+    pool = first("InferencePool")
+    pool["spec"]["endpointPickerRef"]["failureMode"] = "FailClosed"
+    yield "InferencePool with an unknown failure mode", pool, "spec/endpointPickerRef/failureMode"
+    route = first("HTTPRoute")
+    route["spec"]["rules"][0]["timeouts"]["request"] = "10 minutes"  # not a Gateway API duration
+    yield "HTTPRoute with a bad timeout", route, "spec/rules/0/timeouts/request"
+    route = first("HTTPRoute")
+    route["spec"]["rules"][0]["backendRef"] = route["spec"]["rules"][0].pop("backendRefs")
+    yield "HTTPRoute with a misspelled rule field", route, "spec/rules/0"
+
     scaled = first("ScaledObject")
     policy = scaled["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleUp"]["policies"][0]
     policy["periodSecond"] = 60  # core HorizontalPodAutoscalerBehavior

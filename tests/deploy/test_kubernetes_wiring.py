@@ -1,7 +1,8 @@
 """How the manifests of deploy/kubernetes meet: a LeaderWorkerSet group holds every rank once and its workers reach
 its scheduler; Services select pods that have their ports; the router discovers the engines' headless Service and is
 the address instances register with; Prometheus scrapes the engines' /metrics; KEDA scales a Deployment on a metric
-the engines export."""
+the engines export; the inference gateway's pool selects the engines on the port they serve, its route sends to the
+pool, and the endpoint picker finds the metrics it reads in their /metrics."""
 import re
 from urllib.parse import urlsplit
 
@@ -106,3 +107,30 @@ def test_keda_scales_a_deployment_on_a_metric_its_engines_export():
     for label, value in re.findall(r'([a-z_]+)="([^"]*)"', matchers):  # a pod label the PodMonitor copies
         (source,) = [k for k in monitor["spec"]["podTargetLabels"] if re.sub(r"[^a-zA-Z0-9_]", "_", k) == label]
         assert pod_labels[source] == value, label
+
+
+# What the Gateway API Inference Extension's endpoint picker scrapes from a vLLM-compatible server (its
+# model-server protocol, docs/proposals/003-model-server-protocol: queued and running requests, KV-cache
+# utilisation, and vllm:cache_config_info's block size and block count for its prefix-cache scorer): vLLM's names,
+# the picker's defaults.
+EPP_METRICS = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+               "vllm:cache_config_info")
+
+
+def test_the_inference_pool_selects_the_engines_on_their_port_and_the_route_sends_to_it(started):
+    (pool,) = by_kind("InferencePool")
+    selector = pool["spec"]["selector"]["matchLabels"]
+    engines = find("Deployment", "tinyvllm")
+    assert selects(selector, engines["spec"]["template"]["metadata"]["labels"])
+    assert not selects(selector, find("Deployment", "tinyvllm-router")["spec"]["template"]["metadata"]["labels"])
+    ((port,),) = [[p["number"] for p in pool["spec"]["targetPorts"]]]
+    serving = [s for s in started if s.pod.workload is engines]
+    assert serving and all(cli_check.parse(s.argv).port == port for s in serving)
+    (route,) = by_kind("HTTPRoute")
+    ((backend,),) = [rule["backendRefs"] for rule in route["spec"]["rules"]]
+    assert (backend["group"], backend["kind"], backend["name"]) == (
+        pool["apiVersion"].split("/")[0], "InferencePool", pool["metadata"]["name"])
+    status, text = cli_check.serve_get({"/metrics"})["/metrics"]
+    assert status == 200
+    for metric in EPP_METRICS:
+        assert re.search(rf"^{re.escape(metric)}(\{{| )", text, re.M), metric

@@ -7,7 +7,7 @@ import yaml
 
 from tests.deploy.kube import KUBE, KUSTOMIZATION, find, manifest_files
 
-FOLDERS = ("base", "disaggregated", "leaderworkerset", "monitoring", "autoscaling")
+FOLDERS = ("base", "disaggregated", "leaderworkerset", "monitoring", "autoscaling", "inference-gateway")
 
 
 def kustomization(folder: Path) -> dict:
@@ -32,12 +32,25 @@ def test_every_folder_is_a_kustomization_listing_its_manifests():
     assert listed == set(manifest_files())
 
 
+def deleted_from_base(overlay: str) -> list[tuple[str, str]]:
+    """(kind, name) of each object the overlay's delete patches remove, each checked to be one of the base's."""
+    folder = kustomization(KUBE / overlay)
+    assert "../base" in folder["resources"]
+    base = [yaml.safe_load((KUBE / "base" / r).read_text()) for r in kustomization(KUBE / "base")["resources"]]
+    out = []
+    for patch in folder["patches"]:
+        deleted = yaml.safe_load(patch["patch"])
+        assert deleted.pop("$patch") == "delete"
+        assert find(deleted["kind"], deleted["metadata"]["name"])["apiVersion"] == deleted["apiVersion"]
+        assert any((doc["kind"], doc["metadata"]["name"]) == (deleted["kind"], deleted["metadata"]["name"]) for doc in base)
+        out.append((deleted["kind"], deleted["metadata"]["name"]))
+    return out
+
+
 def test_the_disaggregated_overlay_replaces_the_base_engines():
-    overlay = kustomization(KUBE / "disaggregated")
-    assert "../base" in overlay["resources"]
-    (patch,) = overlay["patches"]
-    deleted = yaml.safe_load(patch["patch"])
-    assert deleted.pop("$patch") == "delete"
-    assert find(deleted["kind"], deleted["metadata"]["name"])["apiVersion"] == deleted["apiVersion"]
-    assert any(yaml.safe_load((KUBE / "base" / r).read_text())["metadata"]["name"] == deleted["metadata"]["name"]
-               for r in kustomization(KUBE / "base")["resources"])
+    assert deleted_from_base("disaggregated") == [("Deployment", "tinyvllm")]
+
+
+def test_the_inference_gateway_overlay_replaces_the_router():
+    assert sorted(deleted_from_base("inference-gateway")) == [("Deployment", "tinyvllm-router"),
+                                                             ("Service", "tinyvllm-router")]
