@@ -4,6 +4,7 @@ keywords. The engine's configuration (protocol/engine_config.py) and the HTTP se
 (frontend/api/server_options.py) are declared this way."""
 import argparse
 import dataclasses
+import json
 import re
 import typing
 from collections.abc import Iterable
@@ -23,6 +24,20 @@ def parse_bytes(text: str) -> int:
 def parse_gib(text: str) -> int:
     """--swap-space: a bare number is GiB, as vLLM's flag ('4', '0.5'); with a unit, as parse_bytes ('512M')."""
     return parse_bytes(text + "G" if re.fullmatch(r"\s*[0-9]*\.?[0-9]+\s*", text) else text)
+
+
+def parse_json_object(text: str | dict, flag: str, known: Iterable[str]) -> dict:
+    """A flag's JSON object (vLLM's --speculative-config, --kv-events-config), or the dict itself, as a new dict:
+    ValueError if it is not JSON, not an object, or names a field not in `known`."""
+    try:
+        fields = dict(text) if isinstance(text, dict) else json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{flag} is not JSON: {e}") from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"{flag} must be a JSON object")
+    if unknown := set(fields) - set(known):
+        raise ValueError(f"{flag}: unknown field(s) {', '.join(sorted(unknown))}; known: {', '.join(known)}")
+    return fields
 
 
 def knob(default, help: str, *, flag: str | None = None, aliases: tuple[str, ...] = (), parse=None, flag_type=None,

@@ -9,9 +9,9 @@ always bound, so loopback or ipc:// only. With data parallelism, engine r's tcp 
 and inproc addresses get "_dp<r>"), as vLLM offsets them.
 """
 import dataclasses
-import json
 from dataclasses import dataclass
 
+from tinyvllm.protocol.knobs import parse_json_object
 from tinyvllm.protocol.worker_auth import is_loopback
 
 PUBLISHERS = ("null", "zmq")
@@ -73,14 +73,7 @@ def parse_kv_events_config(text: str | dict | None) -> KVEventsConfig | None:
     """The --kv-events-config JSON (or its dict) -> a KVEventsConfig (None: no events); ValueError if it is wrong."""
     if not text:
         return None
-    try:
-        fields = dict(text) if isinstance(text, dict) else json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--kv-events-config is not JSON: {e}") from None
-    if not isinstance(fields, dict):
-        raise ValueError("--kv-events-config must be a JSON object")
-    if unknown := set(fields) - set(_FIELDS):
-        raise ValueError(f"--kv-events-config: unknown field(s) {', '.join(sorted(unknown))}; known: {', '.join(_FIELDS)}")
+    fields = parse_json_object(text, "--kv-events-config", _FIELDS)
     if fields.get("publisher") is None:
         fields["publisher"] = "zmq" if fields.get("enable_kv_cache_events") else "null"
     for name, kind in (("enable_kv_cache_events", bool), ("buffer_steps", int), ("hwm", int), ("topic", str),

@@ -2,9 +2,9 @@
 many. "ngram": prompt lookup (no draft model); "draft_model": a smaller model with the target's tokenizer, named by
 `model` (a .gguf file or a Hugging Face folder), proposes its greedy tokens (workers/draft_model.py)."""
 import dataclasses
-import json
 from dataclasses import dataclass
 
+from tinyvllm.protocol.knobs import parse_json_object
 from tinyvllm.protocol.sampling import SamplingParams
 
 SUPPORTED_METHODS = ("ngram", "draft_model")
@@ -38,15 +38,7 @@ def parse_speculative_config(text: str | dict | None) -> SpeculativeConfig | Non
     it is wrong."""
     if not text:
         return None
-    try:
-        fields = dict(text) if isinstance(text, dict) else json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--speculative-config is not JSON: {e}") from None
-    if not isinstance(fields, dict):
-        raise ValueError("--speculative-config must be a JSON object")
-    if unknown := set(fields) - set(_FIELDS):
-        raise ValueError(f"--speculative-config: unknown field(s) {', '.join(sorted(unknown))}; known: "
-                         f"{', '.join(_FIELDS)}")
+    fields = parse_json_object(text, "--speculative-config", _FIELDS)
     if "method" not in fields:
         raise ValueError(f"--speculative-config needs a method (supported: {', '.join(SUPPORTED_METHODS)})")
     if "prompt_lookup_max" in fields and "prompt_lookup_min" not in fields:  # vLLM: one given sets both
