@@ -112,7 +112,10 @@ def build(root, knobs: dict[str, Knob], keywords: dict):
         knob_ = knobs.get(name) or knobs.get(aliases.get(name, ""))
         if knob_ is None:
             raise TypeError(f"unknown option {name!r}; known: {', '.join(knobs)}")
-        parts.setdefault(knob_.part, {})[knob_.name] = knob_.coerce(value)
+        try:
+            parts.setdefault(knob_.part, {})[knob_.name] = knob_.coerce(value)
+        except ValueError as e:  # named by its flag, unless the message does (a parse shared by several flags)
+            raise ValueError(str(e) if knob_.flag and knob_.flag in str(e) else f"{knob_.flag or name}: {e}") from None
     top = parts.pop("", {})
     hints = typing.get_type_hints(root)
     return root(**{part: hints[part](**values) for part, values in parts.items()}, **top)

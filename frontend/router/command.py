@@ -56,7 +56,14 @@ class RouterArgs:
     discover_dns: tuple[str, int] | None = knob(
         None, "resolve NAME (e.g. a Kubernetes headless Service) periodically; every address is an instance "
               "http://ADDRESS:PORT", parse=parse_target, flag_type=str, metavar="NAME:PORT")
-    discover_interval_s: float = knob(5.0, "seconds between two resolutions of --discover-dns",
+    discover_prefill_dns: tuple[str, int] | None = knob(
+        None, "as --discover-dns, for `serve --role prefill` instances (with --discover-decode-dns: disaggregated "
+              "prefill and decode found without registration, so any number of routers serve the same fleet)",
+        parse=parse_target, flag_type=str, metavar="NAME:PORT")
+    discover_decode_dns: tuple[str, int] | None = knob(
+        None, "as --discover-dns, for `serve --role decode` instances", parse=parse_target, flag_type=str,
+        metavar="NAME:PORT")
+    discover_interval_s: float = knob(5.0, "seconds between two resolutions of each --discover-*-dns name",
                                       flag="--discover-interval")
     heartbeat_timeout_s: float = knob(6.0, "seconds without a heartbeat after which a registered instance is dropped "
                                            "(instances beat every 2 s)", flag="--heartbeat-timeout")
@@ -72,6 +79,13 @@ class RouterArgs:
                                           "new ones get 503 with Retry-After")
     shutdown_timeout_s: float = knob(30.0, "on SIGTERM or Ctrl-C, seconds open requests get to finish before the "
                                            "rest end with an error", flag="--shutdown-timeout")
+
+
+    @property
+    def dns_targets(self) -> dict[str, tuple[str, int]]:
+        """{role: (NAME, PORT)} of each name to discover instances of that role by."""
+        targets = {"both": self.discover_dns, "prefill": self.discover_prefill_dns, "decode": self.discover_decode_dns}
+        return {role: target for role, target in targets.items() if target is not None}
 
 
 ROUTER_KNOBS = knobs_of(RouterArgs)
@@ -127,14 +141,15 @@ async def serve_router(a: RouterArgs) -> int:
         metrics = RouterMetrics(registry)
         proxy = UpstreamProxy(registry, InstancePicker(), client, metrics, shutdown, a.instance_api_key)
         app = build_router_app(registry, proxy, metrics, gate, a.api_key, a.register_secret or None)
-        monitor = asyncio.create_task(InstanceMonitor(registry, client, a.discover_dns, a.discover_interval_s).run())
+        monitor = asyncio.create_task(InstanceMonitor(registry, client, a.dns_targets, a.discover_interval_s).run())
         server = QuietSignalServer(http_config(app, a.host, a.port))
         serving = await start_serving(server)
         try:
             if not server.started:
                 return 1
             print(f"tinyvllm router ready: routing at http://{a.host}:{a.port} ({len(a.instances) + len(a.prefill) + len(a.decode)} static instances"
-                  f"{f', discovering {a.discover_dns[0]}' if a.discover_dns else ''})", flush=True)
+                  f"{', discovering ' + ', '.join(name for name, _ in a.dns_targets.values()) if a.dns_targets else ''})",
+                  flush=True)
             stop_asked = asyncio.Event()
             drain_on_signals(stop_asked, gate, server)
             stopping = asyncio.create_task(stop_asked.wait())

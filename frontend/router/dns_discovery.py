@@ -1,4 +1,4 @@
-"""`--discover-dns NAME:PORT`: every address NAME resolves to is an instance http://ADDRESS:PORT.
+"""`--discover-dns NAME:PORT` (and its per-role kin): every address NAME resolves to is an instance http://ADDRESS:PORT.
 
 Made for a Kubernetes headless Service, whose name resolves to the ready pods' IPs (only ready ones: the Service
 publishes an address once the pod's readiness probe, e.g. on /health, passes, and withdraws it when the pod stops).
@@ -11,7 +11,7 @@ def parse_target(text: str) -> tuple[str, int]:
     """'NAME:PORT' -> (NAME, PORT); ValueError otherwise."""
     name, sep, port = text.rpartition(":")
     if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--discover-dns {text!r} is not NAME:PORT (e.g. tinyvllm.default.svc.cluster.local:8000)")
+        raise ValueError(f"{text!r} is not NAME:PORT (e.g. tinyvllm.default.svc.cluster.local:8000)")
     return name.strip("[]"), int(port)
 
 

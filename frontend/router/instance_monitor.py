@@ -4,9 +4,10 @@
   stop being routable the moment their last beat is that old, sweep or not).
 - Every HEALTH_INTERVAL_S each static and DNS instance gets GET /health (200: routable; 503 or no answer: not) and,
   when healthy, GET /metrics for its load (vLLM's running and waiting gauges, summed over its engines).
-- Every --discover-interval the DNS name is resolved again: new addresses join, vanished ones are drained. A name
-  that does not resolve leaves the list as it was (a DNS hiccup must not empty the router); instances really gone
-  fail their health checks anyway.
+- Every --discover-interval each DNS name (one per role: --discover-dns, --discover-prefill-dns,
+  --discover-decode-dns) is resolved again: new addresses join with that role, vanished ones are drained. A name
+  that does not resolve leaves its instances as they were (a DNS hiccup must not empty the router); instances really
+  gone fail their health checks anyway.
 """
 import asyncio
 import logging
@@ -41,17 +42,18 @@ def load_from_metrics(text: str) -> Load:
 
 class InstanceMonitor:
     def __init__(self, registry: InstanceRegistry, client: httpx.AsyncClient,
-                 dns_target: tuple[str, int] | None = None, discover_interval_s: float = 5.0,
+                 dns_targets: dict[str, tuple[str, int]] | None = None, discover_interval_s: float = 5.0,
                  health_interval_s: float = HEALTH_INTERVAL_S):
-        self.registry, self.client, self.dns_target = registry, client, dns_target
+        """dns_targets: {role: (NAME, PORT)}, each name's addresses instances of that role."""
+        self.registry, self.client, self.dns_targets = registry, client, dict(dns_targets or {})
         self.discover_interval_s, self.health_interval_s = discover_interval_s, health_interval_s
-        self._dns_failing = False
+        self._dns_failing: set[str] = set()
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._every(SWEEP_INTERVAL_S, self._sweep))
             tasks.create_task(self._every(self.health_interval_s, self.check_health))
-            if self.dns_target is not None:
+            if self.dns_targets:
                 tasks.create_task(self._every(self.discover_interval_s, self.discover))
 
     @staticmethod
@@ -87,13 +89,15 @@ class InstanceMonitor:
         self.registry.health_checked(url, healthy, load)
 
     async def discover(self) -> None:
-        name, port = self.dns_target
+        await asyncio.gather(*(self._discover(role, name, port) for role, (name, port) in self.dns_targets.items()))
+
+    async def _discover(self, role: str, name: str, port: int) -> None:
         try:
             urls = await resolve_instances(name, port)
         except (socket.gaierror, OSError) as e:
-            if not self._dns_failing:
+            if name not in self._dns_failing:
                 log.warning("%s does not resolve (%s); keeping the instances known so far", name, e)
-            self._dns_failing = True
+            self._dns_failing.add(name)
             return
-        self._dns_failing = False
-        self.registry.sync_dns(urls)
+        self._dns_failing.discard(name)
+        self.registry.sync_dns(urls, role)

@@ -106,12 +106,13 @@ class InstanceRegistry:
         self._remove_if_done(instance)
         return True
 
-    def sync_dns(self, urls: set[str]) -> None:
-        """The DNS name's addresses now: new ones join, those gone are drained."""
+    def sync_dns(self, urls: set[str], role: str = "both") -> None:
+        """The addresses of the DNS name for `role` now: new ones join with that role, those of the role gone are
+        drained."""
         for url in urls:
-            self.add(url, DNS)
+            self.add(url, DNS, role)
         for instance in self.all():
-            if instance.source == DNS and instance.url not in urls:
+            if instance.source == DNS and instance.role == role and instance.url not in urls:
                 self.drain(instance.url, by_operator=False)
 
     def opened(self, instance: Instance) -> None:

@@ -1,6 +1,6 @@
 """How the manifests of deploy/kubernetes meet: a LeaderWorkerSet group holds every rank once and its workers reach
-its scheduler; Services select pods that have their ports; the router discovers the engines' headless Service and is
-the address instances register with; Prometheus scrapes the engines' /metrics; KEDA scales a Deployment on a metric
+its scheduler; Services select pods that have their ports; the routers (two replicas) discover the engines of each role
+through its headless Service, with no registration; Prometheus scrapes the engines' /metrics; KEDA scales a Deployment on a metric
 the engines export; the inference gateway's pool selects the engines on the port they serve, its route sends to the
 pool, and the endpoint picker finds the metrics it reads in their /metrics."""
 import re
@@ -61,23 +61,23 @@ def _lws_labels(pod) -> dict:
             "leaderworkerset.sigs.k8s.io/worker-index": pod.injected["LWS_WORKER_INDEX"]}
 
 
-def test_the_router_discovers_the_engines_and_is_where_instances_register(started):
+def test_the_routers_discover_every_role_through_its_headless_service_and_nothing_registers(started):
     (router,) = [cli_check.parse(s.argv) for s in started if s.argv[0] == "router"]
-    host, port = router.discover_dns.rsplit(":", 1)
-    engines = find("Service", host)
-    assert engines["spec"]["clusterIP"] == "None"  # headless: its name resolves to the pods, not one virtual IP
-    assert [p["port"] for p in engines["spec"]["ports"]] == [int(port)]
-    role_both = [s for s in started if s.argv[0] == "serve" and selects(engines["spec"]["selector"], s.pod.labels)]
-    assert role_both and all(cli_check.parse(s.argv).port == int(port) for s in role_both)
-    router_service = find("Service", "tinyvllm-router")
-    assert router_service["spec"]["ports"][0]["port"] == router.port
-    registering = [(s, cli_check.parse(s.argv)) for s in started if "--register-with" in s.argv]
-    assert {args.role for _, args in registering} == {"prefill", "decode"}
-    for s, args in registering:
-        assert not selects(engines["spec"]["selector"], s.pod.labels), s.name  # found by registering, not by DNS
-        assert args.register_with == f"http://tinyvllm-router:{router.port}", s.name
-        assert args.advertise_url == f"http://{POD_IP}:{args.port}", s.name
-        assert s.pod.labels["tinyvllm/role"] == args.role, s.name
+    assert find("Deployment", "tinyvllm-router")["spec"]["replicas"] >= 2  # no state a replica lacks
+    targets = {"both": router.discover_dns, "prefill": router.discover_prefill_dns, "decode": router.discover_decode_dns}
+    for role, target in targets.items():
+        host, port = target.rsplit(":", 1)
+        port = int(port)
+        service = find("Service", host)
+        assert service["spec"]["clusterIP"] == "None"  # headless: its name resolves to the pods, not one virtual IP
+        assert [p["port"] for p in service["spec"]["ports"]] == [port]
+        serving = [s for s in started if s.argv[0] == "serve" and selects(service["spec"]["selector"], s.pod.labels)]
+        assert serving, role
+        for s in serving:
+            args = cli_check.parse(s.argv)
+            assert (args.role, args.port, s.pod.labels["tinyvllm/role"]) == (role, port, role), s.name
+    assert find("Service", "tinyvllm-router")["spec"]["ports"][0]["port"] == router.port
+    assert not [s.name for s in started if "--register-with" in s.argv]  # found by DNS, so any router finds them
 
 
 def test_prometheus_scrapes_every_engine_on_a_route_it_serves(started):

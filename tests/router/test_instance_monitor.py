@@ -54,14 +54,30 @@ async def test_health_checks_make_static_instances_routable_or_not():
 async def test_dns_discovery_adds_what_the_name_resolves_to_and_keeps_the_list_when_it_stops_resolving():
     registry = InstanceRegistry()
     async with httpx.AsyncClient(trust_env=False) as client:
-        monitor = InstanceMonitor(registry, client, parse_target("localhost:8123"))
+        monitor = InstanceMonitor(registry, client, {"both": parse_target("localhost:8123")})
         await monitor.discover()
         assert "http://127.0.0.1:8123" in {i.url for i in registry.all()}
         assert {i.source for i in registry.all()} == {DNS}
         known = {i.url for i in registry.all()}
-        monitor.dns_target = ("no-such-name.invalid", 8123)
+        monitor.dns_targets = {"both": ("no-such-name.invalid", 8123)}
         await monitor.discover()
         assert {i.url for i in registry.all()} == known
+
+
+async def test_each_role_is_discovered_by_its_own_name_and_a_name_that_stops_resolving_keeps_its_role():
+    """Disaggregated instances found without registration (--discover-prefill-dns, --discover-decode-dns): what
+    each name resolves to joins with that name's role, and one role's name leaving drains none of the other's."""
+    registry = InstanceRegistry()
+    async with httpx.AsyncClient(trust_env=False) as client:
+        monitor = InstanceMonitor(registry, client, {"prefill": ("localhost", 8123), "decode": ("127.0.0.2", 8124)})
+        await monitor.discover()
+        roles = {i.url: i.role for i in registry.all()}
+        assert roles["http://127.0.0.1:8123"] == "prefill" and roles == {**roles, "http://127.0.0.2:8124": "decode"}
+        monitor.dns_targets["prefill"] = ("no-such-name.invalid", 8123)
+        await monitor.discover()  # prefill's name fails: its instances stay
+        assert {i.url: i.role for i in registry.all()} == roles
+        registry.sync_dns(set(), "decode")  # decode's name resolves to nothing: only decode instances drain
+        assert {i.url for i in registry.all() if not i.draining} == {u for u, r in roles.items() if r == "prefill"}
 
 
 def test_dns_targets_and_urls():

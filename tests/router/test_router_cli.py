@@ -34,7 +34,10 @@ def test_router_flags_and_environment():
     registry = InstanceRegistry()
     assert registry.add(pd.prefill[0], STATIC, "prefill").role == "prefill"  # as serve_router adds them
     assert args.discover_dns == ("tinyvllm.default.svc.cluster.local", 8000)
+    assert args.dns_targets == {"both": ("tinyvllm.default.svc.cluster.local", 8000)}
     assert (args.register_secret, args.api_key, args.instance_api_key) == (SECRET, "client-key", "instance-key")
+    roles = router_args("--discover-prefill-dns", "tinyvllm-prefill:8000", "--discover-decode-dns", "tinyvllm-decode:8001")
+    assert roles.dns_targets == {"prefill": ("tinyvllm-prefill", 8000), "decode": ("tinyvllm-decode", 8001)}
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -42,6 +45,7 @@ def test_router_flags_and_environment():
     (("--register-secret", "short"), "too short"),
     (("--instances", "10.0.0.2:8000"), "not a base URL"),
     (("--discover-dns", "no-port"), "NAME:PORT"),
+    (("--discover-decode-dns", "tinyvllm-decode"), "NAME:PORT"),
     (("--heartbeat-timeout", "0"), "positive"),
     (("--api-key", ""), "must not be empty"),
 ])
