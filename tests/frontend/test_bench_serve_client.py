@@ -65,7 +65,8 @@ def test_completions_stream_gives_ttft_itl_and_usage_counts():
     assert (r.output_tokens, r.prompt_len) == (4, 7)  # from usage
     assert r.tpot == pytest.approx((r.latency - r.ttft) / 3)
     assert seen == [{"model": "m", "max_tokens": 4, "temperature": 0.0, "stream": True,
-                     "stream_options": {"include_usage": True}, "prompt": "hi there", "ignore_eos": True}]
+                     "stream_options": {"include_usage": True}, "skip_special_tokens": False, "prompt": "hi there",
+                     "ignore_eos": True}]
 
 
 def test_chat_stream_without_usage_counts_content_chunks():

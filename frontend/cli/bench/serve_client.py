@@ -26,8 +26,10 @@ class Target:
     headers: dict = field(default_factory=dict)
 
     def body(self, prompt: str, max_tokens: int) -> dict:
+        # skip_special_tokens off: a token that is one (a synthetic twin's greedy choice, say) still streams text, so
+        # it is timed (the client counts tokens by the chunks that carry some); servers without the field ignore it
         body = {"model": self.model, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-                "stream_options": {"include_usage": True}}
+                "stream_options": {"include_usage": True}, "skip_special_tokens": False}
         if self.chat:
             body["messages"] = [{"role": "user", "content": prompt}]
         else:
