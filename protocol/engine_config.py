@@ -15,7 +15,7 @@ from tinyvllm.protocol.kernel_choice import KERNEL_SETS
 from tinyvllm.protocol.knobs import add_flags, build, knob, knobs_of, options_from, parse_bytes, parse_gib
 from tinyvllm.protocol.kv_auth import require_kv_secret_beyond_loopback, resolve_kv_secret
 from tinyvllm.protocol.kv_cache_dtype import KV_CACHE_DTYPES, check_kv_cache_dtype
-from tinyvllm.protocol.kv_events_config import KVEventsConfig, parse_kv_events_config
+from tinyvllm.protocol.kv_events_config import KVEventsConfig, overlapping_ports, parse_kv_events_config
 from tinyvllm.protocol.speculative_config import SpeculativeConfig, parse_speculative_config
 from tinyvllm.protocol.worker_auth import require_secret_beyond_loopback, resolve_worker_secret
 
@@ -80,10 +80,10 @@ class CacheConfig:
     kv_events_config: KVEventsConfig | None = knob(
         None, 'publish the prefix cache\'s block stores and evictions for external KV-aware routers (llm-d, Dynamo), '
               'as vLLM spells it, e.g. \'{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557", '
-              '"replay_endpoint": "tcp://127.0.0.1:5558", "topic": "kv"}\' (fields: enable_kv_cache_events, '
-              'publisher, endpoint, replay_endpoint, buffer_steps, hwm, topic). A bound endpoint must be loopback or '
-              'ipc:// (events carry the prompts\' tokens); connect to a remote subscriber instead '
-              '(tcp://HOST:PORT). Engine r of --data-parallel-size adds r to the ports',
+              '"replay_endpoint": "tcp://127.0.0.1:5600", "topic": "kv"}\' (fields: enable_kv_cache_events, '
+              'publisher, endpoint, replay_endpoint, buffer_steps, hwm, topic). Loopback and ipc:// addresses are '
+              'bound (events carry the prompts\' tokens: nothing beyond loopback is bound); another host is '
+              'connected to (its subscriber binds). Engine r of --data-parallel-size adds r to the ports',
         parse=parse_kv_events_config, flag_type=str, metavar="JSON")
 
 
@@ -267,6 +267,11 @@ class EngineConfig:
             raise ValueError("--kv-cache-dir-size must be positive")
         if kv.kv_lease_s <= 0:
             raise ValueError("--kv-lease-seconds must be positive")
+        if c.kv_events_config is not None and overlapping_ports(c.kv_events_config, p.data_parallel_size):
+            raise ValueError("--kv-events-config: with --data-parallel-size D, engine r uses both ports + r: keep the "
+                             "endpoint's and the replay endpoint's ports at least D apart")
+        if c.kv_events_config is not None and not c.enable_prefix_caching:
+            raise ValueError("--kv-events-config reports the prefix cache's blocks: it needs prefix caching")
         spec = self.speculative_config
         if spec is not None and self.world_size > 1:
             raise ValueError("--speculative-config needs one worker (tensor- and pipeline-parallel size 1) for now")

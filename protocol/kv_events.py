@@ -12,7 +12,7 @@ vLLM's msgspec structs (omit_defaults) leave them.
 """
 from dataclasses import dataclass, field
 
-from tinyvllm.protocol.block_hash import BlockHash, root_hash
+from tinyvllm.protocol.block_hash import BlockHash
 
 MEDIUM_DEVICE = "GPU"  # vLLM's name for the engine's own KV cache, whatever the device
 
@@ -32,7 +32,7 @@ class BlockStored:
     def wire(self) -> dict:
         parent = self.parent_block_hash
         return {"type": "BlockStored", "block_hashes": [external_hash(h) for h in self.block_hashes],
-                "parent_block_hash": None if parent is None or parent == root_hash(None) else external_hash(parent),
+                "parent_block_hash": None if parent is None else external_hash(parent),
                 "token_ids": self.token_ids, "block_size": self.block_size, "lora_id": None,
                 "medium": MEDIUM_DEVICE, "lora_name": None}
 
@@ -59,9 +59,10 @@ def event_batch(ts: float, events: list[KVEvent], data_parallel_rank: int) -> di
     return {"ts": ts, "events": [e.wire() for e in events], "data_parallel_rank": data_parallel_rank}
 
 
-def record_stored(events: list[KVEvent], block_hash: BlockHash, parent: BlockHash, token_ids, block_size: int) -> None:
-    """Appends a block's store to `events`, into the last event when it extends that one's chain (vLLM sends a
-    request's blocks of one step as one BlockStored)."""
+def record_stored(events: list[KVEvent], block_hash: BlockHash, parent: BlockHash | None, token_ids,
+                  block_size: int) -> None:
+    """Appends a block's store to `events` (parent None: a prompt's first block), into the last event when it extends
+    that one's chain (vLLM sends a request's blocks of one step as one BlockStored)."""
     last = events[-1] if events else None
     if isinstance(last, BlockStored) and last.block_hashes[-1] == parent:
         last.block_hashes.append(block_hash)

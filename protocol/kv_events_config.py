@@ -1,12 +1,14 @@
 """--kv-events-config, spelled as vLLM's KVEventsConfig (a JSON object): whether and where the scheduler publishes
 the KV-cache events external KV-aware routers read (llm-d's KV indexer, Dynamo's KV router; scheduler/kv_events.py).
 
-The endpoints are ZMQ addresses, bound or connected by vLLM's rule: bound when the address has a wildcard ("*"),
-"::", or is ipc:// or inproc://, else connected. Events carry the prompts' token ids, so a bound tcp endpoint must be
-loopback (a subscriber on this machine, or a sidecar in the pod); to reach an indexer elsewhere, connect to it
-(`tcp://kv-indexer:5557`: the indexer binds, as llm-d's does), which opens no port here. The replay endpoint is
-always bound, so loopback or ipc:// only. With data parallelism, engine r's tcp ports are the given ones + r (ipc
-and inproc addresses get "_dp<r>"), as vLLM offsets them.
+The endpoints are ZMQ addresses, bound or connected by vLLM's rule (bound when the address has a wildcard ("*"),
+"::", or is ipc://, else connected) with one difference: a loopback address (127.x, [::1], localhost) is bound too,
+where vLLM would connect to it. Events carry the prompts' token ids, so tinyvllm binds them nowhere beyond loopback
+(a wildcard is refused): subscribers on this machine or in the pod connect to the loopback or ipc:// address; to
+reach an indexer elsewhere, connect to it (`tcp://kv-indexer:5557`: the indexer binds, as llm-d's does), which opens
+no port here but sends the events unauthenticated to that host: name one you trust. The replay endpoint is always
+bound, so loopback or ipc:// only. With data parallelism, engine r's tcp ports are the given ones + r (ipc addresses
+get "_dp<r>"), as vLLM offsets them: keep the two ports more than --data-parallel-size apart.
 """
 import dataclasses
 from dataclasses import dataclass
@@ -15,7 +17,8 @@ from tinyvllm.protocol.knobs import parse_json_object
 from tinyvllm.protocol.worker_auth import is_loopback
 
 PUBLISHERS = ("null", "zmq")
-_FIELDS = ("enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint", "buffer_steps", "hwm", "topic")
+_FIELDS = ("enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint", "buffer_steps", "hwm", "topic",
+           "max_queue_size")  # vLLM's publisher thread's queue: tinyvllm publishes from its loop, and ignores it
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,12 +55,24 @@ class KVEventsConfig:
 
 
 def binds(endpoint: str) -> bool:
-    """vLLM's rule: an address with a wildcard, "::", ipc:// or inproc:// is bound; any other is connected to."""
-    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+    """vLLM's rule (an address with a wildcard, "::" or ipc:// is bound; any other is connected to), and a loopback
+    address is bound too."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith("ipc://") or is_loopback(endpoint)
+
+
+def ipv6(endpoint: str) -> bool:
+    """A tcp address whose host is bracketed: its socket needs ZMQ's IPV6 option."""
+    return endpoint.startswith("tcp://[")
 
 
 def _local(endpoint: str) -> bool:
     return "*" not in endpoint and is_loopback(endpoint)
+
+
+def overlapping_ports(config: KVEventsConfig, engines: int) -> bool:
+    """Whether engines 0 .. engines - 1 (each adding its rank to both ports) would give two sockets one tcp port."""
+    ports = [int(e.rsplit(":", 1)[1]) for e in (config.endpoint, config.replay_endpoint) if e and e.startswith("tcp://")]
+    return len(ports) == 2 and abs(ports[0] - ports[1]) < engines
 
 
 def offset_endpoint(endpoint: str | None, data_parallel_rank: int) -> str | None:
@@ -83,7 +98,9 @@ def parse_kv_events_config(text: str | dict | None) -> KVEventsConfig | None:
     if fields.get("replay_endpoint") is not None and not isinstance(fields["replay_endpoint"], str):
         raise ValueError("--kv-events-config: replay_endpoint must be a string")
     for name in ("endpoint", "replay_endpoint"):
-        if isinstance(fields.get(name), str) and not fields[name].startswith(("tcp://", "ipc://", "inproc://")):
-            raise ValueError(f"--kv-events-config: {name} must be a tcp://, ipc:// or inproc:// address")
+        if isinstance(fields.get(name), str) and not fields[name].startswith(("tcp://", "ipc://")):
+            raise ValueError(f"--kv-events-config: {name} must be a tcp:// or ipc:// address (the scheduler is a "
+                             "process of its own)")
+    fields.pop("max_queue_size", None)
     config = KVEventsConfig(**fields)
     return config if config.publishes else None

@@ -90,9 +90,11 @@ class BlockPool:
             return None
         return block.block_id
 
-    def register(self, block_id: int, block_hash: BlockHash, parent_hash: BlockHash, token_ids: tuple[int, ...]) -> bool:
+    def register(self, block_id: int, block_hash: BlockHash, parent_hash: BlockHash, token_ids: tuple[int, ...],
+                 first: bool = False) -> bool:
         """Makes a full, computed block findable; False if it was not. A block already cached, or content already
-        cached elsewhere (two requests computed the same prefix at once), stays as it is: one copy is enough."""
+        cached elsewhere (two requests computed the same prefix at once), stays as it is: one copy is enough.
+        first: it is a prompt's first block (its parent is a root, which KV events do not name)."""
         block = self.blocks[block_id]
         if block.block_hash is not None or block_hash in self._cached:
             return False
@@ -100,7 +102,7 @@ class BlockPool:
         self._cached[block_hash] = block
         self._num_cached_free += block.ref_count == 0
         if self.events is not None:
-            record_stored(self.events, block_hash, parent_hash, token_ids, len(token_ids))
+            record_stored(self.events, block_hash, None if first else parent_hash, token_ids, len(token_ids))
         return True
 
     def _evict(self, block: KVBlock) -> None:

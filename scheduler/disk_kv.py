@@ -32,6 +32,7 @@ class DiskLoad:
     block_hash: BlockHash
     parent_hash: BlockHash
     token_ids: tuple[int, ...]
+    first: bool  # a prompt's first block
 
 
 def scan_disk_dir(path: str, world_size: int) -> list[tuple[BlockHash, int]]:
@@ -99,7 +100,7 @@ class DiskKV:
             return False
         for i, block_id in zip(range(first, first + len(block_ids)), block_ids):
             self._loads.append(DiskLoad(block_id, req.block_hashes[i], self.kv.parent_hash(req, i),
-                                        self.kv.block_tokens(req, i)))
+                                        self.kv.block_tokens(req, i), i == 0))
             self.index.move_to_end(req.block_hashes[i])
         self._waiting.add(req.req_id)
         self._new_waiting.append(req.req_id)
@@ -137,7 +138,7 @@ class DiskKV:
                 self._forget(load.block_hash)
             else:
                 self.num_loaded_blocks += 1
-                pool.register(load.block_id, load.block_hash, load.parent_hash, load.token_ids)
+                pool.register(load.block_id, load.block_hash, load.parent_hash, load.token_ids, load.first)
         pool.release(reversed([load.block_id for load in loads]))  # the prefix's head is evicted last
         self._waiting.difference_update(req_ids)
 

@@ -75,7 +75,7 @@ class KVCacheManager:
         self._hash_full_blocks(req, num_full)
         for i in range(req.num_registered_blocks, num_full):
             if self.pool.register(req.block_ids[i], req.block_hashes[i], self.parent_hash(req, i),
-                                  self.block_tokens(req, i)) and self.newly_cached is not None:
+                                  self.block_tokens(req, i), first=i == 0) and self.newly_cached is not None:
                 self.newly_cached.append((req.block_ids[i], req.block_hashes[i]))
         req.num_registered_blocks = num_full
 

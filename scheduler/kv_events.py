@@ -3,9 +3,10 @@ vLLM's replay socket (a ROUTER: a subscriber that missed batches sends [b"", sta
 and gets [b"", sequence, batch] for each one kept from there on, then [b"", -1 as 8 bytes, b""]).
 
 The scheduler's loop publishes the block pool's events once per pass (a batch holds a pass's stores and
-evictions); the first batch, sent at start, is AllBlocksCleared: a restarted engine's cache is empty, and
-subscribers drop what they knew of the one before. PUB never blocks: a subscriber too slow for the high-water mark
-loses messages and asks the replay socket for them. The replay socket is served by a thread of its own, which
+evictions). A restarted engine's cache is empty, and subscribers must drop what they knew of the one before: batch 0,
+sent at start, is AllBlocksCleared (for replay: PUB drops what it sends before a subscription reaches it), and the
+first batch with events starts with it again, by when subscribers have had the engine's start-up to connect. PUB
+never blocks: a subscriber too slow for the high-water mark loses messages and asks the replay socket for them. The replay socket is served by a thread of its own, which
 blocks on it until close(); the PUB socket stays the loop's.
 """
 import collections
@@ -17,7 +18,7 @@ import msgpack
 import zmq
 
 from tinyvllm.protocol.kv_events import AllBlocksCleared, KVEvent, event_batch
-from tinyvllm.protocol.kv_events_config import KVEventsConfig, binds
+from tinyvllm.protocol.kv_events_config import KVEventsConfig, binds, ipv6
 
 log = logging.getLogger("tinyvllm.scheduler")
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
@@ -31,6 +32,7 @@ class KVEventPublisher:
         self.pub = ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.SNDHWM, config.hwm)
         self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.IPV6, ipv6(config.endpoint))
         (self.pub.bind if binds(config.endpoint) else self.pub.connect)(config.endpoint)
         self.next_seq = 0
         self.kept: collections.deque[tuple[int, bytes]] = collections.deque(maxlen=config.buffer_steps)
@@ -40,6 +42,7 @@ class KVEventPublisher:
             replay = ctx.socket(zmq.ROUTER)  # bound here, so that a taken address fails the start; then the thread's
             replay.setsockopt(zmq.MAXMSGSIZE, MAX_REPLAY_REQUEST_BYTES)
             replay.setsockopt(zmq.LINGER, 0)
+            replay.setsockopt(zmq.IPV6, ipv6(config.replay_endpoint))
             replay.bind(config.replay_endpoint)
             stop_address = f"inproc://kv-events-replay-stop-{id(self)}"
             stop = ctx.socket(zmq.PAIR)
@@ -51,9 +54,13 @@ class KVEventPublisher:
             self.replay_thread.start()
         log.info("KV events on %s%s", config.endpoint,
                  f", replay on {config.replay_endpoint}" if config.replay_endpoint else "")
+        self.cleared_live = True
         self.publish([AllBlocksCleared()])
+        self.cleared_live = False  # batch 0 most likely reached no subscriber: the first batch with events says it again
 
     def publish(self, events: list[KVEvent]) -> None:
+        if not self.cleared_live and events:
+            events, self.cleared_live = [AllBlocksCleared(), *events], True
         payload = msgpack.packb(event_batch(time.time(), events, self.rank))
         seq = self.next_seq.to_bytes(8, "big")
         with self.kept_lock:
@@ -91,6 +98,9 @@ class KVEventPublisher:
     def close(self) -> None:
         self.pub.close(linger=0)
         if self.replay_thread is not None:
-            self.stop.send(b"")
+            try:
+                self.stop.send(b"", zmq.NOBLOCK)
+            except zmq.Again:  # the thread is gone already
+                pass
             self.replay_thread.join(5)
             self.stop.close(linger=0)

@@ -164,10 +164,11 @@ class SchedulerLoop:
         """Keeps up to max_steps_in_flight plans sent (workers run them in order), then waits for the oldest."""
         sched = self.scheduler
         sent: deque[StepPlan] = deque()
-        stepped = False
+        stepped, arrived = False, []
         while self.running:
-            # nothing planned last time (say, requests that wait for leased blocks): wait for news, do not spin
-            changed = self.drain_frontend(0 if (sched.has_unfinished() and stepped) or sent else 100)
+            # nothing planned last time (say, requests that wait for leased blocks): wait for news, do not spin;
+            # messages applied after the last step (an abort's output, say) go out first
+            changed = self.drain_frontend(0 if (sched.has_unfinished() and stepped) or sent or arrived else 100)
             changed |= sched.remote_kv.expire_leases()  # the stats must say so, also when nothing else happens
             outputs = sched.take_pending_outputs()
             while self.running and len(sent) < sched.config.max_steps_in_flight:
@@ -207,10 +208,12 @@ class SchedulerLoop:
             pool.events = []
 
     def close(self) -> None:
-        if self.kv_events is not None:
-            self.kv_events.close()
-        self.workers.broadcast(Shutdown("scheduler stopping"), skip_gone=True)
-        self.ctx.destroy(linger=100)
+        try:
+            if self.kv_events is not None:
+                self.kv_events.close()
+        finally:
+            self.workers.broadcast(Shutdown("scheduler stopping"), skip_gone=True)
+            self.ctx.destroy(linger=100)
 
 
 def run_scheduler(endpoints: Endpoints, args: SchedulerArgs) -> None:

@@ -1,8 +1,9 @@
 """The replica router's view of an engine's prefix cache, kept current by the engine's own KV events
 (--kv-events-config; scheduler/kv_events.py): a SUB socket on the engine's endpoint, each batch's events applied to
 that replica's PrefixIndex. So a prompt whose blocks the engine evicted no longer draws requests to it, and one it
-loaded from disk or computed for another frontend does. Only where the engine binds its endpoint (loopback or
-ipc://); an engine that connects out to a remote indexer has nothing here to subscribe to."""
+loaded from disk does. Only where the engine binds its endpoint (loopback or ipc://); an engine that connects out to
+a remote indexer has nothing here to subscribe to."""
+import asyncio
 import logging
 
 import msgpack
@@ -10,7 +11,7 @@ import zmq
 import zmq.asyncio
 
 from tinyvllm.frontend.engine.replica_router import PrefixIndex
-from tinyvllm.protocol.kv_events_config import KVEventsConfig, binds
+from tinyvllm.protocol.kv_events_config import KVEventsConfig, binds, ipv6
 
 log = logging.getLogger("tinyvllm.frontend")
 MAX_BATCH_BYTES = 64 << 20  # a step's events: a few KB per block stored; far under this
@@ -27,6 +28,7 @@ async def follow_kv_events(ctx: zmq.asyncio.Context, config: KVEventsConfig, dat
     endpoint = config.for_rank(data_parallel_rank).endpoint
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.MAXMSGSIZE, MAX_BATCH_BYTES)
+    sub.setsockopt(zmq.IPV6, ipv6(endpoint))
     sub.setsockopt(zmq.SUBSCRIBE, config.topic.encode())
     sub.connect(endpoint)
     try:
@@ -35,7 +37,7 @@ async def follow_kv_events(ctx: zmq.asyncio.Context, config: KVEventsConfig, dat
             try:
                 batch = msgpack.unpackb(frames[-1], strict_map_key=False) if len(frames) == 3 else None
                 events = batch.get("events") if isinstance(batch, dict) else None
-            except (ValueError, msgpack.UnpackException):
+            except Exception:  # msgpack raises several kinds (an unhashable map key is a TypeError)
                 events = None
             if not isinstance(events, list):
                 log.warning("ignored a malformed KV event batch from %s", endpoint)
@@ -43,5 +45,9 @@ async def follow_kv_events(ctx: zmq.asyncio.Context, config: KVEventsConfig, dat
             for event in events:
                 if isinstance(event, dict):
                     index.apply(event)
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # never: a routing view that silently stops following would go stale
+        log.exception("following the KV events of %s failed; the router routes on what it routed", endpoint)
     finally:
         sub.close(linger=0)

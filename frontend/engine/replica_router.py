@@ -74,10 +74,14 @@ class PrefixIndex:
 
     def matched_blocks(self, hashes: list[BlockHash]) -> int:
         """How many leading blocks of a prompt are here."""
-        for i, h in enumerate(hashes):
-            if external_hash(h) not in self._hashes:
+        return self.matched_keys([external_hash(h) for h in hashes])
+
+    def matched_keys(self, keys: list[int]) -> int:
+        """matched_blocks for hashes already in the events' integer form."""
+        for i, key in enumerate(keys):
+            if key not in self._hashes:
                 return i
-        return len(hashes)
+        return len(keys)
 
     def reset(self, capacity: int) -> None:
         """A restarted replica's cache is empty."""
@@ -114,7 +118,8 @@ class ReplicaRouter:
         least = min(order, key=loads.__getitem__)
         choice, reason = least, LOAD
         if hashes:
-            matched = {r: self.prefixes[r].matched_blocks(hashes) for r in order}
+            keys = [external_hash(h) for h in hashes]
+            matched = {r: self.prefixes[r].matched_keys(keys) for r in order}
             best = max(matched.values())
             cached = min((r for r in order if matched[r] == best), key=loads.__getitem__)
             if best > 0 and not self._overloaded(loads[cached], loads[least]):

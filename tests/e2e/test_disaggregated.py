@@ -2,7 +2,8 @@
 decode` instances (sharing a --kv-secret), and a `--role both` instance for reference. Greedy outputs through the
 router equal the reference's; decode instances compute only each prompt's last token (the rest are cached tokens);
 the prefill instance's blocks all come back to its pool. A decode instance joining under load gets requests within
-5 s, and draining it loses none. A decode instance killed mid-stream: its client gets an explicit error, the router
+5 s, and draining it loses none. Two more routers find the instances by DNS, with no registration, and either
+serves; one killed mid-stream loses only its own stream. A decode instance killed mid-stream: its client gets an explicit error, the router
 drops it within the heartbeat timeout, new requests succeed, and KV no one pulled comes back within the lease. A
 prefill instance killed between prefill and transfer: the decode side fails that request at once, and leaks nothing.
 """
@@ -115,6 +116,47 @@ def test_the_router_pairs_prefill_and_decode(pd):
     assert router.routed_to(servers["decode0"].url) > 0 and router.routed_to(servers["decode1"].url) > 0
     for name in ("prefill", "decode0", "decode1"):
         assert wait_until(lambda: idle_pool(servers[name].url), 30), name
+
+
+def test_two_routers_find_prefill_and_decode_by_dns_and_losing_one_loses_only_its_streams(pd, tmp_path):
+    """No registration: each router resolves a name per role (`localhost`, the names of headless Services on
+    Kubernetes) to its prefill and decode instances. Either router serves every request; a router killed mid-stream
+    ends its client's stream (an error, not a hang) while the other serves on, and the instances free every block."""
+    _, servers = pd
+    prefill, decode = servers["prefill"], servers["decode0"]
+    dns = ("--discover-prefill-dns", f"localhost:{prefill.port}", "--discover-decode-dns", f"localhost:{decode.port}",
+           "--discover-interval", "1")
+    routers = [RouterProcess(tmp_path / f"router{i}.log", *dns) for i in range(2)]
+    try:
+        for router in routers:
+            router.wait_ready()
+        for router in routers:
+            assert wait_until(lambda: routable(router, prefill.url) and routable(router, decode.url), 30), \
+                router.instances()
+            assert {row["source"] for row in router.instances().values()} == {"dns"}
+            assert {row["role"] for url, row in router.instances().items() if routable(router, url)} == \
+                {"prefill", "decode"}
+        reference = complete(servers["both"].url, max_tokens=10)["choices"][0]["text"]
+        for router in routers:
+            answer = complete(router.url, max_tokens=10)
+            assert answer["choices"][0]["text"] == reference
+            assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == answer["usage"]["prompt_tokens"] - 1
+
+        body = {"model": MODEL_NAME, "prompt": PROMPT, "temperature": 0, "max_tokens": 400, "ignore_eos": True}
+        with ThreadPoolExecutor(1) as pool:
+            cut = pool.submit(stream, routers[0].url, "/v1/completions", body)
+            assert wait_until(lambda: read_metric(decode.url, "vllm:num_requests_running") >= 1, 60)
+            os.kill(routers[0].proc.pid, signal.SIGKILL)
+            try:  # it ends, in an error (the connection broke), never as if it were complete, and never hangs
+                assert not cut.result(timeout=60).done, "the stream through the killed router ended as if complete"
+            except httpx.HTTPError:
+                pass
+        assert complete(routers[1].url, max_tokens=10)["choices"][0]["text"] == reference
+        for server in (prefill, decode):
+            assert wait_until(lambda: idle_pool(server.url), 30), server.log_tail()
+    finally:
+        for router in routers:
+            router.stop()
 
 
 def test_a_decode_whose_prefill_is_gone_fails_explicitly(pd):

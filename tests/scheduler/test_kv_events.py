@@ -10,7 +10,8 @@ import zmq
 
 from fake_worker import make_request, make_scheduler, step
 from tinyvllm.protocol.kv_events import external_hash
-from tinyvllm.protocol.kv_events_config import KVEventsConfig, parse_kv_events_config
+from tinyvllm.protocol.engine_config import EngineConfig
+from tinyvllm.protocol.kv_events_config import KVEventsConfig, binds, parse_kv_events_config
 from tinyvllm.protocol.block_hash import root_hash
 from tinyvllm.scheduler.kv_events import END_OF_REPLAY, KVEventPublisher
 
@@ -92,8 +93,18 @@ class Subscriber:
 def subscribe(ctx: zmq.Context, endpoint: str, topic: bytes = b"") -> zmq.Socket:
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, topic)
+    sub.setsockopt(zmq.IPV6, endpoint.startswith("tcp://["))
     sub.connect(endpoint)
     return sub
+
+
+def first_batch(sub: zmq.Socket, publisher: KVEventPublisher) -> list[bytes]:
+    """PUB drops what it sends before the subscription reaches it ("slow joiner"): empty batches until one arrives."""
+    for _ in range(200):
+        if sub.poll(50):
+            return sub.recv_multipart()
+        publisher.publish([])
+    raise AssertionError("no batch reached the subscriber")
 
 
 def receive_up_to(sub: zmq.Socket, subscriber: Subscriber, seq: list[int], published: int) -> None:
@@ -115,13 +126,11 @@ def test_a_subscriber_rebuilds_the_pool_through_hits_evictions_preemption_and_ab
     sub = subscribe(ctx, endpoint, b"kv")
     mirror, seq = Subscriber(), [0]
     try:
-        # PUB drops what it sends before the subscription reaches it ("slow joiner"): empty batches until one
-        # arrives (the start's AllBlocksCleared is the replay test's)
-        while not sub.poll(50):
-            publisher.publish([])
-        seq[0] = int.from_bytes(sub.recv_multipart()[1], "big") + 1
+        seq[0] = int.from_bytes(first_batch(sub, publisher)[1], "big") + 1
         shared = make_request("shared", 18).prompt_token_ids
-        script = [make_request("a", 18, max_tokens=6, prompt=shared), make_request("b", 22, max_tokens=6),
+        salted = make_request("salted", 10, max_tokens=2)
+        salted.cache_salt = "tenant-1"  # its first block chains from a salted root, which is no block: parent nil
+        script = [salted, make_request("a", 18, max_tokens=6, prompt=shared), make_request("b", 22, max_tokens=6),
                   make_request("c", 18, max_tokens=4, prompt=shared),  # a prefix hit on a's blocks
                   make_request("d", 20, max_tokens=24), make_request("e", 20, max_tokens=24),  # pressure: evictions,
                   make_request("f", 18, max_tokens=24)]                                          # preemption
@@ -141,7 +150,8 @@ def test_a_subscriber_rebuilds_the_pool_through_hits_evictions_preemption_and_ab
         assert not sched.has_unfinished()
         assert sched.prefix_cache_hits > 0 and sched.num_preemptions > 0
         assert mirror.counts["BlockStored"] > 0 and mirror.counts["BlockRemoved"] > 0
-        assert mirror.first_blocks > 0 and external_hash(root_hash(None)) not in mirror.ever
+        assert mirror.first_blocks >= 4  # a parent that was never stored fails in Subscriber.apply
+        assert not {external_hash(root_hash(salt)) for salt in (None, "tenant-1")} & mirror.ever
     finally:
         publisher.close()
         sub.close(linger=0)
@@ -206,16 +216,43 @@ def test_the_config_is_vllms_json_and_refuses_to_publish_prompts_on_every_interf
     assert parse_kv_events_config('{"enable_kv_cache_events": false}') is None
     assert parse_kv_events_config('{"enable_kv_cache_events": true, "publisher": "null"}') is None
     config = parse_kv_events_config('{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:6000", '
-                                    '"replay_endpoint": "tcp://127.0.0.1:6001", "topic": "kv", "buffer_steps": 5}')
+                                    '"replay_endpoint": "tcp://127.0.0.1:6100", "topic": "kv", "buffer_steps": 5, '
+                                    '"max_queue_size": 100}')  # vLLM's, for its publisher thread: ignored
     assert (config.publisher, config.topic, config.buffer_steps) == ("zmq", "kv", 5)
-    assert config.for_rank(3).endpoint == "tcp://127.0.0.1:6003" and config.for_rank(3).replay_endpoint.endswith(":6004")
-    assert parse_kv_events_config('{"enable_kv_cache_events": true, "endpoint": "tcp://indexer:5557"}')  # connects
+    assert config.for_rank(3).endpoint == "tcp://127.0.0.1:6003" and config.for_rank(3).replay_endpoint.endswith(":6103")
+    # loopback and ipc are bound (subscribers here connect), another host is connected to (its subscriber binds)
+    assert [binds(e) for e in ("tcp://127.0.0.1:1", "tcp://[::1]:1", "tcp://localhost:1", "ipc:///x", "tcp://indexer:1")] \
+        == [True, True, True, True, False]
+    assert parse_kv_events_config('{"enable_kv_cache_events": true, "endpoint": "tcp://indexer:5557"}')
     for text, message in [('{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}', "every interface"),
+                          ('{"enable_kv_cache_events": true, "endpoint": "tcp://[::]:5557"}', "every interface"),
                           ('{"enable_kv_cache_events": true, "replay_endpoint": "tcp://0.0.0.0:5558"}', "loopback"),
                           ('{"enable_kv_cache_events": true, "publisher": "kafka"}', "unknown publisher"),
                           ('{"enable_kv_cache_events": true, "colour": 1}', "unknown field"),
                           ('{"enable_kv_cache_events": "yes"}', "must be a bool"),
-                          ('{"enable_kv_cache_events": true, "endpoint": "http://x"}', "tcp://, ipc://"),
+                          ('{"enable_kv_cache_events": true, "endpoint": "http://x"}', "tcp:// or ipc://"),
+                          ('{"enable_kv_cache_events": true, "endpoint": "inproc://x"}', "tcp:// or ipc://"),
                           ("[1]", "JSON object"), ("{", "not JSON")]:
         with pytest.raises(ValueError, match=message):
             parse_kv_events_config(text)
+    events = '{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557", "replay_endpoint": "tcp://127.0.0.1:5558"}'
+    EngineConfig.of(kv_events_config=events).validate()
+    with pytest.raises(ValueError, match="at least D apart"):  # engine 1's PUB would take engine 0's replay port
+        EngineConfig.of(kv_events_config=events, data_parallel_size=2).validate()
+    with pytest.raises(ValueError, match="needs prefix caching"):
+        EngineConfig.of(kv_events_config=events, enable_prefix_caching=False).validate()
+
+
+def test_a_loopback_ipv6_endpoint_binds_and_delivers(tmp_path):
+    ctx = zmq.Context()
+    config = KVEventsConfig(enable_kv_cache_events=True, endpoint="tcp://[::1]:0", replay_endpoint=None)
+    try:
+        publisher = KVEventPublisher(ctx, config, 0)
+        endpoint = publisher.pub.getsockopt(zmq.LAST_ENDPOINT).decode()
+        assert endpoint.startswith("tcp://[::1]:")
+        sub = subscribe(ctx, endpoint)
+        assert DECODE.decode(first_batch(sub, publisher)[2]).data_parallel_rank == 0
+        sub.close(linger=0)
+        publisher.close()
+    finally:
+        ctx.destroy(linger=0)
