@@ -18,7 +18,8 @@
 #   (vLLM also gets VLLM_CPU_KVCACHE_SPACE=2 GiB and LD_PRELOAD of the venv's libiomp5.so and the system's tcmalloc,
 #    as its CPU guide says; VLLM_LD_PRELOAD="" turns the preload off, DEV=... picks tinyvllm's backend)
 #   --out DIR                                JSON and server logs (default benchmarks/results/compare), and each
-#                                            server's resident memory after its last level (<name>-rss-mb.txt)
+#                                            server's memory after its last level (<name>-rss-mb.txt: the PSS of its
+#                                            processes, so pages they share count once); one folder per --model
 #   --tinyvllm-args "..."  --vllm-args "..."  --llama-args "..."   extra flags for each server
 #   --vllm-bench                             also run `vllm bench serve` against tinyvllm (a protocol check)
 #   READY_TIMEOUT=seconds                    how long a server may take to start (default 1800/1200/300)
@@ -66,10 +67,10 @@ MAX_LEN=$((INPUT_LEN + OUTPUT_LEN + 64))  # per sequence, with room for a BOS an
 free_port() { "$TINYVLLM_PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 SERVER_PID=
-resident_mb() {  # the server's processes' resident memory together, MB
+resident_mb() {  # the server's processes' proportional set size together (shared pages counted once), MB
   local pid total=0
   for pid in $(pgrep -g "$SERVER_PID" || true); do
-    total=$((total + $(awk '/^VmRSS/{print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)))
+    total=$((total + $(awk '/^Pss:/{print $2}' "/proc/$pid/smaps_rollup" 2>/dev/null || echo 0)))
   done
   echo $((total / 1024))
 }
@@ -170,5 +171,5 @@ echo
 echo "$MODEL_NAME, $INPUT_LEN prompt tokens, $OUTPUT_LEN output tokens (ignore_eos), $(nproc) CPUs; ratios > 1 favour tinyvllm for tok/s, < 1 for TTFT"
 [ ${#specs[@]} -gt 0 ] && "$TINYVLLM_PYTHON" benchmarks/compare_table.py --concurrency "$CONCURRENCY" "${specs[@]}"
 for name in $SERVERS; do
-  if [ -f "$OUT/$name-rss-mb.txt" ]; then echo "$name resident memory after the run: $(cat "$OUT/$name-rss-mb.txt") MB"; fi
+  if [ -f "$OUT/$name-rss-mb.txt" ]; then echo "$name memory (PSS) after the run: $(cat "$OUT/$name-rss-mb.txt") MB"; fi
 done
