@@ -6,8 +6,8 @@ The scheduler's loop publishes the block pool's events once per pass (a batch ho
 evictions). A restarted engine's cache is empty, and subscribers must drop what they knew of the one before: batch 0,
 sent at start, is AllBlocksCleared (for replay: PUB drops what it sends before a subscription reaches it), and the
 first batch with events starts with it again, by when subscribers have had the engine's start-up to connect. PUB
-never blocks: a subscriber too slow for the high-water mark loses messages and asks the replay socket for them. The replay socket is served by a thread of its own, which
-blocks on it until close(); the PUB socket stays the loop's.
+never blocks: a subscriber too slow for the high-water mark loses messages and asks the replay socket for them. The
+replay socket is served by a thread of its own, which blocks on it until close(); the PUB socket stays the loop's.
 """
 import collections
 import logging
