@@ -9,6 +9,8 @@ float32 copy in memory. Portable C vector extensions (workers/c/gemm.c), run as 
 """
 from __future__ import annotations
 
+import platform
+
 from tinygrad import Tensor, dtypes
 from tinygrad.helpers import NUM_CPU_THREADS
 from tinygrad.renderer import Estimates
@@ -17,7 +19,26 @@ from tinyvllm.workers.c_kernel import c_kernel, c_source
 from tinyvllm.workers.cpu_matvec import c_matmul, takes_int8
 
 GEMM_MIN_ROWS = 4  # MR: with fewer rows cpu_matvec is faster (measured: docs/BENCHMARKS.md)
-INT8_GEMM_MIN_ROWS = 3  # the same with int8 activations
+
+
+def int8_gemm_min_rows(cpu_flags: str, machine: str) -> int:
+    """The same with int8 activations: 3 where gemm_i8's 4 x 4 tiles get a dot-product instruction (VNNI's
+    vpdpbusd; measured on an AVX-512 VNNI Xeon), 16 on an x86 without VNNI, where AVX2's maddubs + madd make the
+    tiles slower than matvec_i8 up to 12 rows (1B Q4_K 2048x2048: 4 rows 541 against 342 us, 12 rows 1,137 against
+    906, 16 rows 1,268 against 1,700; docs/BENCHMARKS.md). Either kernel gives a row the same bits."""
+    vnni = {"avx512_vnni", "avx_vnni"} & set(cpu_flags.split())
+    return 16 if machine in ("x86_64", "AMD64") and not vnni else 3
+
+
+def _host_cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1] for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+INT8_GEMM_MIN_ROWS = int8_gemm_min_rows(_host_cpu_flags(), platform.machine())
 TILE_BYTES_PER_BLOCK = 176  # workers/c/int8_rows.h's tile_t (4 rows) per 32-element block: 8 x 16 code bytes, 3 x 16
 
 

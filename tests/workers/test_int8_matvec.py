@@ -1,4 +1,5 @@
-"""The int8-activation products (workers/c/matvec_i8.c for 1-2 rows, quantize_i8.c + gemm_i8.c from 3): bit-exact
+"""The int8-activation products (workers/c/matvec_i8.c for a few rows, quantize_i8.c + gemm_i8.c from
+INT8_GEMM_MIN_ROWS: 3 with VNNI, 16 on an x86 without): bit-exact
 against a numpy model of the same integer and float32 arithmetic (tests/workers/int8_matvec_model.py) on the
 targets they compile for here (VNNI where the CPU has it, AVX2, the baseline's portable loop; NEON's is not built
 on x86), through tinygrad too, and within the activations' quantisation error of the float32 product."""
@@ -146,11 +147,13 @@ def test_through_tinygrad_equals_the_model_and_stays_near_the_float_product(weig
 
 
 def test_the_c_int8_set_takes_int8_at_every_row_count_and_a_row_keeps_its_bits(quantised_llama, monkeypatch):  # noqa: F811
-    """c-int8: every Q4_1/Q8_0 product takes int8 activations (matvec_i8 for 1-2 rows, gemm_i8 from 3), and a row's
-    logits do not depend on the rows beside it: alone, with 1 or 2 more (matvec_i8, then gemm_i8) bit for bit; with
-    4 more within a float rounding (tinygrad's own kernels, norms and this test's attention, change with the shape)."""
+    """c-int8: every Q4_1/Q8_0 product takes int8 activations (matvec_i8 for 1-2 rows, gemm_i8 from 3, as on a CPU
+    with VNNI, whatever this one has: both kernels meet here), and a row's logits do not depend on the rows beside
+    it: alone, with 1 or 2 more (matvec_i8, then gemm_i8) bit for bit; with 4 more within a float rounding
+    (tinygrad's own kernels, norms and this test's attention, change with the shape)."""
     from tinyvllm.workers import cpu_matvec as cpu_matvec_module
     from tinyvllm.workers.model import Transformer
+    monkeypatch.setattr("tinyvllm.workers.cpu_matmul.INT8_GEMM_MIN_ROWS", 3)
     (cfg, kept), _ = quantised_llama
     used = set()
     c_matmul = cpu_matvec_module.c_matmul
@@ -169,3 +172,12 @@ def test_the_c_int8_set_takes_int8_at_every_row_count_and_a_row_keeps_its_bits(q
     for n in (2, 3):
         np.testing.assert_array_equal(first_rows["c-int8", n], first_rows["c-int8", 1])
     np.testing.assert_allclose(first_rows["c-int8", 5], first_rows["c-int8", 1], rtol=0, atol=1e-6)
+
+
+def test_the_tiles_take_over_from_3_rows_with_vnni_and_from_16_on_an_x86_without():
+    """Measured on each kind of CPU (workers/cpu_gemm.py): without VNNI, matvec_i8 stays faster up to 12 rows."""
+    from tinyvllm.workers.cpu_gemm import int8_gemm_min_rows
+    assert int8_gemm_min_rows("fpu sse2 avx2 avx512f avx512_vnni", "x86_64") == 3
+    assert int8_gemm_min_rows("fpu avx2 avx_vnni", "x86_64") == 3
+    assert int8_gemm_min_rows("fpu sse2 fma avx2 f16c", "x86_64") == 16
+    assert int8_gemm_min_rows("", "aarch64") == 3  # NEON's sdot in both kernels
