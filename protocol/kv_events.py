@@ -59,8 +59,7 @@ def event_batch(ts: float, events: list[KVEvent], data_parallel_rank: int) -> di
     return {"ts": ts, "events": [e.wire() for e in events], "data_parallel_rank": data_parallel_rank}
 
 
-def record_stored(events: list[KVEvent], block_hash: BlockHash, parent: BlockHash | None, token_ids,
-                  block_size: int) -> None:
+def record_stored(events: list[KVEvent], block_hash: BlockHash, parent: BlockHash | None, token_ids) -> None:
     """Appends a block's store to `events` (parent None: a prompt's first block), into the last event when it extends
     that one's chain (vLLM sends a request's blocks of one step as one BlockStored)."""
     last = events[-1] if events else None
@@ -68,7 +67,7 @@ def record_stored(events: list[KVEvent], block_hash: BlockHash, parent: BlockHas
         last.block_hashes.append(block_hash)
         last.token_ids.extend(token_ids)
     else:
-        events.append(BlockStored([block_hash], parent, list(token_ids), block_size))
+        events.append(BlockStored([block_hash], parent, list(token_ids), len(token_ids)))  # a stored block is full
 
 
 def record_removed(events: list[KVEvent], block_hash: BlockHash) -> None:

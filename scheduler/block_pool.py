@@ -102,7 +102,7 @@ class BlockPool:
         self._cached[block_hash] = block
         self._num_cached_free += block.ref_count == 0
         if self.events is not None:
-            record_stored(self.events, block_hash, None if first else parent_hash, token_ids, len(token_ids))
+            record_stored(self.events, block_hash, None if first else parent_hash, token_ids)
         return True
 
     def _evict(self, block: KVBlock) -> None:

@@ -76,7 +76,7 @@ class SchedulerLoop:
                 remote_port=port, tp_size=e.parallel.tensor_parallel_size)
             log.info("KV side channel at %s:%d, leases of %.0f s", e.kv_transfer.kv_host, port,
                      e.kv_transfer.kv_lease_s)
-        if (events := e.cache.kv_events_config) is not None and e.cache.enable_prefix_caching:
+        if (events := e.cache.kv_events_config) is not None:  # the config refuses events without prefix caching
             self.kv_events = KVEventPublisher(self.ctx, events, a.data_parallel_rank)
             self.scheduler.kv_cache_manager.pool.events = []
         if self.workers.kv_disk_dirs:  # every rank has its files in the same folder, named by rank

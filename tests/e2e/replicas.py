@@ -38,7 +38,8 @@ class LongStreams:
     `started(i)` says the i-th is under way (so that the replicas' load reports are current when the next one is
     routed); each result notes when its stream ended."""
 
-    def __init__(self, url: str, count: int, max_tokens: int, started: Callable[[int], bool] | None = None):
+    def __init__(self, url: str, count: int, max_tokens: int, started: Callable[[int], bool] | None = None,
+                 describe: Callable[[], object] = lambda: None):
         self.results: list[StreamResult | None] = [None] * count
         self.ended_at: list[float] = [0.0] * count
         self.threads = [threading.Thread(target=self._run, args=(url, i, max_tokens), daemon=True)
@@ -48,7 +49,9 @@ class LongStreams:
             if started is None:
                 time.sleep(0.2)
             else:
-                assert wait_until(lambda: started(i), 60), f"stream {i} did not start"
+                assert wait_until(lambda: started(i), 60), \
+                    (f"stream {i} did not start", [(r.finish_reason, r.errors, r.events[-2:]) if r else None
+                                                   for r in self.results], describe())
 
     def _run(self, url: str, i: int, max_tokens: int) -> None:
         body = completion_body(f"Story {i}:", max_tokens=max_tokens, ignore_eos=True, temperature=0)
