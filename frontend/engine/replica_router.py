@@ -9,7 +9,8 @@ keys), in an LRU as large as that replica's KV pool, so it forgets about as fast
 each replica's index also follows what its engine stores and evicts (frontend/engine/kv_event_follower.py). A request goes
 to the replica with the longest remembered prefix (at least one block) unless that replica is overloaded against
 the least loaded one: its load exceeds the least by more than `balance_abs` and by more than `balance_rel` times.
-Ties go round-robin, so that idle replicas take turns.
+Ties go round-robin, so that idle replicas take turns. The policy's `mode` can leave out the prefixes (LEAST_LOADED)
+or the load as well (ROUND_ROBIN: candidates in turn), the baselines `tinyvllm router --routing-policy` compares with.
 """
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -19,13 +20,16 @@ from tinyvllm.protocol.block_hash import BlockHash, hash_block, root_hash
 from tinyvllm.protocol.kv_events import external_hash
 
 WAITING_WEIGHT = 4  # vLLM's DP load balancer: a waiting request weighs as four running ones
-CACHE, LOAD = "cache", "load"  # why decide() chose a replica
+CACHE, LOAD, TURN = "cache", "load", "turn"  # why decide() chose a replica
+CACHE_AWARE, LEAST_LOADED, ROUND_ROBIN = "cache-aware", "least-loaded", "round-robin"
+ROUTING_MODES = (CACHE_AWARE, LEAST_LOADED, ROUND_ROBIN)
 
 
 @dataclass(frozen=True, slots=True)
 class RoutingPolicy:
     balance_abs: int = 32  # load points (SGLang's --balance-abs-threshold is 32 requests)
     balance_rel: float = 1.5  # SGLang's --balance-rel-threshold
+    mode: str = CACHE_AWARE  # one of ROUTING_MODES
 
 
 def prompt_block_hashes(token_ids: list[int], block_size: int) -> list[BlockHash]:
@@ -112,12 +116,15 @@ class ReplicaRouter:
         return self.decide(stats, hashes)[0]
 
     def decide(self, stats: dict[int, SchedulerStats], hashes: list[BlockHash]) -> tuple[int, str]:
-        """choose(), and why: CACHE when the remembered prefix decided, LOAD otherwise."""
+        """choose(), and why: CACHE when the remembered prefix decided, TURN under ROUND_ROBIN, LOAD otherwise."""
         order = sorted(stats, key=lambda r: (r - self._next) % len(self.open_sequences))
+        if self.policy.mode == ROUND_ROBIN:
+            self._next = (order[0] + 1) % len(self.open_sequences)
+            return order[0], TURN
         loads = {r: self.load(r, stats[r]) for r in order}
         least = min(order, key=loads.__getitem__)
         choice, reason = least, LOAD
-        if hashes:
+        if hashes and self.policy.mode == CACHE_AWARE:
             keys = [external_hash(h) for h in hashes]
             matched = {r: self.prefixes[r].matched_keys(keys) for r in order}
             best = max(matched.values())

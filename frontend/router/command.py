@@ -12,6 +12,7 @@ import uvloop
 
 from tinyvllm.frontend.api.auth import API_KEY_ENV, resolve_api_key
 from tinyvllm.frontend.api.request_gate import RequestGate
+from tinyvllm.frontend.engine.replica_router import CACHE_AWARE, ROUTING_MODES, RoutingPolicy
 from tinyvllm.frontend.router.app import build_router_app
 from tinyvllm.frontend.router.dns_discovery import parse_target
 from tinyvllm.frontend.router.instance_monitor import InstanceMonitor
@@ -77,6 +78,10 @@ class RouterArgs:
                                 secret=True)
     max_waiting_requests: int = knob(512, "generation requests that may wait for an instance's first answer before "
                                           "new ones get 503 with Retry-After")
+    routing_policy: str = knob(CACHE_AWARE, "how an instance is chosen: cache-aware (the longest remembered prompt "
+                                            "prefix unless that instance is overloaded, else the least loaded), "
+                                            "least-loaded (prefixes ignored), round-robin (load ignored too)",
+                               choices=ROUTING_MODES)
     shutdown_timeout_s: float = knob(30.0, "on SIGTERM or Ctrl-C, seconds open requests get to finish before the "
                                            "rest end with an error", flag="--shutdown-timeout")
 
@@ -139,7 +144,8 @@ async def serve_router(a: RouterArgs) -> int:
     async with httpx.AsyncClient(timeout=httpx.Timeout(CONNECT_TIMEOUT_S, read=None, pool=None), trust_env=False,
                                  limits=httpx.Limits(max_connections=None, max_keepalive_connections=256)) as client:
         metrics = RouterMetrics(registry)
-        proxy = UpstreamProxy(registry, InstancePicker(), client, metrics, shutdown, a.instance_api_key)
+        picker = InstancePicker(RoutingPolicy(mode=a.routing_policy))
+        proxy = UpstreamProxy(registry, picker, client, metrics, shutdown, a.instance_api_key)
         app = build_router_app(registry, proxy, metrics, gate, a.api_key, a.register_secret or None)
         monitor = asyncio.create_task(InstanceMonitor(registry, client, a.dns_targets, a.discover_interval_s).run())
         server = QuietSignalServer(http_config(app, a.host, a.port))

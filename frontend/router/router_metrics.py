@@ -38,7 +38,8 @@ class RouterMetrics:
         self.errors = Counter(PREFIX + "errors", "Failed attempts to proxy a request, by instance and reason.",
                               ["instance", "reason"], registry=self.registry)
         self.decisions = Counter(PREFIX + "routing_decisions",
-                                 "Where requests were sent, and whether a cached prefix (cache) or the load decided.",
+                                 "Where requests were sent, and whether a cached prefix (cache), the load (load) or "
+                                 "the turn (turn: --routing-policy round-robin) decided.",
                                  ["instance", "reason"], registry=self.registry)
 
     def render(self) -> tuple[bytes, str]:

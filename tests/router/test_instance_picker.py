@@ -3,7 +3,7 @@ report does not show), the one that served the prompt's prefix unless it is over
 chunks (the router has no tokenizer)."""
 import json
 
-from tinyvllm.frontend.engine.replica_router import CACHE, LOAD
+from tinyvllm.frontend.engine.replica_router import CACHE, LEAST_LOADED, LOAD, ROUND_ROBIN, TURN, RoutingPolicy
 from tinyvllm.frontend.router.instance_picker import InstancePicker
 from tinyvllm.frontend.router.instance_registry import Instance, Load
 from tinyvllm.frontend.router.prompt_chunks import CHUNK_CHARS, chunk_hashes, prompt_text, request_chunk_hashes
@@ -88,3 +88,26 @@ def test_the_prompt_text_of_each_api():
 def test_request_bodies_that_are_not_json_have_no_hashes():
     assert request_chunk_hashes(b"") == [] and request_chunk_hashes(b"{not json") == []
     assert request_chunk_hashes(json.dumps({"prompt": LONG}).encode()) == chunk_hashes(LONG)
+
+
+def test_least_loaded_routing_ignores_remembered_prefixes():
+    picker = InstancePicker(RoutingPolicy(mode=LEAST_LOADED))
+    a, b = instances(Load(), Load(running=2))
+    hashes = chunk_hashes(LONG)
+    picker.opened(b, hashes)
+    picker.closed(b)
+    assert picker.pick([a, b], hashes) == (a, LOAD)  # cache-aware would send it to b (2 is within 32)
+    a.load = Load(running=5)
+    assert picker.pick([a, b], hashes) == (b, LOAD)
+
+
+def test_round_robin_routing_takes_the_candidates_in_turn_whatever_their_load():
+    picker = InstancePicker(RoutingPolicy(mode=ROUND_ROBIN))
+    a, b, c = instances(Load(), Load(waiting=50), Load(running=9))
+    hashes = chunk_hashes(LONG)
+    picker.opened(a, hashes)
+    picker.closed(a)
+    picked = [picker.pick([a, b, c], hashes) for _ in range(6)]
+    assert [reason for _, reason in picked] == [TURN] * 6
+    assert [i for i, _ in picked] == [a, b, c, a, b, c]
+    assert picker.pick([b, c], hashes)[0] is b  # a, whose turn it is, is gone: the next one still there
