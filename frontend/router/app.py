@@ -35,7 +35,7 @@ def build_router_app(registry: InstanceRegistry, proxy: UpstreamProxy, metrics: 
         routes=[Route("/health", health, methods=["GET"]),
                 Route("/metrics", prometheus, methods=["GET"]),
                 *membership_routes(registry),
-                *router_dashboard_routes(registry, proxy.client, gate, api_key, proxy.instance_authorization),
+                *router_dashboard_routes(registry, proxy.clients, gate, api_key, proxy.instance_authorization),
                 Route("/v1/{rest:path}", proxy, methods=PROXIED_METHODS),
                 Route("/api/{rest:path}", proxy, methods=PROXIED_METHODS)],
         middleware=[*([Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []),

@@ -15,6 +15,7 @@ from tinyvllm.frontend.api.request_gate import RequestGate
 from tinyvllm.frontend.engine.replica_router import CACHE_AWARE, ROUTING_MODES, RoutingPolicy
 from tinyvllm.frontend.router.app import build_router_app
 from tinyvllm.frontend.router.dns_discovery import parse_target
+from tinyvllm.frontend.router.instance_clients import InstanceClients
 from tinyvllm.frontend.router.instance_monitor import InstanceMonitor
 from tinyvllm.frontend.router.instance_picker import InstancePicker
 from tinyvllm.frontend.router.instance_registry import STATIC, InstanceRegistry
@@ -141,13 +142,13 @@ async def serve_router(a: RouterArgs) -> int:
             registry.add(url, STATIC, role)
     gate, shutdown = RequestGate(a.max_waiting_requests), Shutdown()
     # trust_env=False: instance traffic never goes through an HTTP_PROXY from the environment
-    async with httpx.AsyncClient(timeout=httpx.Timeout(CONNECT_TIMEOUT_S, read=None, pool=None), trust_env=False,
-                                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=256)) as client:
+    async with InstanceClients(timeout=httpx.Timeout(CONNECT_TIMEOUT_S, read=None, pool=None), trust_env=False,
+                               limits=httpx.Limits(max_connections=None, max_keepalive_connections=64)) as clients:
         metrics = RouterMetrics(registry)
         picker = InstancePicker(RoutingPolicy(mode=a.routing_policy))
-        proxy = UpstreamProxy(registry, picker, client, metrics, shutdown, a.instance_api_key)
+        proxy = UpstreamProxy(registry, picker, clients, metrics, shutdown, a.instance_api_key)
         app = build_router_app(registry, proxy, metrics, gate, a.api_key, a.register_secret or None)
-        monitor = asyncio.create_task(InstanceMonitor(registry, client, a.dns_targets, a.discover_interval_s).run())
+        monitor = asyncio.create_task(InstanceMonitor(registry, clients, a.dns_targets, a.discover_interval_s).run())
         server = QuietSignalServer(http_config(app, a.host, a.port))
         serving = await start_serving(server)
         try:

@@ -17,6 +17,7 @@ import httpx
 
 from tinyvllm.frontend.api.dashboard import page_routes
 from tinyvllm.frontend.api.dashboard_snapshot import HISTORY_POINTS, SAMPLE_INTERVAL_S
+from tinyvllm.frontend.router.instance_clients import InstanceClients
 from tinyvllm.frontend.router.instance_registry import ROUTABLE, Instance, InstanceRegistry
 from tinyvllm.protocol.batch_summary import MAX_SUMMARIZED_REQUESTS
 
@@ -69,9 +70,9 @@ def combine(panels: list[dict]) -> dict:
 
 
 class RouterDashboard:
-    def __init__(self, registry: InstanceRegistry, client: httpx.AsyncClient, authorization: bytes | None,
+    def __init__(self, registry: InstanceRegistry, clients: InstanceClients, authorization: bytes | None,
                  clock=time.monotonic):
-        self.registry, self.client, self.clock = registry, client, clock
+        self.registry, self.clients, self.clock = registry, clients, clock
         self.headers = {"authorization": authorization.decode()} if authorization else {}
         self.points: deque[tuple[float, float, float | None]] = deque(maxlen=HISTORY_POINTS)
         self._last_point = float("-inf")
@@ -91,7 +92,7 @@ class RouterDashboard:
             return {"error": f"unreadable: {type(e).__name__}"}
 
     async def _fetch(self, url: str):
-        async with self.client.stream("GET", f"{url}/dashboard/snapshot", headers=self.headers) as reply:
+        async with self.clients.of(url).stream("GET", f"{url}/dashboard/snapshot", headers=self.headers) as reply:
             if reply.status_code != 200:
                 raise _NotRead(f"HTTP {reply.status_code}")
             body = bytearray()
@@ -136,7 +137,7 @@ class RouterDashboard:
                             "ttft_s": [p[2] for p in self.points]}}
 
 
-def router_dashboard_routes(registry: InstanceRegistry, client: httpx.AsyncClient, gate, api_key: str | None,
+def router_dashboard_routes(registry: InstanceRegistry, clients: InstanceClients, gate, api_key: str | None,
                             instance_authorization: bytes | None) -> list:
     authorization = instance_authorization or (f"Bearer {api_key}".encode() if api_key else None)
-    return page_routes(RouterDashboard(registry, client, authorization).snapshot, gate, api_key)
+    return page_routes(RouterDashboard(registry, clients, authorization).snapshot, gate, api_key)

@@ -75,7 +75,8 @@ async def run_prefill(proxy, target: str, headers: list, request: dict, hashes: 
         proxy.registry.opened(instance)
         proxy.picker.opened(instance, hashes)
         try:
-            reply = await proxy.client.post(instance.url + target, headers=headers, content=content)
+            with proxy.clients.using(instance.url) as client:
+                reply = await client.post(instance.url + target, headers=headers, content=content)
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             proxy.registry.unreachable(instance)
             proxy._failed(instance, m.CONNECT_FAILED, e)

@@ -17,6 +17,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tinyvllm.frontend.router.dns_discovery import resolve_instances
+from tinyvllm.frontend.router.instance_clients import InstanceClients
 from tinyvllm.frontend.router.instance_registry import DNS, STATIC, InstanceRegistry, Load
 
 log = logging.getLogger("tinyvllm.router")
@@ -41,11 +42,11 @@ def load_from_metrics(text: str) -> Load:
 
 
 class InstanceMonitor:
-    def __init__(self, registry: InstanceRegistry, client: httpx.AsyncClient,
+    def __init__(self, registry: InstanceRegistry, clients: InstanceClients,
                  dns_targets: dict[str, tuple[str, int]] | None = None, discover_interval_s: float = 5.0,
                  health_interval_s: float = HEALTH_INTERVAL_S):
         """dns_targets: {role: (NAME, PORT)}, each name's addresses instances of that role."""
-        self.registry, self.client, self.dns_targets = registry, client, dict(dns_targets or {})
+        self.registry, self.clients, self.dns_targets = registry, clients, dict(dns_targets or {})
         self.discover_interval_s, self.health_interval_s = discover_interval_s, health_interval_s
         self._dns_failing: set[str] = set()
 
@@ -73,14 +74,15 @@ class InstanceMonitor:
     async def check_health(self) -> None:
         checked = [i.url for i in self.registry.all() if i.source in (STATIC, DNS) and not i.leaving]
         await asyncio.gather(*(self._check(url) for url in checked))
+        await self.clients.keep({i.url for i in self.registry.all()})
 
     async def _check(self, url: str) -> None:
         timeout = self.health_interval_s
         try:
-            health = await self.client.get(url + "/health", timeout=timeout)
+            health = await self.clients.of(url).get(url + "/health", timeout=timeout)
             load = None
             if health.status_code == 200:
-                metrics = await self.client.get(url + "/metrics", timeout=timeout)
+                metrics = await self.clients.of(url).get(url + "/metrics", timeout=timeout)
                 load = load_from_metrics(metrics.text) if metrics.status_code == 200 else None
             healthy = health.status_code == 200
         except (httpx.HTTPError, ValueError) as e:

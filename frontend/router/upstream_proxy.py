@@ -24,6 +24,7 @@ from tinyvllm.frontend.api.http_json import DEFAULT_MAX_BODY_BYTES, read_bounded
 from tinyvllm.frontend.api.request_gate import current_ticket, send_error
 from tinyvllm.frontend.router import disaggregation as pd
 from tinyvllm.frontend.router import router_metrics as m
+from tinyvllm.frontend.router.instance_clients import InstanceClients
 from tinyvllm.frontend.router.instance_picker import InstancePicker
 from tinyvllm.frontend.router.instance_registry import Instance, InstanceRegistry
 from tinyvllm.frontend.router.prompt_chunks import request_chunk_hashes
@@ -67,10 +68,10 @@ class _Exchange:
 class UpstreamProxy:
     """The ASGI app behind every /v1 and /api path of the router."""
 
-    def __init__(self, registry: InstanceRegistry, picker: InstancePicker, client: httpx.AsyncClient,
+    def __init__(self, registry: InstanceRegistry, picker: InstancePicker, clients: InstanceClients,
                  metrics: m.RouterMetrics, shutdown: Shutdown, instance_api_key: str | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
-        self.registry, self.picker, self.client, self.metrics = registry, picker, client, metrics
+        self.registry, self.picker, self.clients, self.metrics = registry, picker, clients, metrics
         self.shutdown, self.max_body_bytes = shutdown, max_body_bytes
         self.instance_authorization = f"Bearer {instance_api_key}".encode() if instance_api_key else None
 
@@ -134,9 +135,10 @@ class UpstreamProxy:
             self.registry.opened(instance)
             self.picker.opened(instance, hashes)
             try:
-                request = self.client.build_request(scope["method"], instance.url + target, headers=headers,
-                                                    content=body)
-                await self._attempt(exchange, instance, request, send)
+                with self.clients.using(instance.url) as client:
+                    request = client.build_request(scope["method"], instance.url + target, headers=headers,
+                                                   content=body)
+                    await self._attempt(exchange, instance, client, request, send)
                 return
             except _NotAnswered as e:
                 if e.reply is not None:
@@ -156,10 +158,11 @@ class UpstreamProxy:
         await send_error(send, exchange.path, 503, "No instance is available to serve this request; retry later.",
                          headers=[(b"retry-after", str(RETRY_AFTER_S).encode())])
 
-    async def _attempt(self, exchange: _Exchange, instance: Instance, request: httpx.Request, send: Send) -> None:
+    async def _attempt(self, exchange: _Exchange, instance: Instance, client: httpx.AsyncClient,
+                       request: httpx.Request, send: Send) -> None:
         """Answers the client from `instance`, or raises _NotAnswered while the client has seen nothing."""
         try:
-            upstream = await self.client.send(request, stream=True)
+            upstream = await client.send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             self.registry.unreachable(instance)
             self._failed(instance, m.CONNECT_FAILED, e)

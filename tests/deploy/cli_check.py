@@ -44,7 +44,7 @@ def router_routes() -> set[str]:
     from tinyvllm.frontend.api.request_gate import RequestGate
 
     class Proxy:  # only its routes are read: never called
-        client = instance_authorization = None
+        clients = instance_authorization = None
 
         async def __call__(self, scope, receive, send):
             raise AssertionError("not served")

@@ -10,6 +10,7 @@ import uvicorn
 
 from tinyvllm.frontend.api.request_gate import RequestGate
 from tinyvllm.frontend.router.app import build_router_app
+from tinyvllm.frontend.router.instance_clients import InstanceClients
 from tinyvllm.frontend.router.instance_picker import InstancePicker
 from tinyvllm.frontend.router.instance_registry import STATIC, InstanceRegistry, Load
 from tinyvllm.frontend.router.router_metrics import RouterMetrics
@@ -123,9 +124,9 @@ async def running_router(instances: dict[str, int] | None = None, api_key: str |
         registry.add(url, STATIC)
         registry.health_checked(url, True, Load(running=running))
     gate, shutdown = RequestGate(), Shutdown()
-    async with httpx.AsyncClient(timeout=httpx.Timeout(5.0, read=None), trust_env=False) as client:
+    async with InstanceClients(timeout=httpx.Timeout(5.0, read=None), trust_env=False) as clients:
         metrics = RouterMetrics(registry)
-        proxy = UpstreamProxy(registry, InstancePicker(), client, metrics, shutdown, instance_api_key, max_body_bytes)
+        proxy = UpstreamProxy(registry, InstancePicker(), clients, metrics, shutdown, instance_api_key, max_body_bytes)
         app = build_router_app(registry, proxy, metrics, gate, api_key, register_secret)
         server = QuietSignalServer(uvicorn.Config(app, host="127.0.0.1", port=0, loop="none", log_level="warning",
                                                   lifespan="off", timeout_graceful_shutdown=1))

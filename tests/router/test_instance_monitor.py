@@ -1,10 +1,10 @@
 """The router's background checks: /health and /metrics of static and DNS instances (real sockets), the load read
 from vLLM's gauges, and DNS discovery (a name that stops resolving leaves the list as it was)."""
-import httpx
 import pytest
 
 from tests.router.harness import RawUpstream, refused_url
 from tinyvllm.frontend.router.dns_discovery import instance_url, parse_target
+from tinyvllm.frontend.router.instance_clients import InstanceClients
 from tinyvllm.frontend.router.instance_monitor import InstanceMonitor, load_from_metrics
 from tinyvllm.frontend.router.instance_registry import DNS, ROUTABLE, STATIC, UNHEALTHY, InstanceRegistry, Load
 
@@ -40,7 +40,7 @@ async def test_health_checks_make_static_instances_routable_or_not():
     registry = InstanceRegistry()
     dead = refused_url()
     async with RawUpstream(healthy) as up, RawUpstream(draining) as down, \
-            httpx.AsyncClient(trust_env=False) as client:
+            InstanceClients(trust_env=False) as client:
         for url in (up.url, down.url, dead):
             registry.add(url, STATIC)
         await InstanceMonitor(registry, client).check_health()
@@ -53,7 +53,7 @@ async def test_health_checks_make_static_instances_routable_or_not():
 
 async def test_dns_discovery_adds_what_the_name_resolves_to_and_keeps_the_list_when_it_stops_resolving():
     registry = InstanceRegistry()
-    async with httpx.AsyncClient(trust_env=False) as client:
+    async with InstanceClients(trust_env=False) as client:
         monitor = InstanceMonitor(registry, client, {"both": parse_target("localhost:8123")})
         await monitor.discover()
         assert "http://127.0.0.1:8123" in {i.url for i in registry.all()}
@@ -68,7 +68,7 @@ async def test_each_role_is_discovered_by_its_own_name_and_a_name_that_stops_res
     """Disaggregated instances found without registration (--discover-prefill-dns, --discover-decode-dns): what
     each name resolves to joins with that name's role, and one role's name leaving drains none of the other's."""
     registry = InstanceRegistry()
-    async with httpx.AsyncClient(trust_env=False) as client:
+    async with InstanceClients(trust_env=False) as client:
         monitor = InstanceMonitor(registry, client, {"prefill": ("localhost", 8123), "decode": ("127.0.0.2", 8124)})
         await monitor.discover()
         roles = {i.url: i.role for i in registry.all()}
