@@ -21,24 +21,29 @@ from tinyvllm.workers.cpu_matvec import c_matmul, takes_int8
 GEMM_MIN_ROWS = 4  # MR: with fewer rows cpu_matvec is faster (measured: docs/BENCHMARKS.md)
 
 
-def int8_gemm_min_rows(cpu_flags: str, machine: str) -> int:
-    """The same with int8 activations: 3 where gemm_i8's 4 x 4 tiles get a dot-product instruction (VNNI's
-    vpdpbusd; measured on an AVX-512 VNNI Xeon), 16 on an x86 without VNNI, where AVX2's maddubs + madd make the
-    tiles slower than matvec_i8 up to 12 rows (1B Q4_K 2048x2048: 4 rows 541 against 342 us, 12 rows 1,137 against
-    906, 16 rows 1,268 against 1,700; docs/BENCHMARKS.md). Either kernel gives a row the same bits."""
-    vnni = {"avx512_vnni", "avx_vnni"} & set(cpu_flags.split())
-    return 16 if machine in ("x86_64", "AMD64") and not vnni else 3
+def int8_gemm_min_rows(cpu_flags: str, machine: str, vendor: str) -> int:
+    """The same with int8 activations, measured on each kind of x86 (1B Q4_K 2048x2048, docs/BENCHMARKS.md; either
+    kernel gives a row the same bits): 3 on an Intel CPU with VNNI (gemm_i8's 4 x 4 tiles on vpdpbusd, the kernels'
+    own machine); 8 on an AMD one with VNNI (Zen 4 runs 512-bit operations in two halves: 4 rows 482 against
+    matvec_i8's 257 us, 8 rows 504 against 710); 16 on an x86 without VNNI, where AVX2's maddubs + madd make the
+    tiles slower up to 12 rows (4 rows 541 against 342 us, 16 rows 1,268 against 1,700). 3 elsewhere (NEON's sdot
+    in both kernels)."""
+    if machine not in ("x86_64", "AMD64"):
+        return 3
+    if not {"avx512_vnni", "avx_vnni"} & set(cpu_flags.split()):
+        return 16
+    return 3 if vendor == "GenuineIntel" else 8
 
 
-def _host_cpu_flags() -> str:
+def _host_cpu_info(field: str) -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1] for line in f if line.startswith("flags")), "")
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(field)), "")
     except OSError:
         return ""
 
 
-INT8_GEMM_MIN_ROWS = int8_gemm_min_rows(_host_cpu_flags(), platform.machine())
+INT8_GEMM_MIN_ROWS = int8_gemm_min_rows(_host_cpu_info("flags"), platform.machine(), _host_cpu_info("vendor_id"))
 TILE_BYTES_PER_BLOCK = 176  # workers/c/int8_rows.h's tile_t (4 rows) per 32-element block: 8 x 16 code bytes, 3 x 16
 
 
