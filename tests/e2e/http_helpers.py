@@ -32,11 +32,14 @@ def chunk_text(event: dict, is_chat: bool) -> str:
     return (choice.get("delta", {}).get("content") or "") if is_chat else (choice.get("text") or "")
 
 
-def stream(url: str, path: str, body: dict, timeout: float = REQUEST_TIMEOUT_S) -> StreamResult:
-    """POSTs a streamed request and reads the whole SSE body, checking vLLM's framing (`data: ...` + blank line)."""
+def stream(url: str, path: str, body: dict, timeout: float = REQUEST_TIMEOUT_S,
+           result: StreamResult | None = None) -> StreamResult:
+    """POSTs a streamed request and reads the whole SSE body, checking vLLM's framing (`data: ...` + blank line);
+    `result`, when given, is filled as the events arrive (another thread may watch it)."""
     is_chat = path.endswith("chat/completions")
     with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=timeout) as r:
-        result = StreamResult(r.status_code)
+        result = result or StreamResult(r.status_code)
+        result.status = r.status_code
         if r.status_code != 200:
             r.read()
             result.events.append(r.json())

@@ -34,28 +34,31 @@ def per_engine(server: ServerProcess, name: str, engines: tuple[str, ...]) -> di
 
 
 class LongStreams:
-    """`count` long streamed completions, each in its own thread, started a little apart, or each once
-    `started(i)` says the i-th is under way (so that the replicas' load reports are current when the next one is
-    routed); each result notes when its stream ended."""
+    """`count` long streamed completions, each in its own thread, started a little apart, or (one_at_a_time) each
+    once the one before has streamed its first event: the frontend has then read a report of its replica that counts
+    it, so the replicas' loads are current when the next one is routed (a count read from /metrics instead may never
+    show them all running: a starved frontend reads its engines' reports late, and an engine may have finished a
+    stream it still shows running); each result notes when its stream ended."""
 
-    def __init__(self, url: str, count: int, max_tokens: int, started: Callable[[int], bool] | None = None,
+    def __init__(self, url: str, count: int, max_tokens: int, one_at_a_time: bool = False,
                  describe: Callable[[], object] = lambda: None):
+        self.live = [StreamResult(0) for _ in range(count)]
         self.results: list[StreamResult | None] = [None] * count
         self.ended_at: list[float] = [0.0] * count
         self.threads = [threading.Thread(target=self._run, args=(url, i, max_tokens), daemon=True)
                         for i in range(count)]
         for i, t in enumerate(self.threads):
             t.start()
-            if started is None:
+            if not one_at_a_time:
                 time.sleep(0.2)
             else:
-                assert wait_until(lambda: started(i), 60), \
+                assert wait_until(lambda: self.live[i].events, 60), \
                     (f"stream {i} did not start", [(r.finish_reason, r.errors, r.events[-2:]) if r else None
                                                    for r in self.results], describe())
 
     def _run(self, url: str, i: int, max_tokens: int) -> None:
         body = completion_body(f"Story {i}:", max_tokens=max_tokens, ignore_eos=True, temperature=0)
-        self.results[i] = stream(url, "/v1/completions", body)
+        self.results[i] = stream(url, "/v1/completions", body, result=self.live[i])
         self.ended_at[i] = time.monotonic()
 
     def join(self, timeout_s: float) -> bool:

@@ -89,9 +89,9 @@ def break_one_replica_under_load(server, sig: int, detect_s: float) -> None:
     (its stopped worker killed) and serves again within RECOVERY_DEADLINE_S."""
     warm_up(server)
     running = lambda: per_engine(server, "vllm:num_requests_running", ENGINES)
-    # Each stream is routed once the one before runs: with the replicas' reports current, the least loaded takes it
-    # (a report still showing the last stream as waiting weighs it as four, and on a loaded machine split them 3-1).
-    streams = LongStreams(server.url, 4, max_tokens=LONG_TOKENS, started=lambda i: sum(running().values()) == i + 1,
+    # Each stream is routed once the one before streams: with the replicas' reports current, the least loaded takes
+    # it (a report still showing the last stream as waiting weighs it as four, and on a loaded machine split them 3-1).
+    streams = LongStreams(server.url, 4, max_tokens=LONG_TOKENS, one_at_a_time=True,
                           describe=lambda: (running(), per_engine(server, "vllm:num_requests_waiting", ENGINES),
                                             server.log_tail()))
     assert wait_until(lambda: running() == {"0": 2, "1": 2}, 120), \
