@@ -17,8 +17,9 @@ from tests.e2e.replicas import LongStreams, current_workers, engine_metric, per_
 from tests.e2e.server_process import REQUEST_TIMEOUT_S, is_alive, start_server, wait_until
 from tests.helpers.tiny_model import make_wide_gguf
 
-CONTEXT = 2048
-LONG_TOKENS = 1900  # a long request: tens of seconds even where a step takes milliseconds
+CONTEXT = 4096
+LONG_TOKENS = 3900  # a long request: tens of seconds even where a step takes milliseconds (1,900 ended before
+# four had started on an AVX-512 EPYC)
 DP = ("--data-parallel-size", "2", "--num-kv-blocks", str(2 * CONTEXT // 16))  # two long requests per replica
 ENGINES = ("0", "1")
 ERROR_DEADLINE_S = 5  # from the failure being detectable to every request on that replica having its error
