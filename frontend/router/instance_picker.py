@@ -5,7 +5,7 @@ under the same URL (a new Instance) keeps the slot, with its prefix memory clear
 empty cache). Load is the ReplicaRouter's: waiting x 4 + running from the instance's last heartbeat or /metrics
 scrape, with the router's own open requests on it that the report does not show yet counted as waiting.
 """
-from tinyvllm.frontend.engine.replica_router import ReplicaRouter, RoutingPolicy
+from tinyvllm.frontend.engine.replica_router import CACHE_AWARE, ReplicaRouter, RoutingPolicy
 from tinyvllm.frontend.router.instance_registry import Instance
 from tinyvllm.protocol.messages import SchedulerStats
 
@@ -18,6 +18,11 @@ class InstancePicker:
         self.prefix_chunks = prefix_chunks
         self._slots: dict[str, int] = {}  # url -> its index in the ReplicaRouter
         self._holders: list[Instance] = []  # by index: the instance the index's prefix memory belongs to
+
+    @property
+    def uses_prefixes(self) -> bool:
+        """Whether the policy reads prompts' chunk hashes (least-loaded and round-robin do not: nothing to hash)."""
+        return self.router.policy.mode == CACHE_AWARE
 
     def pick(self, candidates: list[Instance], hashes: list[bytes]) -> tuple[Instance, str] | None:
         """(instance, "cache" or "load"), or None without candidates."""

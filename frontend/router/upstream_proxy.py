@@ -107,7 +107,7 @@ class UpstreamProxy:
             await self._end(exchange, send, "Internal router error", 500, "InternalServerError")
 
     async def _forward(self, exchange: _Exchange, scope: Scope, body: bytes, send: Send) -> None:
-        hashes = request_chunk_hashes(body) if scope["method"] == "POST" else []
+        hashes = request_chunk_hashes(body) if scope["method"] == "POST" and self.picker.uses_prefixes else []
         headers = [(k, v) for k, v in scope["headers"] if k.decode("latin-1").lower() not in _NOT_SENT_UPSTREAM]
         if self.instance_authorization is not None:
             headers = [(k, v) for k, v in headers if k.lower() != b"authorization"]

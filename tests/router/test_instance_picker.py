@@ -92,6 +92,7 @@ def test_request_bodies_that_are_not_json_have_no_hashes():
 
 def test_least_loaded_routing_ignores_remembered_prefixes():
     picker = InstancePicker(RoutingPolicy(mode=LEAST_LOADED))
+    assert not picker.uses_prefixes and InstancePicker().uses_prefixes  # the router hashes no prompt for it
     a, b = instances(Load(), Load(running=2))
     hashes = chunk_hashes(LONG)
     picker.opened(b, hashes)
