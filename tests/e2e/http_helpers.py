@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 
 import httpx
@@ -33,9 +34,10 @@ def chunk_text(event: dict, is_chat: bool) -> str:
 
 
 def stream(url: str, path: str, body: dict, timeout: float = REQUEST_TIMEOUT_S,
-           result: StreamResult | None = None) -> StreamResult:
+           result: StreamResult | None = None, stop: threading.Event | None = None) -> StreamResult:
     """POSTs a streamed request and reads the whole SSE body, checking vLLM's framing (`data: ...` + blank line);
-    `result`, when given, is filled as the events arrive (another thread may watch it)."""
+    `result`, when given, is filled as the events arrive (another thread may watch it); once `stop` is set, the
+    client hangs up after the next event, as a client that goes away."""
     is_chat = path.endswith("chat/completions")
     with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=timeout) as r:
         result = result or StreamResult(r.status_code)
@@ -56,6 +58,8 @@ def stream(url: str, path: str, body: dict, timeout: float = REQUEST_TIMEOUT_S,
                 result.text += chunk_text(event, is_chat)
                 if event["choices"] and event["choices"][0].get("finish_reason"):
                     result.finish_reason = event["choices"][0]["finish_reason"]
+            if stop is not None and stop.is_set():
+                break
     return result
 
 

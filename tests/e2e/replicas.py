@@ -38,13 +38,15 @@ class LongStreams:
     once the one before has streamed its first event: the frontend has then read a report of its replica that counts
     it, so the replicas' loads are current when the next one is routed (a count read from /metrics instead may never
     show them all running: a starved frontend reads its engines' reports late, and an engine may have finished a
-    stream it still shows running); each result notes when its stream ended."""
+    stream it still shows running); each result notes when its stream ended. hang_up() ends the streams still
+    running as a client that goes away would."""
 
     def __init__(self, url: str, count: int, max_tokens: int, one_at_a_time: bool = False,
                  describe: Callable[[], object] = lambda: None):
         self.live = [StreamResult(0) for _ in range(count)]
         self.results: list[StreamResult | None] = [None] * count
         self.ended_at: list[float] = [0.0] * count
+        self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._run, args=(url, i, max_tokens), daemon=True)
                         for i in range(count)]
         for i, t in enumerate(self.threads):
@@ -58,7 +60,7 @@ class LongStreams:
 
     def _run(self, url: str, i: int, max_tokens: int) -> None:
         body = completion_body(f"Story {i}:", max_tokens=max_tokens, ignore_eos=True, temperature=0)
-        self.results[i] = stream(url, "/v1/completions", body, result=self.live[i])
+        self.results[i] = stream(url, "/v1/completions", body, result=self.live[i], stop=self.stop)
         self.ended_at[i] = time.monotonic()
 
     def join(self, timeout_s: float) -> bool:
@@ -66,3 +68,7 @@ class LongStreams:
         for t in self.threads:
             t.join(max(0.0, deadline - time.monotonic()))
         return not any(t.is_alive() for t in self.threads)
+
+    def hang_up(self, timeout_s: float) -> bool:
+        self.stop.set()
+        return self.join(timeout_s)
