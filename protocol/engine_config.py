@@ -20,6 +20,7 @@ from tinyvllm.protocol.speculative_config import SpeculativeConfig, parse_specul
 from tinyvllm.protocol.worker_auth import require_secret_beyond_loopback, resolve_worker_secret
 
 WEIGHT_DTYPES = ("auto", "float32", "float16", "bfloat16")  # --dtype
+LOAD_FORMATS = ("auto", "packed", "direct")  # --load-format (workers/weight_pack.py)
 ROLES = ("both", "prefill", "decode")  # serve --role, and a worker's role in its WorkerHello
 PD_GROUP = "disaggregated prefill/decode (docs/DEPLOY.md)"
 
@@ -36,6 +37,11 @@ class ModelOptions:
                               "the kernels; float32 widens every weight at load (2-8x the memory, the reference "
                               "arithmetic's operands); float16 or bfloat16 store the file's unquantised matrices "
                               "in that width (a float32 checkpoint in half the memory)", choices=WEIGHT_DTYPES)
+    load_format: str = knob("auto", "how a worker loads the weights: packed writes them once, in the kernels' layout, "
+                                    "to ~/.cache/tinyvllm/weights and maps that file at every start (seconds, no "
+                                    "copy in memory on a CPU; the packs take at most 64 GB, least recently used "
+                                    "deleted first); direct converts and copies them at every start and writes "
+                                    "nothing; auto: packed for weight files of 1 GB or more", choices=LOAD_FORMATS)
 
 
 @dataclass(frozen=True, slots=True)

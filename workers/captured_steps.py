@@ -157,7 +157,7 @@ class CapturedSteps:
     def trusted(self) -> bool:
         """Only a directory, and files, that this user owns and nobody else may write: pickle runs code on load."""
         paths = [self.directory, *self.directory.glob("*.pkl")] if self.directory.is_dir() else []
-        bad = [p for p in paths if (st := _stat(p)) is not None and (st.st_uid != os.getuid() or st.st_mode & 0o022)]
+        bad = [p for p in paths if (st := stat_if_present(p)) is not None and (st.st_uid != os.getuid() or st.st_mode & 0o022)]
         if bad:
             log.warning("captured steps in %s ignored: %s is not only this user's", self.directory, bad[0])
         return not bad
@@ -196,7 +196,7 @@ class CapturedSteps:
         return LoadedJit(fxn, self, name, captured)
 
 
-def _stat(path: pathlib.Path) -> os.stat_result | None:
+def stat_if_present(path: pathlib.Path) -> os.stat_result | None:
     """None for a file another process (sharing the directory) removed meanwhile."""
     try:
         return path.stat()

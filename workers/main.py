@@ -73,7 +73,7 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
     kernels = own.kernels.kernels or default_kernel_set(Device.DEFAULT)
     configure_device(Device.DEFAULT, kernels)
     model = Transformer(cfg, weights, max_model_len, kernels=kernels, dtype=init.engine.model.dtype,
-                        vocab_start=vocab_start)
+                        vocab_start=vocab_start, weight_pack=weight_pack(args, init, spec))
     del weights
     cache = PagedKVCache(cfg, num_blocks, kv.block_size, kv.kv_cache_dtype)
     group = None
@@ -113,6 +113,16 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
         if link is not None:
             link.transfer_s = 0.0
     return runner, n_kv_heads
+
+
+def weight_pack(args: WorkerArgs, init, spec):
+    """The model's weight packs, where --load-format uses them (workers/weight_pack.py)."""
+    from tinyvllm.protocol.model_path import resolve_model_path
+    from tinyvllm.workers.weight_pack import WeightPack, pack_directory, uses_pack
+    path = resolve_model_path(args.model)
+    if not uses_pack(init.engine.model.load_format, path):
+        return None
+    return WeightPack(pack_directory(), path, (spec.tp_rank, spec.tp_size, spec.pp_rank, spec.pp_size))
 
 
 def captured_steps_key(args: WorkerArgs, init, cfg, kernels: str, num_blocks: int) -> dict:

@@ -21,6 +21,7 @@ from tinyvllm.workers.kernel_set import kernel_choice
 from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.protocol.rope_scaling import rope_frequencies
 from tinyvllm.workers.quantized_weight import DeviceWeight
+from tinyvllm.workers.weight_pack import WeightPack
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -126,21 +127,28 @@ def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows
 class Transformer:
     def __init__(self, cfg: ModelConfig, weights: dict, max_positions: int, kernels: str | KernelChoice | None = None,
                  dtype: str = "auto", vocab_start: int | None = None,
-                 max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS):
+                 max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS, weight_pack: WeightPack | None = None):
         """weights: load_weights' dict (float32 arrays or QuantizedArrays), or one worker's share of it
         (workers/tensor_parallel.py: a pipeline stage's layers, a tensor-parallel rank's slices; then cfg is the
         shard's and vocab_start the first token id of its embedding/head rows). kernels: the kernels the model
         traces, a KernelChoice or a set's name (protocol/kernel_choice.py; default: the device's default set),
         resolved for the device into `self.kernels` (workers/kernel_set.py). dtype: the weights' width on the device
         (--dtype, DeviceWeight.from_host; the C kernels take rows of whole 32-blocks, so a 16-bit matrix of another
-        width is widened for them). max_fused_rows: see `linear` (tinygrad's kernels)."""
+        width is widened for them). max_fused_rows: see `linear` (tinygrad's kernels). weight_pack: the model's packs
+        (--load-format, workers/weight_pack.py): the weights are mapped from the pack of this layout."""
         self.cfg, self.vocab_start = cfg, vocab_start
         self.kernels = kernel_choice(Device.DEFAULT, kernels)
         c_matmul = self.kernels.matmul == "c"
         # the C kernels read rows of whole 32-element blocks: a 16-bit matrix of another width is widened at load
         widen = lambda arr: c_matmul and arr.ndim == 2 and arr.shape[1] % 32 != 0
-        w = {name: DeviceWeight.from_host(arr, "float32" if widen(arr) else dtype, words=self.kernels.gpu_matvec)
-             for name, arr in weights.items()}
+        width = lambda arr: "float32" if widen(arr) else dtype
+        layout = {"dtype": dtype, "words": self.kernels.gpu_matvec, "c_matmul": c_matmul}
+        self.weight_pack = weight_pack  # holds the mapping the weights' buffers point into
+        w = weight_pack and weight_pack.device_weights(
+            weights, layout, lambda name, arr: DeviceWeight.host_parts(arr, width(arr), self.kernels.gpu_matvec))
+        if w is None:
+            w = {name: DeviceWeight.from_host(arr, width(arr), words=self.kernels.gpu_matvec)
+                 for name, arr in weights.items()}
         self.tok_embeddings = w.get("token_embd.weight")  # a later pipeline stage has none, unless it is tied
         self.output = w.get("output.weight", self.tok_embeddings)
         self.norm = w["output_norm.weight"].dequantized() if "output_norm.weight" in w else None  # last stage only

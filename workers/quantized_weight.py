@@ -366,22 +366,28 @@ class DeviceWeight:
 
     @classmethod
     def from_host(cls, array, dtype: str = "auto", words: bool = False) -> "DeviceWeight":
-        """A realised device weight from a numpy array or a QuantizedArray. dtype (--dtype): "auto" keeps what the
-        host holds (a 2-D float16 array stays float16, blocks stay blocks); "float32" widens any weight; "float16"
-        or "bfloat16" store a float matrix (float32, float16 or BF16) in that width, quantised ones as they are.
+        """A realised device weight from a numpy array or a QuantizedArray (see host_parts)."""
+        kind, parts = cls.host_parts(array, dtype, words)
+        return cls(kind, tuple(device_tensor(p) for p in parts))
+
+    @staticmethod
+    def host_parts(array, dtype: str = "auto", words: bool = False) -> tuple[str, tuple[np.ndarray, ...]]:
+        """(kind, the parts as host arrays) of a weight on the device. dtype (--dtype): "auto" keeps what the host
+        holds (a 2-D float16 array stays float16, blocks stay blocks); "float32" widens any weight; "float16" or
+        "bfloat16" store a float matrix (float32, float16 or BF16) in that width, quantised ones as they are.
         words: the values' part as uint32 words (see the module's docstring)."""
         if dtype in ("float16", "bfloat16") and _is_float_matrix(array):
             array = _narrowed(array, dtype)
         if is_f16_matrix(array) and dtype != "float32":
             if words and array.shape[1] % 32 == 0:
                 array = np.ascontiguousarray(array).view(np.uint32).reshape(array.shape[0], -1, WORDS_PER_BLOCK["F16"])
-            return cls("F16", (device_tensor(array),))
+            return "F16", (np.ascontiguousarray(array),)
         if not isinstance(array, QuantizedArray) or dtype == "float32":
-            return cls("F32", (device_tensor(np.asarray(array, dtype=np.float32)),))
+            return "F32", (np.ascontiguousarray(np.asarray(array, dtype=np.float32)),)
         host = array.device_parts()
         if words and array.kind in WORDS_PER_BLOCK:
             host = (np.ascontiguousarray(host[0]).view(np.uint32),) + host[1:]
-        return cls(array.kind, tuple(device_tensor(p) for p in host))
+        return array.kind, tuple(np.ascontiguousarray(p) for p in host)
 
     @property
     def shape(self) -> tuple[int, int] | tuple[int]:

@@ -1,6 +1,6 @@
 """The command line is generated from protocol/engine_config.py and keeps every flag `tinyvllm serve`, `worker` and
 `bench throughput` had before it was (recorded at 903dffe), with the same names and defaults; `--kernels` is new,
-`--cpu-kernels` stays its alias; `--kv-events-config` came later (issue 35)."""
+`--cpu-kernels` stays its alias; `--kv-events-config` came later (issue 35), `--load-format` too (issue 31)."""
 import argparse
 
 import pytest
@@ -13,7 +13,7 @@ ENGINE_FLAGS = {
     "--async-scheduling --no-async-scheduling": True, "--beam": 0, "--block-size": 16, "--cpu-kernels --kernels": None,
     "--data-parallel-size -dp": 1, "--dtype": "auto", "--kv-cache-dir": None, "--kv-cache-dir-size": 4 << 30, "--kv-cache-dtype": "auto",
     "--kv-cache-memory": 1 << 30, "--kv-events-config": None, "--kv-host": "127.0.0.1", "--kv-lease-seconds": 30.0, "--kv-port": 0,
-    "--kv-secret": None, "--max-model-len": None, "--max-num-batched-tokens": 512, "--max-num-seqs": 64,
+    "--kv-secret": None, "--load-format": "auto", "--max-model-len": None, "--max-num-batched-tokens": 512, "--max-num-seqs": 64,
     "--model": None, "--no-jit-warmup": True, "--no-prefix-caching": True, "--num-kv-blocks": 0,
     "--pipeline-parallel-size -pp": 1, "--role": "both", "--speculative-config": None, "--step-timeout": 120.0,
     "--swap-space": 0, "--tensor-parallel-size -tp": 1, "--warmup-before-serving": False,
