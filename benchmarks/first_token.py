@@ -3,7 +3,9 @@ kernel cache and ~/.cache/tinyvllm: a fresh machine) and warm (the caches the co
 background warm-up was done: a restart of a server that ran a while), with
 the jitted steps captured in the background (the default) and before serving (--warmup-before-serving).
 
-    .venv/bin/python benchmarks/first_token.py [--repeats 1] [-- extra serve flags]
+    .venv/bin/python benchmarks/first_token.py [--repeats 1] [--no-warmup-wait] [-- extra serve flags]
+
+(--no-warmup-wait: restart right after the cold start's first token, for models whose warm-up takes many minutes.)
 
 Prints a markdown table: seconds to ready (/health answers) and to the first token, per mode and cache state.
 """
@@ -62,6 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--no-warmup-wait", action="store_true", help="restart without waiting for the warm-up")
     parser.add_argument("serve_args", nargs="*", help="after --: more `tinyvllm serve` flags")
     a = parser.parse_args()
     print("| mode | caches | ready (s) | first token (s) |\n|---|---|---|---|")
@@ -70,7 +73,8 @@ def main() -> None:
         cold, warm = [], []
         for _ in range(a.repeats):
             with tempfile.TemporaryDirectory(prefix="first-token-") as cache_dir:
-                cold.append(first_token(flags + a.serve_args, cache_dir, "--warmup-before-serving" not in flags))
+                cold.append(first_token(flags + a.serve_args, cache_dir,
+                                        "--warmup-before-serving" not in flags and not a.no_warmup_wait))
                 warm.append(first_token(flags + a.serve_args, cache_dir))
         for state, runs in (("cold", cold), ("warm (restart)", warm)):
             print(f"| {mode} | {state} | {statistics.median(r[0] for r in runs):.1f} | "

@@ -1,7 +1,7 @@
 """A model file served as users serve it: load time, the worker's resident memory next to the file's size and the
 KV cache it was given, and one request's decode speed.
 
-    python benchmarks/model_memory.py MODEL.gguf [--kv-blocks 256] [--tokens 64] [--kernels c-int8]
+    python benchmarks/model_memory.py MODEL.gguf [--kv-blocks 256] [--tokens 64] [--kernels c-int8] [--load-format auto]
 
 Memory is read from the worker's /proc/<pid>/status (VmRSS now, VmHWM its peak); "overhead" is the resident memory
 beyond the weights' device bytes and the KV cache (on the CPU backend, where both live in the worker's memory).
@@ -42,9 +42,12 @@ def main() -> None:
     ap.add_argument("--kv-blocks", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--kernels", default=None)
+    ap.add_argument("--load-format", default="auto", help="direct, packed or auto (a packed model's pages are mapped "
+                                                          "from its pack: file-backed, counted in RSS as they are read)")
     args = ap.parse_args()
     started = time.monotonic()
-    with LLM(args.model, num_kv_blocks=args.kv_blocks, max_num_seqs=4, max_model_len=2048, kernels=args.kernels) as llm:
+    with LLM(args.model, num_kv_blocks=args.kv_blocks, max_num_seqs=4, max_model_len=2048, kernels=args.kernels,
+             load_format=args.load_format) as llm:
         loaded_s = time.monotonic() - started
         (worker,) = worker_pids()
         greedy = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
