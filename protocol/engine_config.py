@@ -39,9 +39,9 @@ class ModelOptions:
                               "in that width (a float32 checkpoint in half the memory)", choices=WEIGHT_DTYPES)
     load_format: str = knob("auto", "how a worker loads the weights: packed writes them once, in the kernels' layout, "
                                     "to ~/.cache/tinyvllm/weights and maps that file at every start (seconds, no "
-                                    "copy in memory on a CPU; the packs take at most 64 GB, least recently used "
+                                    "copy in memory on a CPU; the packs take at most 64 GiB, least recently used "
                                     "deleted first); direct converts and copies them at every start and writes "
-                                    "nothing; auto: packed for weight files of 1 GB or more", choices=LOAD_FORMATS)
+                                    "nothing; auto: packed for weight files of 1 GiB or more", choices=LOAD_FORMATS)
 
 
 @dataclass(frozen=True, slots=True)

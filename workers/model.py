@@ -143,7 +143,6 @@ class Transformer:
         widen = lambda arr: c_matmul and arr.ndim == 2 and arr.shape[1] % 32 != 0
         width = lambda arr: "float32" if widen(arr) else dtype
         layout = {"dtype": dtype, "words": self.kernels.gpu_matvec, "c_matmul": c_matmul}
-        self.weight_pack = weight_pack  # holds the mapping the weights' buffers point into
         w = weight_pack and weight_pack.device_weights(
             weights, layout, lambda name, arr: DeviceWeight.host_parts(arr, width(arr), self.kernels.gpu_matvec))
         if w is None:

@@ -16,6 +16,7 @@ class StreamResult:
     events: list = field(default_factory=list)  # decoded data payloads, "[DONE]" kept as a string
     text: str = ""
     finish_reason: str | None = None
+    hung_up: bool = False  # the client went away (stream's `stop`) before the stream ended
 
     @property
     def errors(self) -> list[dict]:
@@ -58,7 +59,8 @@ def stream(url: str, path: str, body: dict, timeout: float = REQUEST_TIMEOUT_S,
                 result.text += chunk_text(event, is_chat)
                 if event["choices"] and event["choices"][0].get("finish_reason"):
                     result.finish_reason = event["choices"][0]["finish_reason"]
-            if stop is not None and stop.is_set():
+            if stop is not None and stop.is_set() and event != "[DONE]":
+                result.hung_up = True
                 break
     return result
 

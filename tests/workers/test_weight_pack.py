@@ -1,8 +1,11 @@
 """Weight packs (--load-format, workers/weight_pack.py): the first load writes every weight's device parts into a
 pack, later loads map it; the mapped weights are the directly loaded ones bit for bit, in every stored type, their
 buffers are the mapped file's pages (no copy), and a model runs on them as on the direct ones. A changed model file,
-layout or shard gets a pack of its own; a damaged pack is written again; a disk without room gets none; the least
-recently used packs go first; and a served engine with --load-format packed answers as one with direct."""
+layout, shard or code gets a pack of its own; a damaged pack, or one of other shapes, is written again; a disk without
+room or an unusable cache directory gets none (the weights load directly); the least recently used packs and crashed
+writers' leftovers go first; and a served engine with --load-format packed answers as one with direct."""
+import gc
+import mmap
 import os
 from types import SimpleNamespace
 
@@ -59,6 +62,13 @@ def parts(model: Transformer) -> dict[str, list]:
     return {name: (w.kind, [p for p in w.parts]) for name, w in weights}
 
 
+def exporter(array: np.ndarray):
+    """The object whose memory `array` views (through views and memoryviews)."""
+    while isinstance(array, np.ndarray):
+        array = array.base
+    return array.obj if isinstance(array, memoryview) else array
+
+
 def logprobs(model: Transformer, prompt: list[int]) -> np.ndarray:
     from tinyvllm.protocol.messages import NewRequestData, StepPlan
     from tinyvllm.workers.kv_cache import PagedKVCache
@@ -77,13 +87,12 @@ def test_mapped_weights_are_the_direct_ones_in_the_files_pages_and_run_alike(mod
     assert kinds >= {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_1", "Q8_0", "Q8_16", "F16", "F32"}, kinds
     written = build(model_path, pack=WeightPack(tmp_path, model_path))
     (pack_file,) = tmp_path.glob("*.pack")
-    written_at = pack_file.stat().st_mtime_ns
+    os.utime(pack_file, ns=(0, 0))
+    inode = pack_file.stat().st_ino
     mapped = build(model_path, pack=WeightPack(tmp_path, model_path))
-    assert list(tmp_path.glob("*.pack")) == [pack_file]
-    assert pack_file.stat().st_mtime_ns >= written_at  # used again (its time is the eviction's clock), not rewritten
+    assert list(tmp_path.glob("*.pack")) == [pack_file] and pack_file.stat().st_ino == inode  # not written again
+    assert pack_file.stat().st_mtime_ns > 0  # its use noted: the eviction's clock
 
-    start = np.frombuffer(mapped.weight_pack.mapped, np.uint8).ctypes.data
-    end = start + len(mapped.weight_pack.mapped)
     for model in (written, mapped):
         for name, (kind, tensors) in parts(model).items():
             want_kind, want = parts(direct)[name]
@@ -91,9 +100,16 @@ def test_mapped_weights_are_the_direct_ones_in_the_files_pages_and_run_alike(mod
             for got, expected in zip(tensors, want, strict=True):
                 assert got.dtype == expected.dtype and got.shape == expected.shape, name
                 np.testing.assert_array_equal(got.numpy(), expected.numpy(), err_msg=name)
-    for name, (_, tensors) in parts(mapped).items():  # no copy: every part's buffer lies in the mapped file
-        assert all(start <= t.uop.buffer._buf.va_addr < end for t in tensors), name
+    for name, (_, tensors) in parts(mapped).items():  # no copy: every part's buffer is the mapped file's pages
+        for t in tensors:
+            pages = t.uop.buffer.pack_pages
+            assert t.uop.buffer._buf.va_addr == pages.ctypes.data and isinstance(exporter(pages), mmap.mmap), name
     assert mapped.weight_nbytes == direct.weight_nbytes
+    kept = parts(mapped)["3.w_down"][1][0]
+    expected = kept.numpy()
+    del mapped, written
+    gc.collect()
+    np.testing.assert_array_equal(kept.numpy(), expected)  # a weight outliving its model keeps its pages mapped
 
     prompt = np.random.default_rng(1).integers(0, VOCAB, 24).tolist()
     for kernels in ("c", "tinygrad"):
@@ -122,7 +138,7 @@ def test_a_damaged_pack_is_written_again(model_path, tmp_path, caplog):
         f.truncate(size - 100)  # the trailer gone
     direct = parts(build(model_path))
     again = parts(build(model_path, pack=WeightPack(tmp_path, model_path)))
-    assert "unreadable" in caplog.text and pack_file.stat().st_size == size
+    assert "unusable" in caplog.text and pack_file.stat().st_size == size
     for name, (_, tensors) in again.items():
         for got, expected in zip(tensors, direct[name][1]):
             np.testing.assert_array_equal(got.numpy(), expected.numpy())
@@ -132,7 +148,7 @@ def test_without_room_on_the_disk_no_pack_is_written_and_the_weights_load_direct
                                                                                  caplog):
     monkeypatch.setattr(weight_pack.shutil, "disk_usage", lambda _: SimpleNamespace(free=1000))
     model = build(model_path, pack=WeightPack(tmp_path, model_path))
-    assert not list(tmp_path.glob("*.pack")) and "not written" in caplog.text
+    assert not list(tmp_path.glob("*.pack")) and not list(tmp_path.glob("*.tmp*")) and "not written" in caplog.text
     assert model.weight_nbytes == build(model_path).weight_nbytes
 
 
@@ -161,9 +177,43 @@ def test_an_engine_loading_a_pack_answers_as_one_loading_directly(tmp_path):
     path = make_tiny_gguf(tmp_path / "tiny.gguf")
     prompts = [[1, 2, 3, 4, 5], [9, 8, 7]]
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    answers, before = {}, set(weight_pack.pack_directory().glob("*.pack"))
+    before, answers, new_packs = set(weight_pack.pack_directory().glob("*.pack")), [], []
     for load_format in ("direct", "packed", "packed"):  # the second "packed" maps what the first wrote
         with LLM(str(path), max_num_seqs=2, max_model_len=64, num_kv_blocks=16, load_format=load_format) as llm:
-            answers.setdefault(load_format, []).append([out.token_ids for out in llm.generate(prompts, greedy)])
-    assert answers["packed"] == [answers["direct"][0]] * 2
-    assert len(set(weight_pack.pack_directory().glob("*.pack")) - before) == 1  # written once, then mapped
+            answers.append([out.token_ids for out in llm.generate(prompts, greedy)])
+        new_packs.append(sorted(p.stat().st_ino for p in set(weight_pack.pack_directory().glob("*.pack")) - before))
+    assert answers[1] == answers[2] == answers[0]
+    assert new_packs[0] == [] and len(new_packs[1]) == 1 and new_packs[2] == new_packs[1]  # written once, then mapped
+
+
+def test_a_pack_of_other_shapes_is_not_used(model_path, tmp_path, caplog):
+    """A pack whose weights have the same names but other shapes (it cannot be this model's) is written again."""
+    from tests.helpers.tiny_model import make_tiny_gguf
+    small, large = (make_tiny_gguf(tmp_path / f"{dim}.gguf", dim=dim) for dim in (64, 128))
+    build(small, pack=WeightPack(tmp_path / "packs", small))
+    (small_pack,) = (tmp_path / "packs").glob("*.pack")
+    layout = {"dtype": "auto", "words": False, "c_matmul": True}
+    small_pack.rename(WeightPack(tmp_path / "packs", large).path(layout))
+    model = build(large, pack=WeightPack(tmp_path / "packs", large))
+    assert "unusable" in caplog.text and model.layers[0].w_gate.shape == (128, 128)
+    assert model.weight_nbytes == build(large).weight_nbytes
+
+
+def test_an_unusable_cache_directory_loads_the_weights_directly(model_path, tmp_path, caplog):
+    (tmp_path / "file").write_text("not a directory")
+    model = build(model_path, pack=WeightPack(tmp_path / "file" / "packs", model_path))
+    assert "not used" in caplog.text and model.weight_nbytes == build(model_path).weight_nbytes
+
+
+def test_a_crashed_writers_leftover_goes_a_running_ones_stays(tmp_path):
+    (tmp_path / "a.tmp999999999").write_bytes(b"x")  # no such process
+    (tmp_path / f"b.tmp{os.getpid()}").write_bytes(b"x")
+    weight_pack._evict(tmp_path, 1 << 30)
+    assert [p.name for p in tmp_path.iterdir()] == [f"b.tmp{os.getpid()}"]
+
+
+def test_new_code_gets_a_new_pack(model_path, tmp_path, monkeypatch):
+    layout = {"dtype": "auto", "words": False, "c_matmul": True}
+    before = WeightPack(tmp_path, model_path).path(layout)
+    monkeypatch.setattr(weight_pack, "_code_digest", lambda: "a fixed repack")
+    assert WeightPack(tmp_path, model_path).path(layout) != before
