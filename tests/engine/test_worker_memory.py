@@ -71,10 +71,11 @@ def vm_rss_bytes(pid: int) -> int:
 @pytest.mark.parametrize("load_format", ["direct", "packed"])
 def test_the_workers_memory_is_the_files_size_plus_its_kv_cache_and_a_bounded_overhead(twin, load_format):
     kv_bytes = KV_BLOCKS * bytes_per_block(read_model_config(twin), 16, "auto")
+    others = set(my_workers())  # servers this test process shares with other tests
     with LLM(str(twin), max_num_seqs=2, max_model_len=256, num_kv_blocks=KV_BLOCKS, load_format=load_format) as llm:
         out = llm.generate([[1, 2, 3, 4, 5, 6, 7, 8]] * 2, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
         assert all(len(o.token_ids) == 8 for o in out)
-        (worker,) = my_workers()
+        (worker,) = set(my_workers()) - others
         rss, weights = vm_rss_bytes(worker), llm.ready.worker_weight_bytes[0]
     size = twin.stat().st_size
     assert 0.95 * size <= weights <= 1.25 * size  # stored compactly (Q6_K's codes take a byte each on the device)
