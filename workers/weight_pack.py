@@ -134,9 +134,10 @@ class WeightPack:
             for name, (kind, parts) in index.items():
                 arrays = []
                 for off, dt, shape in parts:
-                    if off % ALIGN or off + np.dtype(dt).itemsize * int(np.prod(shape)) > len(data):
+                    end = off + np.dtype(dt).itemsize * int(np.prod(shape))
+                    if off % ALIGN or end > len(data):
                         raise ValueError("a part outside the file")
-                    arrays.append(data[off:off + np.dtype(dt).itemsize * int(np.prod(shape))].view(dt).reshape(shape))
+                    arrays.append(data[off:end].view(dt).reshape(shape))
                 out[name] = DeviceWeight(kind, tuple(_mapped_tensor(a) if on_host else device_tensor(a)
                                                      for a in arrays))
                 if out[name].shape != tuple(weights[name].shape):

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 
+from tests.e2e.server_process import cmdline, descendants
 from tests.helpers.gguf_writer import Blocks, write_gguf
 from tests.workers.test_stored_quant_types import random_blocks
 from tinyvllm.frontend.engine.llm import LLM
@@ -40,27 +41,9 @@ def twin(tmp_path_factory):
     return write_gguf(tmp_path_factory.mktemp("twin") / "twin-q4_k_m.gguf", {**gguf_metadata(config, "llama"), **tokenizer_metadata()}, tensors)
 
 
-def my_workers() -> list[int]:
+def my_workers() -> set[int]:
     """The tinyvllm worker processes among this process's descendants."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [os.getpid()]
-    while todo:
-        for pid in children.get(todo.pop(), []):
-            todo.append(pid)
-            try:
-                if b"tinyvllm.workers.main" in open(f"/proc/{pid}/cmdline", "rb").read():
-                    found.append(pid)
-            except OSError:
-                pass
-    return found
+    return {pid for pid in descendants(os.getpid()) if "tinyvllm.workers.main" in cmdline(pid)}
 
 
 def vm_rss_bytes(pid: int) -> int:
@@ -71,11 +54,11 @@ def vm_rss_bytes(pid: int) -> int:
 @pytest.mark.parametrize("load_format", ["direct", "packed"])
 def test_the_workers_memory_is_the_files_size_plus_its_kv_cache_and_a_bounded_overhead(twin, load_format):
     kv_bytes = KV_BLOCKS * bytes_per_block(read_model_config(twin), 16, "auto")
-    others = set(my_workers())  # servers this test process shares with other tests
+    others = my_workers()  # servers this test process shares with other tests
     with LLM(str(twin), max_num_seqs=2, max_model_len=256, num_kv_blocks=KV_BLOCKS, load_format=load_format) as llm:
         out = llm.generate([[1, 2, 3, 4, 5, 6, 7, 8]] * 2, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
         assert all(len(o.token_ids) == 8 for o in out)
-        (worker,) = set(my_workers()) - others
+        (worker,) = my_workers() - others
         rss, weights = vm_rss_bytes(worker), llm.ready.worker_weight_bytes[0]
     size = twin.stat().st_size
     assert 0.95 * size <= weights <= 1.25 * size  # stored compactly (Q6_K's codes take a byte each on the device)

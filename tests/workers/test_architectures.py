@@ -89,16 +89,21 @@ GGUF_ARCHITECTURES = {"qwen3": qwen3, "phi3": phi3, "gemma2": lambda: gemma2(que
 
 
 def tinyvllm_prompt_logprobs(path: pathlib.Path, prompt: list[int], kernels: str) -> tuple[np.ndarray, int]:
-    from tinyvllm.protocol.messages import NewRequestData, StepPlan
-    from tinyvllm.protocol.sampling import SamplingParams
-    from tinyvllm.workers.kv_cache import PagedKVCache
     from tinyvllm.workers.model import Transformer
-    from tinyvllm.workers.model_runner import ModelRunner
     from tinyvllm.workers.weights import load_weights
     if path.is_dir():
         (path / "tokenizer.json").touch()  # a model folder has one; the weights do not need it
     cfg, weights = load_weights(path)
-    runner = ModelRunner(Transformer(cfg, weights, CONTEXT, kernels=kernels), PagedKVCache(cfg, CONTEXT // 4, 4),
+    return model_prompt_logprobs(Transformer(cfg, weights, CONTEXT, kernels=kernels), prompt)
+
+
+def model_prompt_logprobs(model, prompt: list[int]) -> tuple[np.ndarray, int]:
+    """(the prompt's log-probabilities, the greedy next token) from one prefill of `model` (a Transformer)."""
+    from tinyvllm.protocol.messages import NewRequestData, StepPlan
+    from tinyvllm.protocol.sampling import SamplingParams
+    from tinyvllm.workers.kv_cache import PagedKVCache
+    from tinyvllm.workers.model_runner import ModelRunner
+    runner = ModelRunner(model, PagedKVCache(model.cfg, CONTEXT // 4, 4),
                          max_num_seqs=1, max_model_len=CONTEXT, max_num_batched_tokens=CONTEXT)
     sp = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
     result = runner.execute(StepPlan(1, [NewRequestData("p", prompt, sp, list(range(-(-len(prompt) // 4))), 0,

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.gguf_writer import Blocks, write_gguf
+from tests.workers.test_architectures import CONTEXT, model_prompt_logprobs
 from tests.workers.test_stored_quant_types import COMPACT, SCALE_STD, random_blocks
 from tinyvllm.protocol.sampling import SamplingParams
 from tinyvllm.workers import weight_pack
@@ -20,7 +21,7 @@ from tinyvllm.workers.model import Transformer
 from tinyvllm.workers.weight_pack import WeightPack, uses_pack
 from tinyvllm.workers.weights import load_weights
 
-VOCAB, DIM, FFN, CONTEXT = 256, 256, 512, 64
+VOCAB, DIM, FFN = 256, 256, 512
 MATRICES = {"attn_q": (DIM, DIM), "attn_k": (DIM // 2, DIM), "attn_v": (DIM // 2, DIM), "attn_output": (DIM, DIM),
             "ffn_gate": (FFN, DIM), "ffn_up": (FFN, DIM), "ffn_down": (DIM, FFN)}
 TYPES = [*COMPACT, "Q4_1", "Q8_0", "F16", "F32"]  # every stored type the device keeps, and the float ones
@@ -69,18 +70,6 @@ def exporter(array: np.ndarray):
     return array.obj if isinstance(array, memoryview) else array
 
 
-def logprobs(model: Transformer, prompt: list[int]) -> np.ndarray:
-    from tinyvllm.protocol.messages import NewRequestData, StepPlan
-    from tinyvllm.workers.kv_cache import PagedKVCache
-    from tinyvllm.workers.model_runner import ModelRunner
-    runner = ModelRunner(model, PagedKVCache(model.cfg, CONTEXT // 4, 4), max_num_seqs=1, max_model_len=CONTEXT,
-                         max_num_batched_tokens=CONTEXT)
-    sp = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
-    result = runner.execute(StepPlan(1, [NewRequestData("p", prompt, sp, list(range(-(-len(prompt) // 4))), 0,
-                                                        len(prompt))], [], []))
-    return np.array([entry.logprob for entry in result.prompt_logprobs[0]])
-
-
 def test_mapped_weights_are_the_direct_ones_in_the_files_pages_and_run_alike(model_path, tmp_path):
     direct = build(model_path)
     kinds = {kind for kind, _ in parts(direct).values()}
@@ -113,8 +102,11 @@ def test_mapped_weights_are_the_direct_ones_in_the_files_pages_and_run_alike(mod
 
     prompt = np.random.default_rng(1).integers(0, VOCAB, 24).tolist()
     for kernels in ("c", "tinygrad"):
-        np.testing.assert_array_equal(logprobs(build(model_path, kernels, WeightPack(tmp_path, model_path)), prompt),
-                                      logprobs(build(model_path, kernels), prompt))
+        mapped_logprobs, mapped_token = model_prompt_logprobs(build(model_path, kernels, WeightPack(tmp_path, model_path)),
+                                                              prompt)
+        direct_logprobs, direct_token = model_prompt_logprobs(build(model_path, kernels), prompt)
+        np.testing.assert_array_equal(mapped_logprobs, direct_logprobs)
+        assert mapped_token == direct_token
 
 
 def test_a_changed_file_layout_or_shard_gets_its_own_pack(model_path, tmp_path):
