@@ -27,6 +27,7 @@ from tinyvllm.frontend.api.metrics import FrontendMetrics
 from tinyvllm.frontend.api.ollama.routes import mount_ollama
 from tinyvllm.frontend.api.openai_requests import ChatRequest, CompletionRequest
 from tinyvllm.frontend.api.openai_responses import ChatResponse, CompletionResponse, ModelList
+from tinyvllm.frontend.api.kv_event_routes import kv_event_routes
 from tinyvllm.frontend.api.ops_routes import ops_routes
 from tinyvllm.frontend.api.reasoning import reasoning_format
 from tinyvllm.frontend.api.request_gate import GateMiddleware, RequestGate
@@ -143,6 +144,7 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
             *embedding_routes(ServedEngine(engine, gate), tokenizer, model_name, max_model_len, max_body_bytes),
             *ops_routes(engine, metrics),
             *dashboard_routes(engine, metrics, gate, model_name, api_key),
+            *kv_event_routes(engine, gate),
         ],
         exception_handlers={HTTPException: http_error},
         middleware=[*([Middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"],

@@ -7,6 +7,7 @@ the reasons of all of them otherwise (so /health answers 503 only while none can
 supervision makes a single engine heal itself.
 """
 import asyncio
+import functools
 import pathlib
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -16,6 +17,7 @@ from dataclasses import fields
 import zmq.asyncio
 
 from tinyvllm.frontend.engine.engine_client import EngineClient, EngineDeadError
+from tinyvllm.frontend.engine.held_blocks import HeldBlocks
 from tinyvllm.frontend.engine.kv_event_follower import can_follow, follow_kv_events
 from tinyvllm.frontend.engine.engine_replica import EngineReplica, RestartPolicy
 from tinyvllm.frontend.engine.launcher import EngineProcesses
@@ -42,11 +44,13 @@ class EnginePool:
                  cache_aware: bool = True, model_path: pathlib.Path | None = None,
                  kv_events: KVEventsConfig | None = None):
         """cache_aware: route by cached prefixes too (pointless without the engines' prefix caching); kv_events:
-        the engines' --kv-events-config, which the router then follows (frontend/engine/kv_event_follower.py)."""
+        the engines' --kv-events-config, which the pool then follows (frontend/engine/kv_event_follower.py) for its
+        router and for `held_blocks` (GET /kv_events); None where the engines publish nothing it can follow."""
         self.replicas, self.model_path = replicas, model_path
         self.router = ReplicaRouter(len(replicas), routing)
         self.cache_aware = cache_aware and len(replicas) > 1
-        self.kv_events = kv_events if self.cache_aware and can_follow(kv_events) else None
+        self.kv_events = kv_events if can_follow(kv_events) else None
+        self.held_blocks = HeldBlocks(len(replicas)) if self.kv_events is not None else None
         self.ready: EngineReady | None = None
         self._owner: dict[str, EngineReplica] = {}  # open request id -> the replica serving it
         self._supervisors: list[asyncio.Task] = []
@@ -68,12 +72,19 @@ class EnginePool:
         if self.kv_events is not None:
             ctx = zmq.asyncio.Context.instance()
             self._followers = [asyncio.create_task(follow_kv_events(ctx, self.kv_events, r.index,
-                                                                    self.router.prefixes[r.index]))
+                                                                    functools.partial(self._apply_events, r.index)))
                                for r in self.replicas]
         return self.ready
 
     def _on_ready(self, replica: EngineReplica, ready: EngineReady) -> None:
         self.router.prefixes[replica.index].reset(ready.num_blocks)  # a fresh engine's prefix cache is empty
+        if self.held_blocks is not None:
+            self.held_blocks.engine_ready(replica.index, ready.block_size, ready.num_blocks)
+
+    def _apply_events(self, replica: int, events: list) -> None:
+        if self.cache_aware:
+            self.router.prefixes[replica].apply_events(events)
+        self.held_blocks.apply(replica, events)
 
     async def wait_until_given_up(self) -> str:
         """Returns why, once some replica has given up restarting."""
@@ -141,6 +152,8 @@ class EnginePool:
         for task in self._supervisors + self._followers:
             task.cancel()
         await asyncio.gather(*self._supervisors, *self._followers, return_exceptions=True)
+        if self.held_blocks is not None:
+            self.held_blocks.close()
 
     async def close(self) -> None:
         """Stops supervising and asks every replica's scheduler to stop (then stop_processes waits for them)."""

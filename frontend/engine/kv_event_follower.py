@@ -1,16 +1,17 @@
-"""The replica router's view of an engine's prefix cache, kept current by the engine's own KV events
-(--kv-events-config; scheduler/kv_events.py): a SUB socket on the engine's endpoint, each batch's events applied to
-that replica's PrefixIndex. So a prompt whose blocks the engine evicted no longer draws requests to it, and one it
-loaded from disk does. Only where the engine binds its endpoint (loopback or ipc://); an engine that connects out to
-a remote indexer has nothing here to subscribe to."""
+"""An engine's own KV events (--kv-events-config; scheduler/kv_events.py) followed by its server: a SUB socket on the
+engine's endpoint, each batch's events handed on. They keep the replica router's view of that engine's prefix cache
+current (so a prompt whose blocks the engine evicted no longer draws requests to it, and one it loaded from disk
+does) and what GET /kv_events tells routers elsewhere (frontend/engine/held_blocks.py). Only where the engine binds
+its endpoint (loopback or ipc://); an engine that connects out to a remote indexer has nothing here to subscribe
+to."""
 import asyncio
 import logging
+from collections.abc import Callable
 
 import msgpack
 import zmq
 import zmq.asyncio
 
-from tinyvllm.frontend.engine.replica_router import PrefixIndex
 from tinyvllm.protocol.kv_events_config import KVEventsConfig, binds, ipv6
 
 log = logging.getLogger("tinyvllm.frontend")
@@ -22,8 +23,8 @@ def can_follow(config: KVEventsConfig | None) -> bool:
 
 
 async def follow_kv_events(ctx: zmq.asyncio.Context, config: KVEventsConfig, data_parallel_rank: int,
-                           index: PrefixIndex) -> None:
-    """Applies engine `data_parallel_rank`'s events to `index` until cancelled (across the engine's restarts: ZMQ
+                           apply: Callable[[list], None]) -> None:
+    """Hands engine `data_parallel_rank`'s events, a batch's list at a time, to `apply` until cancelled (across the engine's restarts: ZMQ
     reconnects to the address the new engine binds)."""
     endpoint = config.for_rank(data_parallel_rank).endpoint
     sub = ctx.socket(zmq.SUB)
@@ -42,9 +43,7 @@ async def follow_kv_events(ctx: zmq.asyncio.Context, config: KVEventsConfig, dat
             if not isinstance(events, list):
                 log.warning("ignored a malformed KV event batch from %s", endpoint)
                 continue
-            for event in events:
-                if isinstance(event, dict):
-                    index.apply(event)
+            apply(events)
     except asyncio.CancelledError:
         raise
     except Exception:  # never: a routing view that silently stops following would go stale

@@ -63,6 +63,11 @@ class PrefixIndex:
         while len(self._hashes) > self.capacity:
             self._hashes.popitem(last=False)
 
+    def apply_events(self, events: list) -> None:
+        for event in events:
+            if isinstance(event, dict):
+                self.apply(event)
+
     def apply(self, event: dict) -> None:
         """One KV event as it comes off the wire (protocol/kv_events.py); a malformed one changes nothing."""
         keys = event.get("block_hashes")

@@ -19,11 +19,14 @@ from tinyvllm.frontend.router.instance_clients import InstanceClients
 from tinyvllm.frontend.router.instance_monitor import InstanceMonitor
 from tinyvllm.frontend.router.instance_picker import InstancePicker
 from tinyvllm.frontend.router.instance_registry import STATIC, InstanceRegistry
+from tinyvllm.frontend.router.kv_event_streams import KVEventStreams
+from tinyvllm.frontend.router.prompt_tokens import TokenizedPrompts
 from tinyvllm.frontend.router.router_metrics import RouterMetrics
-from tinyvllm.frontend.router.upstream_proxy import Shutdown, UpstreamProxy
+from tinyvllm.frontend.router.upstream_proxy import Shutdown, UpstreamProxy, chunk_hashes_of
 from tinyvllm.frontend.api.router_registration import ROUTER_SECRET_ENV, http_base_url
 from tinyvllm.frontend.api.uvicorn_runner import QuietSignalServer, drain_on_signals, http_config, start_serving
 from tinyvllm.protocol.knobs import add_flags, knob, knobs_of, options_from
+from tinyvllm.protocol.model_path import resolve_model_path
 from tinyvllm.protocol.worker_auth import is_loopback, resolve_secret
 
 log = logging.getLogger("tinyvllm.router")
@@ -83,6 +86,11 @@ class RouterArgs:
                                             "prefix unless that instance is overloaded, else the least loaded), "
                                             "least-loaded (prefixes ignored), round-robin (load ignored too)",
                                choices=ROUTING_MODES)
+    tokenizer: str | None = knob(
+        None, "the instances' model (a .gguf file or Hugging Face folder; only its tokenizer and chat template are "
+              "read): with it, cache-aware routing keys OpenAI prompts by the instances' own KV block hashes and "
+              "follows each instance's GET /kv_events (instances started with --kv-events-config), so every router "
+              "replica knows which instance holds a prefix, whichever replica routed it", metavar="MODEL")
     shutdown_timeout_s: float = knob(30.0, "on SIGTERM or Ctrl-C, seconds open requests get to finish before the "
                                            "rest end with an error", flag="--shutdown-timeout")
 
@@ -105,6 +113,10 @@ def router_args_from(args: argparse.Namespace, environ) -> RouterArgs:
         raise ValueError("--discover-interval and --heartbeat-timeout must be positive")
     if args.max_waiting_requests < 1 or args.shutdown_timeout_s < 0:
         raise ValueError("--max-waiting-requests must be at least 1 and --shutdown-timeout not negative")
+    try:
+        tokenizer = None if args.tokenizer is None else str(resolve_model_path(args.tokenizer))
+    except (ValueError, OSError) as e:
+        raise ValueError(f"--tokenizer: {e}") from None
     secret = resolve_secret(args.register_secret, environ, ROUTER_SECRET_ENV, "register secret")
     if not secret and not is_loopback(f"tcp://{args.host}:{args.port}"):
         raise ValueError(f"--host {args.host} is reachable from other machines, and anything listening beyond "
@@ -116,7 +128,8 @@ def router_args_from(args: argparse.Namespace, environ) -> RouterArgs:
         **{role: [http_base_url(url, f"--{role}") for url in getattr(args, role)]
            for role in ("instances", "prefill", "decode")},
         api_key=resolve_api_key(args.api_key, environ),
-        instance_api_key=args.instance_api_key or environ.get(INSTANCE_API_KEY_ENV) or None, register_secret=secret)
+        instance_api_key=args.instance_api_key or environ.get(INSTANCE_API_KEY_ENV) or None, register_secret=secret,
+        tokenizer=tokenizer)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -146,9 +159,15 @@ async def serve_router(a: RouterArgs) -> int:
                                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64)) as clients:
         metrics = RouterMetrics(registry)
         picker = InstancePicker(RoutingPolicy(mode=a.routing_policy))
-        proxy = UpstreamProxy(registry, picker, clients, metrics, shutdown, a.instance_api_key)
+        follows_events = a.tokenizer is not None and picker.uses_prefixes
+        streams = KVEventStreams(registry, clients, picker, a.instance_api_key)
+        hashes = TokenizedPrompts(a.tokenizer, streams.hashing_block_size).hashes if follows_events else chunk_hashes_of
+        proxy = UpstreamProxy(registry, picker, clients, metrics, shutdown, a.instance_api_key, prompt_hashes=hashes)
         app = build_router_app(registry, proxy, metrics, gate, a.api_key, a.register_secret or None)
         monitor = asyncio.create_task(InstanceMonitor(registry, clients, a.dns_targets, a.discover_interval_s).run())
+        following = asyncio.create_task(streams.run()) if follows_events else None
+        if follows_events:
+            metrics.follow(streams)
         server = QuietSignalServer(http_config(app, a.host, a.port))
         serving = await start_serving(server)
         try:
@@ -170,5 +189,7 @@ async def serve_router(a: RouterArgs) -> int:
             await serving
             return 0
         finally:
-            monitor.cancel()
-            await asyncio.gather(monitor, return_exceptions=True)
+            background = [task for task in (monitor, following) if task is not None]
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)

@@ -3,13 +3,16 @@
 Each instance URL gets a ReplicaRouter index (a slot) the first time it is a candidate; an instance that comes back
 under the same URL (a new Instance) keeps the slot, with its prefix memory cleared (it may have restarted with an
 empty cache). Load is the ReplicaRouter's: waiting x 4 + running from the instance's last heartbeat or /metrics
-scrape, with the router's own open requests on it that the report does not show yet counted as waiting.
+scrape, with the router's own open requests on it that the report does not show yet counted as waiting. An
+instance's prefix memory is the prompts routed to it by this router, and, with --tokenizer, the blocks its KV events
+say it holds (kv_event_streams.py), whichever router routed them.
 """
 from tinyvllm.frontend.engine.replica_router import CACHE_AWARE, ReplicaRouter, RoutingPolicy
 from tinyvllm.frontend.router.instance_registry import Instance
 from tinyvllm.protocol.messages import SchedulerStats
 
 PREFIX_CHUNKS_PER_INSTANCE = 16384  # 1 MiB of prompt text remembered per instance
+MAX_FOLLOWED_BLOCKS = 1 << 18  # ~25 MB of hashes for an instance whose KV events the router follows
 
 
 class InstancePicker:
@@ -33,6 +36,19 @@ class InstancePicker:
                  for slot, i in by_slot.items()}
         slot, reason = self.router.decide(stats, hashes)
         return by_slot[slot], reason
+
+    def follow(self, instance: Instance, num_blocks: int) -> None:
+        """From now on the instance's KV events (kv_event_streams.py) say what it holds: its memory becomes as large as
+        its KV pool (at most MAX_FOLLOWED_BLOCKS)."""
+        self.router.prefixes[self._slot(instance)].reset(min(num_blocks, MAX_FOLLOWED_BLOCKS))
+
+    def apply_events(self, instance: Instance, events: list) -> None:
+        self.router.prefixes[self._slot(instance)].apply_events(events)
+
+    def known_blocks(self, url: str) -> int:
+        """How many block (or chunk) hashes are remembered for the instance at `url`."""
+        slot = self._slots.get(url)
+        return 0 if slot is None else len(self.router.prefixes[slot])
 
     def opened(self, instance: Instance, hashes: list[bytes]) -> None:
         self.router.opened(self._slot(instance), hashes, 1)

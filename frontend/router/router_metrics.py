@@ -1,5 +1,6 @@
 """The router's /metrics, every name under `tinyvllm_router:`: requests and errors by instance, why each request went
-where it went, and how many instances are in each state (read from the registry at scrape time)."""
+where it went, how many instances are in each state (read from the registry at scrape time) and, with --tokenizer,
+how many blocks each followed instance holds."""
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, disable_created_metrics, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -28,6 +29,18 @@ class _InstanceStates(Collector):
         yield family
 
 
+class _FollowedInstances(Collector):
+    def __init__(self, streams):
+        self.streams = streams
+
+    def collect(self):
+        family = GaugeMetricFamily(PREFIX + "kv_event_blocks", "Block hashes the router knows each instance to hold, "
+                                   "for the instances whose KV events it follows (--tokenizer).", labels=["instance"])
+        for url in sorted(self.streams.following):
+            family.add_metric([url], self.streams.picker.known_blocks(url))
+        yield family
+
+
 class RouterMetrics:
     def __init__(self, instances: InstanceRegistry):
         disable_created_metrics()  # process-wide: no *_created series, as in the server's /metrics
@@ -41,6 +54,10 @@ class RouterMetrics:
                                  "Where requests were sent, and whether a cached prefix (cache), the load (load) or "
                                  "the turn (turn: --routing-policy round-robin) decided.",
                                  ["instance", "reason"], registry=self.registry)
+
+    def follow(self, streams) -> None:
+        """Reports what `streams` (kv_event_streams.KVEventStreams) know of each instance."""
+        self.registry.register(_FollowedInstances(streams))
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,6 +1,7 @@
 """Forwarding one client request to an instance, and its answer back as it comes.
 
-1. The body is read, bounded as `tinyvllm serve` bounds it, and its prompt hashed (prompt_chunks.py).
+1. The body is read, bounded as `tinyvllm serve` bounds it, and its prompt hashed (prompt_chunks.py; with
+   --tokenizer, prompt_tokens.py).
 2. The picker chooses among the routable instances; the request goes out with the client's headers (the router's
    --instance-api-key, when given, replaces the client's Authorization).
 3. Until the answer's first byte reaches the client, a failure moves the request to another instance, at most
@@ -14,6 +15,7 @@
 """
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import httpx
@@ -65,13 +67,22 @@ class _Exchange:
     framing: StreamFraming | None = None
 
 
+PromptHashes = Callable[[str, bytes], Awaitable[list[bytes]]]
+
+
+async def chunk_hashes_of(path: str, body: bytes) -> list[bytes]:
+    return request_chunk_hashes(body)
+
+
 class UpstreamProxy:
     """The ASGI app behind every /v1 and /api path of the router."""
 
     def __init__(self, registry: InstanceRegistry, picker: InstancePicker, clients: InstanceClients,
                  metrics: m.RouterMetrics, shutdown: Shutdown, instance_api_key: str | None = None,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, prompt_hashes: PromptHashes = chunk_hashes_of):
+        """prompt_hashes(path, body): the prompt's prefix-cache keys (text chunks, or the instances' block hashes)."""
         self.registry, self.picker, self.clients, self.metrics = registry, picker, clients, metrics
+        self.prompt_hashes = prompt_hashes
         self.shutdown, self.max_body_bytes = shutdown, max_body_bytes
         self.instance_authorization = f"Bearer {instance_api_key}".encode() if instance_api_key else None
 
@@ -107,7 +118,8 @@ class UpstreamProxy:
             await self._end(exchange, send, "Internal router error", 500, "InternalServerError")
 
     async def _forward(self, exchange: _Exchange, scope: Scope, body: bytes, send: Send) -> None:
-        hashes = request_chunk_hashes(body) if scope["method"] == "POST" and self.picker.uses_prefixes else []
+        hashes = await self.prompt_hashes(scope["path"], body) if scope["method"] == "POST" and \
+            self.picker.uses_prefixes else []
         headers = [(k, v) for k, v in scope["headers"] if k.decode("latin-1").lower() not in _NOT_SENT_UPSTREAM]
         if self.instance_authorization is not None:
             headers = [(k, v) for k, v in headers if k.lower() != b"authorization"]

@@ -140,7 +140,7 @@ def test_kv_events_from_the_engine_move_the_cache_aware_choice(tmp_path):
             router.prefixes[r].reset(capacity=1000)
         sync_ctx, ctx = zmq.Context(), zmq.asyncio.Context()
         publisher = KVEventPublisher(sync_ctx, config, data_parallel_rank=1)  # engine 1's sockets
-        follower = asyncio.create_task(follow_kv_events(ctx, config, 1, router.prefixes[1]))
+        follower = asyncio.create_task(follow_kv_events(ctx, config, 1, router.prefixes[1].apply_events))
         idle = {0: IDLE, 1: stats(running=1)}  # replica 0 is the least loaded
 
         async def until(choice: int) -> bool:

@@ -18,7 +18,7 @@ def test_router_defaults():
     args = router_args()
     assert (args.host, args.port, args.instances, args.discover_dns) == ("127.0.0.1", 8080, [], None)
     assert (args.discover_interval_s, args.heartbeat_timeout_s, args.shutdown_timeout_s) == (5.0, 6.0, 30.0)
-    assert (args.api_key, args.instance_api_key, args.register_secret) == (None, None, "")
+    assert (args.api_key, args.instance_api_key, args.register_secret, args.tokenizer) == (None, None, "", None)
 
 
 def test_router_flags_and_environment():
@@ -36,6 +36,7 @@ def test_router_flags_and_environment():
     assert args.discover_dns == ("tinyvllm.default.svc.cluster.local", 8000)
     assert args.dns_targets == {"both": ("tinyvllm.default.svc.cluster.local", 8000)}
     assert (args.register_secret, args.api_key, args.instance_api_key) == (SECRET, "client-key", "instance-key")
+    assert router_args("--tokenizer", "SmolLM2-135M-Instruct").tokenizer.endswith(".gguf")  # the default model's file
     roles = router_args("--discover-prefill-dns", "tinyvllm-prefill:8000", "--discover-decode-dns", "tinyvllm-decode:8001")
     assert roles.dns_targets == {"prefill": ("tinyvllm-prefill", 8000), "decode": ("tinyvllm-decode", 8001)}
 
@@ -48,6 +49,7 @@ def test_router_flags_and_environment():
     (("--discover-decode-dns", "tinyvllm-decode"), "NAME:PORT"),
     (("--heartbeat-timeout", "0"), "positive"),
     (("--api-key", ""), "must not be empty"),
+    (("--tokenizer", "/nonexistent/model.gguf"), "--tokenizer: model .* not found"),
 ])
 def test_router_mistakes(argv, words):
     with pytest.raises(ValueError, match=words):

@@ -4,7 +4,9 @@ router, or by stopping the instance) loses none; an instance killed with SIGKILL
 explicit error, leaves the router within the heartbeat timeout, and new requests succeed on the other at once."""
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass, field
@@ -13,7 +15,8 @@ import httpx
 import pytest
 
 from tests.e2e.http_helpers import chat_body, complete, completion_body, stream
-from tests.e2e.server_process import REQUEST_TIMEOUT_S, STARTUP_TIMEOUT_S, ServerProcess, read_metric, wait_until
+from tests.e2e.server_process import (REQUEST_TIMEOUT_S, STARTUP_TIMEOUT_S, ServerProcess, metrics_text, read_metric,
+                                     wait_until)
 from tests.helpers.tiny_model import make_tiny_gguf
 from tests.router.router_process import RouterProcess, SteadyLoad, since
 
@@ -39,8 +42,11 @@ class Cluster:
     def start_instances(self, count: int) -> list[ServerProcess]:
         """`count` instances registering with the router, started at once; returned when the router routes to
         them."""
-        new = [ServerProcess(self.model, self.folder / f"instance{len(self.instances) + i}.log",
-                             "--register-with", self.router.url) for i in range(count)]
+        names = [f"instance{len(self.instances) + i}" for i in range(count)]
+        new = [ServerProcess(self.model, self.folder / f"{name}.log", "--register-with", self.router.url,
+                             "--kv-events-config", json.dumps({"enable_kv_cache_events": True,
+                                                               "endpoint": f"ipc://{self.folder}/{name}.kv"}))
+               for name in names]
         self.instances += new
         for instance in new:
             instance.wait_ready(STARTUP_TIMEOUT_S)
@@ -90,6 +96,35 @@ def test_greedy_answers_through_the_router_equal_direct_ones(cluster):
         complete(router.url, "/v1/completions", completion_body(f"Turn {i}:", max_tokens=1, temperature=0))
     assert all(router.routed_to(x.url) > 0 for x in cluster.instances), [router.routed_to(x.url)
                                                                          for x in cluster.instances]
+
+
+def known_blocks(router: RouterProcess) -> dict[str, float]:
+    """tinyvllm_router:kv_event_blocks by instance: the instances whose KV events the router follows."""
+    pattern = r'^tinyvllm_router:kv_event_blocks\{instance="([^"]+)"\} (\S+)$'
+    return {url: float(value) for url, value in re.findall(pattern, metrics_text(router.url), re.MULTILINE)}
+
+
+def test_routers_following_the_instances_kv_events_send_a_prompt_where_another_router_cached_it(cluster):
+    """With --tokenizer, each router follows every instance's GET /kv_events: a long prompt that router A sent to
+    one instance is sent to the same instance by router B, which never saw it, for its cached prefix."""
+    urls = [i.url for i in cluster.instances]
+    a, b = (RouterProcess(cluster.folder / f"follower{i}.log", "--instances", *urls, "--tokenizer", str(cluster.model))
+            for i in range(2))
+    try:
+        for router in (a, b):
+            router.wait_ready()
+            assert wait_until(lambda: set(known_blocks(router)) == set(urls), 30), router.log()[-3000:]
+        text = "A prompt long enough to fill several blocks of the instances' KV cache, routed once. " * 8
+        complete(a.url, "/v1/completions", completion_body(text, max_tokens=1, temperature=0))
+        (holder,) = [url for url in urls if a.routed_to(url) > 0]
+        assert wait_until(lambda: known_blocks(b)[holder] >= 8, 30), known_blocks(b)
+        complete(b.url, "/v1/completions", completion_body(text + "And once more.", max_tokens=1, temperature=0))
+        assert read_metric(b.url, "tinyvllm_router:routing_decisions_total", f'instance="{holder}",reason="cache"') == 1
+        assert wait_until(lambda: known_blocks(a)[holder] == known_blocks(b)[holder], 30), (known_blocks(a),
+                                                                                             known_blocks(b))
+    finally:
+        codes = [router.stop() for router in (a, b)]
+    assert codes == [0, 0]
 
 
 def test_an_instance_joining_under_load_gets_requests_and_draining_it_loses_none(cluster):

@@ -1,0 +1,53 @@
+"""GET /kv_events: the blocks this server's engines hold, as server-sent events, for `tinyvllm router` replicas
+(frontend/router/kv_event_streams.py) that route by cached prefixes without having routed the requests themselves.
+
+The first event is the whole set, `{"block_size", "num_blocks", "events": [AllBlocksCleared, BlockStored]}`, each
+later one the changes, `{"events": [BlockRemoved?, BlockStored?]}`: vLLM's event names and integer block hashes
+(protocol/kv_events.py), without token ids (frontend/engine/held_blocks.py). It needs the engines' own KV events
+(--kv-events-config with a loopback or ipc:// endpoint: 404 otherwise), the API key where one is set (like /v1), and
+it ends when the server drains. At most MAX_STREAMS at once (503 past them): one per router replica.
+"""
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tinyvllm.frontend.api.dashboard import EventStream
+from tinyvllm.frontend.api.openai_protocol import error_body
+from tinyvllm.frontend.api.streaming import sse_event
+
+PATH = "/kv_events"
+MAX_STREAMS = 64
+QUIET_CHECK_S = 1.0  # how often a quiet stream looks at the drain
+
+
+def kv_event_routes(engine, gate) -> list[Route]:
+    held = getattr(engine, "held_blocks", None)
+    open_streams = [0]
+
+    async def changes(subscription):
+        while not gate.draining:  # a stream would otherwise hold the server's graceful shutdown open
+            try:
+                batch = await subscription.next(QUIET_CHECK_S)
+            except TimeoutError:
+                continue
+            if batch is None:
+                return
+            yield sse_event(batch)
+
+    async def kv_events(request: Request) -> Response:
+        if held is None:
+            return JSONResponse(error_body("This server follows no KV events: start it with --kv-events-config and "
+                                           "a loopback or ipc:// endpoint", "NotFoundError", 404), status_code=404)
+        if open_streams[0] >= MAX_STREAMS:
+            busy = error_body(f"At most {MAX_STREAMS} routers may follow the KV events at once",
+                              "ServiceUnavailableError", 503)
+            return JSONResponse(busy, status_code=503, headers={"Retry-After": "5"})
+        open_streams[0] += 1
+        subscription = held.subscribe()
+
+        def closed() -> None:  # however the stream ends, even before it started
+            open_streams[0] -= 1
+            held.unsubscribe(subscription)
+        return EventStream(changes(subscription), closed)
+
+    return [Route(PATH, kv_events, methods=["GET"], include_in_schema=False)]  # an endless stream
