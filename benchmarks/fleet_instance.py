@@ -29,6 +29,16 @@ import uvloop
 
 from tinyvllm.frontend.router.prompt_chunks import CHUNK_CHARS, chunk_hashes, prompt_text
 
+# The rest of a real server's page, about as long (~16 KB: its latency histograms), so the router's scrapes cost
+# what they cost against tinyvllm serve
+HISTOGRAMS = "".join(
+    f"# TYPE vllm:{name} histogram\n" + "".join(f'vllm:{name}_bucket{{engine="0",le="{le}",model_name="sim"}} 0.0\n'
+                                                for le in [*(f"{2 ** i / 1000:g}" for i in range(16)), "+Inf"])
+    + f'vllm:{name}_count{{engine="0",model_name="sim"}} 0.0\nvllm:{name}_sum{{engine="0",model_name="sim"}} 0.0\n'
+    for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+                 "request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
+                 "request_prompt_tokens", "request_generation_tokens")).encode()
+
 H200_STEP_MS = ((1, 2.6), (16, 10.9), (64, 17.6), (256, 42.6))  # tokens in the step -> ms (docs/BENCHMARKS.md)
 CHARS_PER_TOKEN = 4
 TOKENS_PER_CHUNK = CHUNK_CHARS // CHARS_PER_TOKEN
@@ -122,7 +132,7 @@ class SimInstance:
         gauges = {"num_requests_running": len(self.running), "num_requests_waiting": len(self.waiting),
                   "kv_cache_usage_perc": min(1.0, len(self.cache) / self.cache.capacity)}
         return "".join(f'# TYPE vllm:{name} gauge\nvllm:{name}{{engine="0"}} {value}\n'
-                       for name, value in gauges.items()).encode()
+                       for name, value in gauges.items()).encode() + HISTOGRAMS
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections.add(writer)

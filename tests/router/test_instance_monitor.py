@@ -1,5 +1,8 @@
 """The router's background checks: /health and /metrics of static and DNS instances (real sockets), the load read
 from vLLM's gauges, and DNS discovery (a name that stops resolving leaves the list as it was)."""
+import pathlib
+
+import httpx
 import pytest
 
 from tests.router.harness import RawUpstream, refused_url
@@ -25,6 +28,41 @@ vllm:kv_cache_usage_perc{engine="1",model_name="tiny"} 0.25
 def test_the_load_is_summed_over_engines():
     assert load_from_metrics(METRICS.decode()) == Load(running=3, waiting=4, kv_usage=0.375)
     assert load_from_metrics("") == Load()
+
+
+def reference_load(text: str) -> Load:
+    """The load as prometheus_client's own parser reads the page."""
+    from prometheus_client.parser import text_string_to_metric_families
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    kv = [s.value for s in samples if s.name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")]
+    return Load(int(sum(s.value for s in samples if s.name == "vllm:num_requests_running")),
+                int(sum(s.value for s in samples if s.name == "vllm:num_requests_waiting")),
+                sum(kv) / len(kv) if kv else 0.0)
+
+
+async def test_the_load_of_a_whole_metrics_page_is_what_prometheus_client_reads():
+    """A real server's page (histograms, counters, every family), and vLLM's older names, labels holding spaces and
+    braces, timestamps: the load is found without parsing the rest, and equals the library's reading."""
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "frontend"))
+    try:
+        from app_harness import make_app
+    finally:
+        sys.path.pop(0)
+    app, _, _ = make_app()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://instance") as client:
+        page = (await client.get("/metrics")).text
+    assert "vllm:num_requests_running{" in page and "_bucket{" in page
+    tricky = page + """# TYPE vllm:num_requests_running_extra gauge
+vllm:num_requests_running_extra 50.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="a } b",engine="9"} 0.75 1700000000000
+vllm:num_requests_waiting{model_name="with space"} 7
+"""
+    assert load_from_metrics(tricky) == reference_load(tricky) == Load(0, 7, reference_load(tricky).kv_usage)
+    assert load_from_metrics(METRICS.decode()) == reference_load(METRICS.decode())
+    with pytest.raises(ValueError):
+        load_from_metrics("vllm:num_requests_running 3x\n")
 
 
 async def test_health_checks_make_static_instances_routable_or_not():
