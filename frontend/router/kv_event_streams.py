@@ -65,6 +65,8 @@ class KVEventStreams:
                     wait_s = RETRY_S
             except (httpx.HTTPError, ValueError) as e:
                 log.debug("KV events of %s: %r", url, e)
+            except Exception:  # never: a stream that silently stopped would leave that instance's view stale
+                log.exception("following the KV events of %s failed; trying again", url)
             self.following.discard(url)
             await asyncio.sleep(wait_s)
             wait_s = min(MAX_RETRY_S, wait_s * 2)
