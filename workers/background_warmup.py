@@ -34,7 +34,7 @@ class BackgroundWarmup:
                 log.info("rank %d: prepared the %d-token step in %.1fs (background warm-up, %d of %d buckets left)",
                          self.rank, size, time.monotonic() - started, len(self.pending), self.total)
             if not self.pending:
-                self.runner.warm_up_grammars()
+                self.runner.finish_warm_up()
         else:
             self.runner.captured_steps.store_next()
         if self.done and not self.reported:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from tinygrad import Tensor, TinyJit, UOp
+from tinygrad.engine.worker import terminate_worker_pool
 
 from tinyvllm.protocol.messages import StepPlan, StepResult
 from tinyvllm.protocol.parallel_layout import ShardSpec
@@ -276,13 +277,16 @@ class ModelRunner:
             self.warm_up_bucket(size)
             if progress is not None:
                 progress(done, len(self.token_buckets), f"tokens {size}")
-        self.warm_up_grammars()
+        self.finish_warm_up()
         return len(self.token_buckets)
 
-    def warm_up_grammars(self) -> None:
-        """Builds the tokenizer structured output needs (about a second), so no constrained request waits for it."""
+    def finish_warm_up(self) -> None:
+        """Once every bucket is captured: builds the tokenizer structured output needs (about a second), so no
+        constrained request waits for it, and ends tinygrad's compile processes (~25 MB each, idle from now on; a
+        later compile starts them again)."""
         if self.sampling_masks is not None:
             self.sampling_masks.tokenizer
+        terminate_worker_pool()
 
     def warm_up_bucket(self, size: int) -> bool:
         """Captures token bucket `size` as warm_up does, or runs once a step loaded from the disk; False (and nothing

@@ -10,8 +10,8 @@ class Runner:
     def __init__(self, already: set[int]):
         self.already, self.calls = already, []
 
-    def warm_up_grammars(self) -> None:
-        self.calls.append("grammars")
+    def finish_warm_up(self) -> None:
+        self.calls.append("finished")
 
     def warm_up_bucket(self, size: int) -> bool:
         self.calls.append(size)
@@ -23,4 +23,4 @@ def test_captures_smallest_first_and_counts_only_new_captures():
     warmup = BackgroundWarmup(runner, rank=0)
     while not warmup.done:
         warmup.capture_next()
-    assert runner.calls == [1, 2, 4, 8, "grammars"] and warmup.captured == 3
+    assert runner.calls == [1, 2, 4, 8, "finished"] and warmup.captured == 3

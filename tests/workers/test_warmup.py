@@ -83,3 +83,15 @@ def test_each_captured_step_runs_every_layer_once(warmed):
         assert calls_named(jit, "write_kv") == CFG.n_layers, bucket
         if runner.model.kernels.matmul == "c":  # tinygrad's own matmuls are fused kernels with generated names
             assert calls_named(jit, "matmul_", "matvec_", "gemm_") == CFG.n_layers * per_layer + 1, bucket  # + logits
+
+
+def test_the_warm_up_ends_tinygrads_compile_processes(warmed):
+    """The pool of processes tinygrad compiles new steps in (PARALLEL of them, ~25 MB each) would idle for the
+    server's whole life once every bucket is captured."""
+    from tinygrad.engine import worker
+    from tinygrad.helpers import Context
+    _, runner, _, _ = warmed
+    with Context(PARALLEL=1):
+        assert worker.get_worker_pool() is not None  # as a step's compile starts it
+    runner.finish_warm_up()
+    assert worker.worker_pool is None
