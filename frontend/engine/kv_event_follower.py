@@ -24,8 +24,8 @@ def can_follow(config: KVEventsConfig | None) -> bool:
 
 async def follow_kv_events(ctx: zmq.asyncio.Context, config: KVEventsConfig, data_parallel_rank: int,
                            apply: Callable[[list], None]) -> None:
-    """Hands engine `data_parallel_rank`'s events, a batch's list at a time, to `apply` until cancelled (across the engine's restarts: ZMQ
-    reconnects to the address the new engine binds)."""
+    """Hands engine `data_parallel_rank`'s events, a batch's list at a time, to `apply` until cancelled (across the
+    engine's restarts: ZMQ reconnects to the address the new engine binds)."""
     endpoint = config.for_rank(data_parallel_rank).endpoint
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.MAXMSGSIZE, MAX_BATCH_BYTES)

@@ -3,6 +3,7 @@ import argparse
 import asyncio
 import logging
 import os
+import pathlib
 import sys
 import dataclasses
 from dataclasses import dataclass
@@ -87,8 +88,8 @@ class RouterArgs:
                                             "least-loaded (prefixes ignored), round-robin (load ignored too)",
                                choices=ROUTING_MODES)
     tokenizer: str | None = knob(
-        None, "the instances' model (a .gguf file or Hugging Face folder; only its tokenizer and chat template are "
-              "read): with it, cache-aware routing keys OpenAI prompts by the instances' own KV block hashes and "
+        None, "the instances' model, for its tokenizer and chat template only: their .gguf file, or a folder with "
+              "its tokenizer.json and tokenizer_config.json: with it, cache-aware routing keys OpenAI prompts by the instances' own KV block hashes and "
               "follows each instance's GET /kv_events (instances started with --kv-events-config), so every router "
               "replica knows which instance holds a prefix, whichever replica routed it", metavar="MODEL")
     shutdown_timeout_s: float = knob(30.0, "on SIGTERM or Ctrl-C, seconds open requests get to finish before the "
@@ -105,6 +106,15 @@ class RouterArgs:
 ROUTER_KNOBS = knobs_of(RouterArgs)
 
 
+def tokenizer_path(name: str) -> str:
+    """A folder with the model's tokenizer.json (its tokenizer_config.json has the chat template) as it is, or what
+    `serve --model` accepts (a .gguf file, a model folder, the default model's name)."""
+    folder = pathlib.Path(name).expanduser()
+    if folder.is_dir() and (folder / "tokenizer.json").is_file():
+        return str(folder.resolve())
+    return str(resolve_model_path(name))
+
+
 def router_args_from(args: argparse.Namespace, environ) -> RouterArgs:
     """RouterArgs for the command's flags; ValueError naming the mistake."""
     if args.instance_api_key is not None and not args.instance_api_key:
@@ -114,7 +124,7 @@ def router_args_from(args: argparse.Namespace, environ) -> RouterArgs:
     if args.max_waiting_requests < 1 or args.shutdown_timeout_s < 0:
         raise ValueError("--max-waiting-requests must be at least 1 and --shutdown-timeout not negative")
     try:
-        tokenizer = None if args.tokenizer is None else str(resolve_model_path(args.tokenizer))
+        tokenizer = None if args.tokenizer is None else tokenizer_path(args.tokenizer)
     except (ValueError, OSError) as e:
         raise ValueError(f"--tokenizer: {e}") from None
     secret = resolve_secret(args.register_secret, environ, ROUTER_SECRET_ENV, "register secret")
@@ -164,7 +174,8 @@ async def serve_router(a: RouterArgs) -> int:
         hashes = TokenizedPrompts(a.tokenizer, streams.hashing_block_size).hashes if follows_events else chunk_hashes_of
         proxy = UpstreamProxy(registry, picker, clients, metrics, shutdown, a.instance_api_key, prompt_hashes=hashes)
         app = build_router_app(registry, proxy, metrics, gate, a.api_key, a.register_secret or None)
-        monitor = asyncio.create_task(InstanceMonitor(registry, clients, a.dns_targets, a.discover_interval_s).run())
+        monitor = asyncio.create_task(InstanceMonitor(registry, clients, a.dns_targets, a.discover_interval_s,
+                                                      picker=picker).run())
         following = asyncio.create_task(streams.run()) if follows_events else None
         if follows_events:
             metrics.follow(streams)

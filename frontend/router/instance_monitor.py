@@ -3,7 +3,8 @@
 - Every SWEEP_INTERVAL_S, registered instances whose heartbeats stopped for --heartbeat-timeout are removed (they
   stop being routable the moment their last beat is that old, sweep or not).
 - Every HEALTH_INTERVAL_S each static and DNS instance gets GET /health (200: routable; 503 or no answer: not) and,
-  when healthy, GET /metrics for its load (vLLM's running and waiting gauges, summed over its engines).
+  when healthy, GET /metrics for its load (vLLM's running and waiting gauges, summed over its engines); the
+  connection pools and prefix memories of instances that left are dropped.
 - Every --discover-interval each DNS name (one per role: --discover-dns, --discover-prefill-dns,
   --discover-decode-dns) is resolved again: new addresses join with that role, vanished ones are drained. A name
   that does not resolve leaves its instances as they were (a DNS hiccup must not empty the router); instances really
@@ -11,6 +12,7 @@
 """
 import asyncio
 import logging
+import math
 import re
 import socket
 
@@ -18,6 +20,7 @@ import httpx
 
 from tinyvllm.frontend.router.dns_discovery import resolve_instances
 from tinyvllm.frontend.router.instance_clients import InstanceClients
+from tinyvllm.frontend.router.instance_picker import InstancePicker
 from tinyvllm.frontend.router.instance_registry import DNS, STATIC, InstanceRegistry, Load
 
 log = logging.getLogger("tinyvllm.router")
@@ -29,7 +32,7 @@ HEALTH_INTERVAL_S = 2.0
 # The three gauges' samples, found without parsing the rest of the page: prometheus_client's parser took ~10 ms for a
 # tinyvllm server's 16 KB /metrics (histograms), which at 512 instances every 2 s is more than a core.
 _LOAD_SAMPLE = re.compile(r"^vllm:(num_requests_running|num_requests_waiting|kv_cache_usage_perc|gpu_cache_usage_perc)"
-                          r"(?:\{.*\})?[ \t]+(\S+)", re.MULTILINE)
+                          r"[ \t]*(?:\{.*\})?[ \t]+(\S+)", re.MULTILINE)
 
 
 def load_from_metrics(text: str) -> Load:
@@ -37,22 +40,26 @@ def load_from_metrics(text: str) -> Load:
     number."""
     running = waiting = 0.0
     kv = []
-    for name, value in _LOAD_SAMPLE.findall(text):
+    for name, text_value in _LOAD_SAMPLE.findall(text):
+        if not math.isfinite(value := float(text_value)):
+            raise ValueError(f"vllm:{name} is {text_value}")
         if name == "num_requests_running":
-            running += float(value)
+            running += value
         elif name == "num_requests_waiting":
-            waiting += float(value)
+            waiting += value
         else:
-            kv.append(float(value))
+            kv.append(value)
     return Load(int(running), int(waiting), sum(kv) / len(kv) if kv else 0.0)
 
 
 class InstanceMonitor:
     def __init__(self, registry: InstanceRegistry, clients: InstanceClients,
                  dns_targets: dict[str, tuple[str, int]] | None = None, discover_interval_s: float = 5.0,
-                 health_interval_s: float = HEALTH_INTERVAL_S):
-        """dns_targets: {role: (NAME, PORT)}, each name's addresses instances of that role."""
+                 health_interval_s: float = HEALTH_INTERVAL_S, picker: InstancePicker | None = None):
+        """dns_targets: {role: (NAME, PORT)}, each name's addresses instances of that role; picker: whose memory of
+        departed instances is dropped with their connection pools."""
         self.registry, self.clients, self.dns_targets = registry, clients, dict(dns_targets or {})
+        self.picker = picker
         self.discover_interval_s, self.health_interval_s = discover_interval_s, health_interval_s
         self._dns_failing: set[str] = set()
 
@@ -80,7 +87,10 @@ class InstanceMonitor:
     async def check_health(self) -> None:
         checked = [i.url for i in self.registry.all() if i.source in (STATIC, DNS) and not i.leaving]
         await asyncio.gather(*(self._check(url) for url in checked))
-        await self.clients.keep({i.url for i in self.registry.all()})
+        members = {i.url for i in self.registry.all()}
+        await self.clients.keep(members)
+        if self.picker is not None:
+            self.picker.keep(members)
 
     async def _check(self, url: str) -> None:
         timeout = self.health_interval_s

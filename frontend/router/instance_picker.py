@@ -12,7 +12,7 @@ from tinyvllm.frontend.router.instance_registry import Instance
 from tinyvllm.protocol.messages import SchedulerStats
 
 PREFIX_CHUNKS_PER_INSTANCE = 16384  # 1 MiB of prompt text remembered per instance
-MAX_FOLLOWED_BLOCKS = 1 << 18  # ~25 MB of hashes for an instance whose KV events the router follows
+MAX_FOLLOWED_BLOCKS = 1 << 18  # ~34 MiB of hashes when full, for an instance whose KV events the router follows
 
 
 class InstancePicker:
@@ -20,7 +20,7 @@ class InstancePicker:
         self.router = ReplicaRouter(0, policy)
         self.prefix_chunks = prefix_chunks
         self._slots: dict[str, int] = {}  # url -> its index in the ReplicaRouter
-        self._holders: list[Instance] = []  # by index: the instance the index's prefix memory belongs to
+        self._holders: list[Instance | None] = []  # by index: whose prefix memory it is (None: forgotten)
 
     @property
     def uses_prefixes(self) -> bool:
@@ -44,6 +44,14 @@ class InstancePicker:
 
     def apply_events(self, instance: Instance, events: list) -> None:
         self.router.prefixes[self._slot(instance)].apply_events(events)
+
+    def keep(self, urls: set[str]) -> None:
+        """Forgets the prefixes of every instance not in `urls` (it left the registry): a fleet whose pods come and go
+        under new addresses must not keep every departed one's memory."""
+        for url, slot in self._slots.items():
+            if url not in urls and self._holders[slot] is not None:
+                self.router.prefixes[slot].reset(0)
+                self._holders[slot] = None
 
     def known_blocks(self, url: str) -> int:
         """How many block (or chunk) hashes are remembered for the instance at `url`."""

@@ -4,8 +4,9 @@ stored them, and forgets the ones it evicted.
 
 One stream per known instance, opened when it joins and closed when it leaves, over the instance's own HTTP client
 with the router's --instance-api-key. Each stream starts with the instance's whole set, which replaces what the
-picker remembered of it; a broken stream is opened again (after RETRY_S, doubling up to MAX_RETRY_S). The
-instances' block size, from the first stream, is what prompt_tokens.py hashes with (DEFAULT_BLOCK_SIZE before).
+picker remembered of it; a broken stream (or one quiet for three of the instance's keep-alive intervals) is opened
+again (after RETRY_S, doubling up to MAX_RETRY_S). The instances' block size, from the first stream, is what
+prompt_tokens.py hashes with (DEFAULT_BLOCK_SIZE before).
 """
 import asyncio
 import json
@@ -13,10 +14,10 @@ import logging
 
 import httpx
 
-from tinyvllm.frontend.api.kv_event_routes import PATH
+from tinyvllm.frontend.api.kv_event_routes import PATH, PING_S
 from tinyvllm.frontend.router.instance_clients import InstanceClients
 from tinyvllm.frontend.router.instance_picker import InstancePicker
-from tinyvllm.frontend.router.instance_registry import InstanceRegistry
+from tinyvllm.frontend.router.instance_registry import Instance, InstanceRegistry
 from tinyvllm.protocol.engine_config import CacheConfig
 
 log = logging.getLogger("tinyvllm.router")
@@ -33,7 +34,7 @@ class KVEventStreams:
         self.headers = {"authorization": f"Bearer {instance_api_key}"} if instance_api_key else {}
         self.block_size = 0  # 0 until an instance has said
         self.following: set[str] = set()  # urls whose stream is open and has sent its first event
-        self._streams: dict[str, asyncio.Task] = {}
+        self._streams: dict[str, tuple[Instance, asyncio.Task]] = {}  # url -> the instance followed, its stream
 
     def hashing_block_size(self) -> int:
         return self.block_size or DEFAULT_BLOCK_SIZE
@@ -44,18 +45,20 @@ class KVEventStreams:
                 self.sync()
                 await asyncio.sleep(SYNC_INTERVAL_S)
         finally:
-            for task in self._streams.values():
+            tasks = [task for _, task in self._streams.values()]
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*self._streams.values(), return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def sync(self) -> None:
-        """A stream for each known instance, none for those gone."""
-        known = {i.url for i in self.registry.all()}
-        for url in known - self._streams.keys():
-            self._streams[url] = asyncio.create_task(self._follow(url))
-        for url in self._streams.keys() - known:
-            self._streams.pop(url).cancel()
+        """A stream for each known instance, none for those gone; a new one for an instance that left and came back
+        under its URL (its first event replaces what the picker remembered, which the new instance reset)."""
+        known = {i.url: i for i in self.registry.all()}
+        for url in [url for url, (instance, _) in self._streams.items() if known.get(url) is not instance]:
+            self._streams.pop(url)[1].cancel()
             self.following.discard(url)
+        for url in known.keys() - self._streams.keys():
+            self._streams[url] = (known[url], asyncio.create_task(self._follow(url)))
 
     async def _follow(self, url: str) -> None:
         wait_s = RETRY_S
@@ -77,7 +80,7 @@ class KVEventStreams:
         if instance is None:
             return False
         async with self.clients.of(url).stream("GET", url + PATH, headers=self.headers,
-                                               timeout=httpx.Timeout(5.0, read=None)) as response:
+                                               timeout=httpx.Timeout(5.0, read=3 * PING_S)) as response:
             if response.status_code != 200:
                 log.info("GET %s%s answered %d; trying again later", url, PATH, response.status_code)
                 return False

@@ -19,7 +19,8 @@ from tinyvllm.frontend.router.prompt_chunks import request_chunk_hashes
 from tinyvllm.protocol.tokenizer import Tokenizer
 
 log = logging.getLogger("tinyvllm.router")
-PARSERS = {"/v1/completions": (api.parse_completion_request, False), "/v1/chat/completions": (api.parse_chat_request, True)}
+PARSERS = {"/v1/completions": (api.parse_completion_request, False),
+           "/v1/chat/completions": (api.parse_chat_request, True)}  # path -> (its parser, whether it is a chat)
 
 
 class TokenizedPrompts:

@@ -58,11 +58,13 @@ vllm:num_requests_running_extra 50.0
 # TYPE vllm:gpu_cache_usage_perc gauge
 vllm:gpu_cache_usage_perc{model_name="a } b",engine="9"} 0.75 1700000000000
 vllm:num_requests_waiting{model_name="with space"} 7
+vllm:num_requests_running {engine="8"} 0
 """
     assert load_from_metrics(tricky) == reference_load(tricky) == Load(0, 7, reference_load(tricky).kv_usage)
     assert load_from_metrics(METRICS.decode()) == reference_load(METRICS.decode())
-    with pytest.raises(ValueError):
-        load_from_metrics("vllm:num_requests_running 3x\n")
+    for wrong in ("3x", "+Inf", "NaN"):  # a health check that fails, not a round of them that stops
+        with pytest.raises(ValueError):
+            load_from_metrics(f"vllm:num_requests_running {wrong}\n")
 
 
 async def test_health_checks_make_static_instances_routable_or_not():

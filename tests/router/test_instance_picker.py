@@ -66,6 +66,18 @@ def test_an_instance_back_under_the_same_url_starts_with_an_empty_prefix_memory(
     assert len(picker.router.prefixes) == 2  # the URL kept its index
 
 
+def test_the_prefix_memory_of_an_instance_that_left_is_dropped():
+    picker = InstancePicker()
+    a, b = instances(Load(), Load())
+    picker.opened(b, chunk_hashes(LONG))
+    picker.keep({a.url, b.url})
+    assert picker.known_blocks(b.url) > 0
+    picker.keep({a.url})
+    assert picker.known_blocks(b.url) == 0 and picker.router.prefixes[picker._slots[b.url]].capacity == 0
+    picker.opened(b, chunk_hashes(LONG))  # it came back: remembered again
+    assert picker.known_blocks(b.url) > 0
+
+
 def test_prompts_sharing_a_prefix_share_their_leading_chunk_hashes():
     first = chunk_hashes(LONG + "What is 2 + 2?")
     second = chunk_hashes(LONG + "Name a colour.")

@@ -37,6 +37,13 @@ def test_router_flags_and_environment():
     assert args.dns_targets == {"both": ("tinyvllm.default.svc.cluster.local", 8000)}
     assert (args.register_secret, args.api_key, args.instance_api_key) == (SECRET, "client-key", "instance-key")
     assert router_args("--tokenizer", "SmolLM2-135M-Instruct").tokenizer.endswith(".gguf")  # the default model's file
+
+
+def test_the_router_tokenizer_may_be_a_folder_of_tokenizer_files_alone(tmp_path, default_tokenizer):
+    from tinyvllm.protocol.tokenizer import Tokenizer
+    (tmp_path / "tokenizer.json").write_text(default_tokenizer.hf.to_str())
+    path = router_args("--tokenizer", str(tmp_path)).tokenizer
+    assert path == str(tmp_path.resolve()) and Tokenizer.from_model_path(path).encode("Hi") == default_tokenizer.encode("Hi")
     roles = router_args("--discover-prefill-dns", "tinyvllm-prefill:8000", "--discover-decode-dns", "tinyvllm-decode:8001")
     assert roles.dns_targets == {"prefill": ("tinyvllm-prefill", 8000), "decode": ("tinyvllm-decode", 8001)}
 
