@@ -20,6 +20,15 @@ from tinyvllm.frontend.api.uvicorn_runner import QuietSignalServer, start_servin
 WAIT_S = 20  # generous: the machine may be loaded
 
 
+async def until(condition) -> None:
+    """Waits until condition() holds, at most WAIT_S."""
+    for _ in range(int(WAIT_S / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition never held")
+
+
 @dataclass
 class Exchange:
     """One request an upstream received, and the means to answer it."""

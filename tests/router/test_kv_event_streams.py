@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.router.harness import WAIT_S, RawUpstream
+from tests.router.harness import WAIT_S, RawUpstream, until
 from tinyvllm.frontend.router import kv_event_streams
 from tinyvllm.frontend.router.instance_clients import InstanceClients
 from tinyvllm.frontend.router.instance_picker import InstancePicker
@@ -22,14 +22,6 @@ def first(block_size: int, *hashes: int) -> bytes:
 
 def change(kind: str, *hashes: int) -> bytes:
     return b"data: " + json.dumps({"events": [{"type": kind, "block_hashes": list(hashes)}]}).encode() + b"\n\n"
-
-
-async def until(condition) -> None:
-    for _ in range(int(WAIT_S / 0.02)):
-        if condition():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("not within the wait")
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import asyncio
 import httpx
 import pytest
 
-from tests.router.harness import WAIT_S, running_router
+from tests.router.harness import WAIT_S, running_router, until
 from tinyvllm.frontend.api.router_registration import Registration, RouterHeartbeat
 from tinyvllm.protocol.messages import SchedulerStats
 
@@ -69,13 +69,13 @@ async def test_serves_heartbeat_sender_registers_reports_draining_and_leaves():
         heartbeat = RouterHeartbeat(Registration(router.url, A, SECRET), "tiny", lambda: stats, lambda: True,
                                     lambda: draining, interval_s=0.05)
         heartbeat.start()
-        await _until(lambda: router.registry.get(A) is not None)
+        await until(lambda: router.registry.get(A) is not None)
         instance = router.registry.get(A)
         assert (instance.model, instance.load.running, instance.load.waiting, instance.load.kv_usage) == \
             ("tiny", 3, 1, 0.25)
         draining = True
         heartbeat.wake()
-        await _until(lambda: instance.load.draining)
+        await until(lambda: instance.load.draining)
         assert router.registry.routable() == []
         await heartbeat.leave()
         assert router.registry.get(A) is None
@@ -89,11 +89,3 @@ async def test_no_heartbeat_goes_out_while_no_engine_serves():
         await asyncio.sleep(0.2)  # a few intervals: none may register it
         assert router.registry.get(A) is None
         await heartbeat.leave()
-
-
-async def _until(condition) -> None:
-    for _ in range(int(WAIT_S / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the condition never held")
