@@ -67,7 +67,8 @@ class EnginePool:
             self._on_ready(replica, task.result())
         # the smallest max_model_len (each scheduler keeps it within its KV pool): a request fits any replica
         self.ready = min((task.result() for task in starting), key=lambda ready: ready.max_model_len)
-        self._supervisors = [asyncio.create_task(r.supervise(timeout_s, lambda ready, r=r: self._on_ready(r, ready)))
+        self._supervisors = [asyncio.create_task(r.supervise(timeout_s, lambda ready, r=r: self._on_ready(r, ready),
+                                                             functools.partial(self._on_failed, r)))
                              for r in self.replicas]
         if self.kv_events is not None:
             ctx = zmq.asyncio.Context.instance()
@@ -80,6 +81,11 @@ class EnginePool:
         self.router.prefixes[replica.index].reset(ready.num_blocks)  # a fresh engine's prefix cache is empty
         if self.held_blocks is not None:
             self.held_blocks.engine_ready(replica.index, ready.block_size, ready.num_blocks)
+
+    def _on_failed(self, replica: EngineReplica) -> None:
+        """A dead engine holds nothing: routers elsewhere stop sending its prefixes here at once."""
+        if self.held_blocks is not None:
+            self.held_blocks.apply(replica.index, [{"type": "AllBlocksCleared"}])
 
     def _apply_events(self, replica: int, events: list) -> None:
         if self.cache_aware:

@@ -72,13 +72,15 @@ class EngineReplica:
                      " ".join(map(str, pids[1:])) or "external")
         return ready
 
-    async def supervise(self, timeout_s: float, on_ready: Callable[[EngineReady], None]) -> str:
-        """Restarts the group each time it fails, calling on_ready(EngineReady) after each restart; returns why it
-        gave up."""
+    async def supervise(self, timeout_s: float, on_ready: Callable[[EngineReady], None],
+                        on_failed: Callable[[], None] = lambda: None) -> str:
+        """Restarts the group each time it fails, calling on_failed() when it does and on_ready(EngineReady) after
+        each restart; returns why it gave up."""
         while True:
             while (reason := self.client.dead_reason) is None:
                 await self._sleep(FAILURE_POLL_S)
             self.serving, self._failure = False, reason
+            on_failed()
             if self._clock() - self._ready_at >= self.restart.stable_after_s:
                 self.attempts = 0
             while True:

@@ -6,7 +6,8 @@ Kept by the engines' own KV events (--kv-events-config; frontend/engine/kv_event
 are kept apart and subscribers hear about their union, in the events' names and integer hashes: a hash is stored
 when the first engine holds it, removed when the last one drops it. A subscriber first gets the whole set (after an
 AllBlocksCleared), then the changes; one that falls MAX_QUEUED_BATCHES behind is dropped (it reconnects and starts
-from a fresh set), so a slow router never holds the server's memory.
+from a fresh set), so a slow router never holds the server's memory. An engine that fails holds nothing from then on
+(EnginePool clears its set at once, and again when its replacement is ready).
 """
 import asyncio
 from collections import Counter

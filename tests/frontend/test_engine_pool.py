@@ -111,6 +111,25 @@ async def test_a_failed_replica_gets_nothing_and_the_pool_dies_only_with_the_las
     await pool.close()
 
 
+async def test_the_blocks_a_dead_replica_held_leave_the_servers_kv_event_view_at_once():
+    """GET /kv_events' view (frontend/engine/held_blocks.py): a replica that died holds nothing, before any restart."""
+    from tinyvllm.frontend.engine.held_blocks import HeldBlocks
+    pool, engines = await started_pool()
+    pool.held_blocks = HeldBlocks(2)
+    for i in range(2):
+        pool._on_ready(pool.replicas[i], engines[i].ready)
+    pool._apply_events(0, [{"type": "BlockStored", "block_hashes": [1, 2]}])
+    pool._apply_events(1, [{"type": "BlockStored", "block_hashes": [2, 3]}])
+    assert len(pool.held_blocks) == 3
+    engines[1].mark_dead("engine 1 process died")
+    for _ in range(500):
+        if len(pool.held_blocks) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert set(pool.held_blocks._holders) == {1, 2}
+    await pool.close()
+
+
 async def test_the_stats_are_summed_and_kept_apart_by_engine():
     pool, engines = await started_pool()
     outputs = pool.generate("long", [4, 5, 6], SamplingParams(max_tokens=1000, ignore_eos=True), [EOS])

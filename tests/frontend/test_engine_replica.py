@@ -76,7 +76,7 @@ async def supervised(launches: Launches, policy: RestartPolicy = RestartPolicy()
     replica = EngineReplica(0, launches, "engine", policy, clock=time.clock, sleep=time.sleep)
     await replica.start(5)
     readies = []
-    task = asyncio.create_task(replica.supervise(5, readies.append))
+    task = asyncio.create_task(replica.supervise(5, readies.append, lambda: readies.append("failed")))
     return replica, time, task, readies
 
 
@@ -96,7 +96,8 @@ async def test_a_failed_group_is_stopped_and_replaced_after_a_second():
     first_group, first_client = launches.made[0]
     first_client.dead_reason = "engine process died (tinyvllm-worker0 exited with code -9)"
     assert not replica.available and "worker0 exited" in replica.failure
-    await until(lambda: readies)
+    await until(lambda: len(readies) == 2)
+    assert readies[0] == "failed" and readies[1] != "failed"  # told at once, then the new group's EngineReady
     assert time.sleeps == [1.0] and len(launches.made) == 2 and replica.available
     assert first_client.closed and first_group.stop_grace == [FAILED_GROUP_GRACE_S]
     assert replica.client is launches.made[1][1] and launches.made[1][0].started
@@ -127,7 +128,7 @@ async def test_groups_that_die_soon_after_serving_count_towards_giving_up():
     replica, time, task, readies = await supervised(launches, RestartPolicy(max_attempts=2))
     for k in range(2):
         launches.made[-1][1].dead_reason = "engine process died"
-        await until(lambda: len(readies) == k + 1)
+        await until(lambda: len(readies) == 2 * (k + 1))  # its failure, then its restart
         time.now += 10  # served 10 s: less than stable_after_s
     launches.made[-1][1].dead_reason = "engine process died"
     assert (await asyncio.wait_for(task, 5)).startswith("engine gave up after 2 restarts")
@@ -141,7 +142,7 @@ async def test_a_group_that_served_long_enough_starts_a_new_series():
     for k in range(3):
         time.now += 61
         launches.made[-1][1].dead_reason = "engine process died"
-        await until(lambda: len(readies) == k + 1)
+        await until(lambda: len(readies) == 2 * (k + 1))  # its failure, then its restart
     assert time.sleeps == [1, 1, 1] and replica.available and not task.done()
     task.cancel()
 
