@@ -37,10 +37,13 @@ _LOAD_SAMPLE = re.compile(r"^vllm:(num_requests_running|num_requests_waiting|kv_
 
 def load_from_metrics(text: str) -> Load:
     """An instance's load from its /metrics text (a tinyvllm or vLLM server); ValueError for a value that is no
-    number."""
+    finite number, or a page without any of the gauges."""
     running = waiting = 0.0
     kv = []
-    for name, text_value in _LOAD_SAMPLE.findall(text):
+    samples = _LOAD_SAMPLE.findall(text)
+    if text.strip() and not samples:  # an error page, or no vLLM-compatible server: not an idle instance
+        raise ValueError("the page has none of vLLM's running, waiting or KV-cache gauges")
+    for name, text_value in samples:
         if not math.isfinite(value := float(text_value)):
             raise ValueError(f"vllm:{name} is {text_value}")
         if name == "num_requests_running":

@@ -65,6 +65,8 @@ vllm:num_requests_running {engine="8"} 0
     for wrong in ("3x", "+Inf", "NaN"):  # a health check that fails, not a round of them that stops
         with pytest.raises(ValueError):
             load_from_metrics(f"vllm:num_requests_running {wrong}\n")
+    with pytest.raises(ValueError, match="none of vLLM's"):  # an error page answered with 200
+        load_from_metrics("<html><body>Bad gateway</body></html>")
 
 
 async def test_health_checks_make_static_instances_routable_or_not():
