@@ -55,6 +55,15 @@ class AllBlocksCleared:
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
+def read_wire_event(event) -> tuple[str | None, list[int]]:
+    """An event as a subscriber receives it (a map): its type and its integer block hashes, whatever else is wrong
+    with it ((None, []) for anything but a map)."""
+    if not isinstance(event, dict):
+        return None, []
+    keys = event.get("block_hashes")
+    return event.get("type"), [k for k in keys if isinstance(k, int)] if isinstance(keys, list) else []
+
+
 def event_batch(ts: float, events: list[KVEvent], data_parallel_rank: int) -> dict:
     return {"ts": ts, "events": [e.wire() for e in events], "data_parallel_rank": data_parallel_rank}
 

@@ -13,13 +13,12 @@ import importlib.resources
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
 from tinyvllm.frontend.api import openapi
 from tinyvllm.frontend.api.auth import KeyCheck
 from tinyvllm.frontend.api.dashboard_snapshot import SAMPLE_INTERVAL_S, DashboardHistory, snapshot
 from tinyvllm.frontend.api.openai_protocol import error_body
-from tinyvllm.frontend.api.streaming import SSEResponse, sse_event
+from tinyvllm.frontend.api.streaming import StreamSlots, sse_event
 
 MAX_EVENT_STREAMS = 8
 KEY_PARAM = "key"
@@ -55,20 +54,6 @@ def unauthorized() -> Response:
                         status_code=401, headers={"WWW-Authenticate": "Bearer"})
 
 
-class EventStream(SSEResponse):
-    """An SSE response that gives its slot back however it ends (even before its generator started)."""
-
-    def __init__(self, events, on_close):
-        super().__init__(events)
-        self.on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.on_close()
-
-
 def dashboard_routes(engine, metrics, gate, model_name: str, api_key: str | None) -> list[Route]:
     """`tinyvllm serve`'s dashboard: its engines (frontend/api/dashboard_snapshot.py)."""
     history = DashboardHistory(metrics)
@@ -82,7 +67,7 @@ def page_routes(make_snapshot, gate, api_key: str | None) -> list[Route]:
     """The page, one snapshot and the event stream, for any `async make_snapshot() -> dict` of the page's shape (the
     server's engines, or the router's instances: frontend/router/dashboard_routes.py)."""
     access, page = DashboardAccess(api_key), dashboard_html()
-    open_streams = [0]
+    slots = StreamSlots(MAX_EVENT_STREAMS, f"At most {MAX_EVENT_STREAMS} dashboards may watch at once")
 
     async def dashboard(request: Request) -> Response:
         if not access.allows(request):
@@ -102,17 +87,10 @@ def page_routes(make_snapshot, gate, api_key: str | None) -> list[Route]:
             yield sse_event(await make_snapshot())
             await asyncio.sleep(SAMPLE_INTERVAL_S)
 
-    def stream_closed() -> None:
-        open_streams[0] -= 1
-
     async def events(request: Request) -> Response:
         if not access.allows(request):
             return unauthorized()
-        if open_streams[0] >= MAX_EVENT_STREAMS:
-            busy = error_body(f"At most {MAX_EVENT_STREAMS} dashboards may watch at once", "ServiceUnavailableError", 503)
-            return JSONResponse(busy, status_code=503, headers={"Retry-After": "5"})
-        open_streams[0] += 1
-        return EventStream(snapshots(), stream_closed)
+        return slots.stream(lambda: (snapshots(), lambda: None))
 
     return [Route("/dashboard", dashboard, methods=["GET"]),
             Route("/dashboard/snapshot", current, methods=["GET"]),

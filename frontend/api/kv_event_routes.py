@@ -15,9 +15,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tinyvllm.frontend.api.dashboard import EventStream
 from tinyvllm.frontend.api.openai_protocol import error_body
-from tinyvllm.frontend.api.streaming import sse_event
+from tinyvllm.frontend.api.streaming import StreamSlots, sse_event
 
 PATH = "/kv_events"
 MAX_STREAMS = 64
@@ -28,7 +27,7 @@ PING = b": ping\n\n"
 
 def kv_event_routes(engine, gate) -> list[Route]:
     held = getattr(engine, "held_blocks", None)
-    open_streams = [0]
+    slots = StreamSlots(MAX_STREAMS, f"At most {MAX_STREAMS} routers may follow the KV events at once")
 
     async def changes(subscription):
         quiet_since = time.monotonic()
@@ -49,16 +48,9 @@ def kv_event_routes(engine, gate) -> list[Route]:
         if held is None:
             return JSONResponse(error_body("This server follows no KV events: start it with --kv-events-config and "
                                            "a loopback or ipc:// endpoint", "NotFoundError", 404), status_code=404)
-        if open_streams[0] >= MAX_STREAMS:
-            busy = error_body(f"At most {MAX_STREAMS} routers may follow the KV events at once",
-                              "ServiceUnavailableError", 503)
-            return JSONResponse(busy, status_code=503, headers={"Retry-After": "5"})
-        open_streams[0] += 1
-        subscription = held.subscribe()
-
-        def closed() -> None:  # however the stream ends, even before it started
-            open_streams[0] -= 1
-            held.unsubscribe(subscription)
-        return EventStream(changes(subscription), closed)
+        def subscribed():
+            subscription = held.subscribe()
+            return changes(subscription), lambda: held.unsubscribe(subscription)
+        return slots.stream(subscribed)
 
     return [Route(PATH, kv_events, methods=["GET"], include_in_schema=False)]  # an endless stream

@@ -1,10 +1,10 @@
 """Server-sent events for streamed completions and chat, framed as vLLM does: `data: <json>\\n\\n`, then [DONE]."""
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from tinyvllm.frontend.api import openai_protocol as api
@@ -34,6 +34,40 @@ class SSEResponse(StreamingResponse):
         finally:
             # Starlette stops iterating on disconnect but leaves the generator to the garbage collector.
             await self.body_iterator.aclose()
+
+
+class EventStream(SSEResponse):
+    """An SSE response that calls on_close however it ends (even before its generator started)."""
+
+    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], None]):
+        super().__init__(events)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+class StreamSlots:
+    """At most `limit` endless event streams of one route at once; past them, 503 with Retry-After and `refusal`."""
+
+    def __init__(self, limit: int, refusal: str):
+        self.limit, self.refusal, self.open = limit, refusal, 0
+
+    def stream(self, start: Callable[[], tuple[AsyncIterator[bytes], Callable[[], None]]]) -> Response:
+        """start() -> (the events, what to do when the stream ends), called only when a slot is free."""
+        if self.open >= self.limit:
+            busy = api.error_body(self.refusal, "ServiceUnavailableError", 503)
+            return JSONResponse(busy, status_code=503, headers={"Retry-After": "5"})
+        events, ended = start()
+        self.open += 1
+
+        def closed() -> None:
+            self.open -= 1
+            ended()
+        return EventStream(events, closed)
 
 
 def stream_error_event(exc: Exception) -> bytes:

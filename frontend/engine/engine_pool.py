@@ -85,7 +85,7 @@ class EnginePool:
     def _on_failed(self, replica: EngineReplica) -> None:
         """A dead engine holds nothing: routers elsewhere stop sending its prefixes here at once."""
         if self.held_blocks is not None:
-            self.held_blocks.apply(replica.index, [{"type": "AllBlocksCleared"}])
+            self.held_blocks.clear(replica.index)
 
     def _apply_events(self, replica: int, events: list) -> None:
         if self.cache_aware:

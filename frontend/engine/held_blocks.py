@@ -12,6 +12,8 @@ from a fresh set), so a slow router never holds the server's memory. An engine t
 import asyncio
 from collections import Counter
 
+from tinyvllm.protocol.kv_events import read_wire_event
+
 MAX_QUEUED_BATCHES = 4096
 
 
@@ -53,6 +55,10 @@ class HeldBlocks:
         """An engine (re)started: its cache is empty (its AllBlocksCleared may have gone out before the follower
         reconnected)."""
         self.block_size, self.num_blocks[engine] = block_size, num_blocks
+        self.clear(engine)
+
+    def clear(self, engine: int) -> None:
+        """The engine holds nothing (it failed, or started afresh)."""
         self.apply(engine, [{"type": "AllBlocksCleared"}])
 
     def apply(self, engine: int, events: list) -> None:
@@ -60,10 +66,7 @@ class HeldBlocks:
         stored, removed = [], []
         held = self._by_engine[engine]
         for event in events:
-            if not isinstance(event, dict):
-                continue
-            kind, keys = event.get("type"), event.get("block_hashes")
-            keys = [k for k in keys if isinstance(k, int)] if isinstance(keys, list) else []
+            kind, keys = read_wire_event(event)
             if kind == "AllBlocksCleared":
                 keys, kind = list(held), "BlockRemoved"
             if kind == "BlockStored":

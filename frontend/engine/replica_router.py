@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from tinyvllm.protocol.messages import SchedulerStats
 from tinyvllm.protocol.block_hash import BlockHash, hash_block, root_hash
-from tinyvllm.protocol.kv_events import external_hash
+from tinyvllm.protocol.kv_events import external_hash, read_wire_event
 
 WAITING_WEIGHT = 4  # vLLM's DP load balancer: a waiting request weighs as four running ones
 CACHE, LOAD, TURN = "cache", "load", "turn"  # why decide() chose a replica
@@ -65,14 +65,11 @@ class PrefixIndex:
 
     def apply_events(self, events: list) -> None:
         for event in events:
-            if isinstance(event, dict):
-                self.apply(event)
+            self.apply(event)
 
     def apply(self, event: dict) -> None:
         """One KV event as it comes off the wire (protocol/kv_events.py); a malformed one changes nothing."""
-        keys = event.get("block_hashes")
-        keys = [k for k in keys if isinstance(k, int)] if isinstance(keys, list) else []
-        kind = event.get("type")
+        kind, keys = read_wire_event(event)
         if kind == "BlockStored":
             self._add(keys)
         elif kind == "BlockRemoved":

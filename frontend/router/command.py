@@ -89,9 +89,10 @@ class RouterArgs:
                                choices=ROUTING_MODES)
     tokenizer: str | None = knob(
         None, "the instances' model, for its tokenizer and chat template only: their .gguf file, or a folder with "
-              "its tokenizer.json and tokenizer_config.json: with it, cache-aware routing keys OpenAI prompts by the instances' own KV block hashes and "
-              "follows each instance's GET /kv_events (instances started with --kv-events-config), so every router "
-              "replica knows which instance holds a prefix, whichever replica routed it", metavar="MODEL")
+              "its tokenizer.json and tokenizer_config.json: with it, cache-aware routing keys OpenAI prompts by the "
+              "instances' own KV block hashes and follows each instance's GET /kv_events (instances started with "
+              "--kv-events-config), so every router replica knows which instance holds a prefix, whichever replica "
+              "routed it", metavar="MODEL")
     shutdown_timeout_s: float = knob(30.0, "on SIGTERM or Ctrl-C, seconds open requests get to finish before the "
                                            "rest end with an error", flag="--shutdown-timeout")
 
@@ -169,16 +170,16 @@ async def serve_router(a: RouterArgs) -> int:
                                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64)) as clients:
         metrics = RouterMetrics(registry)
         picker = InstancePicker(RoutingPolicy(mode=a.routing_policy))
-        follows_events = a.tokenizer is not None and picker.uses_prefixes
-        streams = KVEventStreams(registry, clients, picker, a.instance_api_key)
-        hashes = TokenizedPrompts(a.tokenizer, streams.hashing_block_size).hashes if follows_events else chunk_hashes_of
+        streams, hashes = None, chunk_hashes_of
+        if a.tokenizer is not None and picker.uses_prefixes:
+            streams = KVEventStreams(registry, clients, picker, a.instance_api_key)
+            hashes = TokenizedPrompts(a.tokenizer, streams.hashing_block_size).hashes
+            metrics.follow(streams)
         proxy = UpstreamProxy(registry, picker, clients, metrics, shutdown, a.instance_api_key, prompt_hashes=hashes)
         app = build_router_app(registry, proxy, metrics, gate, a.api_key, a.register_secret or None)
         monitor = asyncio.create_task(InstanceMonitor(registry, clients, a.dns_targets, a.discover_interval_s,
                                                       picker=picker).run())
-        following = asyncio.create_task(streams.run()) if follows_events else None
-        if follows_events:
-            metrics.follow(streams)
+        following = asyncio.create_task(streams.run()) if streams is not None else None
         server = QuietSignalServer(http_config(app, a.host, a.port))
         serving = await start_serving(server)
         try:

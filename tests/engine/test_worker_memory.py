@@ -38,7 +38,8 @@ def twin(tmp_path_factory):
             tensors[f"blk.{i}.{name}.weight"] = blocks("Q6_K" if name == "ffn_down" else "Q4_K", shape, 10 * i + j + 1)
         for norm in ("attn_norm", "ffn_norm"):
             tensors[f"blk.{i}.{norm}.weight"] = (np.ones(DIM), "F32")
-    return write_gguf(tmp_path_factory.mktemp("twin") / "twin-q4_k_m.gguf", {**gguf_metadata(config, "llama"), **tokenizer_metadata()}, tensors)
+    metadata = {**gguf_metadata(config, "llama"), **tokenizer_metadata()}
+    return write_gguf(tmp_path_factory.mktemp("twin") / "twin-q4_k_m.gguf", metadata, tensors)
 
 
 def my_workers() -> set[int]:

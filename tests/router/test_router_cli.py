@@ -43,7 +43,8 @@ def test_the_router_tokenizer_may_be_a_folder_of_tokenizer_files_alone(tmp_path,
     from tinyvllm.protocol.tokenizer import Tokenizer
     (tmp_path / "tokenizer.json").write_text(default_tokenizer.hf.to_str())
     path = router_args("--tokenizer", str(tmp_path)).tokenizer
-    assert path == str(tmp_path.resolve()) and Tokenizer.from_model_path(path).encode("Hi") == default_tokenizer.encode("Hi")
+    assert path == str(tmp_path.resolve())
+    assert Tokenizer.from_model_path(path).encode("Hi") == default_tokenizer.encode("Hi")
     roles = router_args("--discover-prefill-dns", "tinyvllm-prefill:8000", "--discover-decode-dns", "tinyvllm-decode:8001")
     assert roles.dns_targets == {"prefill": ("tinyvllm-prefill", 8000), "decode": ("tinyvllm-decode", 8001)}
 

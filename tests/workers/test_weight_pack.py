@@ -102,8 +102,8 @@ def test_mapped_weights_are_the_direct_ones_in_the_files_pages_and_run_alike(mod
 
     prompt = np.random.default_rng(1).integers(0, VOCAB, 24).tolist()
     for kernels in ("c", "tinygrad"):
-        mapped_logprobs, mapped_token = model_prompt_logprobs(build(model_path, kernels, WeightPack(tmp_path, model_path)),
-                                                              prompt)
+        pack = WeightPack(tmp_path, model_path)
+        mapped_logprobs, mapped_token = model_prompt_logprobs(build(model_path, kernels, pack), prompt)
         direct_logprobs, direct_token = model_prompt_logprobs(build(model_path, kernels), prompt)
         np.testing.assert_array_equal(mapped_logprobs, direct_logprobs)
         assert mapped_token == direct_token
