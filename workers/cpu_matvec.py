@@ -21,7 +21,7 @@ from tinyvllm.workers.c_kernel import c_kernel, c_source
 
 # bytes of one 32-element block on the device
 BLOCK_BYTES = {"F32": 128, "F16": 64, "BF16": 64, "Q4_1": 24, "Q8_0": 36, "Q8_16": 48, "F8_E4M3": 36,
-               "Q2_K": 11, "Q3_K": 14.5, "Q4_K": 19, "Q5_K": 23, "Q6_K": 34.5}
+               "Q2_K": 11, "Q3_K": 14.5, "Q4_K": 19, "Q5_K": 23, "Q6_K": 26.5}
 
 
 def c_kernels_support(w) -> bool:

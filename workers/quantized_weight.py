@@ -18,8 +18,12 @@ repacked types below the product of a super-block's scale and a sub-block's):
     Q5_K: Q4_K's parts and, after the nibbles, each super-block's fifth bits as the file has them, uint8
           [N, K/256, 32] (bit j of byte e: element e of 32-block j's); value = (q + 16 x fifth bit) * (d x scale)
           - dmin x minimum
-    Q6_K: codes q - 32 int8 [N, K/32, 32], a signed 8-bit scale per 16 elements int8 [N, K/32, 2] and each
-          super-block's d float32 [N, K/256, 1]; value = q * (d x scale)
+    Q6_K: the file's bytes: each super-block's low 4 bits of the 6-bit codes uint8 [N, K/32, 16] (128 bytes per
+          super-block: 64 per 128-element half, byte e of which holds element e % 32 of the half's 32-block
+          e // 32 in its low nibble and of 32-block 2 + e // 32 in its high one) and their high 2 bits uint8
+          [N, K/32, 8] (64 bytes per super-block: byte e of its half's 32 holds element e of the half's 32-blocks
+          0..3, two bits each, lowest first), its signed 8-bit scales per 16 elements int8 [N, K/32, 2] and d
+          float32 [N, K/256, 1]; value = (code - 32) * (d x scale)
     Q3_K: the file's bytes: each super-block's 2-bit codes uint8 [N, K/32, 8] (64 bytes per super-block: byte e of
           its half h holds elements e of 32-blocks 4h..4h+3, two bits each, lowest first) and third bits uint8
           [N, K/256, 32] (bit j of byte e: element e of 32-block j's, as Q5_K's fifth bits), its 16 six-bit scales
@@ -43,12 +47,12 @@ time, with the same values (every product involved is exact in float32, so only 
     Q5_0 -> Q8_0: codes q - 16;  IQ4_NL -> Q8_0: codes from the non-linear table, d
     IQ4_XS -> Q8_0: codes from the table, each 32-element sub-block's d = super d x (6-bit scale - 32)
     Q5_1 -> Q8_16: codes, d and m (each twice)
-Q2_K, Q3_K, Q4_K, Q5_K and Q6_K keep the file's scales: their codes (Q2_K's and Q3_K's as the file has them; Q4_K's and Q5_K's
-nibbles reordered from the super-block's 64-element chunks to Q4_1's order, Q5_K's fifth bits beside them; Q6_K's
-6-bit codes as bytes) with the sub-blocks' scale codes, the products with the super-block's d taken inside the
-kernels, as the repacked types' d are, in float32. On the device Q2_K takes 2.75 bits a value (the file 2.6), Q3_K
-3.6 (the file 3.4), Q4_K 4.75 (the file 4.5), Q5_K 5.75 (the file 5.5), Q6_K 8.6 (the file 6.6), Q4_0 6, Q5_0/IQ4 9
-and Q5_1 12 (where the file has 6);
+Q2_K, Q3_K, Q4_K, Q5_K and Q6_K keep the file's scales: their codes (Q2_K's, Q3_K's and Q6_K's as the file has them;
+Q4_K's and Q5_K's nibbles reordered from the super-block's 64-element chunks to Q4_1's order, Q5_K's fifth bits beside
+them) with the sub-blocks' scale codes, the products with the super-block's d taken inside the kernels, as the
+repacked types' d are, in float32. On the device Q2_K takes 2.75 bits a value (the file 2.6), Q3_K 3.6 (the file
+3.4), Q4_K 4.75 (the file 4.5), Q5_K 5.75 (the file 5.5), Q6_K 6.6 (the file 6.56), Q4_0 6, Q5_0/IQ4 9 and Q5_1 12
+(where the file has 6);
 F32 is a float32 "F32" weight (the other GGUF types are refused, naming them). The dequantisation computes what
 workers/gguf_dequantize.py's numpy does, in the same order, in float32.
 """
@@ -60,8 +64,7 @@ from tinygrad import Tensor, dtypes
 from tinyvllm.protocol.gguf_file import GGML_TYPE_IDS, GGML_TYPES
 from tinyvllm.workers.device_input import device_tensor
 from tinyvllm.workers.gguf_dequantize import (IQ4_VALUES, dequantize, f16_field, iq4_xs_scales, k_quant_values,
-                                              k_scales_mins, nibbles, q3_k_scale_codes, q5_codes,
-                                              q6_k_values)
+                                              k_scales_mins, nibbles, q3_k_scale_codes, q5_codes)
 from tinyvllm.workers.kv_quant import decode as kv_decode
 
 # the kinds the kernels multiply (and F16, F32)
@@ -207,12 +210,12 @@ def _k_quant_parts(b: np.ndarray, five_bit: bool) -> tuple[np.ndarray, ...]:
 
 
 def _q6_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Q6_K super-blocks [N, S, 210] as the Q6_K kind's parts: codes int8 [N, 8S, 32], scales int8 [N, 8S, 2], d
-    float32 [N, S, 1]."""
+    """Q6_K super-blocks [N, S, 210] as the Q6_K kind's parts: low nibbles [N, 8S, 16] and high bit pairs
+    [N, 8S, 8] (the file's bytes), scales int8 [N, 8S, 2], d float32 [N, S, 1]."""
     n, s = b.shape[:2]
-    q, _ = q6_k_values(b.reshape(n * s, -1))
-    return (q.reshape(n, s * 8, 32), np.ascontiguousarray(b[:, :, 192:208]).view(np.int8).reshape(n, s * 8, 2),
-            f16_field(b, 208))
+    return (np.ascontiguousarray(b[:, :, 0:128]).reshape(n, s * 8, 16),
+            np.ascontiguousarray(b[:, :, 128:192]).reshape(n, s * 8, 8),
+            np.ascontiguousarray(b[:, :, 192:208]).view(np.int8).reshape(n, s * 8, 2), f16_field(b, 208))
 
 
 def _q3_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -321,7 +324,8 @@ def _dequant_q5_k(packed: Tensor, fifth: Tensor, codes: Tensor, dm: Tensor) -> T
 
 
 def _two_bit_codes(low: Tensor) -> Tensor:
-    """Q2_K's and Q3_K's 2-bit codes [N, K/32, 8] (each super-block's 64 bytes) -> int32 [N, K/256, 2, 4, 32]."""
+    """Q2_K's and Q3_K's 2-bit codes (Q6_K's codes' high 2 bits) [N, K/32, 8] (each super-block's 64 bytes) -> int32
+    [N, K/256, 2, 4, 32]."""
     n, blocks = low.shape[:2]
     return _bits(low.cast(dtypes.int32).reshape(n, blocks // 8, 2, 32), 4, 2)
 
@@ -339,10 +343,19 @@ def _dequant_q3_k(low: Tensor, high: Tensor, scales: Tensor, d: Tensor) -> Tenso
     n, blocks = low.shape[:2]
     third = _bits(high.cast(dtypes.int32), 8, 1).reshape(n, blocks // 8, 2, 4, 32)
     q = (_two_bit_codes(low) + third * 4 - 4).reshape(n, blocks, 32)
-    return _dequant_q6_k(q, scales, d)
+    return _half_scaled(q, scales, d)
 
 
-def _dequant_q6_k(q: Tensor, scales: Tensor, d: Tensor) -> Tensor:
+def _dequant_q6_k(low: Tensor, high: Tensor, scales: Tensor, d: Tensor) -> Tensor:
+    n, blocks = low.shape[:2]
+    nibbles = _bits(low.cast(dtypes.int32).reshape(n, blocks // 8, 2, 64), 2, 4)  # [N, S, half, nibble, 64]
+    pairs = _two_bit_codes(high)  # [N, S, half, block of the half, 32]
+    q = nibbles.reshape(n, blocks, 32) + pairs.reshape(n, blocks, 32) * 16 - 32
+    return _half_scaled(q, scales, d)
+
+
+def _half_scaled(q: Tensor, scales: Tensor, d: Tensor) -> Tensor:
+    """Signed codes [N, K/32, 32] times d x their 16-element half's 8-bit scale."""
     halves = q.reshape(*q.shape[:-1], 2, 16).cast(dtypes.float32)
     return (halves * (_per_block(d, q.shape[1]) * scales.cast(dtypes.float32)).unsqueeze(-1)).reshape(q.shape)
 

@@ -30,7 +30,9 @@ isa=(-DGGML_AVX=$(has avx) -DGGML_AVX2=$(has avx2) -DGGML_FMA=$(has fma) -DGGML_
      -DGGML_AVX512_BF16=$(has avx512_bf16) -DGGML_AVX_VNNI=$(has avx_vnni)
      -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
 echo "ISA: ${isa[*]}"
+examples=OFF  # trees before tools/ (early 2025) keep llama-server and llama-quantize under examples/
+[ -d "$LLAMA_SRC/tools" ] || examples=ON
 nice -n 19 cmake -S "$LLAMA_SRC" -B "$LLAMA_SRC/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF "${isa[@]}" \
-  -DLLAMA_CURL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+  -DLLAMA_CURL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=$examples
 nice -n 19 cmake --build "$LLAMA_SRC/build" --config Release --target llama-server llama-quantize -j"${JOBS:-2}"
 "$LLAMA_SERVER" --version

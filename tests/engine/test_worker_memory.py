@@ -62,5 +62,5 @@ def test_the_workers_memory_is_the_files_size_plus_its_kv_cache_and_a_bounded_ov
         (worker,) = my_workers() - others
         rss, weights = vm_rss_bytes(worker), llm.ready.worker_weight_bytes[0]
     size = twin.stat().st_size
-    assert 0.95 * size <= weights <= 1.25 * size  # stored compactly (Q6_K's codes take a byte each on the device)
+    assert 0.95 * size <= weights <= 1.05 * size  # stored as the file stores them (float32 super-block scales aside)
     assert rss <= size + kv_bytes + OVERHEAD_BYTES, (rss / 1e6, size / 1e6, kv_bytes / 1e6)

@@ -25,7 +25,8 @@ def quantize_rows(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def weight_codes(kind: str, parts: list[np.ndarray]) -> np.ndarray:
     """The integer values the kernels multiply: [N, K/32, 32] (Q4_1's and Q4_K's nibbles, Q5_K's with their fifth
-    bits, Q8_0's and Q6_K's signed bytes, Q3_K's 2-bit codes and third bits as signed values -4..3)."""
+    bits, Q8_0's signed bytes, Q6_K's low nibbles and high bit pairs as signed values -32..31, Q3_K's 2-bit codes
+    and third bits as signed values -4..3)."""
     if kind in ("Q4_1", "Q4_K", "Q5_K"):
         packed = parts[0].astype(np.int64)
         codes = np.concatenate([packed & 15, packed >> 4], axis=-1)
@@ -39,6 +40,13 @@ def weight_codes(kind: str, parts: list[np.ndarray]) -> np.ndarray:
         two = (low >> (2 * np.arange(4))[:, None]) & 3  # [N, S, half, run, 32]
         third = (parts[1][:, :, None, :].astype(np.int64) >> np.arange(8)[:, None]) & 1
         return (two.reshape(n, blocks, 32) + 4 * third.reshape(n, blocks, 32) - 4)
+    if kind == "Q6_K":  # low nibbles [N, 8S, 16] (64 bytes a half: blocks 0, 1 low nibbles, 2, 3 high ones), high
+        n, blocks = parts[0].shape[:2]  # bit pairs [N, 8S, 8] as Q3_K's 2-bit codes
+        low = parts[0].reshape(n, blocks // 8, 2, 1, 64).astype(np.int64)
+        nibble = ((low >> np.array([0, 4])[:, None]) & 15).reshape(n, blocks, 32)
+        pairs = parts[1].reshape(n, blocks // 8, 2, 1, 32).astype(np.int64)
+        high = ((pairs >> (2 * np.arange(4))[:, None]) & 3).reshape(n, blocks, 32)
+        return nibble + 16 * high - 32
     return parts[0].astype(np.int64)
 
 

@@ -45,7 +45,8 @@ def run_int8_gemm(flags: tuple[str, ...], kind: str, h: np.ndarray, parts: list[
 
 def random_parts(kind: str, cols: int, k: int) -> list[np.ndarray]:
     """A DeviceWeight's parts of random blocks: codes, scales (and Q4_1's minimums; Q4_K's and Q5_K's scale and
-    minimum codes and its super-blocks' d and dmin, after Q5_K's fifth bits; Q6_K's half-block scales and d; Q3_K's
+    minimum codes and its super-blocks' d and dmin, after Q5_K's fifth bits; Q6_K's low nibbles, high bit pairs,
+    half-block scales and d; Q3_K's
     2-bit codes, third bits, half-block scales and d)."""
     rng, blocks = np.random.default_rng(cols), (cols, k // 32)
     scales = (rng.standard_normal(blocks) * 0.02).astype(np.float32)
@@ -55,7 +56,8 @@ def random_parts(kind: str, cols: int, k: int) -> list[np.ndarray]:
                 rng.integers(0, 64, (*blocks, 2), dtype=np.uint8),
                 (rng.standard_normal((cols, k // 256, 2)) * 0.002).astype(np.float32)]
     if kind == "Q6_K":
-        return [rng.integers(-32, 32, (*blocks, 32), dtype=np.int8), rng.integers(-128, 128, (*blocks, 2), dtype=np.int8),
+        return [rng.integers(0, 256, (*blocks, 16), dtype=np.uint8), rng.integers(0, 256, (*blocks, 8), dtype=np.uint8),
+                rng.integers(-128, 128, (*blocks, 2), dtype=np.int8),
                 (rng.standard_normal((cols, k // 256, 1)) * 0.002).astype(np.float32)]
     if kind == "Q3_K":
         return [rng.integers(0, 256, (*blocks, 8), dtype=np.uint8), rng.integers(0, 256, (cols, k // 256, 32), dtype=np.uint8),
@@ -71,10 +73,15 @@ def with_extremes(kind: str, parts: list[np.ndarray]) -> list[np.ndarray]:
     if kind == "Q8_0":
         parts[0] = parts[0].copy()
         parts[0][0, 0, :4] = -128
-    if kind == "Q6_K":
-        parts[0], parts[1] = parts[0].copy(), parts[1].copy()
-        parts[0][0, 0, :16], parts[0][0, 1, 16:] = -32, 31
-        parts[1][0, 0, 0], parts[1][0, 1, 1] = -128, 127
+    if kind == "Q6_K":  # block 0's first half all -32 (code 0), block 1's second half all 31 (code 63)
+        parts[0], parts[1], parts[2] = parts[0].copy(), parts[1].copy(), parts[2].copy()
+        low, pairs = parts[0][0, :8].reshape(128), parts[1][0, :8].reshape(64)  # the first super-block's bytes
+        low[:16] &= 0xF0  # block 0: low nibbles of bytes 0-31, bits 0-1 of the pairs' bytes 0-31
+        pairs[:16] &= 0xFC
+        low[48:64] |= 0x0F  # block 1: low nibbles of bytes 32-63, bits 2-3 of the pairs' bytes 0-31
+        pairs[16:32] |= 0x0C
+        parts[0][0, :8], parts[1][0, :8] = low.reshape(8, 16), pairs.reshape(8, 8)
+        parts[2][0, 0, 0], parts[2][0, 1, 1] = -128, 127
     if kind == "Q3_K":  # block 0's first half all -4 (2-bit codes 0, third bits clear), block 1's second half all 3
         parts[0], parts[1], parts[2] = parts[0].copy(), parts[1].copy(), parts[2].copy()
         low = parts[0][0, :8].reshape(64)  # the first super-block's 64 bytes: block 0 bits 0-1, block 1 bits 2-3

@@ -69,8 +69,10 @@ void gemm(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int core_
     const int nr = n_end - n0 < NR ? n_end - n0 : NR;
     for (int j = 0; j < nr; j++) {
       const int n = n0 + j;
-      for (int b = 0; b < KB; b++)
-        dequant_block(WEIGHT_ARGS, n, b, (v16 *)(panel + j * K + b * 32), (v16 *)(panel + j * K + b * 32 + 16));
+      for (int b0 = 0; b0 < KB; b0 += BLOCK_GROUP)
+#pragma unroll
+        for (int b = b0; b < b0 + BLOCK_GROUP; b++)
+          dequant_block(WEIGHT_ARGS, n, b, (v16 *)(panel + j * K + b * 32), (v16 *)(panel + j * K + b * 32 + 16));
     }
     for (int t0 = 0; t0 < ROWS; t0 += MR) tile(out, h, panel, t0, n0, ROWS - t0 < MR ? ROWS - t0 : MR, nr);
   }

@@ -85,7 +85,9 @@ typedef struct {
 ALWAYS_INLINE void unpack_panel(WEIGHT_PARAMS, int n0, int nr, panel_t *restrict panel) {
   int n[4];
   for (int j = 0; j < 4; j++) n[j] = n0 + (j < nr ? j : nr - 1);
-  for (int b = 0; b < KB; b++) {
+  for (int b0 = 0; b0 < KB; b0 += BLOCK_GROUP)
+#pragma unroll
+  for (int b = b0; b < b0 + BLOCK_GROUP; b++) {
     const i32x16 c01 = __builtin_shufflevector(block_codes(WEIGHT_ARGS, n[0], b), block_codes(WEIGHT_ARGS, n[1], b),
                                                0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const i32x16 c23 = __builtin_shufflevector(block_codes(WEIGHT_ARGS, n[2], b), block_codes(WEIGHT_ARGS, n[3], b),

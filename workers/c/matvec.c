@@ -21,14 +21,16 @@ void matvec(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int cor
       const int tiles = ROWS - t0 < ROW_TILE ? ROWS - t0 : ROW_TILE;
       v16 acc[ROW_TILE];
       for (int t = 0; t < ROW_TILE; t++) acc[t] = (v16){0};
-      for (int b = 0; b < KB; b++) {
-        v16 w0, w1;
-        dequant_block(WEIGHT_ARGS, n, b, &w0, &w1);
-        for (int t = 0; t < tiles; t++) {
-          const float *x = h + (long)(t0 + t) * K + b * 32;
-          acc[t] += w0 * *(const v16 *)x + w1 * *(const v16 *)(x + 16);
+      for (int b0 = 0; b0 < KB; b0 += BLOCK_GROUP)
+#pragma unroll
+        for (int b = b0; b < b0 + BLOCK_GROUP; b++) {
+          v16 w0, w1;
+          dequant_block(WEIGHT_ARGS, n, b, &w0, &w1);
+          for (int t = 0; t < tiles; t++) {
+            const float *x = h + (long)(t0 + t) * K + b * 32;
+            acc[t] += w0 * *(const v16 *)x + w1 * *(const v16 *)(x + 16);
+          }
         }
-      }
       for (int t = 0; t < tiles; t++) out[(long)(t0 + t) * COLS + n] = lane_sum(acc[t]);
     }
   }

@@ -10,6 +10,11 @@
 #include "int8_products.h"
 
 #define PREFETCH_AHEAD 4
+#if defined(WEIGHT_Q6_K) && defined(__AVX2__)
+// Q6_K's codes multiplied as they are stored, 0..63 (unsigned, as maddubs takes them: no sign instructions), and the
+// -32 taken once per 8 blocks from the activations' 16-element sums: sum (c - 32) x = sum c x - 32 sum x
+#define SIX_BIT_UNSIGNED 1
+#endif
 
 // weight row n's block b as the instructions take it (loaded and unpacked once for every activation row)
 #if defined(__AVX2__)
@@ -32,6 +37,8 @@ ALWAYS_INLINE block_t load_block(WEIGHT_PARAMS, int n, int b) {
 #else
   for (int e = 0; e < 32; e++) blk.w[e] = (signed char)c[e];
 #endif
+#elif defined(SIX_BIT_UNSIGNED)
+  blk.u = blk.w = (__m256i)six_bit_codes32(WEIGHT_ARGS, n, b);
 #else
   const i8x32 q = block_signed_codes(WEIGHT_ARGS, n, b);
 #if defined(__AVX2__)  // unsigned |w| times x with w's sign: the u8 x s8 products the instructions take
@@ -78,7 +85,7 @@ ALWAYS_INLINE half_scales_t half_scales(WEIGHT_PARAMS, int n, int b0, int i) {
 ALWAYS_INLINE i32x8 block_dot(block_t blk, const signed char *restrict x, half_scales_t scales) {
 #if defined(__AVX2__)
   const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
-#if defined(WEIGHT_NIBBLES)
+#if defined(WEIGHT_NIBBLES) || defined(SIX_BIT_UNSIGNED)
   const __m256i s = xv;
 #else
   const __m256i s = _mm256_sign_epi8(xv, blk.w);
@@ -144,11 +151,29 @@ ALWAYS_INLINE void block_scales8(WEIGHT_PARAMS, int n, int b0, int nb, f32x8 *wd
 #endif
 }
 
+#if defined(SIX_BIT_UNSIGNED)
+// lane i: 32 x (block b0 + i's half sums of x times their scales), what the unsigned codes' products hold above
+// the signed ones'
+ALWAYS_INLINE i32x8 six_bit_offsets(WEIGHT_PARAMS, int n, int b0, const short *restrict x_half_sums) {
+  const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(scales + ((long)n * KB + b0) * 2)));
+  return (i32x8)_mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)(x_half_sums + b0 * 2))) * 32;
+}
+#endif
+
 void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int core_id) {
   signed char xq[ROWS][K];
   float xd[ROWS][KB];
   float xm[ROWS][KB];
   for (int t = 0; t < ROWS; t++) quantize_row(h + (long)t * K, xq[t], xd[t], xm[t], 0);
+#if defined(SIX_BIT_UNSIGNED)
+  short x_half_sums[ROWS][KB * 2];  // each 16 codes' sum: at most 16 x 128
+  for (int t = 0; t < ROWS; t++)
+    for (int i = 0; i < KB * 2; i++) {
+      int sum = 0;
+      for (int e = 0; e < 16; e++) sum += xq[t][i * 16 + e];
+      x_half_sums[t][i] = (short)sum;
+    }
+#endif
   const int n_end = (core_id + 1) * PER_CORE < COLS ? (core_id + 1) * PER_CORE : COLS;
   for (int n = core_id * PER_CORE; n < n_end; n++) {
     if (n + PREFETCH_AHEAD < n_end) prefetch_row(WEIGHT_ARGS, n + PREFETCH_AHEAD);
@@ -157,6 +182,7 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
     for (int b0 = 0; b0 < KB; b0 += 8) {
       const int nb = KB - b0 < 8 ? KB - b0 : 8;
       i32x8 dots[ROWS][8];
+#pragma unroll  // i a constant in each copy: the K-quants' bit fields come out by shifts of fixed counts
       for (int i = 0; i < 8; i++) {
         if (i < nb) {
           const block_t blk = load_block(WEIGHT_ARGS, n, b0 + i);
@@ -173,7 +199,12 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
       f32x8 wd, wm;
       block_scales8(WEIGHT_ARGS, n, b0, nb, &wd, &wm);
       for (int t = 0; t < ROWS; t++) {
-        acc[t] += __builtin_convertvector(sums_of_8(dots[t]), f32x8) * (wd * load8(xd[t] + b0, nb));
+#if defined(SIX_BIT_UNSIGNED)
+        const i32x8 sums = sums_of_8(dots[t]) - six_bit_offsets(WEIGHT_ARGS, n, b0, x_half_sums[t]);
+#else
+        const i32x8 sums = sums_of_8(dots[t]);
+#endif
+        acc[t] += __builtin_convertvector(sums, f32x8) * (wd * load8(xd[t] + b0, nb));
 #if defined(WEIGHT_NIBBLES)
         acc[t] += wm * load8(xm[t] + b0, nb);
 #endif

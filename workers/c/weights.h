@@ -7,7 +7,8 @@
 // - WEIGHT_F8_E4M3: 32 float8 e4m3 codes, a scale d per block;
 // - WEIGHT_Q4_K: Q4_1's nibbles; a 6-bit scale and minimum code per block, a d and dmin per 8 blocks;
 // - WEIGHT_Q5_K: Q4_K's, and the file's 32 bytes of fifth bits per 8 blocks;
-// - WEIGHT_Q6_K: 32 signed bytes, a signed 8-bit scale per 16 elements, a d per 8 blocks;
+// - WEIGHT_Q6_K: the file's low 4 bits of the 6-bit codes (128 bytes per 8 blocks) and their high 2 bits (64 bytes
+//   per 8 blocks), a signed 8-bit scale per 16 elements, a d per 8 blocks;
 // - WEIGHT_Q3_K: the file's 2-bit codes (64 bytes per 8 blocks) and third bits (32 bytes per 8 blocks), a signed
 //   8-bit scale per 16 elements, a d per 8 blocks;
 // - WEIGHT_Q2_K: the file's 2-bit codes and its byte per 16 elements (a 4-bit scale code, a 4-bit minimum code
@@ -41,10 +42,7 @@
 #define WEIGHT_PARAMS const unsigned char *restrict weight, const unsigned char *restrict high, \
                       const unsigned char *restrict codes, const float *restrict dm
 #define WEIGHT_ARGS weight, high, codes, dm
-#elif defined(WEIGHT_Q6_K)
-#define WEIGHT_PARAMS const signed char *restrict weight, const signed char *restrict scales, const float *restrict d
-#define WEIGHT_ARGS weight, scales, d
-#elif defined(WEIGHT_Q3_K)
+#elif defined(WEIGHT_Q6_K) || defined(WEIGHT_Q3_K)
 #define WEIGHT_PARAMS const unsigned char *restrict weight, const unsigned char *restrict high, \
                       const signed char *restrict scales, const float *restrict d
 #define WEIGHT_ARGS weight, high, scales, d
@@ -61,8 +59,17 @@ WEIGHT_Q2_K, WEIGHT_Q3_K, WEIGHT_Q4_K, WEIGHT_Q5_K, WEIGHT_Q6_K"
 #if defined(WEIGHT_Q4_K) || defined(WEIGHT_Q5_K)
 #define WEIGHT_K_SCALES  // 6-bit scale and minimum codes per block, the super-block's d and dmin
 #endif
-#if (defined(WEIGHT_K_SCALES) || defined(WEIGHT_HALF_SCALES) || defined(WEIGHT_Q2_K)) && K % 256
+#if defined(WEIGHT_K_SCALES) || defined(WEIGHT_HALF_SCALES) || defined(WEIGHT_Q2_K)
+#if K % 256
 #error "a K-quant's rows are whole 256-element super-blocks"
+#endif
+// the kernels walk a row's blocks in groups of BLOCK_GROUP, unrolled: a K-quant's 8 blocks a super-block, so that
+// each block's place in it is a constant and its bit fields come out by shifts of fixed counts (a loop over single
+// blocks shifted by variable counts, each a mask built by a byte permute: Q6_K's and Q3_K's int8 products took twice
+// as long)
+#define BLOCK_GROUP 8
+#else
+#define BLOCK_GROUP 1
 #endif
 #if defined(WEIGHT_Q4_1) || defined(WEIGHT_K_SCALES)
 #define WEIGHT_NIBBLES  // 16 bytes of nibbles per block (Q5_K: and their fifth bits) and a minimum:
@@ -113,9 +120,10 @@ ALWAYS_INLINE u8x32 block_codes32(WEIGHT_PARAMS, int n, int b) {
 }
 #endif
 
-// Q2_K's and Q3_K's 2-bit codes of weight row n's block b, elements 0-31 in order, as the file keeps them: 64 bytes
-// per super-block, bits 2j'..2j'+1 of byte e of its half (32 bytes) element e of the half's block j'
-#if defined(WEIGHT_Q2_K) || defined(WEIGHT_Q3_K)
+// Q2_K's and Q3_K's 2-bit codes (Q6_K's codes' high 2 bits) of weight row n's block b, elements 0-31 in order, as
+// the file keeps them: 64 bytes per super-block, bits 2j'..2j'+1 of byte e of its half (32 bytes) element e of the
+// half's block j'
+#if defined(WEIGHT_Q2_K) || defined(WEIGHT_Q3_K) || defined(WEIGHT_Q6_K)
 ALWAYS_INLINE u8x32 two_bit_codes32(const unsigned char *restrict weight, int n, int b) {
   const unsigned j = (unsigned)b % 8;  // a constant where b steps through whole super-blocks: shifts by immediates
   const u8x32 q = *(const u8x32 *)(weight + ((unsigned long)n * (KB / 8) + (unsigned)b / 8) * 64 + j / 4 * 32);
@@ -124,10 +132,23 @@ ALWAYS_INLINE u8x32 two_bit_codes32(const unsigned char *restrict weight, int n,
 #endif
 
 // weight row n's block b's 32 signed codes, elements 0-31 in order (Q3_K: its 2-bit codes and third bits, as Q5_K's
-// fifth bits, minus 4)
+// fifth bits, minus 4; Q6_K: as the file keeps them, each 128-element half of a super-block in 64 bytes of low
+// nibbles (bytes 0-31: blocks 0 and 2 of the half, 32-63: blocks 1 and 3, low nibble first) and the high 2 bits as
+// two_bit_codes32 reads them, minus 32)
+#if defined(WEIGHT_Q6_K)
+// Q6_K's codes before the -32: 0..63
+ALWAYS_INLINE u8x32 six_bit_codes32(WEIGHT_PARAMS, int n, int b) {
+  const unsigned j = (unsigned)b % 8;  // a constant where b steps through whole super-blocks
+  const u8x32 low = *(const u8x32 *)(weight + ((unsigned long)n * (KB / 8) + (unsigned)b / 8) * 128 + j / 4 * 64 +
+                                     j % 2 * 32);
+  return ((low >> (4 * (j % 4 / 2))) & (unsigned char)15) | (two_bit_codes32(high, n, b) << 4);
+}
+#endif
 #if defined(WEIGHT_SIGNED_CODES)
 ALWAYS_INLINE i8x32 block_signed_codes(WEIGHT_PARAMS, int n, int b) {
-#if defined(WEIGHT_Q3_K)
+#if defined(WEIGHT_Q6_K)
+  return (i8x32)six_bit_codes32(WEIGHT_ARGS, n, b) - (signed char)32;
+#elif defined(WEIGHT_Q3_K)
   const unsigned j = (unsigned)b % 8;
   const u8x32 h = *(const u8x32 *)(high + ((unsigned long)n * (KB / 8) + (unsigned)b / 8) * 32);
   return (i8x32)(two_bit_codes32(weight, n, b) | (((h >> j) & (unsigned char)1) << 2)) - (signed char)4;
@@ -221,7 +242,8 @@ ALWAYS_INLINE void prefetch_row(WEIGHT_PARAMS, int n) {
   for (int i = 0; i < KB * 8; i += 64) __builtin_prefetch(weight + (long)n * KB * 8 + i);
   for (int i = 0; i < KB * 4; i += 64) __builtin_prefetch(high + (long)n * KB * 4 + i);
 #else
-  for (int i = 0; i < KB * 32; i += 64) __builtin_prefetch(weight + (long)n * KB * 32 + i);
+  for (int i = 0; i < KB * 16; i += 64) __builtin_prefetch(weight + (long)n * KB * 16 + i);
+  for (int i = 0; i < KB * 8; i += 64) __builtin_prefetch(high + (long)n * KB * 8 + i);
 #endif
   for (int i = 0; i < KB * 2; i += 64) __builtin_prefetch(scales + (long)n * KB * 2 + i);
   for (int i = 0; i < KB / 8; i += 16) __builtin_prefetch(d + (long)n * KB / 8 + i);
