@@ -21,29 +21,27 @@ from tinyvllm.workers.cpu_matvec import c_matmul, takes_int8
 GEMM_MIN_ROWS = 4  # MR: with fewer rows cpu_matvec is faster (measured: docs/BENCHMARKS.md)
 
 
-def int8_gemm_min_rows(cpu_flags: str, machine: str, vendor: str) -> int:
-    """The same with int8 activations, measured on each kind of x86 (1B Q4_K 2048x2048, docs/BENCHMARKS.md; either
-    kernel gives a row the same bits): 3 on an Intel CPU with VNNI (gemm_i8's 4 x 4 tiles on vpdpbusd, the kernels'
-    own machine); 8 on an AMD one with VNNI (Zen 4 runs 512-bit operations in two halves: 4 rows 482 against
-    matvec_i8's 257 us, 8 rows 504 against 710); 16 on an x86 without VNNI, where AVX2's maddubs + madd make the
-    tiles slower up to 12 rows (4 rows 541 against 342 us, 16 rows 1,268 against 1,700). 3 elsewhere (NEON's sdot
-    in both kernels)."""
+def int8_gemm_min_rows(cpu_flags: str, machine: str) -> int:
+    """The same with int8 activations, measured on the 1B Q4_K_M's decode step (benchmarks/profile_step.py, the
+    threshold patched; docs/BENCHMARKS.md; either kernel gives a row the same bits): 8 on an x86 with AVX-512 VNNI,
+    Intel's and AMD's alike (4 rows: 72 against gemm_i8's 102 ms on a Sapphire Rapids VM, 89 against 127 ms on a
+    Zen 4 one; 8 rows even; 16 rows: the tiles 1.5x ahead); 16 on an x86 without (AVX-VNNI alone included: both
+    kernels then take AVX2's maddubs + madd, which make the tiles slower up to 12 rows: 4 rows 541 against 342 us,
+    16 rows 1,268 against 1,700). 3 elsewhere (NEON's sdot in both kernels)."""
     if machine not in ("x86_64", "AMD64"):
         return 3
-    if not {"avx512_vnni", "avx_vnni"} & set(cpu_flags.split()):
-        return 16
-    return 3 if vendor == "GenuineIntel" else 8
+    return 8 if "avx512_vnni" in cpu_flags.split() else 16
 
 
-def _host_cpu_info(field: str) -> str:
+def _host_cpu_flags() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(field)), "")
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("flags")), "")
     except OSError:
         return ""
 
 
-INT8_GEMM_MIN_ROWS = int8_gemm_min_rows(_host_cpu_info("flags"), platform.machine(), _host_cpu_info("vendor_id"))
+INT8_GEMM_MIN_ROWS = int8_gemm_min_rows(_host_cpu_flags(), platform.machine())
 TILE_BYTES_PER_BLOCK = 176  # workers/c/int8_rows.h's tile_t (4 rows) per 32-element block: 8 x 16 code bytes, 3 x 16
 
 
