@@ -7,7 +7,10 @@ Each cell: a TinyJit chain of 32 products h = f(h, w) (so the CPU graph runs the
 median over 20 calls, per product. --kind: Q4_1 weights of random blocks (the default model's type, the default),
 Q4_K ones of the same values (every sub-block's 6-bit scale and minimum code 15), Q5_K ones (5-bit codes, the same
 scale codes), Q6_K ones (every 8-bit scale 16), Q3_K ones (every 6-bit scale 16, so 16 - 32 = -16), or F32, F16, BF16 or F8_E4M3 ones (float kernels only: matvec, gemm) of values that keep the chain's
-size; GB/s is the weight's bytes per product over its time. Prints a table.
+size; GB/s is the weight's bytes per product over its time. Prints a table. --distinct: how many different weights
+the chain cycles through (default 4); past the caches' size (16 of 4096x4096) it measures the rate from memory:
+
+    DEV=CPU python benchmarks/cpu_kernels.py --kind Q4_K --shapes 4096x4096 --rows 1 --distinct 16
 
     DEV=CPU python benchmarks/cpu_kernels.py --kind BF16 --shapes 2048x2048 --rows 1 --kernels matvec
 """
@@ -105,9 +108,12 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["576x576", "1536x1536"], help="square NxN weights (a chain)")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
+    ap.add_argument("--distinct", type=int, default=4, help="different weights in the chain (default 4)")
     ap.add_argument("--kind", default="Q4_1", choices=("Q4_1", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16",
                                                           "F8_E4M3"))
     args = ap.parse_args()
+    if not 1 <= args.distinct <= CHAIN:
+        ap.error(f"--distinct takes 1 to {CHAIN} (the chain's length)")
     if args.kind not in ("Q4_1", "Q3_K", "Q4_K", "Q5_K", "Q6_K") and (int8 := [k for k in args.kernels if k.endswith("_i8")]):
         ap.error(f"--kind {args.kind} has float kernels only (matvec, gemm), not {', '.join(int8)}")
     configure_device(Device.DEFAULT, "c")  # raises unless DEV=CPU
@@ -121,7 +127,7 @@ def main() -> None:
         assert n == k, "the chain feeds each product's output into the next"
         make = {"Q4_1": q4_1_weight, "Q3_K": q3_k_weight, "Q4_K": q4_k_weight, "Q5_K": q5_k_weight,
                 "Q6_K": q6_k_weight}.get(args.kind, lambda *a: float_weight(*a, args.kind))
-        weights = [make(rng, n, k) for _ in range(4)]
+        weights = [make(rng, n, k) for _ in range(args.distinct)]
         for rows in args.rows:
             times = [time_chain(lambda h, w, kernel=kernel: c_matmul(h, w, kernel, int8_tiles(h) if kernel == "gemm_i8"
                                                                       else None), weights, rows, n)

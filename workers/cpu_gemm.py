@@ -16,21 +16,22 @@ from tinygrad.helpers import NUM_CPU_THREADS
 from tinygrad.renderer import Estimates
 
 from tinyvllm.workers.c_kernel import c_kernel, c_source
-from tinyvllm.workers.cpu_matvec import c_matmul, takes_int8
+from tinyvllm.workers.cpu_matvec import INT8_ACTIVATION_KINDS, c_matmul, takes_int8
 
 GEMM_MIN_ROWS = 4  # MR: with fewer rows cpu_matvec is faster (measured: docs/BENCHMARKS.md)
 
 
-def int8_gemm_min_rows(cpu_flags: str, machine: str) -> int:
-    """The same with int8 activations, measured on the 1B Q4_K_M's decode step (benchmarks/profile_step.py, the
-    threshold patched; docs/BENCHMARKS.md; either kernel gives a row the same bits): 8 on an x86 with AVX-512 VNNI,
-    Intel's and AMD's alike (4 rows: 72 against gemm_i8's 102 ms on a Sapphire Rapids VM, 89 against 127 ms on a
-    Zen 4 one; 8 rows even; 16 rows: the tiles 1.5x ahead); 16 on an x86 without (AVX-VNNI alone included: both
-    kernels then take AVX2's maddubs + madd, which make the tiles slower up to 12 rows: 4 rows 541 against 342 us,
-    16 rows 1,268 against 1,700). 3 elsewhere (NEON's sdot in both kernels)."""
+def int8_gemm_min_rows(cpu_flags: str, machine: str, kind: str) -> int:
+    """The same with int8 activations for a `kind` weight, measured on the 1B Q4_K_M's decode step
+    (benchmarks/profile_step.py, the threshold patched; docs/BENCHMARKS.md; either kernel gives a row the same bits):
+    8 on an x86 with AVX-512 VNNI, Intel's and AMD's alike (4 rows: 72 against gemm_i8's 102 ms on a Sapphire
+    Rapids VM, 89 against 127 ms on a Zen 4 one; 8 rows even; 16 rows: the tiles 1.5x ahead); 16 on an x86
+    without (AVX-VNNI alone included: both kernels then take AVX2's maddubs + madd, which make the tiles slower up
+    to 12 rows: 4 rows 541 against 342 us, 16 rows 1,268 against 1,700), and for Q3_K and Q6_K on every x86 (their
+    half-block scales keep both kernels on maddubs + madd). 3 elsewhere (NEON's sdot in both kernels)."""
     if machine not in ("x86_64", "AMD64"):
         return 3
-    return 8 if "avx512_vnni" in cpu_flags.split() else 16
+    return 8 if "avx512_vnni" in cpu_flags.split() and kind not in ("Q3_K", "Q6_K") else 16
 
 
 def _host_cpu_flags() -> str:
@@ -41,7 +42,8 @@ def _host_cpu_flags() -> str:
         return ""
 
 
-INT8_GEMM_MIN_ROWS = int8_gemm_min_rows(_host_cpu_flags(), platform.machine())
+INT8_GEMM_MIN_ROWS = {kind: int8_gemm_min_rows(_host_cpu_flags(), platform.machine(), kind)
+                      for kind in INT8_ACTIVATION_KINDS}
 TILE_BYTES_PER_BLOCK = 176  # workers/c/int8_rows.h's tile_t (4 rows) per 32-element block: 8 x 16 code bytes, 3 x 16
 
 
@@ -58,7 +60,7 @@ def int8_tiles(h: Tensor) -> Tensor:
 
 def cpu_gemm(h: Tensor, w, int8_activations: bool = False, tiles: Tensor | None = None) -> Tensor:
     """h [T, K] @ w.T (see workers/cpu_matvec.py's c_matmul), for GEMM_MIN_ROWS rows or more. int8_activations
-    (Q4_1, Q3_K, Q4_K, Q5_K, Q6_K and Q8_0 weights, INT8_GEMM_MIN_ROWS rows or more): h quantised as cpu_matvec's int8 path does, by
+    (Q4_1, Q3_K, Q4_K, Q5_K, Q6_K and Q8_0 weights, INT8_GEMM_MIN_ROWS[kind] rows or more): h quantised as cpu_matvec's int8 path does, by
     workers/c/quantize_i8.c (or given as `tiles`, int8_tiles(h) shared by products of one input), then multiplied
     with integer dot products by workers/c/gemm_i8.c; each row's result has the bits cpu_matvec would give it."""
     if takes_int8(w, int8_activations):

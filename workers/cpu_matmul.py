@@ -68,8 +68,9 @@ def _f32_kernel(out: UOp, h: UOp, w: UOp) -> UOp:
 def shared_int8_tiles(h: Tensor, weights: tuple, int8_activations: bool) -> Tensor | None:
     """int8_tiles(h) when more than one of `weights` would quantise h for gemm_i8 (q, k and v; gate and up), for
     cpu_linear's `tiles`; else None."""
-    gemm_i8 = [w for w in weights if c_kernels_support(w) and takes_int8(w, int8_activations)]
-    return int8_tiles(h) if h.shape[0] >= INT8_GEMM_MIN_ROWS and len(gemm_i8) > 1 else None
+    gemm_i8 = [w for w in weights if c_kernels_support(w) and takes_int8(w, int8_activations)
+               and h.shape[0] >= INT8_GEMM_MIN_ROWS[w.kind]]
+    return int8_tiles(h) if len(gemm_i8) > 1 else None
 
 
 def cpu_linear(h: Tensor, w, int8_activations: bool = False, tiles: Tensor | None = None) -> Tensor:
@@ -78,7 +79,7 @@ def cpu_linear(h: Tensor, w, int8_activations: bool = False, tiles: Tensor | Non
     workers/cpu_gemm.py for more. Others (float32 with an odd K) take the tinygrad kernel above. int8_activations:
     see cpu_matvec; tiles: shared_int8_tiles(h, ...)."""
     if c_kernels_support(w):
-        gemm_from = INT8_GEMM_MIN_ROWS if takes_int8(w, int8_activations) else GEMM_MIN_ROWS
+        gemm_from = INT8_GEMM_MIN_ROWS[w.kind] if takes_int8(w, int8_activations) else GEMM_MIN_ROWS
         return cpu_matvec(h, w, int8_activations) if h.shape[0] < gemm_from else cpu_gemm(h, w, int8_activations, tiles)
     assert w.kind == "F32", w  # quantised rows are whole blocks
     out = Tensor.empty(h.shape[0], w.shape[0], dtype=dtypes.float32, device=h.device)

@@ -55,7 +55,7 @@ def takes_int8(w, int8_activations: bool) -> bool:
 
 def cpu_matvec(h: Tensor, w, int8_activations: bool = False) -> Tensor:
     """h [T, K] @ w.T (see c_matmul). Best for a few rows; workers/cpu_gemm.py's register tiles win from
-    GEMM_MIN_ROWS rows (int8: INT8_GEMM_MIN_ROWS). int8_activations (INT8_ACTIVATION_KINDS weights):
+    GEMM_MIN_ROWS rows (int8: INT8_GEMM_MIN_ROWS[kind]). int8_activations (INT8_ACTIVATION_KINDS weights):
     workers/c/matvec_i8.c,
     h quantised to int8 per block and multiplied with integer dot products (not exact: within half a step of each
     block's scale)."""

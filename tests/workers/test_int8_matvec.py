@@ -16,7 +16,7 @@ from tests.workers.test_cpu_matmul import K, N, weights  # noqa: F401 (weights: 
 from tests.workers.test_quantized_weight import dense_attention, quantised_llama  # noqa: F401 (a fixture)
 from tinyvllm.workers.c_kernel import shared_library
 from tinyvllm.workers.cpu_gemm import TILE_BYTES_PER_BLOCK
-from tinyvllm.workers.cpu_matvec import cpu_matvec
+from tinyvllm.workers.cpu_matvec import INT8_ACTIVATION_KINDS, cpu_matvec
 
 TARGETS = {"native": ("-march=native",), "baseline": ()}
 INT8_KINDS = ["Q4_1", "Q8_0", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
@@ -154,13 +154,13 @@ def test_through_tinygrad_equals_the_model_and_stays_near_the_float_product(weig
 
 
 def test_the_c_int8_set_takes_int8_at_every_row_count_and_a_row_keeps_its_bits(quantised_llama, monkeypatch):  # noqa: F811
-    """c-int8: every Q4_1/Q8_0 product takes int8 activations (matvec_i8 for 1-2 rows, gemm_i8 from 3, as on a CPU
-    with VNNI, whatever this one has: both kernels meet here), and a row's logits do not depend on the rows beside
+    """c-int8: every Q4_1/Q8_0 product takes int8 activations (matvec_i8 for 1-2 rows, gemm_i8 from 3, as on ARM,
+    whatever this one has: both kernels meet here), and a row's logits do not depend on the rows beside
     it: alone, with 1 or 2 more (matvec_i8, then gemm_i8) bit for bit; with 4 more within a float rounding
     (tinygrad's own kernels, norms and this test's attention, change with the shape)."""
     from tinyvllm.workers import cpu_matvec as cpu_matvec_module
     from tinyvllm.workers.model import Transformer
-    monkeypatch.setattr("tinyvllm.workers.cpu_matmul.INT8_GEMM_MIN_ROWS", 3)
+    monkeypatch.setattr("tinyvllm.workers.cpu_matmul.INT8_GEMM_MIN_ROWS", dict.fromkeys(INT8_ACTIVATION_KINDS, 3))
     (cfg, kept), _ = quantised_llama
     used = set()
     c_matmul = cpu_matvec_module.c_matmul
@@ -181,10 +181,12 @@ def test_the_c_int8_set_takes_int8_at_every_row_count_and_a_row_keeps_its_bits(q
     np.testing.assert_allclose(first_rows["c-int8", 5], first_rows["c-int8", 1], rtol=0, atol=1e-6)
 
 
-def test_the_tiles_take_over_from_8_rows_on_an_x86_with_avx512_vnni_and_16_on_one_without():
+def test_the_tiles_take_over_from_8_rows_on_an_x86_with_avx512_vnni_and_16_on_one_without_or_for_half_scales():
     """Measured on each kind of CPU (workers/cpu_gemm.py): the row count where gemm_i8 overtakes matvec_i8."""
     from tinyvllm.workers.cpu_gemm import int8_gemm_min_rows
-    assert int8_gemm_min_rows("fpu sse2 avx2 avx512f avx512_vnni", "x86_64") == 8
-    assert int8_gemm_min_rows("fpu avx2 avx_vnni", "x86_64") == 16  # 256-bit VNNI alone: AVX2's paths in both
-    assert int8_gemm_min_rows("fpu sse2 fma avx2 f16c", "x86_64") == 16
-    assert int8_gemm_min_rows("", "aarch64") == 3  # NEON's sdot in both kernels
+    vnni = "fpu sse2 avx2 avx512f avx512_vnni"
+    assert [int8_gemm_min_rows(vnni, "x86_64", kind) for kind in INT8_ACTIVATION_KINDS] == \
+        [16 if kind in ("Q3_K", "Q6_K") else 8 for kind in INT8_ACTIVATION_KINDS]  # both maddubs for half scales
+    assert int8_gemm_min_rows("fpu avx2 avx_vnni", "x86_64", "Q4_K") == 16  # 256-bit VNNI alone: AVX2's paths
+    assert int8_gemm_min_rows("fpu sse2 fma avx2 f16c", "x86_64", "Q4_K") == 16
+    assert int8_gemm_min_rows("", "aarch64", "Q6_K") == 3  # NEON's sdot in both kernels

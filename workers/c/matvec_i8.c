@@ -18,7 +18,8 @@
 
 // weight row n's block b as the instructions take it (loaded and unpacked once for every activation row)
 #if defined(__AVX2__)
-typedef struct { __m256i u, w; } block_t;  // u: the unsigned factor (nibble kinds' codes, signed ones' |w|); w: signs
+typedef struct { __m256i u, w; } block_t;  // u: the unsigned factor (nibble kinds' codes, Q6_K's 0..63, signed
+                                            // ones' |w|); w: signs
 #elif defined(__ARM_FEATURE_DOTPROD)
 typedef struct { int8x16_t w0, w1; } block_t;
 #else
@@ -166,7 +167,7 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
   float xm[ROWS][KB];
   for (int t = 0; t < ROWS; t++) quantize_row(h + (long)t * K, xq[t], xd[t], xm[t], 0);
 #if defined(SIX_BIT_UNSIGNED)
-  short x_half_sums[ROWS][KB * 2];  // each 16 codes' sum: at most 16 x 128
+  short x_half_sums[ROWS][KB * 2];  // each 16 codes' sum: at most 16 x 127
   for (int t = 0; t < ROWS; t++)
     for (int i = 0; i < KB * 2; i++) {
       int sum = 0;
