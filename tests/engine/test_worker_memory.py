@@ -1,8 +1,8 @@
 """A served model's worker holds its weights at their stored size: resident memory (VmRSS, from /proc) at most the
 GGUF file's size plus its KV cache plus 400 MB (the interpreter, tinygrad, buffers of the steps), loaded directly or
 mapped from a weight pack. The model: a Q4_K_M-style twin (Q4_K matrices, Q6_K for the embedding and the down
-projections) of 1024 wide and 8 layers deep, 100 MB (measured: weights 119 MB on the device, RSS 277 MB
-direct and 261 MB packed beside a 17 MB KV cache); benchmarks/model_memory.py reports the same on real sizes."""
+projections) of 1024 wide and 8 layers deep, 98 MB (its weights take 101 MB on the device: the file's bits, each
+super-block's d as float32); benchmarks/model_memory.py reports the same on real sizes."""
 import os
 
 import numpy as np
