@@ -117,14 +117,16 @@ def test_kernel_equals_the_numpy_model_bit_for_bit(weights, target, kind, kernel
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("kind", INT8_KINDS)
 def test_both_kernels_give_every_row_the_models_bits_on_a_larger_odd_shape(target, kind):
-    """K = 544 (17 blocks: two whole groups of 8 lanes and one more; Q4_K: 768, 3 super-blocks), 30 columns (15 a
+    """K = 544 (17 blocks: two whole groups of 8 lanes and one more) and 512 (whole groups: with AVX-512 VNNI,
+    matvec_i8 takes the nibble kinds two blocks at a time); the K-quants 768 (3 super-blocks); 30 columns (15 a
     core: a part panel of 3)."""
-    k = 768 if kind in ("Q3_K", "Q4_K", "Q5_K", "Q6_K") else 544
-    parts, h = random_parts(kind, 30, k), np.random.default_rng(5).standard_normal((13, k)).astype(np.float32)
-    want = int8_matvec(kind, h, parts)
-    np.testing.assert_array_equal(run_int8_gemm(TARGETS[target], kind, h, parts), want)
-    for rows in (slice(0, 1), slice(11, 13)):
-        np.testing.assert_array_equal(run_kernel("matvec_i8", TARGETS[target], kind, h[rows], parts, cols=30, k=k), want[rows])
+    for k in (768,) if kind in ("Q3_K", "Q4_K", "Q5_K", "Q6_K") else (544, 512):
+        parts, h = random_parts(kind, 30, k), np.random.default_rng(5).standard_normal((13, k)).astype(np.float32)
+        want = int8_matvec(kind, h, parts)
+        np.testing.assert_array_equal(run_int8_gemm(TARGETS[target], kind, h, parts), want)
+        for rows in (slice(0, 1), slice(11, 13)):
+            got = run_kernel("matvec_i8", TARGETS[target], kind, h[rows], parts, cols=30, k=k)
+            np.testing.assert_array_equal(got, want[rows])
 
 
 def test_a_jitted_int8_product_follows_its_input(weights):  # noqa: F811

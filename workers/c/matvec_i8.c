@@ -10,6 +10,11 @@
 #include "int8_products.h"
 
 #define PREFETCH_AHEAD 4
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(WEIGHT_NIBBLES) && KB % 8 == 0
+// two blocks per 512-bit vpdpbusd (the nibble kinds, whose codes are unsigned): half the dot instructions and
+// activation loads per row, and a shorter tree to each block's sum
+#define PAIRED_BLOCKS 1
+#endif
 #if defined(WEIGHT_Q6_K) && defined(__AVX2__)
 // Q6_K's codes multiplied as they are stored, 0..63 (unsigned, as maddubs takes them: no sign instructions), and the
 // -32 taken once per 8 blocks from the activations' 16-element sums: sum (c - 32) x = sum c x - 32 sum x
@@ -116,6 +121,43 @@ ALWAYS_INLINE i32x8 block_dot(block_t blk, const signed char *restrict x, half_s
 #endif
 }
 
+#if defined(PAIRED_BLOCKS)
+typedef int i32x16 __attribute__((vector_size(64), aligned(64)));
+
+// weight row n's blocks b and b + 1 (b even) as 64 codes, each block's 32 elements in order
+ALWAYS_INLINE __m512i load_block_pair(WEIGHT_PARAMS, int n, int b) {
+  const __m512i q = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(weight + ((long)n * KB + b) * 16)));
+  const __m512i low_high = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0, 0,  // per 16-bit lane:
+                                            0x0004000400040004, 0x0004000400040004, 0, 0);  // >> 0, 4, 0, 4
+  __m512i c = _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_i64x2(q, q, 0x50), low_high),  // b, b, b+1, b+1
+                               _mm512_set1_epi8(15));
+#if defined(WEIGHT_Q5_K)  // the fifth bits of blocks b and b + 1: bits j, j + 1 of the super-block's 32 bytes
+  const unsigned j = (unsigned)b % 8;
+  const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+      (const __m256i *)(high + ((unsigned long)n * (KB / 8) + (unsigned)b / 8) * 32)));
+  const __m512i shifts = _mm512_set_epi64((long long)(j + 1) * 0x0001000100010001, (long long)(j + 1) * 0x0001000100010001,
+                                          (long long)(j + 1) * 0x0001000100010001, (long long)(j + 1) * 0x0001000100010001,
+                                          (long long)j * 0x0001000100010001, (long long)j * 0x0001000100010001,
+                                          (long long)j * 0x0001000100010001, (long long)j * 0x0001000100010001);
+  c = _mm512_or_si512(c, _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(h, shifts), 4), _mm512_set1_epi8(16)));
+#endif
+  return c;
+}
+
+// lane i of the result = the sum of block i's 8 lanes, where v[p] holds block 2p's in lanes 0-7 and 2p + 1's in
+// 8-15 (integers: any order gives the same sum)
+ALWAYS_INLINE i32x8 sums_of_pairs(const i32x16 *v) {
+  i32x16 w[2];
+  for (int i = 0; i < 2; i++)  // block 4i + k's 4 partial sums in lanes 4k .. 4k + 3
+    w[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(v[2 * i], v[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  const i32x16 u =  // block k's 2 in lanes 2k, 2k + 1
+      __builtin_shufflevector(w[0], w[1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+      __builtin_shufflevector(w[0], w[1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  return __builtin_shufflevector(u, u, 0, 2, 4, 6, 8, 10, 12, 14) + __builtin_shufflevector(u, u, 1, 3, 5, 7, 9, 11, 13, 15);
+}
+#endif
+
 // lane b of the result = the sum of v[b]'s 8 lanes (integers: any order gives the same sum)
 #define PAIRS(x, y, ...) (__builtin_shufflevector(x, y, __VA_ARGS__))
 ALWAYS_INLINE i32x8 sums_of_8(const i32x8 *v) {
@@ -182,6 +224,18 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
     for (int t = 0; t < ROWS; t++) acc[t] = (f32x8){0};
     for (int b0 = 0; b0 < KB; b0 += 8) {
       const int nb = KB - b0 < 8 ? KB - b0 : 8;
+      i32x8 sums[ROWS];
+#if defined(PAIRED_BLOCKS)
+      i32x16 pair_dots[ROWS][4];
+#pragma unroll
+      for (int p = 0; p < 4; p++) {
+        const __m512i c = load_block_pair(WEIGHT_ARGS, n, b0 + 2 * p);
+        for (int t = 0; t < ROWS; t++)
+          pair_dots[t][p] = (i32x16)_mm512_dpbusd_epi32(_mm512_setzero_si512(), c,
+                                                        _mm512_loadu_si512(xq[t] + (b0 + 2 * p) * 32));
+      }
+      for (int t = 0; t < ROWS; t++) sums[t] = sums_of_pairs(pair_dots[t]);
+#else
       i32x8 dots[ROWS][8];
 #pragma unroll  // i a constant in each copy: the K-quants' bit fields come out by shifts of fixed counts
       for (int i = 0; i < 8; i++) {
@@ -197,15 +251,18 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
           for (int t = 0; t < ROWS; t++) dots[t][i] = (i32x8){0};
         }
       }
+      for (int t = 0; t < ROWS; t++) {
+#if defined(SIX_BIT_UNSIGNED)
+        sums[t] = sums_of_8(dots[t]) - six_bit_offsets(WEIGHT_ARGS, n, b0, x_half_sums[t]);
+#else
+        sums[t] = sums_of_8(dots[t]);
+#endif
+      }
+#endif
       f32x8 wd, wm;
       block_scales8(WEIGHT_ARGS, n, b0, nb, &wd, &wm);
       for (int t = 0; t < ROWS; t++) {
-#if defined(SIX_BIT_UNSIGNED)
-        const i32x8 sums = sums_of_8(dots[t]) - six_bit_offsets(WEIGHT_ARGS, n, b0, x_half_sums[t]);
-#else
-        const i32x8 sums = sums_of_8(dots[t]);
-#endif
-        acc[t] += __builtin_convertvector(sums, f32x8) * (wd * load8(xd[t] + b0, nb));
+        acc[t] += __builtin_convertvector(sums[t], f32x8) * (wd * load8(xd[t] + b0, nb));
 #if defined(WEIGHT_NIBBLES)
         acc[t] += wm * load8(xm[t] + b0, nb);
 #endif
