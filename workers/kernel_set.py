@@ -3,9 +3,9 @@
 The sets and what each one runs are protocol/kernel_choice.py's (KERNEL_SETS, KernelChoice). Here, the device side:
 - "c" and "c-int8" also render tinygrad's own kernels with permission to reassociate (workers/cpu_matmul.py's
   ReassociatingClangRenderer) and run jitted steps on the C graph executor (workers/cpu_graph.py). "c-int8"'s
-  int8 products (workers/c/matvec_i8.c for a few rows, quantize_i8.c + gemm_i8.c from 8 rows with AVX-512 VNNI, 16
-  without: workers/cpu_gemm.py) stay within each
-  activation block's quantisation step of "c", and a row's result does not depend on the rows beside it.
+  int8 products (workers/c/matvec_i8.c for a few rows, quantize_i8.c + gemm_i8.c from a row count per weight kind:
+  workers/cpu_gemm.py) stay within each activation block's quantisation step of "c", and a row's result does not
+  depend on the rows beside it.
 - "tinygrad": tinygrad's own kernels and graph; on CPU too, so CI runs that path.
 
 `Transformer(..., kernels=...)` picks the kernels a model traces (`kernel_choice` resolves them for the device);
