@@ -10,9 +10,11 @@
 #include "int8_products.h"
 
 #define PREFETCH_AHEAD 4
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(WEIGHT_NIBBLES) && KB % 8 == 0
-// two blocks per 512-bit vpdpbusd (the nibble kinds, whose codes are unsigned): half the dot instructions and
-// activation loads per row, and a shorter tree to each block's sum
+#if (defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(WEIGHT_NIBBLES) && KB % 8 == 0) || \
+    (defined(__AVX512BW__) && defined(WEIGHT_Q6_K))
+// two blocks per 512-bit product (the nibble kinds' vpdpbusd; Q6_K's unsigned codes in vpmaddubsw + vpmaddwd with
+// its half-block scales): half the dot instructions and activation loads per row, and a shorter tree to each
+// block's sum
 #define PAIRED_BLOCKS 1
 #endif
 #if defined(WEIGHT_Q6_K) && defined(__AVX2__)
@@ -124,8 +126,23 @@ ALWAYS_INLINE i32x8 block_dot(block_t blk, const signed char *restrict x, half_s
 #if defined(PAIRED_BLOCKS)
 typedef int i32x16 __attribute__((vector_size(64), aligned(64)));
 
-// weight row n's blocks b and b + 1 (b even) as 64 codes, each block's 32 elements in order
+#define SPREAD16(a, b, c, d) _mm512_set_epi64((d) * 0x0001000100010001LL, (d) * 0x0001000100010001LL, \
+  (c) * 0x0001000100010001LL, (c) * 0x0001000100010001LL, (b) * 0x0001000100010001LL, (b) * 0x0001000100010001LL, \
+  (a) * 0x0001000100010001LL, (a) * 0x0001000100010001LL)  // 16-bit lanes 0-7 a, 8-15 b, 16-23 c, 24-31 d
+
+// weight row n's blocks b and b + 1 (b even) as 64 codes, each block's 32 elements in order (Q6_K: 0..63)
 ALWAYS_INLINE __m512i load_block_pair(WEIGHT_PARAMS, int n, int b) {
+#if defined(WEIGHT_Q6_K)  // b and b + 1's low nibbles are the 64 bytes of their half; their high pairs the same 32
+  const unsigned j = (unsigned)b % 8;
+  const unsigned long super = (unsigned long)n * (KB / 8) + (unsigned)b / 8;
+  const __m512i low = _mm512_loadu_si512(weight + super * 128 + j / 4 * 64);
+  const __m512i pairs = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(high + super * 64 + j / 4 * 32)));
+  const unsigned s = 2 * (j % 4);  // b's pair in bits s, s + 1; b + 1's in s + 2, s + 3
+  return _mm512_or_si512(
+      _mm512_and_si512(_mm512_srli_epi16(low, 4 * (j % 4 / 2)), _mm512_set1_epi8(15)),
+      _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(pairs, SPREAD16(s, s, s + 2, s + 2)), 4),
+                       _mm512_set1_epi8(0x30)));
+#else
   const __m512i q = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(weight + ((long)n * KB + b) * 16)));
   const __m512i low_high = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0, 0,  // per 16-bit lane:
                                             0x0004000400040004, 0x0004000400040004, 0, 0);  // >> 0, 4, 0, 4
@@ -142,6 +159,30 @@ ALWAYS_INLINE __m512i load_block_pair(WEIGHT_PARAMS, int n, int b) {
   c = _mm512_or_si512(c, _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(h, shifts), 4), _mm512_set1_epi8(16)));
 #endif
   return c;
+#endif
+}
+
+#if defined(WEIGHT_Q6_K)
+typedef __m512i pair_scales_t;  // blocks b and b + 1's half-block scales as 16-bit lanes, 8 each (madd's pairs)
+ALWAYS_INLINE pair_scales_t pair_half_scales(WEIGHT_PARAMS, int n, int b) {
+  int four;
+  __builtin_memcpy(&four, scales + ((long)n * KB + b) * 2, 4);
+  return _mm512_permutexvar_epi16(SPREAD16(0, 1, 2, 3),
+                                  _mm512_castsi128_si512(_mm_cvtepi8_epi16(_mm_cvtsi32_si128(four))));
+}
+#else
+typedef int pair_scales_t;
+#endif
+
+// the 16 int32 lanes of blocks b and b + 1 (codes c) against the activation codes x[64]: lanes 0-7 b's, 8-15 b + 1's
+ALWAYS_INLINE i32x16 pair_dot(__m512i c, const signed char *restrict x, pair_scales_t scales) {
+  const __m512i xv = _mm512_loadu_si512(x);
+#if defined(WEIGHT_Q6_K)
+  return (i32x16)_mm512_madd_epi16(_mm512_maddubs_epi16(c, xv), scales);
+#else
+  (void)scales;
+  return (i32x16)_mm512_dpbusd_epi32(_mm512_setzero_si512(), c, xv);
+#endif
 }
 
 // lane i of the result = the sum of block i's 8 lanes, where v[p] holds block 2p's in lanes 0-7 and 2p + 1's in
@@ -230,11 +271,19 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
 #pragma unroll
       for (int p = 0; p < 4; p++) {
         const __m512i c = load_block_pair(WEIGHT_ARGS, n, b0 + 2 * p);
-        for (int t = 0; t < ROWS; t++)
-          pair_dots[t][p] = (i32x16)_mm512_dpbusd_epi32(_mm512_setzero_si512(), c,
-                                                        _mm512_loadu_si512(xq[t] + (b0 + 2 * p) * 32));
+#if defined(WEIGHT_Q6_K)
+        const pair_scales_t ps = pair_half_scales(WEIGHT_ARGS, n, b0 + 2 * p);
+#else
+        const pair_scales_t ps = 0;
+#endif
+        for (int t = 0; t < ROWS; t++) pair_dots[t][p] = pair_dot(c, xq[t] + (b0 + 2 * p) * 32, ps);
       }
-      for (int t = 0; t < ROWS; t++) sums[t] = sums_of_pairs(pair_dots[t]);
+      for (int t = 0; t < ROWS; t++) {
+        sums[t] = sums_of_pairs(pair_dots[t]);
+#if defined(SIX_BIT_UNSIGNED)
+        sums[t] -= six_bit_offsets(WEIGHT_ARGS, n, b0, x_half_sums[t]);
+#endif
+      }
 #else
       i32x8 dots[ROWS][8];
 #pragma unroll  // i a constant in each copy: the K-quants' bit fields come out by shifts of fixed counts
