@@ -144,18 +144,14 @@ ALWAYS_INLINE __m512i load_block_pair(WEIGHT_PARAMS, int n, int b) {
                        _mm512_set1_epi8(0x30)));
 #else
   const __m512i q = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(weight + ((long)n * KB + b) * 16)));
-  const __m512i low_high = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0, 0,  // per 16-bit lane:
-                                            0x0004000400040004, 0x0004000400040004, 0, 0);  // >> 0, 4, 0, 4
-  __m512i c = _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_i64x2(q, q, 0x50), low_high),  // b, b, b+1, b+1
+  __m512i c = _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_i64x2(q, q, 0x50),  // 128-bit lanes: b, b, b+1, b+1
+                                                 SPREAD16(0, 4, 0, 4)),  // their low nibbles, high ones, ...
                                _mm512_set1_epi8(15));
 #if defined(WEIGHT_Q5_K)  // the fifth bits of blocks b and b + 1: bits j, j + 1 of the super-block's 32 bytes
   const unsigned j = (unsigned)b % 8;
   const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256(
       (const __m256i *)(high + ((unsigned long)n * (KB / 8) + (unsigned)b / 8) * 32)));
-  const __m512i shifts = _mm512_set_epi64((long long)(j + 1) * 0x0001000100010001, (long long)(j + 1) * 0x0001000100010001,
-                                          (long long)(j + 1) * 0x0001000100010001, (long long)(j + 1) * 0x0001000100010001,
-                                          (long long)j * 0x0001000100010001, (long long)j * 0x0001000100010001,
-                                          (long long)j * 0x0001000100010001, (long long)j * 0x0001000100010001);
+  const __m512i shifts = SPREAD16(j, j, j + 1, j + 1);  // 16-bit lanes: b's by j, b + 1's by j + 1
   c = _mm512_or_si512(c, _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(h, shifts), 4), _mm512_set1_epi8(16)));
 #endif
   return c;
@@ -195,7 +191,8 @@ ALWAYS_INLINE i32x8 sums_of_pairs(const i32x16 *v) {
   const i32x16 u =  // block k's 2 in lanes 2k, 2k + 1
       __builtin_shufflevector(w[0], w[1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
       __builtin_shufflevector(w[0], w[1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-  return __builtin_shufflevector(u, u, 0, 2, 4, 6, 8, 10, 12, 14) + __builtin_shufflevector(u, u, 1, 3, 5, 7, 9, 11, 13, 15);
+  return __builtin_shufflevector(u, u, 0, 2, 4, 6, 8, 10, 12, 14) +
+         __builtin_shufflevector(u, u, 1, 3, 5, 7, 9, 11, 13, 15);
 }
 #endif
 
