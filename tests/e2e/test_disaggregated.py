@@ -20,13 +20,12 @@ import pytest
 from tests.e2e.http_helpers import completion_body, stream
 from tests.e2e.server_process import MODEL_NAME, STARTUP_TIMEOUT_S, ServerProcess, read_metric, wait_until
 from tests.helpers.tiny_model import make_tiny_gguf
-from tests.router.router_process import RouterProcess, SteadyLoad, since
+from tests.router.router_process import RouterProcess, SteadyLoad, kill_mid_stream, since
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then the dog sleeps in the sun all day long."
 KV_SECRET = "pd-test-kv-secret-0123456789"
 LEASE_S = 10.0
 HEARTBEAT_TIMEOUT_S, JOIN_DEADLINE_S, POLL_SLACK_S = 6.0, 5.0, 1.5
-LONG_STREAM_TOKENS = 1800  # seconds of decoding even on a fast machine
 PD_ARGS = ("--block-size", "4", "--num-kv-blocks", "480", "--kv-secret", KV_SECRET)  # 1,920 tokens: a long stream fits
 
 
@@ -208,23 +207,7 @@ def test_a_decode_instance_joining_under_load_gets_requests_and_draining_it_lose
 def test_a_decode_instance_killed_mid_stream(pd):
     router, servers = pd
     decodes = [servers["decode0"], servers["decode1"]]
-    body = completion_body("A long story:", max_tokens=LONG_STREAM_TOKENS, ignore_eos=True, temperature=0, stream=True)
-    victim, tries = None, 0
-    while victim is None:  # a stream that ended before the test looked (a stalled test process) is tried again
-        tries += 1
-        assert tries <= 3, ("three streams ended before the test could find their decode instance", router.instances())
-        with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=240, trust_env=False) as response:
-            assert response.status_code == 200, response.read()
-            lines = response.iter_lines()
-            assert next(line for line in lines if line.startswith("data: {"))  # the stream is under way
-            serving = [d for d in decodes if router.instances().get(d.url, {}).get("open_requests")]
-            assert len(serving) <= 1, router.instances()
-            if serving:
-                victim = serving[0]
-                victim.snapshot()
-                os.kill(victim.pid, signal.SIGKILL)
-                killed_at = time.monotonic()
-            rest = [line for line in lines if line]
+    victim, killed_at, rest = kill_mid_stream(router, decodes)
     assert len(rest) >= 2 and rest[-1] == "data: [DONE]" and '"error"' in rest[-2], rest[-3:]
 
     survivor = next(d for d in decodes if d is not victim)

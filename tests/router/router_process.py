@@ -3,6 +3,7 @@ line; and a steady request load through it, from threads, that records every fai
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -100,3 +101,30 @@ class SteadyLoad:
 
 def since(start: float) -> float:
     return time.monotonic() - start
+
+
+LONG_STREAM_TOKENS = 1800  # seconds of decoding on the wide twins, even on a fast machine (their context: 2,048)
+
+
+def kill_mid_stream(router: RouterProcess, candidates: list, tries: int = 3) -> tuple[object, float, list[str]]:
+    """Streams a LONG_STREAM_TOKENS completion through the router and SIGKILLs the one of `candidates` (server
+    processes) the router shows it open on, once its first token has come: (that victim, when it was killed, the
+    stream's remaining non-empty lines). A stream that ended before the test looked (a test process stalled on a
+    loaded machine) is started again, up to `tries` times."""
+    body = completion_body("A long story:", max_tokens=LONG_STREAM_TOKENS, ignore_eos=True, temperature=0, stream=True)
+    for _ in range(tries):
+        with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=REQUEST_TIMEOUT_S,
+                          trust_env=False) as response:
+            assert response.status_code == 200, response.read()
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data: {"))  # the stream is under way
+            serving = [c for c in candidates if router.instances().get(c.url, {}).get("open_requests")]
+            assert len(serving) <= 1, router.instances()
+            if serving:
+                serving[0].snapshot()
+                os.kill(serving[0].pid, signal.SIGKILL)
+                killed_at = time.monotonic()
+            rest = [line for line in lines if line]
+        if serving:
+            return serving[0], killed_at, rest
+    raise AssertionError(f"{tries} streams ended before the test found their instance: {router.instances()}")

@@ -5,7 +5,6 @@ explicit error, leaves the router within the heartbeat timeout, and new requests
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import time
@@ -18,7 +17,7 @@ from tests.e2e.http_helpers import chat_body, complete, completion_body, stream
 from tests.e2e.server_process import (REQUEST_TIMEOUT_S, STARTUP_TIMEOUT_S, ServerProcess, metrics_text, read_metric,
                                      wait_until)
 from tests.helpers.tiny_model import make_tiny_gguf
-from tests.router.router_process import RouterProcess, SteadyLoad, since
+from tests.router.router_process import RouterProcess, SteadyLoad, kill_mid_stream, since
 
 HEARTBEAT_TIMEOUT_S = 6.0  # the router's default
 JOIN_DEADLINE_S = 5.0
@@ -29,7 +28,8 @@ POLL_SLACK_S = 1.5  # a sweep (0.5 s) and a poll of /instances on a busy machine
 def tiny_model(tmp_path_factory):
     """Wide enough that a step takes milliseconds, so a long stream is still running when the test kills its
     instance (as tests/e2e/test_data_parallel.py's)."""
-    return make_tiny_gguf(tmp_path_factory.mktemp("model") / "wide.gguf", dim=512, n_heads=8, n_kv_heads=4, ffn=1024)
+    return make_tiny_gguf(tmp_path_factory.mktemp("model") / "wide.gguf", dim=512, n_heads=8, n_kv_heads=4, ffn=1024,
+                          context=2048)
 
 
 @dataclass
@@ -44,6 +44,7 @@ class Cluster:
         them."""
         names = [f"instance{len(self.instances) + i}" for i in range(count)]
         new = [ServerProcess(self.model, self.folder / f"{name}.log", "--register-with", self.router.url,
+                             "--num-kv-blocks", "128",  # 2,048 tokens: a long stream fits
                              "--kv-events-config", json.dumps({"enable_kv_cache_events": True,
                                                                "endpoint": f"ipc://{self.folder}/{name}.kv"}))
                for name in names]
@@ -166,16 +167,7 @@ def test_an_instance_stopped_under_load_drains_leaves_and_loses_nothing(cluster)
 
 def test_an_instance_killed_mid_stream(cluster):
     router = cluster.router
-    body = completion_body("A long story:", max_tokens=450, ignore_eos=True, temperature=0, stream=True)
-    with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=REQUEST_TIMEOUT_S,
-                      trust_env=False) as response:
-        lines = response.iter_lines()
-        assert next(line for line in lines if line.startswith("data: {"))  # the stream is under way
-        (victim,) = [i for i in cluster.instances if router.instances().get(i.url, {}).get("open_requests")]
-        victim.snapshot()
-        os.kill(victim.pid, signal.SIGKILL)
-        killed_at = time.monotonic()
-        rest = [line for line in lines if line]
+    victim, killed_at, rest = kill_mid_stream(router, cluster.instances)
     assert len(rest) >= 2 and rest[-1] == "data: [DONE]", rest[-3:]
     assert '"error"' in rest[-2] and "failed mid-answer" in rest[-2], rest[-3:]
     broken = read_metric(router.url, "tinyvllm_router:errors_total", f'instance="{victim.url}",reason="broken_stream"')
