@@ -67,7 +67,7 @@ class PrefixIndex:
         for event in events:
             self.apply(event)
 
-    def apply(self, event: dict) -> None:
+    def apply(self, event: object) -> None:
         """One KV event as it comes off the wire (protocol/kv_events.py); a malformed one changes nothing."""
         kind, keys = read_wire_event(event)
         if kind == "BlockStored":

@@ -23,6 +23,14 @@ def quantize_rows(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return q, d, (d * q.sum(-1).astype(f32)).astype(f32)
 
 
+def two_bit_runs(part: np.ndarray) -> np.ndarray:
+    """Q3_K's 2-bit codes or Q6_K's high bit pairs [N, 8S, 8] (64 bytes a super-block: each half's 32 bytes hold its
+    4 blocks, 2 bits each, lowest first) -> [N, 8S, 32] in 0..3."""
+    n, blocks = part.shape[:2]
+    runs = part.reshape(n, blocks // 8, 2, 1, 32).astype(np.int64)
+    return ((runs >> (2 * np.arange(4))[:, None]) & 3).reshape(n, blocks, 32)  # [N, S, half, block, 32] flattened
+
+
 def weight_codes(kind: str, parts: list[np.ndarray]) -> np.ndarray:
     """The integer values the kernels multiply: [N, K/32, 32] (Q4_1's and Q4_K's nibbles, Q5_K's with their fifth
     bits, Q8_0's signed bytes, Q6_K's low nibbles and high bit pairs as signed values -32..31, Q3_K's 2-bit codes
@@ -34,19 +42,14 @@ def weight_codes(kind: str, parts: list[np.ndarray]) -> np.ndarray:
             fifth = (parts[1][:, :, None, :].astype(np.int64) >> np.arange(8)[:, None]) & 1
             codes += fifth.reshape(codes.shape) << 4
         return codes
-    if kind == "Q3_K":  # 2-bit codes [N, 8S, 8] (64 bytes a super-block: 4 runs of 2 bits per byte of each half),
-        n, blocks = parts[0].shape[:2]  # third bits [N, S, 32] as Q5_K's fifth ones
-        low = parts[0].reshape(n, blocks // 8, 2, 1, 32).astype(np.int64)
-        two = (low >> (2 * np.arange(4))[:, None]) & 3  # [N, S, half, run, 32]
+    if kind == "Q3_K":  # 2-bit codes [N, 8S, 8], third bits [N, S, 32] as Q5_K's fifth ones
         third = (parts[1][:, :, None, :].astype(np.int64) >> np.arange(8)[:, None]) & 1
-        return (two.reshape(n, blocks, 32) + 4 * third.reshape(n, blocks, 32) - 4)
+        return two_bit_runs(parts[0]) + 4 * third.reshape(parts[0].shape[0], -1, 32) - 4
     if kind == "Q6_K":  # low nibbles [N, 8S, 16] (64 bytes a half: blocks 0, 1 low nibbles, 2, 3 high ones), high
         n, blocks = parts[0].shape[:2]  # bit pairs [N, 8S, 8] as Q3_K's 2-bit codes
         low = parts[0].reshape(n, blocks // 8, 2, 1, 64).astype(np.int64)
         nibble = ((low >> np.array([0, 4])[:, None]) & 15).reshape(n, blocks, 32)
-        pairs = parts[1].reshape(n, blocks // 8, 2, 1, 32).astype(np.int64)
-        high = ((pairs >> (2 * np.arange(4))[:, None]) & 3).reshape(n, blocks, 32)
-        return nibble + 16 * high - 32
+        return nibble + 16 * two_bit_runs(parts[1]) - 32
     return parts[0].astype(np.int64)
 
 

@@ -131,12 +131,10 @@ ALWAYS_INLINE u8x32 two_bit_codes32(const unsigned char *restrict weight, int n,
 }
 #endif
 
-// weight row n's block b's 32 signed codes, elements 0-31 in order (Q3_K: its 2-bit codes and third bits, as Q5_K's
-// fifth bits, minus 4; Q6_K: as the file keeps them, each 128-element half of a super-block in 64 bytes of low
-// nibbles (bytes 0-31: blocks 0 and 2 of the half, 32-63: blocks 1 and 3, low nibble first) and the high 2 bits as
-// two_bit_codes32 reads them, minus 32)
+// Q6_K's codes of weight row n's block b before the -32 (0..63), elements 0-31 in order, as the file keeps them:
+// each 128-element half of a super-block in 64 bytes of low nibbles (bytes 0-31: blocks 0 and 2 of the half, 32-63:
+// blocks 1 and 3, low nibble first) and the high 2 bits as two_bit_codes32 reads them
 #if defined(WEIGHT_Q6_K)
-// Q6_K's codes before the -32: 0..63
 ALWAYS_INLINE u8x32 six_bit_codes32(WEIGHT_PARAMS, int n, int b) {
   const unsigned j = (unsigned)b % 8;  // a constant where b steps through whole super-blocks
   const u8x32 low = *(const u8x32 *)(weight + ((unsigned long)n * (KB / 8) + (unsigned)b / 8) * 128 + j / 4 * 64 +
@@ -144,6 +142,9 @@ ALWAYS_INLINE u8x32 six_bit_codes32(WEIGHT_PARAMS, int n, int b) {
   return ((low >> (4 * (j % 4 / 2))) & (unsigned char)15) | (two_bit_codes32(high, n, b) << 4);
 }
 #endif
+
+// weight row n's block b's 32 signed codes, elements 0-31 in order (Q3_K: its 2-bit codes and third bits, as Q5_K's
+// fifth bits, minus 4; Q6_K: six_bit_codes32 minus 32)
 #if defined(WEIGHT_SIGNED_CODES)
 ALWAYS_INLINE i8x32 block_signed_codes(WEIGHT_PARAMS, int n, int b) {
 #if defined(WEIGHT_Q6_K)
