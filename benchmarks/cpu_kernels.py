@@ -5,10 +5,12 @@ matvec_i8 and gemm_i8 with int8 activations; gemm_i8's time includes quantize_i8
 
 Each cell: a TinyJit chain of 32 products h = f(h, w) (so the CPU graph runs them back to back on all cores),
 median over 20 calls, per product. --kind: Q4_1 weights of random blocks (the default model's type, the default),
-Q4_K ones of the same values (every sub-block's 6-bit scale and minimum code 15), Q5_K ones (5-bit codes, the same
-scale codes), Q6_K ones (every 8-bit scale 16), Q3_K ones (every 6-bit scale 16, so 16 - 32 = -16), or F32, F16, BF16 or F8_E4M3 ones (float kernels only: matvec, gemm) of values that keep the chain's
-size; GB/s is the weight's bytes per product over its time. Prints a table. --distinct: how many different weights
-the chain cycles through (default 4); past the caches' size (16 of 4096x4096) it measures the rate from memory:
+Q8_0 ones, Q4_K ones of the Q4_1 ones' values (every sub-block's 6-bit scale and minimum code 15), Q5_K ones (5-bit
+codes, the same scale codes), Q6_K ones (every 8-bit scale 16), Q3_K ones (every 6-bit scale 16, so 16 - 32 = -16),
+Q2_K ones (every 4-bit scale and minimum code 1), or F32, F16, BF16 or F8_E4M3 ones (float kernels only: matvec,
+gemm) of values that keep the chain's size; GB/s is the weight's bytes per product over its time. Prints a table.
+--distinct: how many different weights the chain cycles through (default 4); past the caches' size (16 of
+4096x4096) it measures the rate from memory:
 
     DEV=CPU python benchmarks/cpu_kernels.py --kind Q4_K --shapes 4096x4096 --rows 1 --distinct 16
 
@@ -22,7 +24,7 @@ import numpy as np
 from tinygrad import Device, Tensor, TinyJit
 
 from tinyvllm.workers.cpu_gemm import int8_tiles
-from tinyvllm.workers.cpu_matvec import c_matmul
+from tinyvllm.workers.cpu_matvec import INT8_ACTIVATION_KINDS, c_matmul
 from tinyvllm.workers.fp8_checkpoint import fp8_matrix
 from tinyvllm.workers.kernel_set import configure_device
 from tinyvllm.workers.quantized_weight import DeviceWeight, QuantizedArray
@@ -37,6 +39,12 @@ def q4_1_weight(rng, n: int, k: int) -> DeviceWeight:
     blocks[:, :, 0:2] = np.frombuffer(np.float16(scale).tobytes(), np.uint8)
     blocks[:, :, 2:4] = np.frombuffer(np.float16(-7.5 * scale).tobytes(), np.uint8)
     return DeviceWeight.from_host(QuantizedArray("Q4_1", blocks))
+
+
+def q8_0_weight(rng, n: int, k: int) -> DeviceWeight:
+    blocks = rng.integers(0, 256, size=(n, k // 32, 34), dtype=np.uint8)
+    blocks[:, :, 0:2] = np.frombuffer(np.float16(1.0 / (74 * k ** 0.5)).tobytes(), np.uint8)  # 74: the codes' spread
+    return DeviceWeight.from_host(QuantizedArray("Q8_0", blocks))
 
 
 def q4_k_weight(rng, n: int, k: int) -> DeviceWeight:
@@ -69,6 +77,15 @@ def q3_k_weight(rng, n: int, k: int) -> DeviceWeight:
     blocks[:, :, 96:104], blocks[:, :, 104:108] = 0, 0x55  # every 6-bit scale 16 (the high two bits 01 in 104-107)
     blocks[:, :, 108:110] = np.frombuffer(np.float16(1.0 / (2.3 * 16 * k ** 0.5)).tobytes(), np.uint8)
     return DeviceWeight.from_host(QuantizedArray("Q3_K", blocks))
+
+
+def q2_k_weight(rng, n: int, k: int) -> DeviceWeight:
+    blocks = rng.integers(0, 256, size=(n, k // 256, 84), dtype=np.uint8)
+    scale = 1.0 / (1.12 * k ** 0.5)  # 1.12: the 2-bit codes' spread
+    blocks[:, :, 0:16] = 0x11  # every 16 values' scale and minimum code 1
+    blocks[:, :, 80:82] = np.frombuffer(np.float16(scale).tobytes(), np.uint8)
+    blocks[:, :, 82:84] = np.frombuffer(np.float16(1.5 * scale).tobytes(), np.uint8)
+    return DeviceWeight.from_host(QuantizedArray("Q2_K", blocks))
 
 
 def float_weight(rng, n: int, k: int, kind: str) -> DeviceWeight:
@@ -109,12 +126,11 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
     ap.add_argument("--distinct", type=int, default=4, help="different weights in the chain (default 4)")
-    ap.add_argument("--kind", default="Q4_1", choices=("Q4_1", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16",
-                                                          "F8_E4M3"))
+    ap.add_argument("--kind", default="Q4_1", choices=(*INT8_ACTIVATION_KINDS, "F32", "F16", "BF16", "F8_E4M3"))
     args = ap.parse_args()
     if not 1 <= args.distinct <= CHAIN:
         ap.error(f"--distinct takes 1 to {CHAIN} (the chain's length)")
-    if args.kind not in ("Q4_1", "Q3_K", "Q4_K", "Q5_K", "Q6_K") and (int8 := [k for k in args.kernels if k.endswith("_i8")]):
+    if args.kind not in INT8_ACTIVATION_KINDS and (int8 := [k for k in args.kernels if k.endswith("_i8")]):
         ap.error(f"--kind {args.kind} has float kernels only (matvec, gemm), not {', '.join(int8)}")
     configure_device(Device.DEFAULT, "c")  # raises unless DEV=CPU
     print("| weight | rows | " + " | ".join(f"{k} us" for k in args.kernels) + " | " +
@@ -125,8 +141,8 @@ def main() -> None:
     for shape in args.shapes:
         n, k = (int(v) for v in shape.split("x"))
         assert n == k, "the chain feeds each product's output into the next"
-        make = {"Q4_1": q4_1_weight, "Q3_K": q3_k_weight, "Q4_K": q4_k_weight, "Q5_K": q5_k_weight,
-                "Q6_K": q6_k_weight}.get(args.kind, lambda *a: float_weight(*a, args.kind))
+        make = {"Q4_1": q4_1_weight, "Q8_0": q8_0_weight, "Q2_K": q2_k_weight, "Q3_K": q3_k_weight, "Q4_K": q4_k_weight,
+                "Q5_K": q5_k_weight, "Q6_K": q6_k_weight}.get(args.kind, lambda *a: float_weight(*a, args.kind))
         weights = [make(rng, n, k) for _ in range(args.distinct)]
         for rows in args.rows:
             times = [time_chain(lambda h, w, kernel=kernel: c_matmul(h, w, kernel, int8_tiles(h) if kernel == "gemm_i8"

@@ -97,8 +97,8 @@ class CacheConfig:
 class KernelConfig:
     kernels: str | None = knob(
         None, "the kernels the model runs: c, hand-written C kernels and a C graph executor (tinygrad's CPU backend "
-              "only); c-int8, the same with int8 activations in the products of Q4_1, Q3_K, Q4_K, Q5_K, Q6_K and Q8_0 weights (faster, "
-              "within the activations' int8 step of c); or tinygrad, tinygrad's own kernels (what GPUs run); "
+              "only); c-int8, the same with int8 activations in the products of Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K "
+              "and Q8_0 weights (faster, within the activations' int8 step of c); or tinygrad, tinygrad's own kernels (what GPUs run); "
               "default: c-int8 on DEV=CPU, tinygrad elsewhere", aliases=("--cpu-kernels",), choices=KERNEL_SETS,
         keywords=("cpu_kernels",))
     beam: int = knob(0, "tinygrad BEAM search width for the model's kernels (e.g. 2; 0: off). Searching takes "

@@ -44,7 +44,7 @@ def _host_cpu_flags() -> str:
 
 INT8_GEMM_MIN_ROWS = {kind: int8_gemm_min_rows(_host_cpu_flags(), platform.machine(), kind)
                       for kind in INT8_ACTIVATION_KINDS}
-TILE_BYTES_PER_BLOCK = 176  # workers/c/int8_rows.h's tile_t (4 rows) per 32-element block: 8 x 16 code bytes, 3 x 16
+TILE_BYTES_PER_BLOCK = 208  # workers/c/int8_rows.h's tile_t (4 rows) per 32-element block: 8 x 16 code bytes, 5 x 16
 
 
 def int8_tiles(h: Tensor) -> Tensor:
@@ -60,7 +60,7 @@ def int8_tiles(h: Tensor) -> Tensor:
 
 def cpu_gemm(h: Tensor, w, int8_activations: bool = False, tiles: Tensor | None = None) -> Tensor:
     """h [T, K] @ w.T (see workers/cpu_matvec.py's c_matmul), for GEMM_MIN_ROWS rows or more. int8_activations
-    (Q4_1, Q3_K, Q4_K, Q5_K, Q6_K and Q8_0 weights, INT8_GEMM_MIN_ROWS[kind] rows or more): h quantised as cpu_matvec's int8 path does, by
+    (INT8_ACTIVATION_KINDS weights, INT8_GEMM_MIN_ROWS[kind] rows or more): h quantised as cpu_matvec's int8 path does, by
     workers/c/quantize_i8.c (or given as `tiles`, int8_tiles(h) shared by products of one input), then multiplied
     with integer dot products by workers/c/gemm_i8.c; each row's result has the bits cpu_matvec would give it."""
     if takes_int8(w, int8_activations):

@@ -44,7 +44,7 @@ def c_matmul(h: Tensor, w, kernel: str, h_input: Tensor | None = None) -> Tensor
     return out.custom_kernel(h.float().contiguous() if h_input is None else h_input, *w.parts, fxn=fxn)[0]
 
 
-INT8_ACTIVATION_KINDS = ("Q4_1", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0")
+INT8_ACTIVATION_KINDS = ("Q4_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0")
 
 
 def takes_int8(w, int8_activations: bool) -> bool:

@@ -24,7 +24,7 @@ def quantize_rows(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def two_bit_runs(part: np.ndarray) -> np.ndarray:
-    """Q3_K's 2-bit codes or Q6_K's high bit pairs [N, 8S, 8] (64 bytes a super-block: each half's 32 bytes hold its
+    """Q2_K's and Q3_K's 2-bit codes or Q6_K's high bit pairs [N, 8S, 8] (64 bytes a super-block: each half's 32 bytes hold its
     4 blocks, 2 bits each, lowest first) -> [N, 8S, 32] in 0..3."""
     n, blocks = part.shape[:2]
     runs = part.reshape(n, blocks // 8, 2, 1, 32).astype(np.int64)
@@ -34,7 +34,7 @@ def two_bit_runs(part: np.ndarray) -> np.ndarray:
 def weight_codes(kind: str, parts: list[np.ndarray]) -> np.ndarray:
     """The integer values the kernels multiply: [N, K/32, 32] (Q4_1's and Q4_K's nibbles, Q5_K's with their fifth
     bits, Q8_0's signed bytes, Q6_K's low nibbles and high bit pairs as signed values -32..31, Q3_K's 2-bit codes
-    and third bits as signed values -4..3)."""
+    and third bits as signed values -4..3, Q2_K's 2-bit codes)."""
     if kind in ("Q4_1", "Q4_K", "Q5_K"):
         packed = parts[0].astype(np.int64)
         codes = np.concatenate([packed & 15, packed >> 4], axis=-1)
@@ -42,6 +42,8 @@ def weight_codes(kind: str, parts: list[np.ndarray]) -> np.ndarray:
             fifth = (parts[1][:, :, None, :].astype(np.int64) >> np.arange(8)[:, None]) & 1
             codes += fifth.reshape(codes.shape) << 4
         return codes
+    if kind == "Q2_K":
+        return two_bit_runs(parts[0])
     if kind == "Q3_K":  # 2-bit codes [N, 8S, 8], third bits [N, S, 32] as Q5_K's fifth ones
         third = (parts[1][:, :, None, :].astype(np.int64) >> np.arange(8)[:, None]) & 1
         return two_bit_runs(parts[0]) + 4 * third.reshape(parts[0].shape[0], -1, 32) - 4
@@ -55,7 +57,10 @@ def weight_codes(kind: str, parts: list[np.ndarray]) -> np.ndarray:
 
 def weight_scales(kind: str, parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
     """Each block's scale and minimum (None for Q8_0) [N, K/32] float32; Q4_K's and Q5_K's as float32 products of the
-    super-block's d or dmin and the block's 6-bit codes."""
+    super-block's d or dmin and the block's 6-bit codes; Q2_K's the super-block's d and -dmin."""
+    if kind == "Q2_K":
+        dm = np.repeat(parts[-1], 8, axis=1)
+        return dm[..., 0].astype(f32), (-dm[..., 1]).astype(f32)
     if kind in ("Q6_K", "Q3_K"):  # the super-block's d (the half-blocks' scales multiply the integer sums)
         return np.repeat(parts[-1][..., 0], 8, axis=1).astype(f32), None
     if kind in ("Q4_K", "Q5_K"):
@@ -68,13 +73,21 @@ def weight_scales(kind: str, parts: list[np.ndarray]) -> tuple[np.ndarray, np.nd
 def int8_matvec(kind: str, h: np.ndarray, parts: list[np.ndarray]) -> np.ndarray:
     """out [T, N] as the kernels compute it. parts: the DeviceWeight's (codes, d[, m]) as numpy arrays. Per output:
     8 float lanes; block b adds float(its exact integer dot product) * (d_w * d_x) to lane b % 8, then for the nibble
-    kinds m_w * (d_x * the block's code sum); out = ((L0 + L1) + (L2 + L3)) + ((L4 + L5) + (L6 + L7))."""
+    kinds m_w * (d_x * the block's code sum), for Q2_K float(its halves' code sums times their minimum codes) *
+    (m_w * d_x); out = ((L0 + L1) + (L2 + L3)) + ((L4 + L5) + (L6 + L7))."""
     xq, xd, xm = quantize_rows(h)
     w = weight_codes(kind, parts)
     wd, wm = weight_scales(kind, parts)
-    if kind in ("Q6_K", "Q3_K"):  # each 16-element half's exact sum times its signed 8-bit scale: an exact integer
-        halves = np.einsum("tbhe,nbhe->tnbh", xq.reshape(*xq.shape[:2], 2, 16), w.reshape(*w.shape[:2], 2, 16))
-        dots = (halves * parts[-2].astype(np.int64)[None]).sum(-1).astype(f32)
+    mins = None
+    if kind in ("Q6_K", "Q3_K", "Q2_K"):  # each 16-element half's exact sum times its integer scale: an exact integer
+        x_halves = xq.reshape(*xq.shape[:2], 2, 16)
+        halves = np.einsum("tbhe,nbhe->tnbh", x_halves, w.reshape(*w.shape[:2], 2, 16))
+        if kind == "Q2_K":  # the byte per half: the scale code in the low 4 bits, the minimum code above
+            scale_codes, min_codes = parts[1].astype(np.int64) & 15, parts[1].astype(np.int64) >> 4
+            mins = np.einsum("tbh,nbh->tnb", x_halves.sum(-1), min_codes).astype(f32)
+        else:
+            scale_codes = parts[-2].astype(np.int64)
+        dots = (halves * scale_codes[None]).sum(-1).astype(f32)
     else:
         dots = np.einsum("tbe,nbe->tnb", xq, w).astype(f32)  # exact integers (int32 in the kernels), then float32
     lanes = np.zeros((h.shape[0], w.shape[0], LANES), f32)
@@ -82,7 +95,10 @@ def int8_matvec(kind: str, h: np.ndarray, parts: list[np.ndarray]) -> np.ndarray
         for b in range(w.shape[1]):
             scale = (wd[None, :, b] * xd[:, None, b]).astype(f32)  # [T, N]
             lanes[..., b % LANES] = (lanes[..., b % LANES] + (dots[..., b] * scale).astype(f32)).astype(f32)
-            if wm is not None:
+            if mins is not None:
+                scale = (wm[None, :, b] * xd[:, None, b]).astype(f32)
+                lanes[..., b % LANES] = (lanes[..., b % LANES] + (mins[..., b] * scale).astype(f32)).astype(f32)
+            elif wm is not None:
                 lanes[..., b % LANES] = (lanes[..., b % LANES] + (wm[None, :, b] * xm[:, None, b]).astype(f32)).astype(f32)
         a = [lanes[..., j] for j in range(LANES)]
         return ((((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])))).astype(f32)

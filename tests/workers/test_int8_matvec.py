@@ -19,7 +19,7 @@ from tinyvllm.workers.cpu_gemm import TILE_BYTES_PER_BLOCK
 from tinyvllm.workers.cpu_matvec import INT8_ACTIVATION_KINDS, cpu_matvec
 
 TARGETS = {"native": ("-march=native",), "baseline": ()}
-INT8_KINDS = ["Q4_1", "Q8_0", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+INT8_KINDS = ["Q4_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 if platform.machine().lower() in ("x86_64", "amd64"):
     TARGETS["avx2"] = ("-march=native", "-mno-avx512f", "-mno-avxvnni")  # AVX2's maddubs path, no VNNI
 
@@ -46,8 +46,8 @@ def run_int8_gemm(flags: tuple[str, ...], kind: str, h: np.ndarray, parts: list[
 def random_parts(kind: str, cols: int, k: int) -> list[np.ndarray]:
     """A DeviceWeight's parts of random blocks: codes, scales (and Q4_1's minimums; Q4_K's and Q5_K's scale and
     minimum codes and its super-blocks' d and dmin, after Q5_K's fifth bits; Q6_K's low nibbles, high bit pairs,
-    half-block scales and d; Q3_K's
-    2-bit codes, third bits, half-block scales and d)."""
+    half-block scales and d; Q3_K's 2-bit codes, third bits, half-block scales and d; Q2_K's 2-bit codes, scale and
+    minimum bytes, d and dmin)."""
     rng, blocks = np.random.default_rng(cols), (cols, k // 32)
     scales = (rng.standard_normal(blocks) * 0.02).astype(np.float32)
     if kind in ("Q4_K", "Q5_K"):
@@ -59,6 +59,9 @@ def random_parts(kind: str, cols: int, k: int) -> list[np.ndarray]:
         return [rng.integers(0, 256, (*blocks, 16), dtype=np.uint8), rng.integers(0, 256, (*blocks, 8), dtype=np.uint8),
                 rng.integers(-128, 128, (*blocks, 2), dtype=np.int8),
                 (rng.standard_normal((cols, k // 256, 1)) * 0.002).astype(np.float32)]
+    if kind == "Q2_K":
+        return [rng.integers(0, 256, (*blocks, 8), dtype=np.uint8), rng.integers(0, 256, (*blocks, 2), dtype=np.uint8),
+                (rng.standard_normal((cols, k // 256, 2)) * 0.002).astype(np.float32)]
     if kind == "Q3_K":
         return [rng.integers(0, 256, (*blocks, 8), dtype=np.uint8), rng.integers(0, 256, (cols, k // 256, 32), dtype=np.uint8),
                 rng.integers(-32, 32, (*blocks, 2), dtype=np.int8), (rng.standard_normal((cols, k // 256, 1)) * 0.002).astype(np.float32)]
@@ -69,7 +72,8 @@ def random_parts(kind: str, cols: int, k: int) -> list[np.ndarray]:
 
 def with_extremes(kind: str, parts: list[np.ndarray]) -> list[np.ndarray]:
     """Q8_0's most negative code, which the GGUF writer never emits (-128: 128 unsigned in the AVX2 path); Q6_K's
-    codes and scales at their extremes (a half's largest sum times -128); Q3_K's too (-4 and 3 times -32 and 31)."""
+    codes and scales at their extremes (a half's largest sum times -128); Q3_K's too (-4 and 3 times -32 and 31);
+    Q2_K's (codes 3 and 0 with scale and minimum codes 15)."""
     if kind == "Q8_0":
         parts[0] = parts[0].copy()
         parts[0][0, 0, :4] = -128
@@ -91,6 +95,13 @@ def with_extremes(kind: str, parts: list[np.ndarray]) -> list[np.ndarray]:
         parts[1][0, 0, :16] &= 0xFE
         parts[1][0, 0, 16:] |= 0x02
         parts[2][0, 0, 0], parts[2][0, 1, 1] = -32, 31
+    if kind == "Q2_K":  # block 0's first half all 3, block 1's second half all 0; both halves' codes 15 and 15
+        parts[0], parts[1] = parts[0].copy(), parts[1].copy()
+        low = parts[0][0, :8].reshape(64)  # as Q3_K's
+        low[:16] |= 0x03
+        low[16:32] &= 0xF3
+        parts[0][0, :8] = low.reshape(8, 8)
+        parts[1][0, 0, 0] = parts[1][0, 1, 1] = 0xFF
     return parts
 
 
@@ -120,7 +131,7 @@ def test_both_kernels_give_every_row_the_models_bits_on_a_larger_odd_shape(targe
     """K = 544 (17 blocks: two whole groups of 8 lanes and one more) and 512 (whole groups: with AVX-512 VNNI,
     matvec_i8 takes the nibble kinds two blocks at a time); the K-quants 768 (3 super-blocks); 30 columns (15 a
     core: a part panel of 3)."""
-    for k in (768,) if kind in ("Q3_K", "Q4_K", "Q5_K", "Q6_K") else (544, 512):
+    for k in (768,) if kind.endswith("_K") else (544, 512):
         parts, h = random_parts(kind, 30, k), np.random.default_rng(5).standard_normal((13, k)).astype(np.float32)
         want = int8_matvec(kind, h, parts)
         np.testing.assert_array_equal(run_int8_gemm(TARGETS[target], kind, h, parts), want)

@@ -3,8 +3,8 @@ sub-block scale codes kept), Q4_0, Q5_0, IQ4_NL, IQ4_XS and Q5_1 repacked into t
 layout: random blocks (finite scales from subnormal to large, every code) dequantise on the device to exactly what
 llama.cpp's own `gguf` package computes (an independent implementation; values, so a zero's sign aside), take the
 kind's bytes on the device (not float32's), and multiply under the exact C kernels, the int8-activation ones (the
-Q4_1, Q3_K, Q4_K, Q5_K, Q6_K and Q8_0 kinds; Q8_16's and Q2_K's products stay float32 under c-int8) and tinygrad's, within each
-arithmetic's bound of numpy's float64 product; a 2-layer llama with every one of these types gives transformers'
+Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and Q8_0 kinds; Q8_16's products stay float32 under c-int8) and tinygrad's, within
+each arithmetic's bound of numpy's float64 product; a 2-layer llama with every one of these types gives transformers'
 log-probabilities (its own GGUF loading)."""
 import numpy as np
 import pytest

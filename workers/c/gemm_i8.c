@@ -1,10 +1,11 @@
-// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a Q4_1, Q3_K, Q4_K, Q5_K, Q6_K or Q8_0 weight and more rows than matvec_i8.c takes, h given
+// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or Q8_0 weight and more rows than matvec_i8.c takes, h given
 // as quantize_i8.c's tiles of int8 codes: int8_rows.h's arithmetic, so every row gets the bits matvec_i8.c would
 // give it (a request's tokens do not depend on what shares its steps). Core core_id of CORES takes its share of
 // the columns, in panels of 4 weight rows, each unpacked once per slab of tiles (L2-sized) into a stack buffer
-// (640 bytes per block, 768 with half-block scales: L1-sized up to K ~ 2,000-2,400), every tile of 4 activation rows run against it. A 16-lane vector holds a tile's 16
-// (row, column) pairs, lane 4j + i = row i, column j, so one vpdpbusd adds 4 products to each of 16 outputs and
-// a block's integer sums need no horizontal reduction.
+// (640 bytes per block, 768 with half-block scales, 896 with Q2_K's minimums too: L1-sized up to K ~ 1,700-2,400),
+// every tile of 4 activation rows run against it. A 16-lane vector holds a tile's 16 (row, column) pairs, lane
+// 4j + i = row i, column j, so one vpdpbusd adds 4 products to each of 16 outputs and a block's integer sums need no
+// horizontal reduction.
 #include "kernel.h"
 #include "weights.h"
 #include "int8_products.h"
@@ -23,9 +24,10 @@ typedef float f32x16 __attribute__((vector_size(64), aligned(64)));
 #define SPREAD4(v) __builtin_shufflevector(v, v, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)  // lane 4j + i: v[i]
 #define EACH4(v) __builtin_shufflevector(v, v, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)    // lane 4j + i: v[j]
 
-// acc + per lane the sum of the 4 products of w's and x's bytes in it (w: nibbles or signed codes). Q6_K's signed
-// codes (and Q3_K's) take AVX2's path on VNNI CPUs too: vpdpbusd's unsigned factor would need an offset per 16 codes.
-#if defined(__AVX512VNNI__) && !defined(WEIGHT_HALF_SCALES)
+// acc + per lane the sum of the 4 products of w's and x's bytes in it (w: nibbles, Q2_K's 0..3 or signed codes).
+// Q6_K's signed codes (and Q3_K's) take AVX2's path on VNNI CPUs too: vpdpbusd's unsigned factor would need an offset
+// per 16 codes.
+#if defined(__AVX512VNNI__) && !defined(WEIGHT_Q6_K) && !defined(WEIGHT_Q3_K)
 #define DOT4_VNNI 1
 #endif
 #if defined(__AVX2__) && !defined(DOT4_VNNI)
@@ -64,6 +66,8 @@ ALWAYS_INLINE i32x16 dot4(i32x16 acc, i32x16 w, i32x16 x) {
 ALWAYS_INLINE i32x8 block_codes(WEIGHT_PARAMS, int n, int b) {
 #if defined(WEIGHT_NIBBLES)
   return (i32x8)block_codes32(WEIGHT_ARGS, n, b);
+#elif defined(WEIGHT_Q2_K)
+  return (i32x8)two_bit_codes32(weight, n, b);
 #elif defined(OFFSET_CODES)
   return (i32x8)(block_signed_codes(WEIGHT_ARGS, n, b) ^ (signed char)-128);
 #else
@@ -76,6 +80,9 @@ typedef struct {
   f32x16 d[KB], m[KB];
 #if defined(WEIGHT_HALF_SCALES)
   i32x16 half_scale[KB][2];  // lane 4j + i: weight row j's scale of elements 0-15, 16-31
+#endif
+#if defined(WEIGHT_Q2_K)
+  i32x16 half_min[KB][2];  // the same for the minimum codes
 #endif
 } panel_t;
 
@@ -99,7 +106,7 @@ ALWAYS_INLINE void unpack_panel(WEIGHT_PARAMS, int n0, int nr, panel_t *restrict
     f32x4 ds, ms = {0};
     for (int j = 0; j < 4; j++) {
       ds[j] = block_scale(WEIGHT_ARGS, (long)n[j] * KB + b);
-#if defined(WEIGHT_NIBBLES)
+#if defined(WEIGHT_NIBBLES) || defined(WEIGHT_Q2_K)
       ms[j] = block_min(WEIGHT_ARGS, (long)n[j] * KB + b);
 #endif
     }
@@ -110,6 +117,10 @@ ALWAYS_INLINE void unpack_panel(WEIGHT_PARAMS, int n0, int nr, panel_t *restrict
       i32x4 hs;
       for (int j = 0; j < 4; j++) hs[j] = block_half_scale(WEIGHT_ARGS, (long)n[j] * KB + b, half);
       panel->half_scale[b][half] = EACH4(hs);
+#if defined(WEIGHT_Q2_K)
+      for (int j = 0; j < 4; j++) hs[j] = block_half_min(WEIGHT_ARGS, (long)n[j] * KB + b, half);
+      panel->half_min[b][half] = EACH4(hs);
+#endif
     }
 #endif
   }
@@ -132,6 +143,9 @@ ALWAYS_INLINE f32x16 block_step(f32x16 acc, const tile_t *restrict tile, const p
   acc += __builtin_convertvector(sum, f32x16) * (panel->d[b] * SPREAD4(tile->d[b]));
 #if defined(WEIGHT_NIBBLES)
   acc += panel->m[b] * SPREAD4(tile->m[b]);
+#elif defined(WEIGHT_Q2_K)
+  const i32x16 mins = SPREAD4(tile->half_sum[b][0]) * panel->half_min[b][0] + SPREAD4(tile->half_sum[b][1]) * panel->half_min[b][1];
+  acc += __builtin_convertvector(mins, f32x16) * (panel->m[b] * SPREAD4(tile->d[b]));
 #endif
   return acc;
 }

@@ -3,7 +3,9 @@
 // tests/workers/int8_matvec_model.py's bits.
 // Activations: int8 codes per 32-element block, scale = max |x| / 127 (llama.cpp's Q8_0/Q8_1 activations).
 // Per output: 8 float lanes; block b adds (float)(its exact integer dot product) * (d_w * d_x) to lane b % 8,
-// then for the nibble kinds (Q4_1, Q4_K, Q5_K) m_w * xm (xm = d_x * the block's code sum); out = ((L0 + L1) + (L2 + L3)) + ((L4 + L5) + (L6 + L7)).
+// then for the nibble kinds (Q4_1, Q4_K, Q5_K) m_w * xm (xm = d_x * the block's code sum), for Q2_K
+// (float)(its halves' code sums times their minimum codes) * (m_w * d_x) (m_w = -dmin);
+// out = ((L0 + L1) + (L2 + L3)) + ((L4 + L5) + (L6 + L7)).
 // No reassociation, no contraction into fused multiply-adds. Needs K and kernel.h.
 #pragma clang fp contract(off)
 #ifndef KB
@@ -57,8 +59,9 @@ typedef struct {
   i32x4 codes[KB][8];  // [b][k]: dword k (elements 4k..4k+3) of block b of rows 0-3
   f32x4 d[KB], m[KB];  // the rows' scales, scale x code sum
   i32x4 offset[KB];    // -128 x the rows' code sums (for Q8_0 codes stored + 128)
+  i32x4 half_sum[KB][2];  // the rows' sums of elements 0-15 and 16-31's codes (what Q2_K's minimums multiply)
 } tile_t;
-_Static_assert(sizeof(tile_t) == 176 * KB, "workers/cpu_gemm.py's TILE_BYTES_PER_BLOCK");
+_Static_assert(sizeof(tile_t) == 208 * KB, "workers/cpu_gemm.py's TILE_BYTES_PER_BLOCK");
 
 // rows r0 .. r0 + 3 of h[rows, K] (zeros past `rows`) as a tile
 ALWAYS_INLINE void quantize_tile(const float *restrict h, int rows, int r0, tile_t *restrict tile) {
@@ -75,6 +78,9 @@ ALWAYS_INLINE void quantize_tile(const float *restrict h, int rows, int r0, tile
     for (int b = 0; b < KB; b++) {
       for (int k = 0; k < 8; k++) tile->codes[b][k][i] = ((const int *)xq)[b * 8 + k];
       tile->d[b][i] = xd[b], tile->m[b][i] = xm[b], tile->offset[b][i] = -128 * xs[b];
+      int first_half = 0;
+      for (int e = 0; e < 16; e++) first_half += xq[b * 32 + e];
+      tile->half_sum[b][0][i] = first_half, tile->half_sum[b][1][i] = xs[b] - first_half;
     }
   }
 }

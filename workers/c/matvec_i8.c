@@ -1,6 +1,6 @@
-// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a few rows and a Q4_1, Q3_K, Q4_K, Q5_K, Q6_K or Q8_0 weight, with h quantised to int8 per
-// 32-element block and each block's products summed as integers: 4 multiplies per instruction lane (VNNI's
-// vpdpbusd, AVX2's vpmaddubsw + vpmaddwd, NEON's sdot), where the float32 kernel (matvec.c) widens every weight
+// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a few rows and a Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or Q8_0 weight, with h
+// quantised to int8 per 32-element block and each block's products summed as integers: 4 multiplies per instruction
+// lane (VNNI's vpdpbusd, AVX2's vpmaddubsw + vpmaddwd, NEON's sdot), where the float32 kernel (matvec.c) widens every weight
 // to a float first. Core core_id of CORES computes its share of the columns; each core quantises h itself
 // (ROWS x K, small next to the weight it reads). The arithmetic is int8_rows.h's, as gemm_i8.c's for more rows:
 // here the 8 float lanes are 8 consecutive blocks of one output, their integer sums reduced by a
@@ -22,11 +22,14 @@
 // -32 taken once per 8 blocks from the activations' 16-element sums: sum (c - 32) x = sum c x - 32 sum x
 #define SIX_BIT_UNSIGNED 1
 #endif
+#if defined(SIX_BIT_UNSIGNED) || defined(WEIGHT_Q2_K)
+#define X_HALF_SUMS 1  // the activations' 16-element code sums: Q6_K's -32 and Q2_K's minimums multiply them
+#endif
 
 // weight row n's block b as the instructions take it (loaded and unpacked once for every activation row)
 #if defined(__AVX2__)
-typedef struct { __m256i u, w; } block_t;  // u: the unsigned factor (nibble kinds' codes, Q6_K's 0..63, signed
-                                            // ones' |w|); w: signs
+typedef struct { __m256i u, w; } block_t;  // u: the unsigned factor (nibble kinds' codes, Q6_K's 0..63, Q2_K's
+                                            // 0..3, signed ones' |w|); w: signs
 #elif defined(__ARM_FEATURE_DOTPROD)
 typedef struct { int8x16_t w0, w1; } block_t;
 #else
@@ -47,6 +50,16 @@ ALWAYS_INLINE block_t load_block(WEIGHT_PARAMS, int n, int b) {
 #endif
 #elif defined(SIX_BIT_UNSIGNED)
   blk.u = blk.w = (__m256i)six_bit_codes32(WEIGHT_ARGS, n, b);
+#elif defined(WEIGHT_Q2_K)
+  const u8x32 c = two_bit_codes32(weight, n, b);
+#if defined(__AVX2__)
+  blk.u = blk.w = (__m256i)c;
+#elif defined(__ARM_FEATURE_DOTPROD)
+  blk.w0 = vreinterpretq_s8_u8((uint8x16_t)LOW_HALF(c));
+  blk.w1 = vreinterpretq_s8_u8((uint8x16_t)HIGH_HALF(c));
+#else
+  for (int e = 0; e < 32; e++) blk.w[e] = (signed char)c[e];
+#endif
 #else
   const i8x32 q = block_signed_codes(WEIGHT_ARGS, n, b);
 #if defined(__AVX2__)  // unsigned |w| times x with w's sign: the u8 x s8 products the instructions take
@@ -61,8 +74,8 @@ ALWAYS_INLINE block_t load_block(WEIGHT_PARAMS, int n, int b) {
   return blk;
 }
 
-// Q6_K, Q3_K: block b0 + i's half-block scales as block_dot multiplies its lanes: with AVX2 16-bit ones for madd, lanes
-// 0-7 elements 0-15's scale and 8-15 16-31's (one byte shuffle of the 8 blocks' scales, widened once: the
+// Q6_K, Q3_K, Q2_K: block b0 + i's half-block scales as block_dot multiplies its lanes: with AVX2 16-bit ones for
+// madd, lanes 0-7 elements 0-15's scale and 8-15 16-31's (one byte shuffle of the 8 blocks' scales, widened once: the
 // compiler keeps that across the unrolled blocks), else 32-bit ones for lanes 0-3 and 4-7
 #if defined(__AVX2__)
 typedef __m256i half_scales_t;
@@ -71,29 +84,35 @@ typedef i32x8 half_scales_t;
 #endif
 #if defined(WEIGHT_HALF_SCALES)
 ALWAYS_INLINE half_scales_t half_scales(WEIGHT_PARAMS, int n, int b0, int i) {
-  const signed char *sc = scales + ((long)n * KB + b0) * 2;  // s0, s1 of block b0, then of b0 + 1, ...
 #if defined(__AVX2__)
+  // s0, s1 of block b0, then of b0 + 1, ... as signed bytes
+#if defined(WEIGHT_Q2_K)
+  const __m128i sc = _mm_and_si128(_mm_loadu_si128((const __m128i *)(codes + ((long)n * KB + b0) * 2)), _mm_set1_epi8(15));
+#else
+  const __m128i sc = _mm_loadu_si128((const __m128i *)(scales + ((long)n * KB + b0) * 2));
+#endif
   // the 8 blocks' scales as int16: lane 2k + h of `wide` holds block k's scale of half h (in both 128-bit halves)
-  const __m128i wide = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)sc));
-  const __m128i wide_hi = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8)));
+  const __m128i wide = _mm_cvtepi8_epi16(sc);
+  const __m128i wide_hi = _mm_cvtepi8_epi16(_mm_srli_si128(sc, 8));
   const __m128i s = i < 4 ? wide : wide_hi;
   const int k = i % 4;  // block i's pair of 16-bit lanes in s
   const __m128i h0 = _mm_shuffle_epi8(s, _mm_set1_epi16((short)((4 * k + 1) << 8 | 4 * k)));
   const __m128i h1 = _mm_shuffle_epi8(s, _mm_set1_epi16((short)((4 * k + 3) << 8 | (4 * k + 2))));
   return _mm256_set_m128i(h1, h0);
 #else
-  const int s0 = sc[2 * i], s1 = sc[2 * i + 1];
+  const int s0 = block_half_scale(WEIGHT_ARGS, (long)n * KB + b0 + i, 0);
+  const int s1 = block_half_scale(WEIGHT_ARGS, (long)n * KB + b0 + i, 1);
   return (i32x8){s0, s0, s0, s0, s1, s1, s1, s1};
 #endif
 }
 #endif
 
-// the block's 8 int32 lanes against the activation codes x[32] (see the top); Q6_K, Q3_K: each half's lanes times its
-// scale (`scales`, from half_scales; other kinds ignore it)
+// the block's 8 int32 lanes against the activation codes x[32] (see the top); Q6_K, Q3_K, Q2_K: each half's lanes
+// times its scale (`scales`, from half_scales; other kinds ignore it)
 ALWAYS_INLINE i32x8 block_dot(block_t blk, const signed char *restrict x, half_scales_t scales) {
 #if defined(__AVX2__)
   const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
-#if defined(WEIGHT_NIBBLES) || defined(SIX_BIT_UNSIGNED)
+#if defined(WEIGHT_NIBBLES) || defined(SIX_BIT_UNSIGNED) || defined(WEIGHT_Q2_K)
   const __m256i s = xv;
 #else
   const __m256i s = _mm256_sign_epi8(xv, blk.w);
@@ -222,8 +241,11 @@ ALWAYS_INLINE void block_scales8(WEIGHT_PARAMS, int n, int b0, int nb, f32x8 *wd
   const float *super = dm + ((long)n * KB + b0) / 8 * 2;
   *wd = __builtin_convertvector(__builtin_shufflevector(c, c, 0, 2, 4, 6, 8, 10, 12, 14), f32x8) * super[0];
   *wm = -(__builtin_convertvector(__builtin_shufflevector(c, c, 1, 3, 5, 7, 9, 11, 13, 15), f32x8) * super[1]);
-#elif defined(WEIGHT_HALF_SCALES)  // the one super-block's d for its 8 blocks
-  *wd = (f32x8){0} + d[((long)n * KB + b0) / 8];
+#elif defined(WEIGHT_HALF_SCALES)  // the one super-block's d (Q2_K: and -dmin) for its 8 blocks
+  *wd = (f32x8){0} + block_scale(WEIGHT_ARGS, (long)n * KB + b0);
+#if defined(WEIGHT_Q2_K)
+  *wm = (f32x8){0} + block_min(WEIGHT_ARGS, (long)n * KB + b0);
+#endif
 #else
   *wd = load8(d + (long)n * KB + b0, nb);
 #if defined(WEIGHT_Q4_1)
@@ -240,13 +262,29 @@ ALWAYS_INLINE i32x8 six_bit_offsets(WEIGHT_PARAMS, int n, int b0, const short *r
   return (i32x8)_mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)(x_half_sums + b0 * 2))) * 32;
 }
 #endif
+#if defined(WEIGHT_Q2_K)
+// lane i: block b0 + i's half sums of x times their minimum codes (an exact integer, what -dmin multiplies)
+ALWAYS_INLINE i32x8 half_min_sums(WEIGHT_PARAMS, int n, int b0, const short *restrict x_half_sums) {
+#if defined(__AVX2__)
+  const __m128i mins = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(codes + ((long)n * KB + b0) * 2)), 4),
+                                     _mm_set1_epi8(15));
+  return (i32x8)_mm256_madd_epi16(_mm256_cvtepu8_epi16(mins), _mm256_loadu_si256((const __m256i *)(x_half_sums + b0 * 2)));
+#else
+  i32x8 sums;
+  for (int i = 0; i < 8; i++)
+    sums[i] = block_half_min(WEIGHT_ARGS, (long)n * KB + b0 + i, 0) * x_half_sums[(b0 + i) * 2] +
+              block_half_min(WEIGHT_ARGS, (long)n * KB + b0 + i, 1) * x_half_sums[(b0 + i) * 2 + 1];
+  return sums;
+#endif
+}
+#endif
 
 void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int core_id) {
   signed char xq[ROWS][K];
   float xd[ROWS][KB];
   float xm[ROWS][KB];
   for (int t = 0; t < ROWS; t++) quantize_row(h + (long)t * K, xq[t], xd[t], xm[t], 0);
-#if defined(SIX_BIT_UNSIGNED)
+#if defined(X_HALF_SUMS)
   short x_half_sums[ROWS][KB * 2];  // each 16 codes' sum: at most 16 x 127
   for (int t = 0; t < ROWS; t++)
     for (int i = 0; i < KB * 2; i++) {
@@ -311,6 +349,8 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
         acc[t] += __builtin_convertvector(sums[t], f32x8) * (wd * load8(xd[t] + b0, nb));
 #if defined(WEIGHT_NIBBLES)
         acc[t] += wm * load8(xm[t] + b0, nb);
+#elif defined(WEIGHT_Q2_K)
+        acc[t] += __builtin_convertvector(half_min_sums(WEIGHT_ARGS, n, b0, x_half_sums[t]), f32x8) * (wm * load8(xd[t] + b0, nb));
 #endif
       }
     }

@@ -53,13 +53,14 @@
 #error "define one of WEIGHT_F32, WEIGHT_F16, WEIGHT_BF16, WEIGHT_Q4_1, WEIGHT_Q8_0, WEIGHT_Q8_16, WEIGHT_F8_E4M3, \
 WEIGHT_Q2_K, WEIGHT_Q3_K, WEIGHT_Q4_K, WEIGHT_Q5_K, WEIGHT_Q6_K"
 #endif
-#if defined(WEIGHT_Q6_K) || defined(WEIGHT_Q3_K)
-#define WEIGHT_HALF_SCALES  // a signed 8-bit scale per 16 elements, a d per super-block
+#if defined(WEIGHT_Q6_K) || defined(WEIGHT_Q3_K) || defined(WEIGHT_Q2_K)
+#define WEIGHT_HALF_SCALES  // an integer scale per 16 elements (Q6_K, Q3_K: signed 8-bit; Q2_K: a 4-bit code), a d per
+                            // super-block
 #endif
 #if defined(WEIGHT_Q4_K) || defined(WEIGHT_Q5_K)
 #define WEIGHT_K_SCALES  // 6-bit scale and minimum codes per block, the super-block's d and dmin
 #endif
-#if defined(WEIGHT_K_SCALES) || defined(WEIGHT_HALF_SCALES) || defined(WEIGHT_Q2_K)
+#if defined(WEIGHT_K_SCALES) || defined(WEIGHT_HALF_SCALES)
 #if K % 256
 #error "a K-quant's rows are whole 256-element super-blocks"
 #endif
@@ -75,7 +76,7 @@ WEIGHT_Q2_K, WEIGHT_Q3_K, WEIGHT_Q4_K, WEIGHT_Q5_K, WEIGHT_Q6_K"
 #define WEIGHT_NIBBLES  // 16 bytes of nibbles per block (Q5_K: and their fifth bits) and a minimum:
                         // value = q * scale + minimum
 #endif
-#if defined(WEIGHT_Q8_0) || defined(WEIGHT_HALF_SCALES)
+#if defined(WEIGHT_Q8_0) || defined(WEIGHT_Q6_K) || defined(WEIGHT_Q3_K)
 #define WEIGHT_SIGNED_CODES  // 32 signed codes per block: value = q * scale (Q6_K, Q3_K: a scale per 16 of them)
 #endif
 
@@ -90,6 +91,13 @@ ALWAYS_INLINE float block_min(WEIGHT_PARAMS, long i) { return m[i]; }
 // store (workers/quantized_weight.py), taken here so the device holds a byte where they hold a float
 ALWAYS_INLINE float block_scale(WEIGHT_PARAMS, long i) { return dm[i / 8 * 2] * (float)codes[2 * i]; }
 ALWAYS_INLINE float block_min(WEIGHT_PARAMS, long i) { return -(dm[i / 8 * 2 + 1] * (float)codes[2 * i + 1]); }
+#elif defined(WEIGHT_Q2_K)
+// the super-block's d and -dmin; the int8 products multiply each half-block's integer sums by its 4-bit scale and
+// minimum codes first (block_half_scale, block_half_min), as llama.cpp's q2_K x q8_K does: exact integers
+ALWAYS_INLINE float block_scale(WEIGHT_PARAMS, long i) { return dm[i / 8 * 2]; }
+ALWAYS_INLINE float block_min(WEIGHT_PARAMS, long i) { return -dm[i / 8 * 2 + 1]; }
+ALWAYS_INLINE int block_half_scale(WEIGHT_PARAMS, long i, int half) { return codes[2 * i + half] & 15; }
+ALWAYS_INLINE int block_half_min(WEIGHT_PARAMS, long i, int half) { return codes[2 * i + half] >> 4; }
 #elif defined(WEIGHT_HALF_SCALES)
 // the super-block's d; the int8 products multiply each half-block's integer sum by its 8-bit scale first
 // (block_half_scale), as llama.cpp's q6_K x q8_K does, so the block's sum stays an exact integer
