@@ -23,7 +23,7 @@ import time
 import numpy as np
 from tinygrad import Device, Tensor, TinyJit
 
-from tinyvllm.workers.cpu_gemm import int8_tiles
+from tinyvllm.workers.cpu_gemm import SLAB_BYTES, int8_tiles
 from tinyvllm.workers.cpu_matvec import INT8_ACTIVATION_KINDS, c_matmul
 from tinyvllm.workers.fp8_checkpoint import fp8_matrix
 from tinyvllm.workers.kernel_set import configure_device
@@ -145,8 +145,8 @@ def main() -> None:
                 "Q5_K": q5_k_weight, "Q6_K": q6_k_weight}.get(args.kind, lambda *a: float_weight(*a, args.kind))
         weights = [make(rng, n, k) for _ in range(args.distinct)]
         for rows in args.rows:
-            times = [time_chain(lambda h, w, kernel=kernel: c_matmul(h, w, kernel, int8_tiles(h) if kernel == "gemm_i8"
-                                                                      else None), weights, rows, n)
+            times = [time_chain(lambda h, w, kernel=kernel: c_matmul(h, w, kernel, int8_tiles(h), {"SLAB_BYTES": SLAB_BYTES})
+                                if kernel == "gemm_i8" else c_matmul(h, w, kernel), weights, rows, n)
                      for kernel in args.kernels]
             flops = 2 * rows * n * k
             print(f"| {args.kind} {n}x{k} | {rows} | " + " | ".join(f"{t * 1e6:.1f}" for t in times) + " | " +

@@ -10,6 +10,7 @@ float32 copy in memory. Portable C vector extensions (workers/c/gemm.c), run as 
 from __future__ import annotations
 
 import platform
+from pathlib import Path
 
 from tinygrad import Tensor, dtypes
 from tinygrad.helpers import NUM_CPU_THREADS
@@ -23,15 +24,19 @@ GEMM_MIN_ROWS = 4  # MR: with fewer rows cpu_matvec is faster (measured: docs/BE
 
 def int8_gemm_min_rows(cpu_flags: str, machine: str, kind: str) -> int:
     """The same with int8 activations for a `kind` weight, measured on the 1B Q4_K_M's decode step
-    (benchmarks/profile_step.py, the threshold patched; docs/BENCHMARKS.md; either kernel gives a row the same bits):
-    8 on an x86 with AVX-512 VNNI, Intel's and AMD's alike (4 rows: 72 against gemm_i8's 102 ms on a Sapphire
-    Rapids VM, 89 against 127 ms on a Zen 4 one; 8 rows even; 16 rows: the tiles 1.5x ahead); 16 on an x86
-    without (AVX-VNNI alone included: both kernels then take AVX2's maddubs + madd, which make the tiles slower up
-    to 12 rows: 4 rows 541 against 342 us, 16 rows 1,268 against 1,700), and for Q3_K and Q6_K on every x86 (their
-    half-block scales keep both kernels on maddubs + madd). 3 elsewhere (NEON's sdot in both kernels)."""
+    (benchmarks/profile_step.py, the threshold patched) and per kernel (benchmarks/cpu_kernels.py, 4096 x 4096;
+    docs/BENCHMARKS.md; either kernel gives a row the same bits). On an x86 with AVX-512 VNNI, Intel's and AMD's
+    alike: 8 (4 rows: 72 against gemm_i8's 102 ms on an Intel Xeon VM, 89 against 127 ms on a Zen 4 one; 8 rows
+    even; 16 rows: the tiles 1.5x ahead), 12 for the kinds with a scale per 16 values (Q2_K, Q3_K, Q6_K: their
+    matvec_i8 takes maddubs + madd, their tiles vpdpbusd; Q6_K 8 rows 1,568 against 1,993 us, 12 rows 2,340
+    against 2,294). 16 on an x86 without (AVX-VNNI alone included: both kernels then take AVX2's maddubs + madd,
+    which make the tiles slower up to 12 rows: 4 rows 541 against 342 us, 16 rows 1,268 against 1,700). 3
+    elsewhere (NEON's sdot in both kernels)."""
     if machine not in ("x86_64", "AMD64"):
         return 3
-    return 8 if "avx512_vnni" in cpu_flags.split() and kind not in ("Q3_K", "Q6_K") else 16
+    if "avx512_vnni" not in cpu_flags.split():
+        return 16
+    return 12 if kind in ("Q2_K", "Q3_K", "Q6_K") else 8
 
 
 def _host_cpu_flags() -> str:
@@ -44,6 +49,24 @@ def _host_cpu_flags() -> str:
 
 INT8_GEMM_MIN_ROWS = {kind: int8_gemm_min_rows(_host_cpu_flags(), platform.machine(), kind)
                       for kind in INT8_ACTIVATION_KINDS}
+
+
+def _core_l2_bytes() -> int | None:
+    """One core's L2 cache (Linux's sysfs), or None where it does not say."""
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            if (index / "level").read_text().strip() == "2" and (index / "type").read_text().strip() != "Instruction":
+                size = (index / "size").read_text().strip().upper()
+                return int(size[:-1]) * {"K": 1 << 10, "M": 1 << 20}[size[-1]] if size[-1] in "KM" else int(size)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+# gemm_i8's slab: the activation tiles each weight panel, unpacked once per slab, is multiplied with before the next
+# panel. Half a core's L2, so the tiles stay there beside the panel and the weights streaming through: with 1 MB
+# instead of 256 kB on a 2 MB L2, 64- and 256-row products took 1.2x less time (docs/BENCHMARKS.md).
+SLAB_BYTES = (_core_l2_bytes() or 512 << 10) // 2
 TILE_BYTES_PER_BLOCK = 208  # workers/c/int8_rows.h's tile_t (4 rows) per 32-element block: 8 x 16 code bytes, 5 x 16
 
 
@@ -64,5 +87,5 @@ def cpu_gemm(h: Tensor, w, int8_activations: bool = False, tiles: Tensor | None 
     workers/c/quantize_i8.c (or given as `tiles`, int8_tiles(h) shared by products of one input), then multiplied
     with integer dot products by workers/c/gemm_i8.c; each row's result has the bits cpu_matvec would give it."""
     if takes_int8(w, int8_activations):
-        return c_matmul(h, w, "gemm_i8", int8_tiles(h) if tiles is None else tiles)
+        return c_matmul(h, w, "gemm_i8", int8_tiles(h) if tiles is None else tiles, {"SLAB_BYTES": SLAB_BYTES})
     return c_matmul(h, w, "gemm")

@@ -29,14 +29,16 @@ def c_kernels_support(w) -> bool:
     return w.kind in BLOCK_BYTES and w.shape[1] % 32 == 0
 
 
-def c_matmul(h: Tensor, w, kernel: str, h_input: Tensor | None = None) -> Tensor:
+def c_matmul(h: Tensor, w, kernel: str, h_input: Tensor | None = None, defines: dict[str, int] | None = None) -> Tensor:
     """h [T, K] @ w.T for a workers.quantized_weight.DeviceWeight w [N, K] (c_kernels_support): [T, N] float32,
-    by workers/c/<kernel>.c (its columns split across cores), which reads h_input (default: h as float32)."""
+    by workers/c/<kernel>.c (its columns split across cores, `defines` its own settings), which reads h_input
+    (default: h as float32)."""
     assert c_kernels_support(w), w
     (rows, k), cols = h.shape, w.shape[0]
     cores = max(1, min(NUM_CPU_THREADS.value, cols))
     name = f"{kernel}_{w.kind.lower()}_{rows}_{cols}_{k}_c{cores}"
-    source = c_source(f"{kernel}.c", {"ROWS": rows, "COLS": cols, "K": k, "CORES": cores, f"WEIGHT_{w.kind}": 1})
+    source = c_source(f"{kernel}.c", {"ROWS": rows, "COLS": cols, "K": k, "CORES": cores, f"WEIGHT_{w.kind}": 1,
+                                      **(defines or {})})
     weight_bytes = int(cols * k * BLOCK_BYTES[w.kind] // 32)
     fxn = c_kernel(name, source, cores, Estimates(
         ops=2 * rows * cols * k, lds=weight_bytes + 4 * rows * k, mem=weight_bytes + 4 * rows * (k + cols)))

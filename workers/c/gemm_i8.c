@@ -15,7 +15,8 @@
 #endif
 #define TILES ((ROWS + 3) / 4)
 #ifndef SLAB_BYTES
-#define SLAB_BYTES 262144  // the tiles a panel meets before the next panel: they stay in L2 (tests set it smaller)
+#define SLAB_BYTES 262144  // the tiles a panel meets before the next panel, to stay in L2 (workers/cpu_gemm.py
+                           // passes half the core's L2; tests set it smaller)
 #endif
 #define SLAB (SLAB_BYTES / (int)sizeof(tile_t) > 1 ? SLAB_BYTES / (int)sizeof(tile_t) : 1)
 
@@ -24,15 +25,15 @@ typedef float f32x16 __attribute__((vector_size(64), aligned(64)));
 #define SPREAD4(v) __builtin_shufflevector(v, v, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)  // lane 4j + i: v[i]
 #define EACH4(v) __builtin_shufflevector(v, v, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)    // lane 4j + i: v[j]
 
-// acc + per lane the sum of the 4 products of w's and x's bytes in it (w: nibbles, Q2_K's 0..3 or signed codes).
-// Q6_K's signed codes (and Q3_K's) take AVX2's path on VNNI CPUs too: vpdpbusd's unsigned factor would need an offset
-// per 16 codes.
-#if defined(__AVX512VNNI__) && !defined(WEIGHT_Q6_K) && !defined(WEIGHT_Q3_K)
+// acc + per lane the sum of the 4 products of w's and x's bytes in it (w: unsigned codes, Q8_0's signed ones without
+// VNNI). Q6_K's and Q3_K's codes are their stored unsigned ones, 0..63 and 0..7 (weights.h's unsigned_codes32): each
+// 16 codes' CODE_OFFSET is taken from the activations' sums in block_step, so they take vpdpbusd too.
+#if defined(__AVX512VNNI__)
 #define DOT4_VNNI 1
 #endif
 #if defined(__AVX2__) && !defined(DOT4_VNNI)
 ALWAYS_INLINE __m256i dot4_half(__m256i w, __m256i x) {  // pairs of products fit int16 (see matvec_i8.c)
-#if defined(WEIGHT_SIGNED_CODES)
+#if defined(WEIGHT_Q8_0)
   return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
 #else
   return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
@@ -68,6 +69,8 @@ ALWAYS_INLINE i32x8 block_codes(WEIGHT_PARAMS, int n, int b) {
   return (i32x8)block_codes32(WEIGHT_ARGS, n, b);
 #elif defined(WEIGHT_Q2_K)
   return (i32x8)two_bit_codes32(weight, n, b);
+#elif defined(CODE_OFFSET)
+  return (i32x8)unsigned_codes32(WEIGHT_ARGS, n, b);
 #elif defined(OFFSET_CODES)
   return (i32x8)(block_signed_codes(WEIGHT_ARGS, n, b) ^ (signed char)-128);
 #else
@@ -130,6 +133,8 @@ ALWAYS_INLINE void unpack_panel(WEIGHT_PARAMS, int n0, int nr, panel_t *restrict
 ALWAYS_INLINE f32x16 block_step(f32x16 acc, const tile_t *restrict tile, const panel_t *restrict panel, int b) {
 #if defined(OFFSET_CODES)
   i32x16 s0 = SPREAD4(tile->offset[b]), s1 = (i32x16){0};
+#elif defined(CODE_OFFSET)  // each half's sum of (code - offset) x = sum code x - offset x (the half's code sum)
+  i32x16 s0 = SPREAD4(tile->half_sum[b][0]) * -CODE_OFFSET, s1 = SPREAD4(tile->half_sum[b][1]) * -CODE_OFFSET;
 #else
   i32x16 s0 = (i32x16){0}, s1 = (i32x16){0};
 #endif

@@ -59,7 +59,8 @@ typedef struct {
   i32x4 codes[KB][8];  // [b][k]: dword k (elements 4k..4k+3) of block b of rows 0-3
   f32x4 d[KB], m[KB];  // the rows' scales, scale x code sum
   i32x4 offset[KB];    // -128 x the rows' code sums (for Q8_0 codes stored + 128)
-  i32x4 half_sum[KB][2];  // the rows' sums of elements 0-15 and 16-31's codes (what Q2_K's minimums multiply)
+  i32x4 half_sum[KB][2];  // the rows' sums of elements 0-15 and 16-31's codes (what Q2_K's minimums and Q6_K's
+                          // and Q3_K's code offsets multiply)
 } tile_t;
 _Static_assert(sizeof(tile_t) == 208 * KB, "workers/cpu_gemm.py's TILE_BYTES_PER_BLOCK");
 

@@ -17,13 +17,14 @@
 // block's sum
 #define PAIRED_BLOCKS 1
 #endif
-#if defined(WEIGHT_Q6_K) && defined(__AVX2__)
-// Q6_K's codes multiplied as they are stored, 0..63 (unsigned, as maddubs takes them: no sign instructions), and the
-// -32 taken once per 8 blocks from the activations' 16-element sums: sum (c - 32) x = sum c x - 32 sum x
-#define SIX_BIT_UNSIGNED 1
+#if defined(CODE_OFFSET) && defined(__AVX2__)
+// Q6_K's and Q3_K's codes multiplied as they are stored, 0..63 and 0..7 (unsigned, as maddubs takes them: no sign
+// instructions), and the CODE_OFFSET (32, 4) taken once per 8 blocks from the activations' 16-element sums:
+// sum (c - 32) x = sum c x - 32 sum x
+#define UNSIGNED_CODES 1
 #endif
-#if defined(SIX_BIT_UNSIGNED) || defined(WEIGHT_Q2_K)
-#define X_HALF_SUMS 1  // the activations' 16-element code sums: Q6_K's -32 and Q2_K's minimums multiply them
+#if defined(UNSIGNED_CODES) || defined(WEIGHT_Q2_K)
+#define X_HALF_SUMS 1  // the activations' 16-element code sums (Q6_K's and Q3_K's offsets, Q2_K's minimums take them)
 #endif
 
 // weight row n's block b as the instructions take it (loaded and unpacked once for every activation row)
@@ -48,8 +49,8 @@ ALWAYS_INLINE block_t load_block(WEIGHT_PARAMS, int n, int b) {
 #else
   for (int e = 0; e < 32; e++) blk.w[e] = (signed char)c[e];
 #endif
-#elif defined(SIX_BIT_UNSIGNED)
-  blk.u = blk.w = (__m256i)six_bit_codes32(WEIGHT_ARGS, n, b);
+#elif defined(UNSIGNED_CODES)
+  blk.u = blk.w = (__m256i)unsigned_codes32(WEIGHT_ARGS, n, b);
 #elif defined(WEIGHT_Q2_K)
   const u8x32 c = two_bit_codes32(weight, n, b);
 #if defined(__AVX2__)
@@ -112,7 +113,7 @@ ALWAYS_INLINE half_scales_t half_scales(WEIGHT_PARAMS, int n, int b0, int i) {
 ALWAYS_INLINE i32x8 block_dot(block_t blk, const signed char *restrict x, half_scales_t scales) {
 #if defined(__AVX2__)
   const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
-#if defined(WEIGHT_NIBBLES) || defined(SIX_BIT_UNSIGNED) || defined(WEIGHT_Q2_K)
+#if defined(WEIGHT_NIBBLES) || defined(UNSIGNED_CODES) || defined(WEIGHT_Q2_K)
   const __m256i s = xv;
 #else
   const __m256i s = _mm256_sign_epi8(xv, blk.w);
@@ -254,12 +255,12 @@ ALWAYS_INLINE void block_scales8(WEIGHT_PARAMS, int n, int b0, int nb, f32x8 *wd
 #endif
 }
 
-#if defined(SIX_BIT_UNSIGNED)
-// lane i: 32 x (block b0 + i's half sums of x times their scales), what the unsigned codes' products hold above
-// the signed ones'
-ALWAYS_INLINE i32x8 six_bit_offsets(WEIGHT_PARAMS, int n, int b0, const short *restrict x_half_sums) {
+#if defined(UNSIGNED_CODES)
+// lane i: CODE_OFFSET x (block b0 + i's half sums of x times their scales), what the unsigned codes' products hold
+// above the signed ones'
+ALWAYS_INLINE i32x8 code_offsets(WEIGHT_PARAMS, int n, int b0, const short *restrict x_half_sums) {
   const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(scales + ((long)n * KB + b0) * 2)));
-  return (i32x8)_mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)(x_half_sums + b0 * 2))) * 32;
+  return (i32x8)_mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)(x_half_sums + b0 * 2))) * CODE_OFFSET;
 }
 #endif
 #if defined(WEIGHT_Q2_K)
@@ -315,8 +316,8 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
       }
       for (int t = 0; t < ROWS; t++) {
         sums[t] = sums_of_pairs(pair_dots[t]);
-#if defined(SIX_BIT_UNSIGNED)
-        sums[t] -= six_bit_offsets(WEIGHT_ARGS, n, b0, x_half_sums[t]);
+#if defined(UNSIGNED_CODES)
+        sums[t] -= code_offsets(WEIGHT_ARGS, n, b0, x_half_sums[t]);
 #endif
       }
 #else
@@ -336,8 +337,8 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
         }
       }
       for (int t = 0; t < ROWS; t++) {
-#if defined(SIX_BIT_UNSIGNED)
-        sums[t] = sums_of_8(dots[t]) - six_bit_offsets(WEIGHT_ARGS, n, b0, x_half_sums[t]);
+#if defined(UNSIGNED_CODES)
+        sums[t] = sums_of_8(dots[t]) - code_offsets(WEIGHT_ARGS, n, b0, x_half_sums[t]);
 #else
         sums[t] = sums_of_8(dots[t]);
 #endif

@@ -151,16 +151,26 @@ ALWAYS_INLINE u8x32 six_bit_codes32(WEIGHT_PARAMS, int n, int b) {
 }
 #endif
 
-// weight row n's block b's 32 signed codes, elements 0-31 in order (Q3_K: its 2-bit codes and third bits, as Q5_K's
-// fifth bits, minus 4; Q6_K: six_bit_codes32 minus 32)
-#if defined(WEIGHT_SIGNED_CODES)
-ALWAYS_INLINE i8x32 block_signed_codes(WEIGHT_PARAMS, int n, int b) {
+// Q6_K's and Q3_K's codes of weight row n's block b as stored, before the CODE_OFFSET their values subtract (Q6_K:
+// six_bit_codes32, 0..63; Q3_K: its 2-bit codes and third bits, as Q5_K's fifth bits, 0..7), elements 0-31 in order:
+// the unsigned factor the int8 products take, the offset taken once per 16 codes from the activations' sums
 #if defined(WEIGHT_Q6_K)
-  return (i8x32)six_bit_codes32(WEIGHT_ARGS, n, b) - (signed char)32;
+#define CODE_OFFSET 32
+ALWAYS_INLINE u8x32 unsigned_codes32(WEIGHT_PARAMS, int n, int b) { return six_bit_codes32(WEIGHT_ARGS, n, b); }
 #elif defined(WEIGHT_Q3_K)
+#define CODE_OFFSET 4
+ALWAYS_INLINE u8x32 unsigned_codes32(WEIGHT_PARAMS, int n, int b) {
   const unsigned j = (unsigned)b % 8;
   const u8x32 h = *(const u8x32 *)(high + ((unsigned long)n * (KB / 8) + (unsigned)b / 8) * 32);
-  return (i8x32)(two_bit_codes32(weight, n, b) | (((h >> j) & (unsigned char)1) << 2)) - (signed char)4;
+  return two_bit_codes32(weight, n, b) | (((h >> j) & (unsigned char)1) << 2);
+}
+#endif
+
+// weight row n's block b's 32 signed codes, elements 0-31 in order (Q6_K, Q3_K: unsigned_codes32 - CODE_OFFSET)
+#if defined(WEIGHT_SIGNED_CODES)
+ALWAYS_INLINE i8x32 block_signed_codes(WEIGHT_PARAMS, int n, int b) {
+#if defined(CODE_OFFSET)
+  return (i8x32)unsigned_codes32(WEIGHT_ARGS, n, b) - (signed char)CODE_OFFSET;
 #else
   return *(const i8x32 *)(weight + ((long)n * KB + b) * 32);
 #endif
