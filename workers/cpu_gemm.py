@@ -22,21 +22,22 @@ from tinyvllm.workers.cpu_matvec import INT8_ACTIVATION_KINDS, c_matmul, takes_i
 GEMM_MIN_ROWS = 4  # MR: with fewer rows cpu_matvec is faster (measured: docs/BENCHMARKS.md)
 
 
+# with AVX-512 VNNI: the rows from which gemm_i8's tiles beat matvec_i8 on 2048-wide weights read from memory
+# (benchmarks/cpu_kernels.py --shapes 2048x2048 --distinct 32, an Intel Xeon VM: Q4_K 4 rows 198 against 214 us,
+# 6 rows 315 against 249; Q8_0 3 rows 247 against 216) and in the 1B Q4_K_M's decode step (benchmarks/profile_step.py
+# with the threshold patched: 6 rows 80-83 ms with Q6_K's tiles from 4 or 6 rows, 87 ms from 8)
+VNNI_INT8_GEMM_MIN_ROWS = {"Q8_0": 3, "Q4_1": 4, "Q2_K": 6, "Q3_K": 6, "Q4_K": 6, "Q5_K": 6, "Q6_K": 6}
+
+
 def int8_gemm_min_rows(cpu_flags: str, machine: str, kind: str) -> int:
-    """The same with int8 activations for a `kind` weight, measured on the 1B Q4_K_M's decode step
-    (benchmarks/profile_step.py, the threshold patched) and per kernel (benchmarks/cpu_kernels.py, 4096 x 4096;
-    docs/BENCHMARKS.md; either kernel gives a row the same bits). On an x86 with AVX-512 VNNI, Intel's and AMD's
-    alike: 8 (4 rows: 72 against gemm_i8's 102 ms on an Intel Xeon VM, 89 against 127 ms on a Zen 4 one; 8 rows
-    even; 16 rows: the tiles 1.5x ahead), 12 for the kinds with a scale per 16 values (Q2_K, Q3_K, Q6_K: their
-    matvec_i8 takes maddubs + madd, their tiles vpdpbusd; Q6_K 8 rows 1,568 against 1,993 us, 12 rows 2,340
-    against 2,294). 16 on an x86 without (AVX-VNNI alone included: both kernels then take AVX2's maddubs + madd,
-    which make the tiles slower up to 12 rows: 4 rows 541 against 342 us, 16 rows 1,268 against 1,700). 3
-    elsewhere (NEON's sdot in both kernels)."""
+    """The same with int8 activations for a `kind` weight (either kernel gives a row the same bits; docs/BENCHMARKS.md):
+    on an x86 with AVX-512 VNNI, VNNI_INT8_GEMM_MIN_ROWS (gemm_i8's tiles multiply each block of 4 weight rows in
+    registers). 16 on an x86 without (AVX-VNNI alone included: both kernels then take AVX2's maddubs + madd, and the
+    tiles, unpacked into memory then, were slower up to 12 rows: 4 rows 541 against 342 us, 16 rows 1,268 against
+    1,700). 3 elsewhere (NEON's sdot in both kernels)."""
     if machine not in ("x86_64", "AMD64"):
         return 3
-    if "avx512_vnni" not in cpu_flags.split():
-        return 16
-    return 12 if kind in ("Q2_K", "Q3_K", "Q6_K") else 8
+    return VNNI_INT8_GEMM_MIN_ROWS[kind] if "avx512_vnni" in cpu_flags.split() else 16
 
 
 def _host_cpu_flags() -> str:

@@ -62,7 +62,8 @@ typedef struct {
   i32x4 half_sum[KB][2];  // the rows' sums of elements 0-15 and 16-31's codes (what Q2_K's minimums and Q6_K's
                           // and Q3_K's code offsets multiply)
 } tile_t;
-_Static_assert(sizeof(tile_t) == 208 * KB, "workers/cpu_gemm.py's TILE_BYTES_PER_BLOCK");
+#define TILE_BYTES (208 * KB)
+_Static_assert(sizeof(tile_t) == TILE_BYTES, "workers/cpu_gemm.py's TILE_BYTES_PER_BLOCK");
 
 // rows r0 .. r0 + 3 of h[rows, K] (zeros past `rows`) as a tile
 ALWAYS_INLINE void quantize_tile(const float *restrict h, int rows, int r0, tile_t *restrict tile) {
