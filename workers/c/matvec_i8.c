@@ -39,20 +39,14 @@ typedef struct { signed char w[32]; } block_t;
 
 ALWAYS_INLINE block_t load_block(WEIGHT_PARAMS, int n, int b) {
   block_t blk;
+#if defined(WEIGHT_NIBBLES) || defined(WEIGHT_Q2_K) || defined(UNSIGNED_CODES)  // codes taken as they are
 #if defined(WEIGHT_NIBBLES)
   const u8x32 c = block_codes32(WEIGHT_ARGS, n, b);
-#if defined(__AVX2__)
-  blk.u = blk.w = (__m256i)c;
-#elif defined(__ARM_FEATURE_DOTPROD)
-  blk.w0 = vreinterpretq_s8_u8((uint8x16_t)LOW_HALF(c));
-  blk.w1 = vreinterpretq_s8_u8((uint8x16_t)HIGH_HALF(c));
-#else
-  for (int e = 0; e < 32; e++) blk.w[e] = (signed char)c[e];
-#endif
-#elif defined(UNSIGNED_CODES)
-  blk.u = blk.w = (__m256i)unsigned_codes32(WEIGHT_ARGS, n, b);
 #elif defined(WEIGHT_Q2_K)
   const u8x32 c = two_bit_codes32(weight, n, b);
+#else
+  const u8x32 c = unsigned_codes32(WEIGHT_ARGS, n, b);
+#endif
 #if defined(__AVX2__)
   blk.u = blk.w = (__m256i)c;
 #elif defined(__ARM_FEATURE_DOTPROD)
