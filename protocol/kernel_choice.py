@@ -30,9 +30,9 @@ class MatvecLayout:
 
 @dataclass(frozen=True)
 class KernelChoice:
-    """What a kernel set runs. matmul and attention: one of KERNEL_KINDS. int8_activations: products of Q4_1, Q3_K,
-    Q4_K, Q5_K, Q6_K and Q8_0 weights quantise their activations to int8 (C matmuls only). gpu_matvec: decode rows of quantised or
-    float16 weights take workers/gpu_matvec.py's kernels, in matvec_layout (tinygrad matmuls on a device with
+    """What a kernel set runs. matmul and attention: one of KERNEL_KINDS. int8_activations: products of Q4_1, Q2_K,
+    Q3_K, Q4_K, Q5_K, Q6_K and Q8_0 weights quantise their activations to int8 (C matmuls only). gpu_matvec: decode
+    rows of quantised or float16 weights take workers/gpu_matvec.py's kernels, in matvec_layout (tinygrad matmuls on a device with
     local memory only: workers/kernel_set.py's kernel_choice turns it off elsewhere)."""
     name: str
     matmul: str

@@ -52,13 +52,19 @@ INT8_GEMM_MIN_ROWS = {kind: int8_gemm_min_rows(_host_cpu_flags(), platform.machi
                       for kind in INT8_ACTIVATION_KINDS}
 
 
-def _core_l2_bytes() -> int | None:
-    """One core's L2 cache (Linux's sysfs), or None where it does not say."""
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+def core_l2_bytes(cache_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """One core's share of its L2 cache (Linux's sysfs: the size over the CPUs sharing it), or None where it does
+    not say."""
+    for index in cache_dir.glob("index*"):
         try:
-            if (index / "level").read_text().strip() == "2" and (index / "type").read_text().strip() != "Instruction":
-                size = (index / "size").read_text().strip().upper()
-                return int(size[:-1]) * {"K": 1 << 10, "M": 1 << 20}[size[-1]] if size[-1] in "KM" else int(size)
+            if (index / "level").read_text().strip() != "2" or (index / "type").read_text().strip() == "Instruction":
+                continue
+            size = (index / "size").read_text().strip().upper()
+            size_bytes = int(size[:-1]) * {"K": 1 << 10, "M": 1 << 20}[size[-1]] if size[-1:] in ("K", "M") else int(size)
+            shared = (index / "shared_cpu_list").read_text().strip() if (index / "shared_cpu_list").exists() else "0"
+            cpus = sum(int(b) - int(a) + 1 for a, _, b in (part.partition("-") if "-" in part else (part, "-", part)
+                                                           for part in shared.split(",")))
+            return size_bytes // max(1, cpus)
         except (OSError, ValueError):
             continue
     return None
@@ -67,7 +73,7 @@ def _core_l2_bytes() -> int | None:
 # gemm_i8's slab: the activation tiles each weight panel, unpacked once per slab, is multiplied with before the next
 # panel. Half a core's L2, so the tiles stay there beside the panel and the weights streaming through: with 1 MB
 # instead of 256 kB on a 2 MB L2, 64- and 256-row products took 1.2x less time (docs/BENCHMARKS.md).
-SLAB_BYTES = (_core_l2_bytes() or 512 << 10) // 2
+SLAB_BYTES = (core_l2_bytes() or 512 << 10) // 2
 TILE_BYTES_PER_BLOCK = 208  # workers/c/int8_rows.h's tile_t (4 rows) per 32-element block: 8 x 16 code bytes, 5 x 16
 
 

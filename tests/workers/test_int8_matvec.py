@@ -130,11 +130,13 @@ def test_kernel_equals_the_numpy_model_bit_for_bit(weights, target, kind, kernel
 def test_both_kernels_give_every_row_the_models_bits_on_a_larger_odd_shape(target, kind):
     """K = 544 (17 blocks: two whole groups of 8 lanes and one more) and 512 (whole groups: with AVX-512 VNNI,
     matvec_i8 takes the nibble kinds two blocks at a time); the K-quants 768 (3 super-blocks); 30 columns (15 a
-    core: a part panel of 3)."""
+    core: a part panel of 3); gemm_i8's tiles in registers (one slab) and against panels (slabs of one tile)."""
     for k in (768,) if kind.endswith("_K") else (544, 512):
         parts, h = random_parts(kind, 30, k), np.random.default_rng(5).standard_normal((13, k)).astype(np.float32)
         want = int8_matvec(kind, h, parts)
         np.testing.assert_array_equal(run_int8_gemm(TARGETS[target], kind, h, parts), want)
+        panels = (*TARGETS[target], f"-DSLAB_BYTES={k // 32 * TILE_BYTES_PER_BLOCK}")
+        np.testing.assert_array_equal(run_int8_gemm(panels, kind, h, parts), want)
         for rows in (slice(0, 1), slice(11, 13)):
             got = run_kernel("matvec_i8", TARGETS[target], kind, h[rows], parts, cols=30, k=k)
             np.testing.assert_array_equal(got, want[rows])
@@ -202,3 +204,26 @@ def test_the_tiles_take_over_from_3_to_6_rows_on_an_x86_with_avx512_vnni_and_16_
     assert int8_gemm_min_rows("fpu avx2 avx_vnni", "x86_64", "Q4_K") == 16  # 256-bit VNNI alone: AVX2's paths
     assert int8_gemm_min_rows("fpu sse2 fma avx2 f16c", "x86_64", "Q4_K") == 16
     assert int8_gemm_min_rows("", "aarch64", "Q6_K") == 3  # NEON's sdot in both kernels
+
+
+def test_the_slab_is_half_a_cores_share_of_its_l2(tmp_path):
+    """workers/cpu_gemm.py reads the L2's size from sysfs and divides it by the CPUs sharing it; a cache it cannot
+    read (an empty size, none at level 2) gives None, so gemm_i8 takes its default."""
+    from tinyvllm.workers.cpu_gemm import core_l2_bytes
+
+    def cache(name: str, level: str, kind: str, size: str, shared: str | None = None):
+        (tmp_path / name).mkdir()
+        for field, value in (("level", level), ("type", kind), ("size", size), ("shared_cpu_list", shared)):
+            if value is not None:
+                (tmp_path / name / field).write_text(value + "\n")
+
+    cache("index0", "1", "Data", "48K", "0")
+    cache("index1", "1", "Instruction", "32K", "0")
+    assert core_l2_bytes(tmp_path) is None
+    cache("index2", "2", "Unified", "2048K")
+    assert core_l2_bytes(tmp_path) == 2 << 20
+    (tmp_path / "index2" / "shared_cpu_list").write_text("0-1,4\n")
+    (tmp_path / "index2" / "size").write_text("3M\n")
+    assert core_l2_bytes(tmp_path) == 1 << 20
+    (tmp_path / "index2" / "size").write_text("\n")
+    assert core_l2_bytes(tmp_path) is None
