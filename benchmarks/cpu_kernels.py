@@ -23,14 +23,16 @@ import time
 import numpy as np
 from tinygrad import Device, Tensor, TinyJit
 
-from tinyvllm.workers.cpu_gemm import SLAB_BYTES, int8_tiles
+from tinyvllm.workers.cpu_gemm import cpu_gemm
 from tinyvllm.workers.cpu_matvec import INT8_ACTIVATION_KINDS, c_matmul
 from tinyvllm.workers.fp8_checkpoint import fp8_matrix
 from tinyvllm.workers.kernel_set import configure_device
 from tinyvllm.workers.quantized_weight import DeviceWeight, QuantizedArray
 
 CHAIN = 32
-KERNELS = ("matvec", "matvec_i8", "gemm", "gemm_i8")
+PRODUCTS = {"matvec": lambda h, w: c_matmul(h, w, "matvec"), "matvec_i8": lambda h, w: c_matmul(h, w, "matvec_i8"),
+            "gemm": cpu_gemm, "gemm_i8": lambda h, w: cpu_gemm(h, w, int8_activations=True)}  # each kernel as served
+KERNELS = tuple(PRODUCTS)
 
 
 def q4_1_weight(rng, n: int, k: int) -> DeviceWeight:
@@ -145,9 +147,7 @@ def main() -> None:
                 "Q5_K": q5_k_weight, "Q6_K": q6_k_weight}.get(args.kind, lambda *a: float_weight(*a, args.kind))
         weights = [make(rng, n, k) for _ in range(args.distinct)]
         for rows in args.rows:
-            times = [time_chain(lambda h, w, kernel=kernel: c_matmul(h, w, kernel, int8_tiles(h), {"SLAB_BYTES": SLAB_BYTES})
-                                if kernel == "gemm_i8" else c_matmul(h, w, kernel), weights, rows, n)
-                     for kernel in args.kernels]
+            times = [time_chain(PRODUCTS[kernel], weights, rows, n) for kernel in args.kernels]
             flops = 2 * rows * n * k
             print(f"| {args.kind} {n}x{k} | {rows} | " + " | ".join(f"{t * 1e6:.1f}" for t in times) + " | " +
                   " | ".join(f"{flops / t / 1e9:.1f}" for t in times) + " | " +

@@ -15,12 +15,12 @@
 typedef int i32x8 __attribute__((vector_size(32), aligned(4)));
 
 // x[K] as int8 codes xq and per block a scale xd and xm = xd * (the codes' sum), what a nibble kind's minimum multiplies
-// (and that sum in xs, unless xs is 0);
+// (and, unless xh is 0, the sums of its elements 0-15's and 16-31's codes in xh[2b], xh[2b + 1]: at most 16 x 127);
 // code = (int)(x * (1 / scale) +- 0.5) in float32. A block with a NaN or an infinity gets codes 0 and scale NaN
 // (its outputs turn NaN, as the float kernel's would); one too small for 1 / scale to be finite, codes 0.
 // max |x| is taken on the bits (integer max vectorises; a NaN's bits exceed an infinity's, which exceed any number's).
 ALWAYS_INLINE void quantize_row(const float *restrict x, signed char *restrict xq, float *restrict xd, float *restrict xm,
-                                int *restrict xs) {
+                                short *restrict xh) {
   for (int b = 0; b < KB; b++) {
     unsigned amax_bits = 0;
     for (int e = 0; e < 32; e++) {
@@ -29,7 +29,7 @@ ALWAYS_INLINE void quantize_row(const float *restrict x, signed char *restrict x
       a &= 0x7fffffffu;
       amax_bits = a > amax_bits ? a : amax_bits;
     }
-    int sum = 0;
+    int half[2] = {0, 0};
     if (amax_bits < 0x7f800000u) {  // finite
       union { unsigned u; float f; } amax = {amax_bits};
       const float d = amax.f / 127.0f;
@@ -39,15 +39,15 @@ ALWAYS_INLINE void quantize_row(const float *restrict x, signed char *restrict x
         const float v = x[b * 32 + e] * id;
         const int q = (int)(v + (v >= 0.0f ? 0.5f : -0.5f));
         xq[b * 32 + e] = (signed char)q;
-        sum += q;
+        half[e / 16] += q;
       }
       xd[b] = d;
     } else {
       for (int e = 0; e < 32; e++) xq[b * 32 + e] = 0;
       xd[b] = __builtin_nanf("");
     }
-    xm[b] = xd[b] * (float)sum;
-    if (xs) xs[b] = sum;
+    xm[b] = xd[b] * (float)(half[0] + half[1]);
+    if (xh) xh[2 * b] = (short)half[0], xh[2 * b + 1] = (short)half[1];
   }
 }
 
@@ -70,19 +70,17 @@ ALWAYS_INLINE void quantize_tile(const float *restrict h, int rows, int r0, tile
   for (int i = 0; i < 4; i++) {
     signed char xq[K] __attribute__((aligned(32)));
     float xd[KB], xm[KB];
-    int xs[KB];
+    short xh[KB * 2];
     if (r0 + i < rows) {
-      quantize_row(h + (long)(r0 + i) * K, xq, xd, xm, xs);
+      quantize_row(h + (long)(r0 + i) * K, xq, xd, xm, xh);
     } else {
       for (int e = 0; e < K; e++) xq[e] = 0;
-      for (int b = 0; b < KB; b++) xd[b] = xm[b] = 0.0f, xs[b] = 0;
+      for (int b = 0; b < KB; b++) xd[b] = xm[b] = 0.0f, xh[2 * b] = xh[2 * b + 1] = 0;
     }
     for (int b = 0; b < KB; b++) {
       for (int k = 0; k < 8; k++) tile->codes[b][k][i] = ((const int *)xq)[b * 8 + k];
-      tile->d[b][i] = xd[b], tile->m[b][i] = xm[b], tile->offset[b][i] = -128 * xs[b];
-      int first_half = 0;
-      for (int e = 0; e < 16; e++) first_half += xq[b * 32 + e];
-      tile->half_sum[b][0][i] = first_half, tile->half_sum[b][1][i] = xs[b] - first_half;
+      tile->d[b][i] = xd[b], tile->m[b][i] = xm[b], tile->offset[b][i] = -128 * (xh[2 * b] + xh[2 * b + 1]);
+      tile->half_sum[b][0][i] = xh[2 * b], tile->half_sum[b][1][i] = xh[2 * b + 1];
     }
   }
 }

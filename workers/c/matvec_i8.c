@@ -278,15 +278,11 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
   signed char xq[ROWS][K];
   float xd[ROWS][KB];
   float xm[ROWS][KB];
-  for (int t = 0; t < ROWS; t++) quantize_row(h + (long)t * K, xq[t], xd[t], xm[t], 0);
 #if defined(X_HALF_SUMS)
-  short x_half_sums[ROWS][KB * 2];  // each 16 codes' sum: at most 16 x 127
-  for (int t = 0; t < ROWS; t++)
-    for (int i = 0; i < KB * 2; i++) {
-      int sum = 0;
-      for (int e = 0; e < 16; e++) sum += xq[t][i * 16 + e];
-      x_half_sums[t][i] = (short)sum;
-    }
+  short x_half_sums[ROWS][KB * 2];
+  for (int t = 0; t < ROWS; t++) quantize_row(h + (long)t * K, xq[t], xd[t], xm[t], x_half_sums[t]);
+#else
+  for (int t = 0; t < ROWS; t++) quantize_row(h + (long)t * K, xq[t], xd[t], xm[t], 0);
 #endif
   const int n_end = (core_id + 1) * PER_CORE < COLS ? (core_id + 1) * PER_CORE : COLS;
   for (int n = core_id * PER_CORE; n < n_end; n++) {
