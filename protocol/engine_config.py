@@ -79,8 +79,9 @@ class CacheConfig:
                                    parse=parse_bytes)
     kv_cache_dtype: str = knob("auto", "what the KV cache stores: float16 and bfloat16 halve its bytes per token, "
                                        "int8 and fp8 (e4m3, with a float32 scale per token per kv head) quarter them, "
-                                       "so --kv-cache-memory holds 2-4x the blocks; auto: float32 (the model's "
-                                       "activation dtype) on a CPU, float16 on a GPU", choices=KV_CACHE_DTYPES)
+                                       "so --kv-cache-memory holds 2-4x the blocks; auto: float16, but float32 (the "
+                                       "model's activation dtype) on a CPU under the exact kernel sets (c, tinygrad)",
+                               choices=KV_CACHE_DTYPES)
     enable_prefix_caching: bool = knob(True, "turn off automatic prefix caching (reusing the KV blocks of prompts "
                                              "seen before)", flag="--no-prefix-caching", action="store_false")
     kv_events_config: KVEventsConfig | None = knob(

@@ -167,6 +167,7 @@ class WorkerReady:
     # bytes of one block's file; "" and 0 without a persistent prefix cache.
     kv_disk_dir: str = ""
     kv_disk_block_bytes: int = 0
+    kv_cache_dtype: str = "float32"  # what its cache stores (--kv-cache-dtype auto resolved for its device and kernels)
 
 
 @dataclass(slots=True)

@@ -16,7 +16,6 @@ import zmq
 from tinyvllm.protocol import codec
 from tinyvllm.protocol.codec import CodecError
 from tinyvllm.protocol.kv_auth import KV_SECRET_ENV
-from tinyvllm.protocol.kv_cache_dtype import resolve_kv_cache_dtype
 from tinyvllm.protocol.kv_release import release_remote_kv
 from tinyvllm.protocol.message_parts import merge_step_results
 from tinyvllm.protocol.messages import (AbortRequests, AddRequest, EngineReady, KVReleased, KVTransferParams, Shutdown,
@@ -83,7 +82,7 @@ class SchedulerLoop:
             self.open_disk_cache(self.workers.kv_disk_dirs[0])
         send(self.to_frontend, EngineReady(num_blocks, e.cache.block_size, e.model.max_model_len, e.batch.max_num_seqs,
                                            e.world_size, [self.workers.weight_bytes[r] for r in range(e.world_size)],
-                                           resolve_kv_cache_dtype(e.cache.kv_cache_dtype, self.workers.device), self.workers.device))
+                                           self.workers.kv_cache_dtype, self.workers.device))
         log.info("scheduler ready: %d KV blocks of %d tokens, %d swap slots, up to %d steps in flight%s", num_blocks,
                  e.cache.block_size, self.workers.num_swap_slots, e.max_steps_in_flight,
                  ", async scheduling" if self.scheduler.config.async_scheduling else "")

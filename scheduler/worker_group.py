@@ -40,6 +40,7 @@ class WorkerGroup:
         self.num_swap_slots = 0  # CPU swap: the slots every worker's swap space holds (scheduler/swap.py)
         self.kv_disk_dirs: dict[int, str] = {}  # by rank: the persistent prefix cache's folder (--kv-cache-dir)
         self.kv_disk_block_bytes = 0  # one block's files, every rank's
+        self.kv_cache_dtype = ""  # what the workers' caches store (rank 0's, as every rank resolves it alike)
 
     def handshake(self, args) -> int:
         """Returns the number of KV blocks every worker can hold."""
@@ -83,6 +84,7 @@ class WorkerGroup:
                 log.info("worker rank %d ready: %.1f MB of weights, %d KV blocks", msg.rank, msg.weight_bytes / 1e6,
                          msg.num_blocks)
         self.num_swap_slots = min(r.num_swap_slots for r in ready.values())
+        self.kv_cache_dtype = ready[0].kv_cache_dtype
         return min(r.num_blocks for r in ready.values())
 
     def recv_frames(self, deadline: float) -> tuple[bytes, bytes, str]:

@@ -123,11 +123,11 @@ class DraftModel:
 
 def make_draft_model(cfg, weights, k: int, num_blocks: int, init, kernels: str, max_model_len: int):
     """The worker's DraftModel: the draft's weights and a cache of num_blocks blocks (InitWorker init's sizes)."""
-    from tinyvllm.workers.kv_cache import PagedKVCache
+    from tinyvllm.workers.kv_cache import PagedKVCache, cache_dtype
     from tinyvllm.workers.model import Transformer
     from tinyvllm.workers.model_runner import ModelRunner
     model = Transformer(cfg, weights, max_model_len, kernels=kernels, dtype=init.engine.model.dtype)
     kv, batch = init.engine.cache, init.engine.batch
-    cache = PagedKVCache(cfg, num_blocks, kv.block_size, kv.kv_cache_dtype)
+    cache = PagedKVCache(cfg, num_blocks, kv.block_size, cache_dtype(kv.kv_cache_dtype, kernels))
     runner = ModelRunner(model, cache, batch.max_num_seqs, max_model_len, batch.max_num_batched_tokens)
     return DraftModel(runner, k)

@@ -9,12 +9,19 @@ from tinygrad import Device, Tensor
 
 from tinyvllm.protocol.kv_cache_dtype import resolve_kv_cache_dtype
 from tinyvllm.protocol.model_config import ModelConfig
+from tinyvllm.workers.kernel_set import default_kernel_set
 from tinyvllm.workers.kv_quant import SCALE_DTYPE, is_quantized, storage_dtype
+
+
+def cache_dtype(name: str, kernels: str | None = None) -> str:
+    """What a cache asked for as `name` stores on this process's device for a model of the kernel set `kernels`
+    (None: the device's default set)."""
+    return resolve_kv_cache_dtype(name, Device.DEFAULT, kernels or default_kernel_set(Device.DEFAULT))
 
 
 def bytes_per_slot(cfg: ModelConfig, dtype: str = "float32") -> int:
     """One token's keys and values in every layer, their scales included."""
-    dtype = resolve_kv_cache_dtype(dtype, Device.DEFAULT)
+    dtype = cache_dtype(dtype)
     per_head = cfg.head_dim * storage_dtype(dtype).itemsize + (SCALE_DTYPE.itemsize if is_quantized(dtype) else 0)
     return 2 * cfg.n_layers * cfg.n_kv_heads * per_head
 
@@ -25,11 +32,12 @@ def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: str = "float32") -
 
 class PagedKVCache:
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: str = "float32"):
-        """dtype: one of protocol/kv_cache_dtype.KV_CACHE_DTYPES (auto: what it resolves to)."""
+        """dtype: one of protocol/kv_cache_dtype.KV_CACHE_DTYPES (auto: what it resolves to under the device's
+        default kernel set; cache_dtype resolves it for another)."""
         if num_blocks < 1:
             raise ValueError("the KV cache needs at least one block")
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.dtype = resolve_kv_cache_dtype(dtype, Device.DEFAULT)
+        self.dtype = cache_dtype(dtype)
         self.scratch_block = num_blocks
         self.num_slots = (num_blocks + 1) * block_size
         # [slot, k-or-v, kv_head, head_dim]: one token's keys and values are adjacent, so a write is one copy

@@ -49,7 +49,7 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
     from tinyvllm.protocol.parallel_layout import check_parallel_sizes
     from tinyvllm.workers.kernel_set import configure_device, default_kernel_set
     from tinyvllm.workers.draft_model import load_draft, make_draft_model
-    from tinyvllm.workers.kv_cache import PagedKVCache, bytes_per_block
+    from tinyvllm.workers.kv_cache import PagedKVCache, bytes_per_block, cache_dtype
     from tinyvllm.workers.model import Transformer
     from tinyvllm.workers.model_runner import ModelRunner
     from tinyvllm.workers.tensor_parallel import shard_weights
@@ -66,16 +66,17 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
         cfg, weights, vocab_start = shard_weights(cfg, weights, spec)
         vocab_start = vocab_start if spec.tp_size > 1 else None
     draft = load_draft(init.engine.speculative_config, vocab_size)  # (config, weights, k) of a draft model, or None
-    block_bytes = bytes_per_block(cfg, kv.block_size, kv.kv_cache_dtype)
-    if draft is not None:  # the draft's cache has as many blocks
-        block_bytes += bytes_per_block(draft[0], kv.block_size, kv.kv_cache_dtype)
-    num_blocks = kv.num_kv_blocks or kv.kv_cache_memory // block_bytes
     kernels = own.kernels.kernels or default_kernel_set(Device.DEFAULT)
+    kv_dtype = cache_dtype(kv.kv_cache_dtype, kernels)
+    block_bytes = bytes_per_block(cfg, kv.block_size, kv_dtype)
+    if draft is not None:  # the draft's cache has as many blocks
+        block_bytes += bytes_per_block(draft[0], kv.block_size, kv_dtype)
+    num_blocks = kv.num_kv_blocks or kv.kv_cache_memory // block_bytes
     configure_device(Device.DEFAULT, kernels)
     model = Transformer(cfg, weights, max_model_len, kernels=kernels, dtype=init.engine.model.dtype,
                         vocab_start=vocab_start, weight_pack=weight_pack(args, init, spec))
     del weights
-    cache = PagedKVCache(cfg, num_blocks, kv.block_size, kv.kv_cache_dtype)
+    cache = PagedKVCache(cfg, num_blocks, kv.block_size, kv_dtype)
     group = None
     if spec.tp_size > 1:  # the largest exchange: a bucket's residual stream, or its sampling rows' logits shard
         rows = min(batch.max_num_seqs, batch.max_num_batched_tokens)
@@ -129,12 +130,13 @@ def captured_steps_key(args: WorkerArgs, init, cfg, kernels: str, num_blocks: in
     """What a captured step depends on besides the software and machine (workers/captured_steps.py adds those)."""
     import dataclasses
     from tinyvllm.protocol.compatibility import model_fingerprint
+    from tinyvllm.workers.kv_cache import cache_dtype
     kv, batch = init.engine.cache, init.engine.batch
     return {"model": model_fingerprint(args.model), "config": dataclasses.asdict(cfg), "kernels": kernels,
             "beam": args.engine.kernels.beam, "sequences": batch.max_num_seqs,
             "context": init.engine.model.max_model_len,
             "tokens": batch.max_num_batched_tokens, "block_size": kv.block_size, "blocks": num_blocks,
-            "kv_dtype": kv.kv_cache_dtype, "dtype": init.engine.model.dtype}
+            "kv_dtype": cache_dtype(kv.kv_cache_dtype, kernels), "dtype": init.engine.model.dtype}
 
 
 def warms_up_in_background(args: WorkerArgs) -> bool:
@@ -212,7 +214,7 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
                          runner.cache.num_blocks)
                 send(sock, WorkerReady(args.rank, runner.cache.num_blocks, runner.cache.block_size,
                                        msg.engine.model.max_model_len, weight_bytes, kv.address,
-                                       runner.host_swap.num_slots, *kv.disk_layout))
+                                       runner.host_swap.num_slots, *kv.disk_layout, runner.cache.dtype))
                 if args.engine.kernels.jit_warmup and warms_up_in_background(args):
                     warmup = BackgroundWarmup(runner, args.rank)
             elif isinstance(msg, StepPlan):

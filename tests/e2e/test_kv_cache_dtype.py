@@ -1,7 +1,8 @@
 """`--kv-cache-dtype` on real servers: with the same --kv-cache-memory, /metrics (vllm:cache_config_info) reports the
 blocks each dtype buys: float16 twice float32's, int8 4 / (1 + 4 / head_dim) times (its codes plus a float32 scale
-per token per kv head: 3.76x at head_dim 64), exactly what the workers' block budget computes; and the int8 server
-serves. The three servers start at once (a start is mostly waiting for the worker's model load)."""
+per token per kv head: 3.76x at head_dim 64), exactly what the workers' block budget computes; the default, auto,
+stores float16 under the CPU's default kernel set (c-int8); and the int8 server serves. The three servers start at
+once (a start is mostly waiting for the worker's model load)."""
 import re
 
 import httpx
@@ -13,7 +14,8 @@ from tinyvllm.protocol.model_config import read_model_config
 from tinyvllm.workers.kv_cache import bytes_per_block
 
 BUDGET = 4 << 20
-DTYPES = ("float32", "float16", "int8")
+STORED = {"float32": "float32", "auto": "float16", "int8": "int8"}  # --kv-cache-dtype -> what the cache stores
+DTYPES = tuple(STORED)
 
 
 def cache_config(url: str) -> dict[str, str]:
@@ -39,9 +41,9 @@ def test_metrics_report_the_blocks_each_dtype_buys(wide_model, tmp_path):
         cfg = read_model_config(wide_model)
         blocks = {d: int(c["num_gpu_blocks"]) for d, c in configs.items()}
         print("blocks for", BUDGET, "bytes:", blocks)
-        assert {d: c["cache_dtype"] for d, c in configs.items()} == {d: d for d in DTYPES}
-        assert blocks == {d: BUDGET // bytes_per_block(cfg, 16, d) for d in DTYPES}
-        assert blocks["float16"] == 2 * blocks["float32"]
+        assert {d: c["cache_dtype"] for d, c in configs.items()} == STORED
+        assert blocks == {d: BUDGET // bytes_per_block(cfg, 16, STORED[d]) for d in DTYPES}
+        assert blocks["auto"] == 2 * blocks["float32"]
         assert blocks["int8"] / blocks["float32"] == pytest.approx(4 / (1 + 4 / cfg.head_dim), rel=0.01)
         assert f"{blocks['int8']} KV blocks of 16 tokens in int8" in servers["int8"].log()  # the ready line
         r = httpx.post(servers["int8"].url + "/v1/completions", timeout=REQUEST_TIMEOUT_S,
