@@ -2,6 +2,10 @@
 
     DEV=CPU python benchmarks/kv_attention.py --batch 16 --context 1024 [--kernels c tinygrad]
 
+--chunk N: each sequence attends a prompt chunk of its last N positions instead (causal: N queries a sequence):
+
+    DEV=CPU python benchmarks/kv_attention.py --batch 1 --context 2048 --chunk 512 --dtypes float32 float16
+
 The default model's attention shape (9 query heads, 3 kv heads, head_dim 64, blocks of 16); every sequence has
 `context` tokens in the cache (random values, each dtype's own rounding). A TinyJit of workers/attention.py's
 PagedAttention, median of 25 calls after 5 warm-ups. Prints a table: ms per call and the cache bytes it read per
@@ -27,7 +31,7 @@ CFG = ModelConfig(arch="llama", vocab_size=49152, dim=576, n_layers=1, n_heads=9
 BLOCK_SIZE = 16
 
 
-def time_attention(dtype: str, kernels: str, batch: int, context: int) -> float:
+def time_attention(dtype: str, kernels: str, batch: int, context: int, chunk: int = 1) -> float:
     configure_device(Device.DEFAULT, kernels)
     per_seq = -(-(context + 1) // BLOCK_SIZE)
     cache = PagedKVCache(CFG, batch * per_seq, BLOCK_SIZE, dtype)
@@ -36,10 +40,12 @@ def time_attention(dtype: str, kernels: str, batch: int, context: int) -> float:
     kv = rng.standard_normal((len(slots), 2, CFG.n_kv_heads, CFG.head_dim)).astype(np.float32)
     Tensor.realize(*[t for t in write_layer(cache, 0, Tensor(kv), Tensor(slots)) if t is not None])
     tables = Tensor(np.arange(batch * per_seq, dtype=np.int32).reshape(batch, per_seq))
-    rows, positions = Tensor(np.arange(batch, dtype=np.int32)), Tensor(np.full(batch, context, np.int32))
-    n_valid = Tensor(np.array([batch], np.int32))
-    q = Tensor(rng.standard_normal((batch, CFG.n_heads, CFG.head_dim)).astype(np.float32)).realize()
-    new_kv = Tensor(rng.standard_normal((batch, 2, CFG.n_kv_heads, CFG.head_dim)).astype(np.float32)).realize()
+    tokens = batch * chunk  # sequence b's chunk: positions context - chunk + 1 .. context
+    rows = Tensor(np.repeat(np.arange(batch, dtype=np.int32), chunk))
+    positions = Tensor(np.tile(np.arange(context - chunk + 1, context + 1, dtype=np.int32), batch))
+    n_valid = Tensor(np.array([tokens], np.int32))
+    q = Tensor(rng.standard_normal((tokens, CFG.n_heads, CFG.head_dim)).astype(np.float32)).realize()
+    new_kv = Tensor(rng.standard_normal((tokens, 2, CFG.n_kv_heads, CFG.head_dim)).astype(np.float32)).realize()
     choice = KernelChoice.named(kernels)
     step = TinyJit(lambda q, kv: PagedAttention(cache, tables, rows, positions, n_valid, per_seq, choice)(
         0, q, kv).realize())
@@ -56,13 +62,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--chunk", type=int, default=1, help="queries a sequence: 1 a decode, more a prompt chunk")
     ap.add_argument("--dtypes", nargs="+", default=[d for d in KV_CACHE_DTYPES if d != "auto"])
     ap.add_argument("--kernels", nargs="+", choices=KERNEL_SETS, default=[default_kernel_set(Device.DEFAULT)])
     args = ap.parse_args()
-    print(f"| kernels | KV dtype | ms | cache GB/s |  (batch {args.batch}, context {args.context})\n|---|---|---|---|")
+    print(f"| kernels | KV dtype | ms | cache GB/s |  (batch {args.batch}, context {args.context}, chunk {args.chunk})"
+          "\n|---|---|---|---|")
     for kernels in args.kernels:
         for dtype in args.dtypes:
-            s = time_attention(dtype, kernels, args.batch, args.context)
+            s = time_attention(dtype, kernels, args.batch, args.context, args.chunk)
             read = args.batch * (args.context + 1) * bytes_per_slot(CFG, dtype)
             print(f"| {kernels} | {dtype} | {s * 1e3:.2f} | {read / s / 1e9:.1f} |", flush=True)
 

@@ -2,10 +2,11 @@
 
 tinygrad's version (workers/attention.py) gathers the blocks into a dense copy, then runs the scores, softmax
 and weighted sum as separate kernels over `nb` symbolic blocks; on this CPU those ran at ~1 GFLOP/s on one
-core. This kernel walks the block table itself, up to each row's own length: per (row, kv head) the scores of
-its query heads, a softmax with a vectorised exp, and the weighted sum of the values. A row is one token of a flat
-batch (workers/attention.py): its sequence's table row and its position, so decodes and prompt chunks are alike.
-Rows are dealt to the cores round-robin through tinygrad's `core_id`. Like workers/cpu_matvec.py it is
+core. This kernel walks the block table itself, up to each row's own length, flash-style: a tile of up to 8
+consecutive rows of one sequence (a prompt chunk's; a decode is a tile of one) and one kv head reads each key and
+value once for all its queries, 16 keys at a time, with an online softmax (workers/c/attention.c). A row is one
+token of a flat batch (workers/attention.py): its sequence's table row and its position, so decodes and prompt
+chunks are alike. (tile, kv head) items are dealt to the cores round-robin through tinygrad's `core_id`. Like workers/cpu_matvec.py it is
 portable C (clang vector extensions, workers/c/attention.c) run as a tinygrad PROGRAM (workers/c_kernel.py).
 It reads every KV cache dtype in place (workers/c/kv_formats.h), scaling int8/fp8 codes by their per-token scales.
 """

@@ -1,27 +1,31 @@
 """The CPU attention kernel (workers/cpu_attention.py) against a numpy softmax(q k^T / sqrt(d)) v over each
 token's own sequence's blocks: scattered and shared block ids, grouped query heads, lengths that end mid-block, a
 length of zero, scores spread over tens of units, decodes and causal prompt chunks of several sequences in one flat
-batch; and inside a TinyJit whose inputs change between calls (the CPU graph patches them)."""
+batch, chunks longer than the kernel's query tiles with a sliding window and soft-capped scores; and inside a
+TinyJit whose inputs change between calls (the CPU graph patches them)."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit
 
+from tinyvllm.workers.attention_spec import AttentionSpec
 from tinyvllm.workers.cpu_attention import cpu_paged_attention, supports
 from tinyvllm.workers.kernel_set import configure_device
 
 BS, MAXB, KVH, H, D = 4, 5, 2, 6, 32
 
 
-def reference(q, cache, tables, lens):
+def reference(q, cache, tables, lens, window=0, softcap=0.0):
     B = q.shape[0]
     out = np.zeros((B, H, D), np.float64)
     for b in range(B):
-        slots = [tables[b, p // BS] * BS + p % BS for p in range(lens[b])]
+        first = max(0, lens[b] - window) if window else 0
+        slots = [tables[b, p // BS] * BS + p % BS for p in range(first, lens[b])]
         for h in range(H):
             if not slots:
                 continue
             k, v = cache[slots, 0, h // (H // KVH)], cache[slots, 1, h // (H // KVH)]
             s = k.astype(np.float64) @ q[b, h] / np.sqrt(D)
+            s = softcap * np.tanh(s / softcap) if softcap else s
             e = np.exp(s - s.max())
             out[b, h] = e @ v / e.sum()
     return out.reshape(B, H * D)
@@ -87,6 +91,21 @@ def test_a_flat_batch_of_chunks_and_decodes_of_several_sequences():
     got = cpu_paged_attention(Tensor(q), Tensor(cache), Tensor(tables), Tensor(rows), Tensor(positions), BS).numpy()
     expected = [reference(q[t:t + 1], cache, tables[rows[t]:rows[t] + 1], np.array([positions[t] + 1]))
                 for t in range(len(rows))]
+    np.testing.assert_allclose(got, np.concatenate(expected), rtol=5e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (6, 0.0), (0, 5.0)])
+def test_chunks_across_query_tiles_with_a_window_or_a_soft_cap(window, softcap):
+    """A 19-token chunk (query tiles of 8, 8 and 3 tokens), a decode, then a 10-token chunk of another sequence."""
+    _, cache, tables, _ = inputs(np.random.default_rng(31), 2)
+    rows = np.array([0] * 19 + [1] + [1] * 10, np.int32)
+    positions = np.concatenate([np.arange(1, 20), [3], np.arange(5, 15)]).astype(np.int32)
+    q = np.random.default_rng(32).standard_normal((len(rows), H, D)).astype(np.float32) * 3
+    spec = AttentionSpec(D ** -0.5, window, softcap)
+    got = cpu_paged_attention(Tensor(q), Tensor(cache), Tensor(tables), Tensor(rows), Tensor(positions), BS,
+                              spec=spec).numpy()
+    expected = [reference(q[t:t + 1], cache, tables[rows[t]:rows[t] + 1], np.array([positions[t] + 1]), window,
+                          softcap) for t in range(len(rows))]
     np.testing.assert_allclose(got, np.concatenate(expected), rtol=5e-6, atol=1e-5)
 
 
