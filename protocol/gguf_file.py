@@ -38,6 +38,12 @@ HEADERS_CACHED = 2  # parsed headers kept per process (a tokenizer's vocabulary 
 _HEADERS: dict[tuple, tuple] = {}
 
 
+def forget_parsed_headers() -> None:
+    """Frees the parsed headers a process keeps (their vocabularies: ~10-30 MB of Python strings each) once it has
+    what it needs from them: a worker its model, the frontend its tokenizer. A later GGUFFile parses again."""
+    _HEADERS.clear()
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str

@@ -113,6 +113,8 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
             group.busy_s = 0.0
         if link is not None:
             link.transfer_s = 0.0
+    from tinyvllm.protocol.gguf_file import forget_parsed_headers
+    forget_parsed_headers()  # the GGUF's vocabulary: only a structured-output request's masks read it, again
     return runner, n_kv_heads
 
 

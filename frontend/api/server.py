@@ -17,6 +17,7 @@ from tinyvllm.frontend.engine.engine_pool import EnginePool, launch_pool
 from tinyvllm.frontend.api.request_gate import RequestGate
 from tinyvllm.frontend.api.router_registration import RouterHeartbeat
 from tinyvllm.frontend.api.server_options import ServerArgs
+from tinyvllm.protocol.gguf_file import forget_parsed_headers
 from tinyvllm.protocol.tokenizer import Tokenizer
 from tinyvllm.frontend.api.uvicorn_runner import QuietSignalServer, drain_on_signals, http_config, start_serving
 from tinyvllm.protocol.engine_config import EngineConfig
@@ -32,6 +33,7 @@ async def serve_async(engine: EnginePool, engine_config: EngineConfig, server_ar
     name = server_args.served_model_name or (DEFAULT_SERVED_NAME if engine_config.model.model is None else
                                              model_path.stem if model_path.is_file() else model_path.name)
     tokenizer = Tokenizer.from_model_path(model_path)
+    forget_parsed_headers()  # the tokenizer holds the vocabulary now
     gate = RequestGate(server_args.max_waiting_requests, server_args.request_timeout_s)
     heartbeat: RouterHeartbeat | None = None
     try:

@@ -141,3 +141,17 @@ def test_a_header_rewritten_in_place_is_read_again_and_callers_get_their_own_lis
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert os.stat(path).st_size == stat.st_size and os.stat(path).st_ino == stat.st_ino
     assert GGUFFile(path).metadata["x"] == 2
+
+
+def test_forgotten_headers_are_parsed_again_on_the_next_open(tmp_path):
+    """A worker or frontend frees its parsed vocabulary once done with it (forget_parsed_headers); the file still
+    opens, with the same metadata."""
+    import tinyvllm.protocol.gguf_file as gguf_file
+    path = tmp_path / "m.gguf"
+    write_gguf(path, {"general.architecture": "test", "tokenizer.ggml.tokens": [f"t{i}" for i in range(1000)]},
+               {"t": (np.zeros((2, 32), np.float32), "F32")})
+    vocab = GGUFFile(path).metadata["tokenizer.ggml.tokens"]
+    assert any(path.name in key[0] for key in gguf_file._HEADERS)
+    gguf_file.forget_parsed_headers()
+    assert not gguf_file._HEADERS
+    assert GGUFFile(path).metadata["tokenizer.ggml.tokens"] == vocab
