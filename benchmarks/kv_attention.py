@@ -23,7 +23,7 @@ from tinyvllm.protocol.kv_cache_dtype import KV_CACHE_DTYPES
 from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.workers.attention import PagedAttention
 from tinyvllm.workers.kernel_set import configure_device, default_kernel_set
-from tinyvllm.workers.kv_cache import PagedKVCache, bytes_per_slot
+from tinyvllm.workers.kv_cache import PagedKVCache, bytes_per_slot, cache_dtype
 from tinyvllm.workers.kv_write import write_layer
 
 CFG = ModelConfig(arch="llama", vocab_size=49152, dim=576, n_layers=1, n_heads=9, n_kv_heads=3, head_dim=64,
@@ -34,7 +34,7 @@ BLOCK_SIZE = 16
 def time_attention(dtype: str, kernels: str, batch: int, context: int, chunk: int = 1) -> float:
     configure_device(Device.DEFAULT, kernels)
     per_seq = -(-(context + 1) // BLOCK_SIZE)
-    cache = PagedKVCache(CFG, batch * per_seq, BLOCK_SIZE, dtype)
+    cache = PagedKVCache(CFG, batch * per_seq, BLOCK_SIZE, cache_dtype(dtype, kernels))
     rng = np.random.default_rng(0)
     slots = np.arange(batch * per_seq * BLOCK_SIZE, dtype=np.int32)
     kv = rng.standard_normal((len(slots), 2, CFG.n_kv_heads, CFG.head_dim)).astype(np.float32)
@@ -71,7 +71,7 @@ def main() -> None:
     for kernels in args.kernels:
         for dtype in args.dtypes:
             s = time_attention(dtype, kernels, args.batch, args.context, args.chunk)
-            read = args.batch * (args.context + 1) * bytes_per_slot(CFG, dtype)
+            read = args.batch * (args.context + 1) * bytes_per_slot(CFG, cache_dtype(dtype, kernels))
             print(f"| {kernels} | {dtype} | {s * 1e3:.2f} | {read / s / 1e9:.1f} |", flush=True)
 
 

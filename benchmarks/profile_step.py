@@ -39,7 +39,7 @@ def build(model: str | None, max_num_seqs: int, block_size: int, max_model_len: 
           dtype: str, kv_cache_dtype: str = "float32", max_fused_rows: int | None = None):
     from tinygrad import Device
     from tinyvllm.workers.kernel_set import configure_device, default_kernel_set
-    from tinyvllm.workers.kv_cache import PagedKVCache
+    from tinyvllm.workers.kv_cache import PagedKVCache, cache_dtype
     from tinyvllm.workers.model import Transformer
     from tinyvllm.workers.weights import load_weights
     from tinyvllm.workers.model_runner import ModelRunner
@@ -49,7 +49,8 @@ def build(model: str | None, max_num_seqs: int, block_size: int, max_model_len: 
     configure_device(Device.DEFAULT, kernels)
     fused = {} if max_fused_rows is None else {"max_fused_rows": max_fused_rows}
     model = Transformer(cfg, weights, max_model_len, kernels=kernels, dtype=dtype, **fused)
-    runner = ModelRunner(model, PagedKVCache(cfg, blocks, block_size, kv_cache_dtype),
+    kv_dtype = cache_dtype(kv_cache_dtype, kernels if isinstance(kernels, str) else kernels.name)
+    runner = ModelRunner(model, PagedKVCache(cfg, blocks, block_size, kv_dtype),
                          max_num_seqs, max_model_len, max(512, max_model_len - 64))
     return cfg, runner
 
@@ -189,8 +190,8 @@ def main() -> None:
     print(f"loaded in {time.perf_counter() - t0:.1f}s")
     from tinyvllm.workers.kv_cache import bytes_per_slot
     context = args.prompt_len + 2 * args.steps + 3
-    fit = (1 << 30) // (bytes_per_slot(cfg, args.kv_cache_dtype) * context)
-    print(f"KV cache {runner.cache.dtype}: {bytes_per_slot(cfg, args.kv_cache_dtype)} bytes per token; "
+    fit = (1 << 30) // (bytes_per_slot(cfg, runner.cache.dtype) * context)
+    print(f"KV cache {runner.cache.dtype}: {bytes_per_slot(cfg, runner.cache.dtype)} bytes per token; "
           f"sequences of {context} tokens in 1 GiB: {fit}")
     print(f"weights on the device: {runner.model.weight_nbytes / 1e6:.1f} MB")
     time_graphs()

@@ -13,6 +13,7 @@ import traceback
 import zmq
 
 from tinyvllm.protocol import codec
+from tinyvllm.protocol.gguf_file import forget_parsed_headers
 from tinyvllm.protocol.messages import InitWorker, Shutdown, StepPlan, WorkerError, WorkerReady
 from tinyvllm.protocol.process_args import WorkerArgs
 from tinyvllm.protocol.process_guard import exit_with_parent
@@ -113,8 +114,6 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
             group.busy_s = 0.0
         if link is not None:
             link.transfer_s = 0.0
-    from tinyvllm.protocol.gguf_file import forget_parsed_headers
-    forget_parsed_headers()  # the GGUF's vocabulary: only a structured-output request's masks read it, again
     return runner, n_kv_heads
 
 
@@ -217,6 +216,7 @@ def serve_steps(workers_endpoint: str, args: WorkerArgs, secret: str) -> int:
                 send(sock, WorkerReady(args.rank, runner.cache.num_blocks, runner.cache.block_size,
                                        msg.engine.model.max_model_len, weight_bytes, kv.address,
                                        runner.host_swap.num_slots, *kv.disk_layout, runner.cache.dtype))
+                forget_parsed_headers()  # the GGUF's vocabulary: only a structured-output request's masks read it
                 if args.engine.kernels.jit_warmup and warms_up_in_background(args):
                     warmup = BackgroundWarmup(runner, args.rank)
             elif isinstance(msg, StepPlan):

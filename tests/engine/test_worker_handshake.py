@@ -178,3 +178,17 @@ def test_a_worker_waiting_for_the_others_notices_a_scheduler_that_died(engine, m
     group.sock.close(linger=0)
     with pytest.raises(NoScheduler, match="the connection to the scheduler dropped"):
         joined()
+
+
+def test_workers_whose_caches_would_store_different_dtypes_are_refused(engine):
+    """--kv-cache-dtype auto under different --kernels (float16 under c-int8, float32 under c): one engine's ranks
+    must store one dtype, so the start fails naming each rank's."""
+    dealer, group = engine
+    handshake = in_thread(group.handshake, ARGS)
+    workers = [dealer(), dealer()]
+    joined = [in_thread(join_scheduler, sock, hello(rank), SECRET, 10) for rank, sock in enumerate(workers)]
+    assert [j().group_id for j in joined][0]
+    for rank, sock in enumerate(workers):
+        send(sock, WorkerReady(rank, 40, 16, 256, kv_cache_dtype=("float16", "float32")[rank]))
+    with pytest.raises(RuntimeError, match="different dtypes \\(rank 0 float16, rank 1 float32\\)"):
+        handshake()

@@ -109,6 +109,25 @@ def test_chunks_across_query_tiles_with_a_window_or_a_soft_cap(window, softcap):
     np.testing.assert_allclose(got, np.concatenate(expected), rtol=5e-6, atol=1e-5)
 
 
+def test_padding_and_blocks_freed_behind_a_window_stay_out_of_real_tokens():
+    """A bucket's padding (row 0, position 0) right after a chunk of row 0 with a window, whose table no longer holds
+    the blocks behind it (-1), and a value that overflowed to inf at the chunk's last position: the earlier tokens,
+    which do not see it, stay finite and exact; padding reads nothing it may not (its outputs are zeros)."""
+    window = 6
+    _, cache, tables, _ = inputs(np.random.default_rng(41), 1)
+    tables[0, :2] = -1  # positions 0-7: behind every real token's window (the first sees 9-14)
+    chunk = np.arange(14, 19, dtype=np.int32)
+    last_slot = tables[0, 18 // BS] * BS + 18 % BS
+    cache[last_slot, 1] = np.inf
+    rows, positions = np.zeros(8, np.int32), np.concatenate([chunk, np.zeros(3, np.int32)])
+    q = np.random.default_rng(42).standard_normal((8, H, D)).astype(np.float32) * 3
+    got = cpu_paged_attention(Tensor(q), Tensor(cache), Tensor(tables), Tensor(rows), Tensor(positions), BS,
+                              spec=AttentionSpec(D ** -0.5, window)).numpy()
+    expected = [reference(q[t:t + 1], cache, tables[:1], np.array([positions[t] + 1]), window) for t in range(4)]
+    np.testing.assert_allclose(got[:4], np.concatenate(expected), rtol=5e-6, atol=1e-5)
+    assert np.all(got[5:] == 0)
+
+
 def test_supported_shapes():
     assert supports(9, 3, 64) and supports(32, 8, 128)
     assert not supports(9, 3, 40)  # head_dim not a multiple of 16

@@ -15,7 +15,7 @@ from tinyvllm.protocol.kernel_choice import KernelChoice
 from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.workers.attention import PagedAttention
 from tinyvllm.workers.kv_block_io import KVBlockIO
-from tinyvllm.workers.kv_cache import PagedKVCache, bytes_per_block
+from tinyvllm.workers.kv_cache import PagedKVCache, bytes_per_block, cache_dtype
 from tinyvllm.workers.kv_quant import decode, dequantize, encode
 from tinyvllm.workers.kv_write import write_layer
 from tinyvllm.workers.model import Transformer
@@ -97,6 +97,8 @@ def test_block_bytes_shrink_with_the_dtype():
     per_value = {name: bytes_per_block(CFG, BS, name) / (2 * BS * CFG.n_kv_heads * CFG.head_dim) for name in DTYPES}
     assert per_value == {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1 + 4 / 32, "fp8": 1 + 4 / 32}
     assert bytes_per_block(CFG, BS, "auto") == bytes_per_block(CFG, BS, "float16")  # the CPU's default set: c-int8
+    assert cache_dtype("auto", "c-int8") == cache_dtype("auto") == "float16"
+    assert cache_dtype("auto", "c") == cache_dtype("auto", "tinygrad") == "float32"  # the exact sets
 
 
 def test_fp8_and_bfloat16_codes_match_torch():

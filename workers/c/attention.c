@@ -91,12 +91,13 @@ ALWAYS_INLINE v16 sums_of_16(const v16 *d) {
 ALWAYS_INLINE long slot_at(const int *restrict table, int p) { return (long)table[p / BS] * BS + p % BS; }
 
 // positions p0 .. p0 + KC - 1 of kv head kvh, keys (part 0) or values (part 1), widened into out[j][c] (times their
-// scales); positions outside [lo, hi) are zeros and never read
+// scales); positions outside [lo, hi), and any in a block the table no longer holds (-1: freed behind a sliding
+// window), are zeros and never read
 ALWAYS_INLINE void load_chunk(v16 out[KC][DV], float *restrict chunk_scales, const kv_t *restrict cache,
                               SCALES_PARAM const int *restrict table, int p0, int lo, int hi, int part, int kvh) {
   for (int j = 0; j < KC; j++) {
     const int p = p0 + j;
-    if (p < lo || p >= hi) {
+    if (p < lo || p >= hi || table[p / BS] < 0) {
       for (int c = 0; c < DV; c++) out[j][c] = (v16){0};
       chunk_scales[j] = 0.0f;
       continue;
@@ -105,7 +106,7 @@ ALWAYS_INLINE void load_chunk(v16 out[KC][DV], float *restrict chunk_scales, con
     const kv_t *row = cache + (slot * 2 * KVH + part * KVH + kvh) * D;
     for (int c = 0; c < DV; c++) out[j][c] = load16(row + c * 16);
     chunk_scales[j] = SCALE_OF(slot, part, kvh);
-    if (p + KC < hi) {  // the next chunk's row
+    if (p + KC < hi && table[(p + KC) / BS] >= 0) {  // the next chunk's row
       const kv_t *next = cache + (slot_at(table, p + KC) * 2 * KVH + part * KVH + kvh) * D;
       for (int c = 0; c < D; c += LINE_VALUES) __builtin_prefetch(next + c);
     }
@@ -117,10 +118,12 @@ ALWAYS_INLINE void load_chunk(v16 out[KC][DV], float *restrict chunk_scales, con
 void paged_attention(float *restrict out, const float *restrict q, const kv_t *restrict cache, SCALES_PARAM
                      const int *restrict tables,
                      const int *restrict rows, const int *restrict positions, int core_id) {
-  // tiles: runs of tokens of one table row, cut every QT tokens
+  // tiles: runs of consecutive positions of one table row (a prompt chunk's tokens; a bucket's padding, at
+  // position 0 of row 0, is never in a real token's tile), cut every QT tokens
   int tile_start[T + 1], tiles = 0;
   for (int b = 0; b < T; b++)
-    if (b == 0 || rows[b] != rows[b - 1] || b - tile_start[tiles - 1] == QT) tile_start[tiles++] = b;
+    if (b == 0 || rows[b] != rows[b - 1] || positions[b] != positions[b - 1] + 1 || b - tile_start[tiles - 1] == QT)
+      tile_start[tiles++] = b;
   tile_start[tiles] = T;
   for (int item = core_id; item < tiles * KVH; item += CORES) {  // interleaved: later tiles see more keys
     const int tile = item / KVH, kvh = item % KVH, b0 = tile_start[tile], nt = tile_start[tile + 1] - b0;
@@ -177,7 +180,9 @@ void paged_attention(float *restrict out, const float *restrict q, const kv_t *r
         const v16 e = select16(seen, exp_nonpositive16(s - max_score[i]), (v16){0});
         denom[i] += lane_sum(e);
         const v16 w = e * vs;
-        for (int j = 0; j < KC; j++)
+        // only this token's positions: another's value (an inf, say) may not reach its sum even times 0
+        const int j_end = last[t] - p0 < KC ? last[t] - p0 : KC;
+        for (int j = first[t] > p0 ? first[t] - p0 : 0; j < j_end; j++)
           for (int c = 0; c < DV; c++) acc[i][c] += w[j] * v[j][c];
       }
     }
