@@ -2,7 +2,7 @@
 tinygrad ops that run on every backend (the write kernel and tinygrad's attention use them; workers/c/attention.c
 decodes the same formats in C).
 
-- float32, float16: tinygrad's own dtypes.
+- float32, float16: tinygrad's own dtypes; float16 saturated at +-65504 (HALF_MAX), never inf.
 - bfloat16: the upper 16 bits of a float32 (rounded to nearest even), stored as uint16: tinygrad's CPU backend
   cannot compile __bf16, and the bits are the same on every backend.
 - int8: round(x / scale), scale = absmax / 127.
@@ -24,6 +24,9 @@ STORAGE = {"float32": dtypes.float32, "float16": dtypes.float16, "bfloat16": dty
 CODE_MAX = {"int8": 127.0, "fp8": 448.0}
 SCALE_DTYPE = dtypes.float32
 E4M3_MAX_CODE = 0x7E  # 448; 0x7F is NaN
+
+
+HALF_MAX = 65504.0  # float16's largest finite value
 
 
 def storage_dtype(name: str) -> DType:
@@ -74,6 +77,8 @@ def encode(x: Tensor, name: str) -> Tensor:
         return x.round().clip(-127, 127).cast(dtypes.int8)
     if name == "fp8":
         return _encode_e4m3(x)
+    if name == "float16":  # saturated, not inf: an inf key or value would make every attention sum over it NaN
+        return x.clip(-HALF_MAX, HALF_MAX).cast(dtypes.float16)
     return x.cast(STORAGE[name])
 
 

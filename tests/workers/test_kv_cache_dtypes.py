@@ -16,7 +16,7 @@ from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.workers.attention import PagedAttention
 from tinyvllm.workers.kv_block_io import KVBlockIO
 from tinyvllm.workers.kv_cache import PagedKVCache, bytes_per_block, cache_dtype
-from tinyvllm.workers.kv_quant import decode, dequantize, encode
+from tinyvllm.workers.kv_quant import decode, dequantize, encode, quantize
 from tinyvllm.workers.kv_write import write_layer
 from tinyvllm.workers.model import Transformer
 from tinyvllm.workers.model_runner import ModelRunner
@@ -135,3 +135,10 @@ def test_block_bytes_and_block_copy_carry_the_scales(inputs):
                          max_num_batched_tokens=8)
     runner.copy_blocks([[7, 2]])
     np.testing.assert_array_equal(stored_values(target, np.array([2]), BS), expected)
+
+
+def test_a_half_cache_saturates_instead_of_storing_inf():
+    """A key or value beyond float16's range is stored as +-65504, not inf (which would turn attention's sums over
+    it into NaN)."""
+    codes, _ = quantize(Tensor(np.array([1e6, -7e4, 1.5, 65504.0], np.float32)), "float16")
+    assert decode(codes, "float16").numpy().tolist() == [65504.0, -65504.0, 1.5, 65504.0]
