@@ -84,7 +84,7 @@ class WorkerGroup:
                 log.info("worker rank %d ready: %.1f MB of weights, %d KV blocks", msg.rank, msg.weight_bytes / 1e6,
                          msg.num_blocks)
         self.num_swap_slots = min(r.num_swap_slots for r in ready.values())
-        if len(dtypes := {r.kv_cache_dtype for r in ready.values()}) > 1:  # --kv-cache-dtype auto, --kernels differ
+        if len({r.kv_cache_dtype for r in ready.values()}) > 1:  # --kv-cache-dtype auto, --kernels differ
             raise RuntimeError("the workers' KV caches would store different dtypes (" + ", ".join(
                 f"rank {rank} {r.kv_cache_dtype}" for rank, r in sorted(ready.items())) + "): give every worker "
                 "the same --kernels, or --kv-cache-dtype explicitly")

@@ -94,7 +94,7 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
     captured_steps = None
     if spec.world_size == 1 and draft_model is None:  # a lone worker (the common case), also without warm-up
         from tinyvllm.workers.captured_steps import CapturedSteps
-        captured_steps = CapturedSteps.for_model(model, cache, captured_steps_key(args, init, cfg, kernels, num_blocks))
+        captured_steps = CapturedSteps.for_model(model, cache, captured_steps_key(args, init, cfg, kernels, cache))
     sampling_masks = None
     if spec.samples:
         from tinyvllm.workers.sampling_masks import SamplingMasks, tokenizer_for_model
@@ -127,17 +127,16 @@ def weight_pack(args: WorkerArgs, init, spec):
     return WeightPack(pack_directory(), path, (spec.tp_rank, spec.tp_size, spec.pp_rank, spec.pp_size))
 
 
-def captured_steps_key(args: WorkerArgs, init, cfg, kernels: str, num_blocks: int) -> dict:
+def captured_steps_key(args: WorkerArgs, init, cfg, kernels: str, cache) -> dict:
     """What a captured step depends on besides the software and machine (workers/captured_steps.py adds those)."""
     import dataclasses
     from tinyvllm.protocol.compatibility import model_fingerprint
-    from tinyvllm.workers.kv_cache import cache_dtype
     kv, batch = init.engine.cache, init.engine.batch
     return {"model": model_fingerprint(args.model), "config": dataclasses.asdict(cfg), "kernels": kernels,
             "beam": args.engine.kernels.beam, "sequences": batch.max_num_seqs,
             "context": init.engine.model.max_model_len,
-            "tokens": batch.max_num_batched_tokens, "block_size": kv.block_size, "blocks": num_blocks,
-            "kv_dtype": cache_dtype(kv.kv_cache_dtype, kernels), "dtype": init.engine.model.dtype}
+            "tokens": batch.max_num_batched_tokens, "block_size": kv.block_size, "blocks": cache.num_blocks,
+            "kv_dtype": cache.dtype, "dtype": init.engine.model.dtype}
 
 
 def warms_up_in_background(args: WorkerArgs) -> bool:
