@@ -128,10 +128,11 @@ def test_kernel_equals_the_numpy_model_bit_for_bit(weights, target, kind, kernel
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("kind", INT8_KINDS)
 def test_both_kernels_give_every_row_the_models_bits_on_a_larger_odd_shape(target, kind):
-    """K = 544 (17 blocks: two whole groups of 8 lanes and one more) and 512 (whole groups: with AVX-512 VNNI,
-    matvec_i8 takes the nibble kinds two blocks at a time); the K-quants 768 (3 super-blocks); 30 columns (15 a
-    core: a part panel of 3); gemm_i8's tiles in registers (one slab) and against panels (slabs of one tile)."""
-    for k in (768,) if kind.endswith("_K") else (544, 512):
+    """K = 544 (17 blocks: two whole groups of 8 lanes and one more), 512 (whole groups: with AVX-512 VNNI,
+    matvec_i8 takes the nibble kinds two blocks at a time) and 1056 (gemm_i8's panels in a chunk of 32 blocks and
+    one of 1); the K-quants 768 (3 super-blocks) and 1280 (chunks of 32 and 8 blocks); 30 columns (15 a core: a part
+    panel); gemm_i8's tiles in registers (one slab) and against panels (slabs of one tile)."""
+    for k in (768, 1280) if kind.endswith("_K") else (544, 512, 1056):
         parts, h = random_parts(kind, 30, k), np.random.default_rng(5).standard_normal((13, k)).astype(np.float32)
         want = int8_matvec(kind, h, parts)
         np.testing.assert_array_equal(run_int8_gemm(TARGETS[target], kind, h, parts), want)

@@ -1,11 +1,12 @@
 // out[ROWS, COLS] = h[ROWS, K] @ weight.T for a Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or Q8_0 weight and more rows than
 // matvec_i8.c takes, h given as quantize_i8.c's tiles of int8 codes: int8_rows.h's arithmetic, so every row gets the
 // bits matvec_i8.c would give it (a request's tokens do not depend on what shares its steps). Core core_id of CORES
-// takes its share of the columns in panels of 4 weight rows. A 16-lane vector holds a tile's 16 (row, column) pairs,
-// lane 4j + i = row i, column j, so one vpdpbusd adds 4 products to each of 16 outputs and a block's integer sums
-// need no horizontal reduction. Up to 32 tiles that fit one slab (L2-sized), each block of a panel is unpacked into
-// registers and multiplied with every tile there; beyond, each panel is unpacked once per slab into a stack buffer
-// and the slab's tiles run against it two at a time.
+// takes its share of the columns. Two ways, both with one vpdpbusd adding 4 products to each of 16 outputs, so that a
+// block's integer sums need no horizontal reduction:
+// - fewer than GROUP_MIN_TILES tiles (decode batches) that fit one slab: panels of 4 weight rows, each block unpacked
+//   into registers as a vector of a tile's 16 (row, column) pairs and multiplied with every tile there;
+// - more (prompt chunks): panels of 16 or 32 weight rows unpacked once per slab of tiles into L1, a vector holding 16
+//   weight rows' codes without repeats, each tile's rows broadcast against it.
 #include "kernel.h"
 #include "weights.h"
 #include "int8_products.h"
@@ -19,6 +20,9 @@
                            // passes half the core's L2; tests set it smaller)
 #endif
 #define SLAB (SLAB_BYTES / TILE_BYTES > 1 ? SLAB_BYTES / TILE_BYTES : 1)
+#define GROUP_MIN_TILES 8  // a 512 x 2048 weight on one core, rows: 16 / 32 / 64 / 128, GMAC/s registers vs panels
+                           // of 32 weight rows: Q4_K 113 / 140 / 150 / 138 vs 96 / 154 / 186 / 193 (Q8_0, Q4_1 and
+                           // Q5_K alike); of 16, Q6_K 96 / 103 / 112 / 110 vs 81 / 102 / 122 / 129 (Q3_K, Q2_K alike)
 
 typedef int i32x16 __attribute__((vector_size(64), aligned(64)));
 typedef float f32x16 __attribute__((vector_size(64), aligned(64)));
@@ -163,11 +167,9 @@ ALWAYS_INLINE void store_tiles(float *restrict out, f32x16 (*acc)[8], int count,
   }
 }
 
-#if TILES <= 32 && TILES <= SLAB
-// Up to 128 rows whose tiles fit one slab (decode batches, short prompt chunks): each block of 4 weight rows goes
-// from the weight straight into registers and every tile is multiplied with it there (a panel unpacked into memory
-// first, as below, cost as much as multiplying it with a few tiles: 4096 x 4096 Q4_K, 16 rows 2,100 -> 1,536 us,
-// 64 rows 5,916 -> 4,769, 128 rows 12,192 -> 10,152)
+#if TILES < GROUP_MIN_TILES && TILES <= SLAB
+// Decode batches: each block of 4 weight rows goes from the weight straight into registers and every tile is
+// multiplied with it there (a 4-row panel unpacked into memory first cost as much as multiplying it with a few tiles)
 void gemm_i8(float *restrict out, const tile_t *restrict tiles, WEIGHT_PARAMS, int core_id) {
   const int n_end = (core_id + 1) * PER_CORE < COLS ? (core_id + 1) * PER_CORE : COLS;
   for (int n0 = core_id * PER_CORE; n0 < n_end; n0 += 4) {
@@ -196,48 +198,184 @@ void gemm_i8(float *restrict out, const tile_t *restrict tiles, WEIGHT_PARAMS, i
   }
 }
 #else
-// weight rows n0 .. n0 + nr - 1 unpacked once per slab of tiles into a stack buffer (640 bytes per block, 768 with
-// half-block scales, 896 with Q2_K's minimums too), every tile of the slab run against it, two at a time
+// More rows (prompt chunks): a panel of GROUP_COLS weight rows and CHUNK_BLOCKS blocks, unpacked once per slab of tiles
+// into a stack buffer (in L1), every tile of the slab run against it. A 16-lane vector of the panel holds 16 weight
+// rows' dword k (their elements 4k..4k+3) without repeats, and each product broadcasts one activation row's dword, so
+// a vector load of weights serves a tile's 4 rows and a block's float epilogue covers 16 outputs. A chunk's blocks
+// are stored lane by lane (blocks 0, 8, 16, ..., then 1, 9, ...), so an output's 8 float lanes are summed one after
+// the other in registers; between chunks they wait in a scratch buffer per tile of the slab.
+#if defined(WEIGHT_HALF_SCALES)
+#define GROUP_VECTORS 1
+#else
+#define GROUP_VECTORS 2
+#endif
+#define GROUP_COLS (16 * GROUP_VECTORS)
+#define CHUNK_BLOCKS 32  // 40 kB of panel (1,280 bytes a block): 64 blocks, read from L2, took 1.7x longer
+#define SCRATCH_BYTES (8 * 4 * GROUP_COLS * 4)
+#define GROUP_SLAB_MAX (SLAB_BYTES / (TILE_BYTES + SCRATCH_BYTES) > 1 ? SLAB_BYTES / (TILE_BYTES + SCRATCH_BYTES) : 1)
+#define GROUP_SLAB ((TILES + (TILES + GROUP_SLAB_MAX - 1) / GROUP_SLAB_MAX - 1) / ((TILES + GROUP_SLAB_MAX - 1) / GROUP_SLAB_MAX))
+                   // the fewest slabs, of even sizes (each slab unpacks the whole weight)
 typedef struct {
-  panel_block_t blocks[KB];
-} panel_t;
+  i32x16 codes[8][GROUP_VECTORS];  // [k][v]: lane c = weight row 16v + c's dword k
+  f32x16 d[GROUP_VECTORS], m[GROUP_VECTORS];
+#if defined(WEIGHT_HALF_SCALES)
+  i32x16 half_scale[2][GROUP_VECTORS];
+#endif
+#if defined(WEIGHT_Q2_K)
+  i32x16 half_min[2][GROUP_VECTORS];
+#endif
+} group_block_t;
+typedef f32x16 tile_lanes_t[8][4][GROUP_VECTORS];  // a tile's outputs' 8 float lanes
 
-ALWAYS_INLINE void unpack_panel(WEIGHT_PARAMS, int n0, int nr, panel_t *restrict panel) {
-  int n[4];
-  panel_rows(n0, nr, n);
-  for (int b0 = 0; b0 < KB; b0 += BLOCK_GROUP)
-#pragma unroll
-    for (int b = b0; b < b0 + BLOCK_GROUP; b++) load_panel_block(WEIGHT_ARGS, n, b, &panel->blocks[b]);
+// The panel's lane for column c (0-15) of a vector: unpack_vector's transpose leaves column c in lane
+// 8 (c % 2) + c / 2; store_group puts the outputs back in order
+#define COLUMN_LANE(c) (8 * ((c) % 2) + (c) / 2)
+#define IN_ORDER(v) __builtin_shufflevector(v, v, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15)
+
+// x, y with their vector index bit s and lane bit s swapped (unpack_vector's transpose)
+ALWAYS_INLINE void swap_bit(i32x16 *restrict x, i32x16 *restrict y, int s) {
+  const i32x16 a = *x, b = *y;
+  if (s == 0) {
+    *x = __builtin_shufflevector(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+    *y = __builtin_shufflevector(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+  } else if (s == 1) {
+    *x = __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+    *y = __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+  } else {
+    *x = __builtin_shufflevector(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+    *y = __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+  }
 }
 
-// out[r0 + i, n0 + j] for `count` (1 or 2) tiles from r0 (rows < ROWS) and the panel's rows j < nr
-ALWAYS_INLINE void tiles_product(float *restrict out, const tile_t *restrict tiles, int count, const panel_t *restrict panel,
-                                 int r0, int n0, int nr) {
-  f32x16 acc[2][8];
-  for (int t = 0; t < count; t++)
-    for (int r = 0; r < 8; r++) acc[t][r] = (f32x16){0};
-  int b0 = 0;
-  for (; b0 + 8 <= KB; b0 += 8) {
-#pragma clang loop unroll(full)
-    for (int r = 0; r < 8; r++)
-      for (int t = 0; t < count; t++) acc[t][r] = block_step(acc[t][r], &tiles[t], &panel->blocks[b0 + r], b0 + r);
+// block b of weight rows n[0..15] into vector v of the panel's block gb
+ALWAYS_INLINE void unpack_vector(WEIGHT_PARAMS, const int *restrict n, int b, int v, group_block_t *restrict gb) {
+  i32x16 w[8];
+  for (int j = 0; j < 8; j++)
+    w[j] = __builtin_shufflevector(block_codes(WEIGHT_ARGS, n[2 * j], b), block_codes(WEIGHT_ARGS, n[2 * j + 1], b),
+                                   0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int s = 0; s < 3; s++)  // w[j], w[j | 2^s] with the vector index's bit s and the lane's bit s swapped: columns
+    for (int j = 0; j < 8; j++)  // c, c + 1 in w[c / 2] become dword k of every column in w[k]
+      if (!(j & (1 << s))) swap_bit(&w[j], &w[j | (1 << s)], s);
+  for (int k = 0; k < 8; k++) gb->codes[k][v] = w[k];
+  for (int c = 0; c < 16; c++) {
+    const long i = (long)n[c] * KB + b;
+    const int lane = COLUMN_LANE(c);
+    gb->d[v][lane] = block_scale(WEIGHT_ARGS, i);
+#if defined(WEIGHT_NIBBLES) || defined(WEIGHT_Q2_K)
+    gb->m[v][lane] = block_min(WEIGHT_ARGS, i);
+#else
+    gb->m[v][lane] = 0.0f;
+#endif
+#if defined(WEIGHT_HALF_SCALES)
+    for (int half = 0; half < 2; half++) {
+      gb->half_scale[half][v][lane] = block_half_scale(WEIGHT_ARGS, i, half);
+#if defined(WEIGHT_Q2_K)
+      gb->half_min[half][v][lane] = block_half_min(WEIGHT_ARGS, i, half);
+#endif
+    }
+#endif
   }
-  for (int r = 0; b0 + r < KB; r++)
-    for (int t = 0; t < count; t++) acc[t][r] = block_step(acc[t][r], &tiles[t], &panel->blocks[b0 + r], b0 + r);
-  store_tiles(out, acc, count, r0, n0, nr);
+}
+
+// blocks b0 .. b0 + nb - 1 (b0 a multiple of 8) of weight rows n0 .. n0 + GROUP_COLS - 1, lane by lane (rows from
+// n_end on repeat row n_end - 1: their outputs are not kept)
+ALWAYS_INLINE void unpack_group(WEIGHT_PARAMS, int n0, int n_end, int b0, int nb, group_block_t *restrict panel) {
+  int start[8], at = 0;
+  for (int lane = 0; lane < 8; lane++) start[lane] = at, at += (nb - lane + 7) / 8;
+  for (int v = 0; v < GROUP_VECTORS; v++) {
+    int n[16];
+    for (int c = 0; c < 16; c++) n[c] = n0 + 16 * v + c < n_end ? n0 + 16 * v + c : n_end - 1;
+    int g = 0;
+    for (; g + 8 <= nb; g += 8)
+#pragma clang loop unroll(full)
+      for (int lane = 0; lane < 8; lane++) unpack_vector(WEIGHT_ARGS, n, b0 + g + lane, v, &panel[start[lane] + g / 8]);
+    for (int lane = 0; g + lane < nb; lane++) unpack_vector(WEIGHT_ARGS, n, b0 + g + lane, v, &panel[start[lane] + g / 8]);
+  }
+}
+
+#define BROADCAST(x) ((i32x16){0} + (x))
+ALWAYS_INLINE f32x16 BROADCAST_F(float x) {  // not 0 + x: that would add, to turn -0 into +0
+  const f32x16 v = {x};
+  return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+}
+// the tile's lanes + its products with the panel's blocks b0 .. b0 + nb - 1 (zeros before, if b0 is 0)
+ALWAYS_INLINE void tile_group_product(tile_lanes_t lanes, const tile_t *restrict tile, const group_block_t *restrict gb,
+                                      int b0, int nb) {
+  for (int lane = 0; lane < 8; lane++) {
+    f32x16 acc[4][GROUP_VECTORS];
+    for (int i = 0; i < 4; i++)
+      for (int v = 0; v < GROUP_VECTORS; v++) acc[i][v] = b0 == 0 ? (f32x16){0} : lanes[lane][i][v];
+    for (int b = b0 + lane; b < b0 + nb; b += 8, gb++) {
+      i32x16 s0[4][GROUP_VECTORS], s1[4][GROUP_VECTORS];
+      for (int i = 0; i < 4; i++)
+        for (int v = 0; v < GROUP_VECTORS; v++) {
+#if defined(OFFSET_CODES)
+          s0[i][v] = BROADCAST(tile->offset[b][i]), s1[i][v] = (i32x16){0};
+#elif defined(CODE_OFFSET)
+          s0[i][v] = BROADCAST(tile->half_sum[b][0][i] * -CODE_OFFSET);
+          s1[i][v] = BROADCAST(tile->half_sum[b][1][i] * -CODE_OFFSET);
+#else
+          s0[i][v] = s1[i][v] = (i32x16){0};
+#endif
+        }
+      for (int k = 0; k < 8; k++)
+        for (int v = 0; v < GROUP_VECTORS; v++)
+          for (int i = 0; i < 4; i++) {
+#if defined(WEIGHT_HALF_SCALES)
+            if (k < 4) s0[i][v] = dot4(s0[i][v], gb->codes[k][v], BROADCAST(tile->codes[b][k][i]));
+            else s1[i][v] = dot4(s1[i][v], gb->codes[k][v], BROADCAST(tile->codes[b][k][i]));
+#else
+            s0[i][v] = dot4(s0[i][v], gb->codes[k][v], BROADCAST(tile->codes[b][k][i]));
+#endif
+          }
+      for (int i = 0; i < 4; i++)
+        for (int v = 0; v < GROUP_VECTORS; v++) {
+#if defined(WEIGHT_HALF_SCALES)
+          const i32x16 sum = s0[i][v] * gb->half_scale[0][v] + s1[i][v] * gb->half_scale[1][v];
+#else
+          const i32x16 sum = s0[i][v] + s1[i][v];
+#endif
+          acc[i][v] += __builtin_convertvector(sum, f32x16) * (gb->d[v] * BROADCAST_F(tile->d[b][i]));
+#if defined(WEIGHT_NIBBLES)
+          acc[i][v] += gb->m[v] * BROADCAST_F(tile->m[b][i]);
+#elif defined(WEIGHT_Q2_K)
+          const i32x16 mins = BROADCAST(tile->half_sum[b][0][i]) * gb->half_min[0][v] +
+                              BROADCAST(tile->half_sum[b][1][i]) * gb->half_min[1][v];
+          acc[i][v] += __builtin_convertvector(mins, f32x16) * (gb->m[v] * BROADCAST_F(tile->d[b][i]));
+#endif
+        }
+    }
+    for (int i = 0; i < 4; i++)
+      for (int v = 0; v < GROUP_VECTORS; v++) lanes[lane][i][v] = acc[i][v];
+  }
+}
+
+// out[4t + i, n0 + c] (rows < ROWS, columns < n_end) from the tile's lanes
+ALWAYS_INLINE void store_group(float *restrict out, tile_lanes_t lanes, int t, int n0, int n_end) {
+  for (int i = 0; i < 4 && 4 * t + i < ROWS; i++)
+    for (int v = 0; v < GROUP_VECTORS; v++) {
+      const f32x16 sums = IN_ORDER((((lanes[0][i][v] + lanes[1][i][v]) + (lanes[2][i][v] + lanes[3][i][v])) +
+                                    ((lanes[4][i][v] + lanes[5][i][v]) + (lanes[6][i][v] + lanes[7][i][v]))));
+      float *restrict row = out + (long)(4 * t + i) * COLS + n0 + 16 * v;
+      if (n0 + 16 * v + 16 <= n_end) *(v16 *)row = sums;
+      else
+        for (int c = 0; c < 16 && n0 + 16 * v + c < n_end; c++) row[c] = sums[c];
+    }
 }
 
 void gemm_i8(float *restrict out, const tile_t *restrict tiles, WEIGHT_PARAMS, int core_id) {
-  panel_t panel;
+  group_block_t panel[CHUNK_BLOCKS];
+  tile_lanes_t lanes[GROUP_SLAB];
   const int n_end = (core_id + 1) * PER_CORE < COLS ? (core_id + 1) * PER_CORE : COLS;
-  for (int s0 = 0; s0 < TILES; s0 += SLAB) {
-    const int s_end = TILES - s0 < SLAB ? TILES : s0 + SLAB;
-    for (int n0 = core_id * PER_CORE; n0 < n_end; n0 += 4) {
-      const int nr = n_end - n0 < 4 ? n_end - n0 : 4;
-      unpack_panel(WEIGHT_ARGS, n0, nr, &panel);
-      int t = s0;
-      for (; t + 2 <= s_end; t += 2) tiles_product(out, &tiles[t], 2, &panel, 4 * t, n0, nr);
-      if (t < s_end) tiles_product(out, &tiles[t], 1, &panel, 4 * t, n0, nr);
+  for (int s0 = 0; s0 < TILES; s0 += GROUP_SLAB) {
+    const int s_end = TILES - s0 < GROUP_SLAB ? TILES : s0 + GROUP_SLAB;
+    for (int n0 = core_id * PER_CORE; n0 < n_end; n0 += GROUP_COLS) {
+      for (int b0 = 0; b0 < KB; b0 += CHUNK_BLOCKS) {
+        const int nb = KB - b0 < CHUNK_BLOCKS ? KB - b0 : CHUNK_BLOCKS;
+        unpack_group(WEIGHT_ARGS, n0, n_end, b0, nb, panel);
+        for (int t = s0; t < s_end; t++) tile_group_product(lanes[t - s0], &tiles[t], panel, b0, nb);
+      }
+      for (int t = s0; t < s_end; t++) store_group(out, lanes[t - s0], t, n0, n_end);
     }
   }
 }
