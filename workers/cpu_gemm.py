@@ -1,6 +1,6 @@
 """Matrix products of GEMM_MIN_ROWS or more rows (decode batches, prefill chunks) on the CPU backend, in C.
 
-out[T, N] = h[T, K] @ w.T, w of any kind workers/cpu_matvec.py's BLOCK_BYTES lists. Each core takes its share of
+out[T, N] = h[T, K] @ w.T, w of any kind workers/cpu_matvec.py's C_KINDS lists. Each core takes its share of
 the output columns in panels of NR weight rows: the panel is dequantised once into a small float32 buffer
 (L1-sized: NR x K floats), then every tile of MR activation rows runs against it with MR x NR vector accumulators
 over K (each loaded value feeds NR or MR multiply-adds). So a quantised weight is read once per product and never dequantised into a
@@ -26,7 +26,7 @@ GEMM_MIN_ROWS = 4  # MR: with fewer rows cpu_matvec is faster (measured: docs/BE
 # (benchmarks/cpu_kernels.py --shapes 2048x2048 --distinct 32, an Intel Xeon VM: Q4_K 4 rows 198 against 214 us,
 # 6 rows 315 against 249; Q8_0 3 rows 247 against 216) and in the 1B Q4_K_M's decode step (benchmarks/profile_step.py
 # with the threshold patched: 6 rows 80-83 ms with Q6_K's tiles from 4 or 6 rows, 87 ms from 8)
-VNNI_INT8_GEMM_MIN_ROWS = {"Q8_0": 3, "Q4_1": 4, "Q2_K": 6, "Q3_K": 6, "Q4_K": 6, "Q5_K": 6, "Q6_K": 6}
+VNNI_INT8_GEMM_MIN_ROWS = {"Q8_0": 3, "Q4_0": 4, "Q4_1": 4, "Q2_K": 6, "Q3_K": 6, "Q4_K": 6, "Q5_K": 6, "Q6_K": 6}
 
 
 def int8_gemm_min_rows(cpu_flags: str, machine: str, kind: str) -> int:

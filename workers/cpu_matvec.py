@@ -1,5 +1,5 @@
 """Matrix products of a few rows (below workers/cpu_gemm.py's GEMM_MIN_ROWS) on the CPU backend, as hand-written
-C kernels for F32, F16, BF16, Q4_1, Q8_0, Q8_16, F8_E4M3, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K weights.
+C kernels for F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q8_16, F8_E4M3, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K weights.
 
 tinygrad's generated kernels for these reduced each 32-element block into a scalar, so every block ended in a
 horizontal vector sum. These kernels keep one 16-lane accumulator per activation row
@@ -19,14 +19,14 @@ from tinygrad.renderer import Estimates
 
 from tinyvllm.workers.c_kernel import c_kernel, c_source
 
-# bytes of one 32-element block on the device
-BLOCK_BYTES = {"F32": 128, "F16": 64, "BF16": 64, "Q4_1": 24, "Q8_0": 36, "Q8_16": 48, "F8_E4M3": 36,
-               "Q2_K": 11, "Q3_K": 14.5, "Q4_K": 19, "Q5_K": 23, "Q6_K": 26.5}
+# the kinds the C kernels take (workers/c/weights.h)
+C_KINDS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q8_16", "F8_E4M3", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+HALF_SCALE_KINDS = ("Q4_0", "Q4_1", "Q8_0")  # whose scales (part 1 on) may be float16: SCALES_F16
 
 
 def c_kernels_support(w) -> bool:
     """Whether cpu_matvec and workers/cpu_gemm.py's cpu_gemm take this DeviceWeight (whole 32-blocks per row)."""
-    return w.kind in BLOCK_BYTES and w.shape[1] % 32 == 0
+    return w.kind in C_KINDS and w.shape[1] % 32 == 0
 
 
 def c_matmul(h: Tensor, w, kernel: str, h_input: Tensor | None = None, defines: dict[str, int] | None = None) -> Tensor:
@@ -37,16 +37,17 @@ def c_matmul(h: Tensor, w, kernel: str, h_input: Tensor | None = None, defines: 
     (rows, k), cols = h.shape, w.shape[0]
     cores = max(1, min(NUM_CPU_THREADS.value, cols))
     name = f"{kernel}_{w.kind.lower()}_{rows}_{cols}_{k}_c{cores}"
+    half_scales = w.kind in HALF_SCALE_KINDS and w.parts[1].dtype == dtypes.half
     source = c_source(f"{kernel}.c", {"ROWS": rows, "COLS": cols, "K": k, "CORES": cores, f"WEIGHT_{w.kind}": 1,
-                                      **(defines or {})})
-    weight_bytes = int(cols * k * BLOCK_BYTES[w.kind] // 32)
+                                      **({"SCALES_F16": 1} if half_scales else {}), **(defines or {})})
+    weight_bytes = w.nbytes
     fxn = c_kernel(name, source, cores, Estimates(
         ops=2 * rows * cols * k, lds=weight_bytes + 4 * rows * k, mem=weight_bytes + 4 * rows * (k + cols)))
     out = Tensor.empty(rows, cols, dtype=dtypes.float32, device=h.device)
     return out.custom_kernel(h.float().contiguous() if h_input is None else h_input, *w.parts, fxn=fxn)[0]
 
 
-INT8_ACTIVATION_KINDS = ("Q4_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0")
+INT8_ACTIVATION_KINDS = ("Q4_0", "Q4_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0")
 
 
 def takes_int8(w, int8_activations: bool) -> bool:

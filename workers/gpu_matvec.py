@@ -22,7 +22,7 @@ from tinyvllm.protocol.kernel_choice import MatvecLayout
 from tinyvllm.workers.quantized_weight import WORDS_PER_BLOCK
 
 GPU_MATVEC_MAX_ROWS = 4  # rows of h (decode batch) this layout is for
-VALUES_PER_BLOCK = {**WORDS_PER_BLOCK, "Q4_1": 16, "Q4_K": 16}  # a 32-element block's loads: words, or nibble bytes
+VALUES_PER_BLOCK = {**WORDS_PER_BLOCK, "Q4_0": 16, "Q4_1": 16, "Q4_K": 16}  # a 32-element block's loads: words, or nibble bytes
 
 
 def group_threads(blocks: int, threads: int) -> int:
@@ -48,7 +48,7 @@ def _block_product(kind: str, x: list[UOp], words: list[UOp], scales: list[UOp])
     if kind == "Q8_0":  # word j: elements 4j .. 4j + 3, signed bytes
         values = [(w >> s).cast(dtypes.int8).cast(f32) for w in words for s in (0, 8, 16, 24)]
         return _tree_sum([a * b for a, b in zip(x, values)]) * scales[0]
-    # Q4_1 and Q4_K, bytes (not words): byte i holds element i (low nibble) and element i + 16 (high nibble);
+    # Q4_0, Q4_1 and Q4_K, bytes (not words): byte i holds element i (low nibble) and element i + 16 (high nibble);
     # value = q * d + m
     values = [(w & 15).cast(f32) for w in words] + [(w >> 4).cast(f32) for w in words]
     nibbles = _tree_sum([a * b for a, b in zip(x, values)])
@@ -56,10 +56,13 @@ def _block_product(kind: str, x: list[UOp], words: list[UOp], scales: list[UOp])
 
 
 def _block_scales(kind: str, n: UOp, kb: UOp, scales: tuple[UOp, ...]) -> list[UOp]:
-    """Row n's block kb's scale (and minimum): stored per block, or for Q4_K the super-block's d (dmin) times the
-    block's 6-bit code, as workers/quantized_weight.py's dequantisation takes them."""
+    """Row n's block kb's scale (and minimum) in float32: stored per block (Q4_0's minimum -8 d), or for Q4_K the
+    super-block's d (dmin) times the block's 6-bit code, as workers/quantized_weight.py's dequantisation takes them."""
+    if kind == "Q4_0":
+        d = scales[0][n, kb, 0].cast(dtypes.float32)
+        return [d, d * -8]
     if kind != "Q4_K":
-        return [s[n, kb, 0] for s in scales]
+        return [s[n, kb, 0].cast(dtypes.float32) for s in scales]
     codes, dm = scales
     f32 = dtypes.float32
     return [dm[n, kb // 8, 0] * codes[n, kb, 0].cast(f32), -(dm[n, kb // 8, 1] * codes[n, kb, 1].cast(f32))]
@@ -94,7 +97,7 @@ def gpu_matvec_device(device: str) -> bool:
 def gpu_matvec_fits(h: Tensor, w, layout: MatvecLayout = MatvecLayout()) -> bool:
     """Whether h @ w.T suits the kernel: a few rows, a weight widened or dequantised in the kernel, whole 32-element
     blocks per row and output rows that fill the layout's workgroups."""
-    values_fit = w.kind in ("Q4_1", "Q4_K") or w.kind in WORDS_PER_BLOCK and w.parts[0].dtype == dtypes.uint32  # words only
+    values_fit = w.kind in ("Q4_0", "Q4_1", "Q4_K") or w.kind in WORDS_PER_BLOCK and w.parts[0].dtype == dtypes.uint32  # words only
     return values_fit and h.shape[0] <= GPU_MATVEC_MAX_ROWS and w.shape[1] % 32 == 0 \
         and w.shape[0] % (layout.local * layout.rows) == 0
 

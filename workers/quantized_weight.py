@@ -7,11 +7,12 @@ Device side, `DeviceWeight` holds a weight's Tensors (`parts`) and returns `dequ
 [N, K] weight as a *lazy* expression, so `h @ w.dequantized().T` reads the quantised bytes and tinygrad fuses
 the dequantisation into the matmul kernel's loads. `rows(idx)` dequantises only gathered rows (embeddings).
 
-Device kinds and their layout (d, m: a block's scale and min as float32: a GGUF float16 widened, or for the
-repacked types below the product of a super-block's scale and a sub-block's):
-    Q4_1: packed nibbles uint8 [N, K/32, 16], d and m float32 [N, K/32, 1]; value = q * d + m
+Device kinds and their layout (d, m: a block's scale and min: the file's float16 where it stores one per block, widened
+in the kernels; float32 for the products of a super-block's scale and a sub-block's):
+    Q4_0: packed nibbles uint8 [N, K/32, 16], d float16 [N, K/32, 1]; value = q * d - 8 d (the file's bytes)
+    Q4_1: Q4_0's nibbles, d and m float16 [N, K/32, 1]; value = q * d + m (the file's bytes)
           (in each 32-block, byte j holds element j in its low nibble and element j+16 in its high one)
-    Q8_0: int8 [N, K/32, 32], d float32 [N, K/32, 1]; value = q * d
+    Q8_0: int8 [N, K/32, 32], d float16 [N, K/32, 1] (float32 from IQ4_XS); value = q * d
     Q8_16: int8 [N, K/32, 32], d and m float32 [N, K/32, 2] (one per 16 elements); value = q * d + m
     Q4_K: Q4_1's nibbles [N, K/32, 16], each 32-block's 6-bit scale and minimum codes uint8 [N, K/32, 2] and each
           256-element super-block's d and dmin float32 [N, K/256, 2]; value = q * (d x scale) - dmin x minimum
@@ -43,7 +44,6 @@ int8 as uint32 inside a traced step would copy the weight every step. Dequantisi
 shifts, which fuse into the kernel that reads them.
 Other GGUF types are repacked into one of those kinds when they go to the device (`DEVICE_KIND`), one tensor at a
 time, with the same values (every product involved is exact in float32, so only a zero's sign may differ):
-    Q4_0 -> Q4_1: m = -8 d
     Q5_0 -> Q8_0: codes q - 16;  IQ4_NL -> Q8_0: codes from the non-linear table, d
     IQ4_XS -> Q8_0: codes from the table, each 32-element sub-block's d = super d x (6-bit scale - 32)
     Q5_1 -> Q8_16: codes, d and m (each twice)
@@ -51,8 +51,8 @@ Q2_K, Q3_K, Q4_K, Q5_K and Q6_K keep the file's scales: their codes (Q2_K's, Q3_
 Q4_K's and Q5_K's nibbles reordered from the super-block's 64-element chunks to Q4_1's order, Q5_K's fifth bits beside
 them) with the sub-blocks' scale codes, the products with the super-block's d taken inside the kernels, as the
 repacked types' d are, in float32. On the device Q2_K takes 2.75 bits a value (the file 2.6), Q3_K 3.6 (the file
-3.4), Q4_K 4.75 (the file 4.5), Q5_K 5.75 (the file 5.5), Q6_K 6.6 (the file 6.56), Q4_0 6, Q5_0/IQ4 9 and Q5_1 12
-(where the file has 6);
+3.4), Q4_K 4.75 (the file 4.5), Q5_K 5.75 (the file 5.5), Q6_K 6.6 (the file 6.56), Q4_0 4.5, Q4_1 5, Q8_0 8.5,
+Q5_0 and IQ4_NL 8.5, IQ4_XS 9 and Q5_1 12 (where the file has 6);
 F32 is a float32 "F32" weight (the other GGUF types are refused, naming them). The dequantisation computes what
 workers/gguf_dequantize.py's numpy does, in the same order, in float32.
 """
@@ -68,8 +68,8 @@ from tinyvllm.workers.gguf_dequantize import (IQ4_VALUES, dequantize, f16_field,
 from tinyvllm.workers.kv_quant import decode as kv_decode
 
 # the kinds the kernels multiply (and F16, F32)
-IN_KERNEL_TYPES = ("Q4_1", "Q8_0", "Q8_16", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "BF16", "F8_E4M3")
-DEVICE_KIND = {"Q4_1": "Q4_1", "Q4_0": "Q4_1", "Q4_K": "Q4_K",  # the types kept compact, and as which kind
+IN_KERNEL_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q8_16", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "BF16", "F8_E4M3")
+DEVICE_KIND = {"Q4_1": "Q4_1", "Q4_0": "Q4_0", "Q4_K": "Q4_K",  # the types kept compact, and as which kind
                "Q8_0": "Q8_0", "Q5_0": "Q8_0", "IQ4_NL": "Q8_0", "IQ4_XS": "Q8_0",
                "Q6_K": "Q6_K", "Q5_K": "Q5_K", "Q5_1": "Q8_16", "Q2_K": "Q2_K", "Q3_K": "Q3_K",
                "BF16": "BF16", "F8_E4M3": "F8_E4M3"}
@@ -241,14 +241,19 @@ def _iq4_xs_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
     return codes, iq4_xs_scales(b.reshape(-1, b.shape[2])).reshape(n, s * 8, 1)
 
 
+def _half_field(blocks: np.ndarray, start: int) -> np.ndarray:
+    """The float16 at byte `start` of each block, as float16 [N, blocks, 1]: the kernels widen it."""
+    return np.ascontiguousarray(blocks[..., start:start + 2]).view("<f2")
+
+
 # a GGUF type's blocks [N, blocks, bytes] -> its kind's host parts (see the module docstring)
 _DEVICE_PARTS = {
-    "Q4_1": lambda b: (b[:, :, 4:], f16_field(b, 0), f16_field(b, 2)),
-    "Q4_0": lambda b: (b[:, :, 2:], f16_field(b, 0), f16_field(b, 0) * np.float32(-8)),
+    "Q4_1": lambda b: (b[:, :, 4:], _half_field(b, 0), _half_field(b, 2)),
+    "Q4_0": lambda b: (b[:, :, 2:], _half_field(b, 0)),
     "Q4_K": lambda b: _k_quant_parts(b, five_bit=False),
-    "Q8_0": lambda b: (b[:, :, 2:].view(np.int8), f16_field(b, 0)),
-    "Q5_0": lambda b: (q5_codes(b, 2).astype(np.int8) - np.int8(16), f16_field(b, 0)),
-    "IQ4_NL": lambda b: (IQ4_VALUES[nibbles(b[:, :, 2:])], f16_field(b, 0)),
+    "Q8_0": lambda b: (b[:, :, 2:].view(np.int8), _half_field(b, 0)),
+    "Q5_0": lambda b: (q5_codes(b, 2).astype(np.int8) - np.int8(16), _half_field(b, 0)),
+    "IQ4_NL": lambda b: (IQ4_VALUES[nibbles(b[:, :, 2:])], _half_field(b, 0)),
     "IQ4_XS": _iq4_xs_parts,
     "Q5_1": lambda b: (q5_codes(b, 4).astype(np.int8), np.repeat(f16_field(b, 0), 2, axis=-1),
                        np.repeat(f16_field(b, 2), 2, axis=-1)),
@@ -273,13 +278,17 @@ def _from_words(words: Tensor, bits: int) -> Tensor:
 
 def _dequant_q4_1(packed: Tensor, d: Tensor, m: Tensor) -> Tensor:
     q = Tensor.stack(packed & 15, packed >> 4, dim=2).reshape(*packed.shape[:-1], 32)
-    return q.cast(dtypes.float32) * d + m
+    return q.cast(dtypes.float32) * d.cast(dtypes.float32) + m.cast(dtypes.float32)
+
+
+def _dequant_q4_0(packed: Tensor, d: Tensor) -> Tensor:
+    return _dequant_q4_1(packed, d, d.cast(dtypes.float32) * -8)
 
 
 def _dequant_q8_0(q: Tensor, d: Tensor) -> Tensor:
     if q.dtype == dtypes.uint32:
         q = _from_words(q, 8).cast(dtypes.uint8).bitcast(dtypes.int8)
-    return q.cast(dtypes.float32) * d
+    return q.cast(dtypes.float32) * d.cast(dtypes.float32)
 
 
 def _widen_f16(w: Tensor) -> Tensor:
@@ -360,7 +369,7 @@ def _half_scaled(q: Tensor, scales: Tensor, d: Tensor) -> Tensor:
     return (halves * (_per_block(d, q.shape[1]) * scales.cast(dtypes.float32)).unsqueeze(-1)).reshape(q.shape)
 
 
-_DEQUANT = {"Q4_1": _dequant_q4_1, "Q2_K": _dequant_q2_k, "Q3_K": _dequant_q3_k, "Q4_K": _dequant_q4_k,
+_DEQUANT = {"Q4_0": _dequant_q4_0, "Q4_1": _dequant_q4_1, "Q2_K": _dequant_q2_k, "Q3_K": _dequant_q3_k, "Q4_K": _dequant_q4_k,
             "Q5_K": _dequant_q5_k, "Q6_K": _dequant_q6_k,
             "Q8_0": _dequant_q8_0, "Q8_16": _dequant_q8_16, "F16": _widen_f16,
             "BF16": lambda w: kv_decode(w, "bfloat16"), "F8_E4M3": _dequant_f8_e4m3}

@@ -32,10 +32,10 @@ def two_bit_runs(part: np.ndarray) -> np.ndarray:
 
 
 def weight_codes(kind: str, parts: list[np.ndarray]) -> np.ndarray:
-    """The integer values the kernels multiply: [N, K/32, 32] (Q4_1's and Q4_K's nibbles, Q5_K's with their fifth
+    """The integer values the kernels multiply: [N, K/32, 32] (Q4_0's, Q4_1's and Q4_K's nibbles, Q5_K's with their fifth
     bits, Q8_0's signed bytes, Q6_K's low nibbles and high bit pairs as signed values -32..31, Q3_K's 2-bit codes
     and third bits as signed values -4..3, Q2_K's 2-bit codes)."""
-    if kind in ("Q4_1", "Q4_K", "Q5_K"):
+    if kind in ("Q4_0", "Q4_1", "Q4_K", "Q5_K"):
         packed = parts[0].astype(np.int64)
         codes = np.concatenate([packed & 15, packed >> 4], axis=-1)
         if kind == "Q5_K":  # fifth bits [N, S, 32]: bit j of byte e is element e of block j's
@@ -57,7 +57,7 @@ def weight_codes(kind: str, parts: list[np.ndarray]) -> np.ndarray:
 
 def weight_scales(kind: str, parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
     """Each block's scale and minimum (None for Q8_0) [N, K/32] float32; Q4_K's and Q5_K's as float32 products of the
-    super-block's d or dmin and the block's 6-bit codes; Q2_K's the super-block's d and -dmin."""
+    super-block's d or dmin and the block's 6-bit codes; Q2_K's the super-block's d and -dmin; Q4_0's minimum -8 d."""
     if kind == "Q2_K":
         dm = np.repeat(parts[-1], 8, axis=1)
         return dm[..., 0].astype(f32), (-dm[..., 1]).astype(f32)
@@ -67,6 +67,9 @@ def weight_scales(kind: str, parts: list[np.ndarray]) -> tuple[np.ndarray, np.nd
         codes, dm = parts[-2].astype(f32), np.repeat(parts[-1], 8, axis=1)
         return (dm[..., 0] * codes[..., 0]).astype(f32), (-(dm[..., 1] * codes[..., 1])).astype(f32)
     shape = parts[0].shape[:2]
+    if kind == "Q4_0":
+        d = parts[1].reshape(shape).astype(f32)
+        return d, (d * f32(-8)).astype(f32)
     return parts[1].reshape(shape).astype(f32), parts[2].reshape(shape).astype(f32) if kind == "Q4_1" else None
 
 

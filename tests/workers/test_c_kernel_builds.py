@@ -11,6 +11,7 @@ import pytest
 
 from tests.workers.test_cpu_matmul import KINDS, K, N, weights  # noqa: F401 (weights: the fixture)
 from tinyvllm.workers.c_kernel import shared_library
+from tinyvllm.workers.cpu_matvec import HALF_SCALE_KINDS
 
 CORES = 2
 TARGETS = {"baseline": ()}
@@ -23,7 +24,8 @@ def run_kernel(kernel: str, flags: tuple[str, ...], kind: str, h: np.ndarray, pa
     """out [rows, cols] of workers/c/<kernel>.c for a [cols, k] weight, reading h (its rows, or `rows` of h in
     another form)."""
     rows = h.shape[0] if rows is None else rows
-    defines = (f"-DROWS={rows}", f"-DCOLS={cols}", f"-DK={k}", f"-DCORES={CORES}", f"-DWEIGHT_{kind}")
+    defines = (f"-DROWS={rows}", f"-DCOLS={cols}", f"-DK={k}", f"-DCORES={CORES}", f"-DWEIGHT_{kind}",
+               *(("-DSCALES_F16",) if kind in HALF_SCALE_KINDS and parts[1].dtype == np.float16 else ()))
     entry = getattr(ctypes.CDLL(str(shared_library(f"{kernel}.c", (*flags, *defines)))), kernel)
     out = np.full((rows, cols), np.nan, np.float32)
     pointers = [a.ctypes.data_as(ctypes.c_void_p) for a in (out, h, *parts)]

@@ -1,4 +1,4 @@
-"""The CPU backend's matmul kernels (workers/cpu_matmul.py): h @ w.T for float32, float16, bfloat16, Q4_1, Q8_0,
+"""The CPU backend's matmul kernels (workers/cpu_matmul.py): h @ w.T for float32, float16, bfloat16, Q4_0, Q4_1, Q8_0,
 Q8_16, float8 e4m3, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K weights (the K-quants [N, K_SUPER]: rows of whole 256-element super-blocks) equals numpy's product on the dequantised weight at every row count a step can have. (The reassociating renderer the
 "c" kernel set installs: tests/workers/test_kernel_set.py.)"""
 import numpy as np
@@ -14,16 +14,16 @@ from tinyvllm.workers.quantized_weight import DeviceWeight, QuantizedArray
 
 N, K = 48, 160
 K_SUPER = 512
-KINDS = ["F32", "F16", "BF16", "Q4_1", "Q8_0", "Q8_16", "F8_E4M3", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+KINDS = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q8_16", "F8_E4M3", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory):
     x = awkward_matrix(np.random.default_rng(0), N, K)
     path = tmp_path_factory.mktemp("q") / "q.gguf"
-    gguf = GGUFFile(write_gguf(path, {"general.architecture": "test"}, {t: (x, t) for t in ("Q4_1", "Q8_0")}))
+    gguf = GGUFFile(write_gguf(path, {"general.architecture": "test"}, {t: (x, t) for t in ("Q4_0", "Q4_1", "Q8_0")}))
     out = {"F32": (DeviceWeight.from_host(x), x)}
-    for t in ("Q4_1", "Q8_0"):
+    for t in ("Q4_0", "Q4_1", "Q8_0"):
         host = QuantizedArray.from_raw(t, gguf.raw(t), gguf.tensor_shape(t))
         out[t] = (DeviceWeight.from_host(host), np.asarray(host))
     q5_1 = QuantizedArray("Q5_1", random_blocks("Q5_1", (N, K // 32), np.random.default_rng(1)))  # as Q8_16

@@ -1,4 +1,4 @@
-"""workers/gpu_matvec.py: the decode matvec kernels compute h @ w.T of the dequantised weight (F16, Q8_0, Q4_1,
+"""workers/gpu_matvec.py: the decode matvec kernels compute h @ w.T of the dequantised weight (F16, Q8_0, Q4_0, Q4_1,
 Q4_K),
 without the GPU layout on the CPU and with it (groups, locals, upcasts) on tinygrad's
 PYTHON device, which emulates local memory; on a GPU (benchmarks/gpu_run.sh check) on the real device too."""
@@ -23,7 +23,7 @@ def host_weight(kind: str, x: np.ndarray):
 
 
 @pytest.mark.parametrize("device", [Device.DEFAULT, "PYTHON"])
-@pytest.mark.parametrize("kind", ["F16", "Q8_0", "Q4_1", "Q4_K"])
+@pytest.mark.parametrize("kind", ["F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K"])
 @pytest.mark.parametrize("K", [256, 96])  # 8 blocks a row: 8 threads each; 3 blocks: the group shrinks to 1
 def test_matvec_equals_the_dequantised_product(kind, device, K):
     if kind == "Q4_K" and K % 256:

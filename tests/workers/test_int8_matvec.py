@@ -19,7 +19,7 @@ from tinyvllm.workers.cpu_gemm import TILE_BYTES_PER_BLOCK
 from tinyvllm.workers.cpu_matvec import INT8_ACTIVATION_KINDS, cpu_matvec
 
 TARGETS = {"native": ("-march=native",), "baseline": ()}
-INT8_KINDS = ["Q4_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+INT8_KINDS = ["Q4_0", "Q4_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 if platform.machine().lower() in ("x86_64", "amd64"):
     TARGETS["avx2"] = ("-march=native", "-mno-avx512f", "-mno-avxvnni")  # AVX2's maddubs path, no VNNI
 
@@ -43,8 +43,9 @@ def run_int8_gemm(flags: tuple[str, ...], kind: str, h: np.ndarray, parts: list[
     return run_kernel("gemm_i8", flags, kind, tiles, parts, rows=rows, cols=cols, k=k)
 
 
-def random_parts(kind: str, cols: int, k: int) -> list[np.ndarray]:
-    """A DeviceWeight's parts of random blocks: codes, scales (and Q4_1's minimums; Q4_K's and Q5_K's scale and
+def random_parts(kind: str, cols: int, k: int, half_scales: bool = True) -> list[np.ndarray]:
+    """A DeviceWeight's parts of random blocks: codes, scales (float16 for Q4_0, Q4_1 and Q8_0 unless not
+    half_scales, as from an IQ4_XS) (and Q4_1's minimums; Q4_K's and Q5_K's scale and
     minimum codes and its super-blocks' d and dmin, after Q5_K's fifth bits; Q6_K's low nibbles, high bit pairs,
     half-block scales and d; Q3_K's 2-bit codes, third bits, half-block scales and d; Q2_K's 2-bit codes, scale and
     minimum bytes, d and dmin)."""
@@ -65,8 +66,12 @@ def random_parts(kind: str, cols: int, k: int) -> list[np.ndarray]:
     if kind == "Q3_K":
         return [rng.integers(0, 256, (*blocks, 8), dtype=np.uint8), rng.integers(0, 256, (cols, k // 256, 32), dtype=np.uint8),
                 rng.integers(-32, 32, (*blocks, 2), dtype=np.int8), (rng.standard_normal((cols, k // 256, 1)) * 0.002).astype(np.float32)]
+    scale_dtype = np.float16 if half_scales else np.float32
+    scales = scales.astype(scale_dtype)
+    if kind == "Q4_0":
+        return [rng.integers(0, 256, (*blocks, 16), dtype=np.uint8), scales]
     if kind == "Q4_1":
-        return [rng.integers(0, 256, (*blocks, 16), dtype=np.uint8), scales, (rng.standard_normal(blocks) * 0.1).astype(np.float32)]
+        return [rng.integers(0, 256, (*blocks, 16), dtype=np.uint8), scales, (rng.standard_normal(blocks) * 0.1).astype(scale_dtype)]
     return [rng.integers(-128, 128, (*blocks, 32), dtype=np.int8), scales]
 
 
@@ -131,9 +136,12 @@ def test_both_kernels_give_every_row_the_models_bits_on_a_larger_odd_shape(targe
     """K = 544 (17 blocks: two whole groups of 8 lanes and one more), 512 (whole groups: with AVX-512 VNNI,
     matvec_i8 takes the nibble kinds two blocks at a time) and 1056 (gemm_i8's panels in a chunk of 32 blocks and
     one of 1); the K-quants 768 (3 super-blocks) and 1280 (chunks of 32 and 8 blocks); 30 columns (15 a core: a part
-    panel); gemm_i8's tiles in registers (one slab) and against panels (slabs of one tile)."""
-    for k in (768, 1280) if kind.endswith("_K") else (544, 512, 1056):
-        parts, h = random_parts(kind, 30, k), np.random.default_rng(5).standard_normal((13, k)).astype(np.float32)
+    panel); gemm_i8's tiles in registers (one slab) and against panels (slabs of one tile). Q4_1's and Q8_0's scales as
+    float16 (the file's) and float32 (a repacked IQ4_XS's)."""
+    shapes = [(k, True) for k in ((768, 1280) if kind.endswith("_K") else (544, 512, 1056))]
+    for k, half_scales in shapes + ([(544, False)] if kind in ("Q4_1", "Q8_0") else []):
+        parts = random_parts(kind, 30, k, half_scales)
+        h = np.random.default_rng(5).standard_normal((13, k)).astype(np.float32)
         want = int8_matvec(kind, h, parts)
         np.testing.assert_array_equal(run_int8_gemm(TARGETS[target], kind, h, parts), want)
         panels = (*TARGETS[target], f"-DSLAB_BYTES={k // 32 * TILE_BYTES_PER_BLOCK}")
@@ -201,7 +209,7 @@ def test_the_tiles_take_over_from_3_to_6_rows_on_an_x86_with_avx512_vnni_and_16_
     """Measured on each kind of CPU (workers/cpu_gemm.py): the row count where gemm_i8 overtakes matvec_i8."""
     from tinyvllm.workers.cpu_gemm import int8_gemm_min_rows
     vnni = "fpu sse2 avx2 avx512f avx512_vnni"
-    assert [int8_gemm_min_rows(vnni, "x86_64", kind) for kind in INT8_ACTIVATION_KINDS] == [4, 6, 6, 6, 6, 6, 3]
+    assert [int8_gemm_min_rows(vnni, "x86_64", kind) for kind in INT8_ACTIVATION_KINDS] == [4, 4, 6, 6, 6, 6, 6, 3]
     assert int8_gemm_min_rows("fpu avx2 avx_vnni", "x86_64", "Q4_K") == 16  # 256-bit VNNI alone: AVX2's paths
     assert int8_gemm_min_rows("fpu sse2 fma avx2 f16c", "x86_64", "Q4_K") == 16
     assert int8_gemm_min_rows("", "aarch64", "Q6_K") == 3  # NEON's sdot in both kernels

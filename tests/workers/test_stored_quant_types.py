@@ -59,12 +59,16 @@ def test_compact_weight_dequantises_as_the_gguf_package_does(type_name, words):
 def test_the_device_holds_the_kinds_bytes_not_float32(type_name):
     weight = DeviceWeight.from_host(QuantizedArray(type_name, random_blocks(type_name, N, K)))
     n = N * K
-    assert weight.nbytes == {"Q4_1": n // 2 + n // 32 * 8, "Q8_0": n + n // 32 * 4, "Q8_16": n + n // 16 * 8,
+    scale_bytes = 4 if type_name == "IQ4_XS" else 2  # float16 scales, as the file's (IQ4_XS's products: float32)
+    assert weight.nbytes == {"Q4_0": n // 2 + n // 32 * 2, "Q4_1": n // 2 + n // 32 * 4,
+                             "Q8_0": n + n // 32 * scale_bytes, "Q8_16": n + n // 16 * 8,
                              "Q4_K": n // 2 + n // 32 * 2 + n // 256 * 8, "Q5_K": n // 2 + n // 8 + n // 32 * 2 + n // 256 * 8,
                              "Q6_K": n // 2 + n // 4 + n // 16 + n // 256 * 4,
                              "Q3_K": n // 4 + n // 8 + n // 16 + n // 256 * 4,
                              "Q2_K": n // 4 + n // 16 + n // 256 * 8}[weight.kind]
     assert weight.nbytes <= n * 12 // 8  # at most 12 bits a value, where float32 takes 32
+    if type_name == "Q4_0":  # the file's bytes, no more (Q4_1, Q8_0: test_quantized_weight.py)
+        assert weight.nbytes == blocks_bytes(type_name, n)
     if type_name in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"):  # within 1.06x of the file's bits: 2.75 for 2.625,
         # 3.625 for 3.4375, 4.75 for 4.5, 5.75 for 5.5, 6.625 for 6.5625
         assert weight.nbytes <= 1.06 * blocks_bytes(type_name, n)

@@ -1,4 +1,4 @@
-// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or Q8_0 weight and more rows than
+// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or Q8_0 weight and more rows than
 // matvec_i8.c takes, h given as quantize_i8.c's tiles of int8 codes: int8_rows.h's arithmetic, so every row gets the
 // bits matvec_i8.c would give it (a request's tokens do not depend on what shares its steps). Core core_id of CORES
 // takes its share of the columns. Two ways, both with one vpdpbusd adding 4 products to each of 16 outputs, so that a

@@ -3,7 +3,7 @@
 // tests/workers/int8_matvec_model.py's bits.
 // Activations: int8 codes per 32-element block, scale = max |x| / 127 (llama.cpp's Q8_0/Q8_1 activations).
 // Per output: 8 float lanes; block b adds (float)(its exact integer dot product) * (d_w * d_x) to lane b % 8,
-// then for the nibble kinds (Q4_1, Q4_K, Q5_K) m_w * xm (xm = d_x * the block's code sum), for Q2_K
+// then for the nibble kinds (Q4_0, Q4_1, Q4_K, Q5_K) m_w * xm (xm = d_x * the block's code sum), for Q2_K
 // (float)(its halves' code sums times their minimum codes) * (m_w * d_x) (m_w = -dmin);
 // out = ((L0 + L1) + (L2 + L3)) + ((L4 + L5) + (L6 + L7)).
 // No reassociation, no contraction into fused multiply-adds. Needs K and kernel.h.

@@ -37,6 +37,12 @@ ALWAYS_INLINE v16 widen_f16(u16x16 bits) {
 #endif
 }
 
+typedef unsigned short u16x8 __attribute__((vector_size(16), aligned(2)));
+ALWAYS_INLINE float half_to_float(unsigned short bits) {
+  const u16x16 v = {bits};
+  return widen_f16(v)[0];
+}
+
 ALWAYS_INLINE v16 widen_bf16(u16x16 bits) { return (v16)(__builtin_convertvector(bits, u32x16) << 16); }
 
 // e4m3: (8 + m) * 2^(e - 10), subnormals (e = 0) 2m * 2^-10, as workers/kv_quant.py decodes them

@@ -1,4 +1,4 @@
-// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a few rows and a Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or Q8_0 weight, with h
+// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a few rows and a Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or Q8_0 weight, with h
 // quantised to int8 per 32-element block and each block's products summed as integers: 4 multiplies per instruction
 // lane (VNNI's vpdpbusd, AVX2's vpmaddubsw + vpmaddwd, NEON's sdot), where the float32 kernel (matvec.c) widens every weight
 // to a float first. Core core_id of CORES computes its share of the columns; each core quantises h itself
@@ -242,9 +242,11 @@ ALWAYS_INLINE void block_scales8(WEIGHT_PARAMS, int n, int b0, int nb, f32x8 *wd
   *wm = (f32x8){0} + block_min(WEIGHT_ARGS, (long)n * KB + b0);
 #endif
 #else
-  *wd = load8(d + (long)n * KB + b0, nb);
-#if defined(WEIGHT_Q4_1)
-  *wm = load8(m + (long)n * KB + b0, nb);
+  *wd = scales8(d + (long)n * KB + b0, nb);
+#if defined(WEIGHT_Q4_0)
+  *wm = *wd * -8.0f;
+#elif defined(WEIGHT_Q4_1)
+  *wm = scales8(m + (long)n * KB + b0, nb);
 #endif
 #endif
 }

@@ -1,6 +1,7 @@
 // A weight matrix [N, K] as workers/quantized_weight.py's DeviceWeight.parts, in one of the kinds selected by
 // a define:
 // - WEIGHT_F32 (float32), WEIGHT_F16 or WEIGHT_BF16 (16-bit floats, widened here);
+// - WEIGHT_Q4_0: 16 bytes of nibbles and a scale d per 32-element block, the minimum -8 d;
 // - WEIGHT_Q4_1: 16 bytes of nibbles, a scale d and a minimum m per 32-element block;
 // - WEIGHT_Q8_0: 32 signed bytes, a scale d per block;
 // - WEIGHT_Q8_16: 32 signed bytes, a scale d and a minimum m per 16 elements;
@@ -13,9 +14,17 @@
 //   8-bit scale per 16 elements, a d per 8 blocks;
 // - WEIGHT_Q2_K: the file's 2-bit codes and its byte per 16 elements (a 4-bit scale code, a 4-bit minimum code
 //   above it), a d and dmin per 8 blocks.
+// Q4_0's, Q4_1's and Q8_0's d and m are halves (their bits) with SCALES_F16 (as GGUF files store them), else floats.
 // WEIGHT_PARAMS are its C parameters, WEIGHT_ARGS the same names to pass on. Needs K (a multiple of 32; of 256
 // for the K-quants) and kernel.h.
 #define KB (K / 32)
+#if defined(SCALES_F16)
+typedef unsigned short scale_t;
+#define SCALE(x) half_to_float(x)
+#else
+typedef float scale_t;
+#define SCALE(x) (x)
+#endif
 
 #if defined(WEIGHT_F32)
 #define WEIGHT_PARAMS const float *restrict weight
@@ -26,11 +35,14 @@
 #elif defined(WEIGHT_F8_E4M3)
 #define WEIGHT_PARAMS const unsigned char *restrict weight, const float *restrict d
 #define WEIGHT_ARGS weight, d
+#elif defined(WEIGHT_Q4_0)
+#define WEIGHT_PARAMS const unsigned char *restrict weight, const scale_t *restrict d
+#define WEIGHT_ARGS weight, d
 #elif defined(WEIGHT_Q4_1)
-#define WEIGHT_PARAMS const unsigned char *restrict weight, const float *restrict d, const float *restrict m
+#define WEIGHT_PARAMS const unsigned char *restrict weight, const scale_t *restrict d, const scale_t *restrict m
 #define WEIGHT_ARGS weight, d, m
 #elif defined(WEIGHT_Q8_0)
-#define WEIGHT_PARAMS const signed char *restrict weight, const float *restrict d
+#define WEIGHT_PARAMS const signed char *restrict weight, const scale_t *restrict d
 #define WEIGHT_ARGS weight, d
 #elif defined(WEIGHT_Q8_16)
 #define WEIGHT_PARAMS const signed char *restrict weight, const float *restrict d, const float *restrict m
@@ -50,7 +62,7 @@
 #define WEIGHT_PARAMS const unsigned char *restrict weight, const unsigned char *restrict codes, const float *restrict dm
 #define WEIGHT_ARGS weight, codes, dm
 #else
-#error "define one of WEIGHT_F32, WEIGHT_F16, WEIGHT_BF16, WEIGHT_Q4_1, WEIGHT_Q8_0, WEIGHT_Q8_16, WEIGHT_F8_E4M3, \
+#error "define one of WEIGHT_F32, WEIGHT_F16, WEIGHT_BF16, WEIGHT_Q4_0, WEIGHT_Q4_1, WEIGHT_Q8_0, WEIGHT_Q8_16, WEIGHT_F8_E4M3, \
 WEIGHT_Q2_K, WEIGHT_Q3_K, WEIGHT_Q4_K, WEIGHT_Q5_K, WEIGHT_Q6_K"
 #endif
 #if defined(WEIGHT_Q6_K) || defined(WEIGHT_Q3_K) || defined(WEIGHT_Q2_K)
@@ -72,7 +84,7 @@ WEIGHT_Q2_K, WEIGHT_Q3_K, WEIGHT_Q4_K, WEIGHT_Q5_K, WEIGHT_Q6_K"
 #else
 #define BLOCK_GROUP 1
 #endif
-#if defined(WEIGHT_Q4_1) || defined(WEIGHT_K_SCALES)
+#if defined(WEIGHT_Q4_0) || defined(WEIGHT_Q4_1) || defined(WEIGHT_K_SCALES)
 #define WEIGHT_NIBBLES  // 16 bytes of nibbles per block (Q5_K: and their fifth bits) and a minimum:
                         // value = q * scale + minimum
 #endif
@@ -80,12 +92,34 @@ WEIGHT_Q2_K, WEIGHT_Q3_K, WEIGHT_Q4_K, WEIGHT_Q5_K, WEIGHT_Q6_K"
 #define WEIGHT_SIGNED_CODES  // 32 signed codes per block: value = q * scale (Q6_K, Q3_K: a scale per 16 of them)
 #endif
 
-#if defined(WEIGHT_Q4_1) || defined(WEIGHT_Q8_0) || defined(WEIGHT_F8_E4M3)
-// block i (= n * KB + b)'s scale and (Q4_1) minimum, as the int8 products take them
-ALWAYS_INLINE float block_scale(WEIGHT_PARAMS, long i) { return d[i]; }
-#if defined(WEIGHT_Q4_1)
-ALWAYS_INLINE float block_min(WEIGHT_PARAMS, long i) { return m[i]; }
+#if defined(WEIGHT_Q4_0) || defined(WEIGHT_Q4_1) || defined(WEIGHT_Q8_0)
+// block i (= n * KB + b)'s scale and (Q4_0, Q4_1) minimum, as the int8 products take them (Q4_0's: -8 d, exactly
+// the float32 a Q4_1 copy of it would store)
+ALWAYS_INLINE float block_scale(WEIGHT_PARAMS, long i) { return SCALE(d[i]); }
+#if defined(WEIGHT_Q4_0)
+ALWAYS_INLINE float block_min(WEIGHT_PARAMS, long i) { return SCALE(d[i]) * -8.0f; }
+#elif defined(WEIGHT_Q4_1)
+ALWAYS_INLINE float block_min(WEIGHT_PARAMS, long i) { return SCALE(m[i]); }
 #endif
+// blocks i .. i + nb - 1's scales (minimums), zeros from nb on
+ALWAYS_INLINE f32x8 scales8(const scale_t *restrict p, int nb) {
+#if defined(SCALES_F16)
+  u16x16 bits = {0};
+  if (nb == 8) bits = __builtin_shufflevector(*(const u16x8 *)p, *(const u16x8 *)p, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+                                              11, 12, 13, 14, 15);
+  else
+    for (int e = 0; e < nb; e++) bits[e] = p[e];
+  const v16 wide = widen_f16(bits);
+  return __builtin_shufflevector(wide, wide, 0, 1, 2, 3, 4, 5, 6, 7);
+#else
+  if (nb == 8) return *(const f32x8 *)p;
+  f32x8 r = {0};
+  for (int e = 0; e < nb; e++) r[e] = p[e];
+  return r;
+#endif
+}
+#elif defined(WEIGHT_F8_E4M3)
+ALWAYS_INLINE float block_scale(WEIGHT_PARAMS, long i) { return d[i]; }
 #elif defined(WEIGHT_K_SCALES)
 // the super-block's d (dmin) times the block's 6-bit scale (minimum) code: the float32 product the repacked types
 // store (workers/quantized_weight.py), taken here so the device holds a byte where they hold a float
@@ -226,7 +260,7 @@ ALWAYS_INLINE void dequant_block(WEIGHT_PARAMS, int n, int b, v16 *w0, v16 *w1) 
 #else
   const i8x16 q0 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32);
   const i8x16 q1 = *(const i8x16 *)(weight + ((long)n * KB + b) * 32 + 16);
-  const float scale = d[(long)n * KB + b];
+  const float scale = block_scale(WEIGHT_ARGS, (long)n * KB + b);
   *w0 = __builtin_convertvector(q0, v16) * scale;
   *w1 = __builtin_convertvector(q1, v16) * scale;
 #endif
@@ -239,11 +273,13 @@ ALWAYS_INLINE void prefetch_row(WEIGHT_PARAMS, int n) {
   for (int i = 0; i < K; i += 16) __builtin_prefetch(weight + (long)n * K + i);
 #elif defined(WEIGHT_F16) || defined(WEIGHT_BF16)
   for (int i = 0; i < K; i += 32) __builtin_prefetch(weight + (long)n * K + i);
-#elif defined(WEIGHT_Q4_1)
+#elif defined(WEIGHT_Q4_0) || defined(WEIGHT_Q4_1)
   for (int i = 0; i < KB * 16; i += 64) __builtin_prefetch(weight + (long)n * KB * 16 + i);
   for (int i = 0; i < KB; i += 16) {
     __builtin_prefetch(d + (long)n * KB + i);
+#if defined(WEIGHT_Q4_1)
     __builtin_prefetch(m + (long)n * KB + i);
+#endif
   }
 #elif defined(WEIGHT_K_SCALES) || defined(WEIGHT_Q2_K)  // codes; a byte or two per block; d and dmin per 8 blocks
 #if defined(WEIGHT_Q2_K)
