@@ -16,6 +16,7 @@ from tinygrad.function import function
 from tinyvllm.protocol.kernel_choice import KernelChoice
 from tinyvllm.workers.attention_spec import AttentionSpec
 from tinyvllm.workers.cpu_matmul import cpu_linear, shared_int8_tiles
+from tinyvllm.workers.cpu_swiglu import cpu_swiglu
 from tinyvllm.workers.gpu_matvec import gpu_matvec, gpu_matvec_fits
 from tinyvllm.workers.kernel_set import kernel_choice
 from tinyvllm.protocol.model_config import ModelConfig
@@ -117,9 +118,12 @@ def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows
     def mlp(x, norm, w_gate, w_up, w_down, *post):
         h = rms_norm(x, norm, cfg.rms_eps).contiguous()
         tiles = shared_tiles(h, w_gate, w_up)
-        gate = lin(h, w_gate, tiles)
-        gate = gate.gelu() if cfg.hidden_act == "gelu_tanh" else gate.silu()  # tinygrad's gelu: the tanh form
-        return post_norm(lin(gate * lin(h, w_up, tiles), w_down), post)
+        gate, up = lin(h, w_gate, tiles), lin(h, w_up, tiles)
+        if cfg.hidden_act == "gelu_tanh":
+            act = gate.gelu() * up  # tinygrad's gelu: the tanh form
+        else:
+            act = cpu_swiglu(gate, up) if kernels.matmul == "c" else gate.silu() * up
+        return post_norm(lin(act, w_down), post)
 
     return qkv, attn_out, mlp
 

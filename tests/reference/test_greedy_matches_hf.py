@@ -75,5 +75,5 @@ def greedy_tokens_equal_up_to_a_near_tie(ids, ours, reference):
             print(f"prompt {i} ({len(prompt)} tokens): first difference at step {differ}, reference top-2 gap {gap:.4f}")
             assert gap < INT8_TIE_GAP, f"prompt {i}: differs at step {differ} where the reference is sure ({gap:.3f})"
         compared += differ
-    # measured: the long prompts equal throughout, the short ones part at gaps of 0.06-0.14 (steps 0, 4, 13, 23)
+    # measured: the long prompts equal throughout, the short ones part at gaps of 0.07-0.22 (steps 5, 25, 0, 17)
     assert compared >= 3 * N_TOKENS

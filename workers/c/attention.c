@@ -12,6 +12,7 @@
 // query, the accumulator rescaled when the maximum grows) with its exponentials 16 lanes at a time, and the cache
 // is read once per tile, in one pass.
 #include "kernel.h"
+#include "vector_exp.h"
 #include "kv_formats.h"
 
 #define G (H / KVH)
@@ -30,28 +31,6 @@
 #define SCALES_ARG
 #define SCALE_OF(slot, part, kvh) 1.0f
 #endif
-
-typedef int i32x16 __attribute__((vector_size(64), aligned(4)));
-
-// lane i: a[i] where mask lane i is all ones, else b[i]
-ALWAYS_INLINE v16 select16(i32x16 mask, v16 a, v16 b) { return (v16)((mask & (i32x16)a) | (~mask & (i32x16)b)); }
-
-// e^x for x <= 0, 16 lanes: 2^(x log2 e) as 2^n * 2^f, |f| <= 1/2, 2^f by its Taylor series to degree 7 (~6e-9
-// error); n rounded to nearest by adding and subtracting 1.5 * 2^23
-ALWAYS_INLINE v16 exp_nonpositive16(v16 x) {
-  v16 t = x * 1.4426950408889634f;
-  t = select16((i32x16)(t < -126.0f), (v16){0} - 126.0f, t);
-  const v16 n = (t + 12582912.0f) - 12582912.0f, f = t - n;
-  v16 p = (v16){0} + 1.5252733804059841e-5f;
-  p = p * f + 1.5403530393381608e-4f;
-  p = p * f + 1.3333558146428443e-3f;
-  p = p * f + 9.6181291076284772e-3f;
-  p = p * f + 5.5504108664821580e-2f;
-  p = p * f + 2.4022650695910071e-1f;
-  p = p * f + 6.9314718055994531e-1f;
-  p = p * f + 1.0f;
-  return p * (v16)((__builtin_convertvector(n, i32x16) + 127) << 23);
-}
 
 ALWAYS_INLINE float exp_nonpositive(float x) { return exp_nonpositive16((v16){0} + x)[0]; }
 
