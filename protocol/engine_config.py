@@ -98,7 +98,7 @@ class CacheConfig:
 class KernelConfig:
     kernels: str | None = knob(
         None, "the kernels the model runs: c, hand-written C kernels and a C graph executor (tinygrad's CPU backend "
-              "only); c-int8, the same with int8 activations in the products of Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K "
+              "only); c-int8, the same with int8 activations in the products of Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K "
               "and Q8_0 weights (faster, within the activations' int8 step of c); or tinygrad, tinygrad's own kernels (what GPUs run); "
               "default: c-int8 on DEV=CPU, tinygrad elsewhere", aliases=("--cpu-kernels",), choices=KERNEL_SETS,
         keywords=("cpu_kernels",))

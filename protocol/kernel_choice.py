@@ -3,7 +3,7 @@
 
 - "c": the hand-written C kernels (workers/c/) for the matrix products and attention. Only on tinygrad's CPU
   backend with its clang renderer (workers/kernel_set.py sets the device up for them).
-- "c-int8" (the CPU default): the same, with every product of a Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or Q8_0 weight
+- "c-int8" (the CPU default): the same, with every product of a Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or Q8_0 weight
   taking int8 activations.
 - "tinygrad": tinygrad's own kernels, what CUDA, AMD and Metal run; decode matvecs of quantised or float16
   weights take workers/gpu_matvec.py's kernels where the device has local memory.
@@ -30,7 +30,7 @@ class MatvecLayout:
 
 @dataclass(frozen=True)
 class KernelChoice:
-    """What a kernel set runs. matmul and attention: one of KERNEL_KINDS. int8_activations: products of Q4_1, Q2_K,
+    """What a kernel set runs. matmul and attention: one of KERNEL_KINDS. int8_activations: products of Q4_0, Q4_1, Q2_K,
     Q3_K, Q4_K, Q5_K, Q6_K and Q8_0 weights quantise their activations to int8 (C matmuls only). gpu_matvec: decode
     rows of quantised or float16 weights take workers/gpu_matvec.py's kernels, in matvec_layout (tinygrad matmuls on a device with
     local memory only: workers/kernel_set.py's kernel_choice turns it off elsewhere)."""

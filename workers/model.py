@@ -66,7 +66,7 @@ FUSED_DEQUANT_MAX_ROWS = 8  # with tinygrad's own CPU kernels fused beat the scr
 def linear(h: Tensor, w: DeviceWeight, kernels: KernelChoice, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS,
            tiles: Tensor | None = None) -> Tensor:
     """h @ w.T. C matmuls (the "c" and "c-int8" sets, tinygrad's CPU backend): workers/cpu_matmul.py's kernels, with
-    int8 activations for Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and Q8_0 products where the set says so; tiles: h already
+    int8 activations for Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and Q8_0 products where the set says so; tiles: h already
     quantised for them (workers/cpu_matmul.py's shared_int8_tiles). Otherwise, for up to max_fused_rows rows of h (decode) the
     dequantisation is fused into the matmul's loads; for more rows (larger batches, prefill) the fused kernel would
     redo it for every few rows, so the weight is dequantised once into a scratch float32 buffer first (h.shape is

@@ -50,7 +50,8 @@ MAX_CACHE_BYTES = 64 << 30
 FREE_MARGIN_BYTES = 2 << 30  # a pack stops being written (and is not used) where the disk would keep less free
 AUTO_MIN_BYTES = 1 << 30  # --load-format auto packs models whose weight files take at least this (1 GiB)
 STALE_TMP_S = 24 * 3600  # a writer's temporary file this old is a crash's leftover even if its pid was reused
-_PACKAGE = pathlib.Path(tinyvllm.__file__).parent
+_PACKAGE = pathlib.Path(__file__).resolve().parent.parent  # the folder holding workers/ and protocol/ (not
+                                                           # tinyvllm/__init__.py's: a checkout keeps them beside it)
 
 HostParts = Callable[[str, object], tuple[str, tuple[np.ndarray, ...]]]  # (name, host weight) -> (kind, parts)
 
@@ -71,9 +72,14 @@ def uses_pack(load_format: str, model: pathlib.Path) -> bool:
                                        and sum(p.stat().st_size for p in model_files(model)) >= AUTO_MIN_BYTES)
 
 
+def code_files() -> list[pathlib.Path]:
+    """The sources a pack's layout comes from (the repacking, the GGUF reader, the model config, the sharding)."""
+    return sorted(p for folder in ("workers", "protocol") for p in (_PACKAGE / folder).glob("*.py"))
+
+
 def _code_digest() -> str:
     digest = hashlib.sha256(tinyvllm.__version__.encode())
-    for path in sorted(p for folder in ("workers", "protocol") for p in (_PACKAGE / folder).glob("*.py")):
+    for path in code_files():
         digest.update(path.name.encode() + path.read_bytes())
     return digest.hexdigest()
 

@@ -122,6 +122,20 @@ def test_a_changed_file_layout_or_shard_gets_its_own_pack(model_path, tmp_path):
     assert WeightPack(tmp_path / "packs", copy).path(layout) not in paths
 
 
+def test_a_change_to_the_repacking_code_gets_its_own_pack(model_path, tmp_path, monkeypatch):
+    """The key covers workers/ and protocol/ sources (a source checkout keeps them beside tinyvllm/__init__.py, not
+    under it: a key over that folder's sources covered none, and a changed layout mapped a stale pack)."""
+    names = {p.name for p in weight_pack.code_files()}
+    assert {"quantized_weight.py", "gguf_file.py", "weight_pack.py", "model_config.py"} <= names
+    layout = {"dtype": "auto", "words": False, "c_matmul": True}
+    before = WeightPack(tmp_path / "packs", model_path).path(layout)
+    changed = tmp_path / "src" / "workers" / "quantized_weight.py"
+    changed.parent.mkdir(parents=True)
+    changed.write_text("# another repacking\n")
+    monkeypatch.setattr(weight_pack, "_PACKAGE", tmp_path / "src")
+    assert WeightPack(tmp_path / "packs", model_path).path(layout) != before
+
+
 def test_a_damaged_pack_is_written_again(model_path, tmp_path, caplog):
     build(model_path, pack=WeightPack(tmp_path, model_path))
     (pack_file,) = tmp_path.glob("*.pack")
