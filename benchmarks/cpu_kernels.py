@@ -5,7 +5,7 @@ matvec_i8 and gemm_i8 with int8 activations; gemm_i8's time includes quantize_i8
 
 Each cell: a TinyJit chain of 32 products h = f(h, w) (so the CPU graph runs them back to back on all cores),
 median over 20 calls, per product. --kind: Q4_1 weights of random blocks (the default model's type, the default),
-Q8_0 ones, Q4_K ones of the Q4_1 ones' values (every sub-block's 6-bit scale and minimum code 15), Q5_K ones (5-bit
+Q4_0 or Q8_0 ones, Q4_K ones of the Q4_1 ones' values (every sub-block's 6-bit scale and minimum code 15), Q5_K ones (5-bit
 codes, the same scale codes), Q6_K ones (every 8-bit scale 16), Q3_K ones (every 6-bit scale 16, so 16 - 32 = -16),
 Q2_K ones (every 4-bit scale and minimum code 1), or F32, F16, BF16 or F8_E4M3 ones (float kernels only: matvec,
 gemm) of values that keep the chain's size; GB/s is the weight's bytes per product over its time. Prints a table.
@@ -41,6 +41,12 @@ def q4_1_weight(rng, n: int, k: int) -> DeviceWeight:
     blocks[:, :, 0:2] = np.frombuffer(np.float16(scale).tobytes(), np.uint8)
     blocks[:, :, 2:4] = np.frombuffer(np.float16(-7.5 * scale).tobytes(), np.uint8)
     return DeviceWeight.from_host(QuantizedArray("Q4_1", blocks))
+
+
+def q4_0_weight(rng, n: int, k: int) -> DeviceWeight:
+    blocks = rng.integers(0, 256, size=(n, k // 32, 18), dtype=np.uint8)
+    blocks[:, :, 0:2] = np.frombuffer(np.float16(1.0 / (4.6 * k ** 0.5)).tobytes(), np.uint8)
+    return DeviceWeight.from_host(QuantizedArray("Q4_0", blocks))
 
 
 def q8_0_weight(rng, n: int, k: int) -> DeviceWeight:
@@ -143,7 +149,7 @@ def main() -> None:
     for shape in args.shapes:
         n, k = (int(v) for v in shape.split("x"))
         assert n == k, "the chain feeds each product's output into the next"
-        make = {"Q4_1": q4_1_weight, "Q8_0": q8_0_weight, "Q2_K": q2_k_weight, "Q3_K": q3_k_weight, "Q4_K": q4_k_weight,
+        make = {"Q4_0": q4_0_weight, "Q4_1": q4_1_weight, "Q8_0": q8_0_weight, "Q2_K": q2_k_weight, "Q3_K": q3_k_weight, "Q4_K": q4_k_weight,
                 "Q5_K": q5_k_weight, "Q6_K": q6_k_weight}.get(args.kind, lambda *a: float_weight(*a, args.kind))
         weights = [make(rng, n, k) for _ in range(args.distinct)]
         for rows in args.rows:

@@ -28,7 +28,7 @@ SHAPES = {  # dim, kv dim, hidden dim of the models benchmarks/shape_twin.py imi
 
 def device_weight(kind: str, n: int, k: int) -> DeviceWeight:
     blocks = k // 32
-    scale = lambda: Tensor.empty(n, blocks, 1, dtype=dtypes.float32).contiguous().realize()  # noqa: E731
+    scale = lambda: Tensor.empty(n, blocks, 1, dtype=dtypes.half).contiguous().realize()  # noqa: E731 (the file's)
     if kind == "Q4_1":
         return DeviceWeight(kind, (Tensor.empty(n, blocks, 16, dtype=dtypes.uint8).contiguous().realize(), scale(), scale()))
     values = Tensor.empty(n, blocks, WORDS_PER_BLOCK[kind], dtype=dtypes.uint32).contiguous().realize()

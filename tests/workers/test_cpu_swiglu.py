@@ -24,9 +24,10 @@ def test_swiglu_equals_float64_to_float32_precision():
 
 
 def test_swiglu_saturates_without_overflow_and_keeps_nan():
-    g = np.array([[1e4, -1e4, np.inf, np.nan, -200.0]], np.float32)
+    g = np.array([[1e4, -1e4, np.inf, np.nan, -200.0, -1e30, -3e38]], np.float32)
     got = cpu_swiglu(Tensor(g), Tensor(np.ones_like(g))).numpy()[0]
-    assert got[0] == 1e4 and got[2] == np.inf and abs(got[1]) < 1e-30 and abs(got[4]) < 1e-30 and np.isnan(got[3])
+    assert got[0] == 1e4 and got[2] == np.inf and np.isnan(got[3])
+    assert (got[[1, 4, 5, 6]] == 0).all()  # e^x below float32's normal range is 0, as silu's limit
 
 
 def test_the_c_kernel_sets_take_it_and_tinygrads_does_not(quantised_llama, monkeypatch):  # noqa: F811

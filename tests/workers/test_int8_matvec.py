@@ -19,6 +19,7 @@ from tinyvllm.workers.cpu_gemm import TILE_BYTES_PER_BLOCK
 from tinyvllm.workers.cpu_matvec import INT8_ACTIVATION_KINDS, cpu_matvec
 
 TARGETS = {"native": ("-march=native",), "baseline": ()}
+PANEL_SCRATCH_BYTES = 4096  # workers/c/gemm_i8.c's SCRATCH_BYTES for a tile against a panel of 32 weight rows
 INT8_KINDS = ["Q4_0", "Q4_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 if platform.machine().lower() in ("x86_64", "amd64"):
     TARGETS["avx2"] = ("-march=native", "-mno-avx512f", "-mno-avxvnni")  # AVX2's maddubs path, no VNNI
@@ -112,12 +113,15 @@ def with_extremes(kind: str, parts: list[np.ndarray]) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("kind", INT8_KINDS)
-@pytest.mark.parametrize("kernel,rows", [("matvec_i8", 1), ("matvec_i8", 3), ("gemm_i8", 2), ("gemm_i8", 13)])
+@pytest.mark.parametrize("kernel,rows", [("matvec_i8", 1), ("matvec_i8", 3), ("gemm_i8", 2), ("gemm_i8", 13),
+                                         ("gemm_i8", 37)])
 def test_kernel_equals_the_numpy_model_bit_for_bit(weights, target, kind, kernel, rows):  # noqa: F811
-    """gemm_i8 with 13 rows: 3 full tiles and a part one, in slabs of 3 tiles (a pair and a single, a single)."""
+    """gemm_i8 with 13 rows: 3 full tiles and a part one against panels, a tile a slab; with 37 rows (9 full tiles
+    and a part one) against panels in slabs of 3, 3, 3 and 1 tiles."""
     weight, dense = weights[kind]
     parts, k = with_extremes(kind, [np.ascontiguousarray(p.numpy()) for p in weight.parts]), dense.shape[1]
-    flags = TARGETS[target] + ((f"-DSLAB_BYTES={3 * k // 32 * TILE_BYTES_PER_BLOCK}",) if kernel == "gemm_i8" else ())
+    slab = 3 * k // 32 * TILE_BYTES_PER_BLOCK + (3 * PANEL_SCRATCH_BYTES if rows > 13 else 0)
+    flags = TARGETS[target] + ((f"-DSLAB_BYTES={slab}",) if kernel == "gemm_i8" else ())
     run = (lambda h: run_int8_gemm(flags, kind, h, parts)) if kernel == "gemm_i8" else \
         (lambda h: run_kernel(kernel, flags, kind, h, parts, k=k))
     h = activations(rows, k)
@@ -136,12 +140,14 @@ def test_both_kernels_give_every_row_the_models_bits_on_a_larger_odd_shape(targe
     """K = 544 (17 blocks: two whole groups of 8 lanes and one more), 512 (whole groups: with AVX-512 VNNI,
     matvec_i8 takes the nibble kinds two blocks at a time) and 1056 (gemm_i8's panels in a chunk of 32 blocks and
     one of 1); the K-quants 768 (3 super-blocks) and 1280 (chunks of 32 and 8 blocks); 30 columns (15 a core: a part
-    panel); gemm_i8's tiles in registers (one slab) and against panels (slabs of one tile). Q4_1's and Q8_0's scales as
-    float16 (the file's) and float32 (a repacked IQ4_XS's)."""
+    panel); gemm_i8's tiles in registers (13 rows, one slab) and against panels (37 rows in one slab; 13 in slabs of
+    one tile). Q4_1's and Q8_0's scales as float16 (the file's) and float32 (a repacked IQ4_XS's)."""
     shapes = [(k, True) for k in ((768, 1280) if kind.endswith("_K") else (544, 512, 1056))]
     for k, half_scales in shapes + ([(544, False)] if kind in ("Q4_1", "Q8_0") else []):
         parts = random_parts(kind, 30, k, half_scales)
-        h = np.random.default_rng(5).standard_normal((13, k)).astype(np.float32)
+        h = np.random.default_rng(5).standard_normal((37, k)).astype(np.float32)
+        np.testing.assert_array_equal(run_int8_gemm(TARGETS[target], kind, h, parts), int8_matvec(kind, h, parts))
+        h = h[:13]  # 37 rows: panels, one slab; 13: tiles in registers
         want = int8_matvec(kind, h, parts)
         np.testing.assert_array_equal(run_int8_gemm(TARGETS[target], kind, h, parts), want)
         panels = (*TARGETS[target], f"-DSLAB_BYTES={k // 32 * TILE_BYTES_PER_BLOCK}")
@@ -149,6 +155,20 @@ def test_both_kernels_give_every_row_the_models_bits_on_a_larger_odd_shape(targe
         for rows in (slice(0, 1), slice(11, 13)):
             got = run_kernel("matvec_i8", TARGETS[target], kind, h[rows], parts, cols=30, k=k)
             np.testing.assert_array_equal(got, want[rows])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+def test_infinite_and_nan_half_scales_stay_so_on_every_target(target, kind):
+    """A file's float16 d (or m) of inf or NaN: the kernels widen it to inf or NaN with F16C or without (the bit
+    path had made them finite), as the model's float32 does."""
+    parts, h = random_parts(kind, 30, 512), np.random.default_rng(6).standard_normal((5, 512)).astype(np.float32)
+    parts[1] = parts[1].copy()
+    parts[1][3, 0], parts[1][4, 1] = np.inf, np.nan
+    want = int8_matvec(kind, h, parts)
+    assert np.isnan(want[:, 4]).all() and not np.isfinite(want[:, 3]).any()
+    np.testing.assert_array_equal(run_kernel("matvec_i8", TARGETS[target], kind, h[:2], parts, cols=30, k=512), want[:2])
+    np.testing.assert_array_equal(run_int8_gemm(TARGETS[target], kind, h, parts), want)
 
 
 def test_a_jitted_int8_product_follows_its_input(weights):  # noqa: F811

@@ -214,7 +214,7 @@ void gemm_i8(float *restrict out, const tile_t *restrict tiles, WEIGHT_PARAMS, i
 #define SCRATCH_BYTES (8 * 4 * GROUP_COLS * 4)
 #define GROUP_SLAB_MAX (SLAB_BYTES / (TILE_BYTES + SCRATCH_BYTES) > 1 ? SLAB_BYTES / (TILE_BYTES + SCRATCH_BYTES) : 1)
 #define GROUP_SLAB ((TILES + (TILES + GROUP_SLAB_MAX - 1) / GROUP_SLAB_MAX - 1) / ((TILES + GROUP_SLAB_MAX - 1) / GROUP_SLAB_MAX))
-                   // the fewest slabs, of even sizes (each slab unpacks the whole weight)
+                   // the fewest slabs (each unpacks the whole weight), of about equal sizes
 typedef struct {
   i32x16 codes[8][GROUP_VECTORS];  // [k][v]: lane c = weight row 16v + c's dword k
   f32x16 d[GROUP_VECTORS], m[GROUP_VECTORS];

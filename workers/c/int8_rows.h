@@ -51,8 +51,9 @@ ALWAYS_INLINE void quantize_row(const float *restrict x, signed char *restrict x
   }
 }
 
-// 4 rows' codes as gemm_i8.c reads them (quantize_i8.c writes them): a 16-lane vector there holds 4 rows x 4
-// weight rows, lane 4j + i = row i, so each dword here is one row's 4 codes, the 4 rows side by side
+// 4 rows' codes as gemm_i8.c reads them (quantize_i8.c writes them): a 16-lane vector of its register path holds 4
+// rows x 4 weight rows, lane 4j + i = row i, so each dword here is one row's 4 codes, the 4 rows side by side (its
+// panels broadcast one row's dword)
 typedef int i32x4 __attribute__((vector_size(16), aligned(16)));
 typedef float f32x4 __attribute__((vector_size(16), aligned(16)));
 typedef struct {

@@ -17,8 +17,8 @@ typedef int s32x16 __attribute__((vector_size(64), aligned(4)));
 // formats (kv_formats.h) and the weights' (weights.h). With F16C (x86-64 CPUs since 2013) halves take its conversion instruction, and e4m3
 // codes become halves first (their fields shifted into a half's, then x 2^8); without it, integer bit operations
 // only, the same on every x86 or ARM CPU. Neither makes a float subnormal on the way (a flush-to-zero mode cannot
-// change a value). Not for infinities or NaNs: the bit path gives a half's 65504-131008 range finite values there
-// (F16C gives inf/NaN), and e4m3's NaN codes (0x7f, 0xff) come out as +-480 on both.
+// change a value). A half's infinities and NaNs stay so on both (the weights' float16 scales may hold them);
+// e4m3's NaN codes (0x7f, 0xff) come out as +-480 on both.
 typedef short s16x8 __attribute__((vector_size(16)));
 typedef float f32x8 __attribute__((vector_size(32), aligned(4)));
 
@@ -30,7 +30,8 @@ ALWAYS_INLINE v16 widen_f16(u16x16 bits) {
   return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 #else
   const u32x16 h = __builtin_convertvector(bits, u32x16);
-  const u32x16 normal = ((h & 0x7fffu) << 13) + (112u << 23);
+  const u32x16 is_inf_nan = (u32x16)((h & 0x7c00u) == 0x7c00u);  // exponent 31 -> 255: 112 more
+  const u32x16 normal = ((h & 0x7fffu) << 13) + (112u << 23) + (is_inf_nan & (112u << 23));
   const u32x16 subnormal = (u32x16)(__builtin_convertvector(h & 0x3ffu, v16) * 0x1p-24f);
   const u32x16 is_sub = (u32x16)((h & 0x7c00u) == 0);
   return (v16)((normal & ~is_sub) | (subnormal & is_sub) | ((h & 0x8000u) << 16));
