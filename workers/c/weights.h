@@ -103,6 +103,9 @@ ALWAYS_INLINE float block_min(WEIGHT_PARAMS, long i) { return SCALE(m[i]); }
 #endif
 // blocks i .. i + nb - 1's scales (minimums), zeros from nb on
 ALWAYS_INLINE f32x8 scales8(const scale_t *restrict p, int nb) {
+#if defined(SCALES_F16) && defined(__F16C__)
+  if (nb == 8) return __builtin_ia32_vcvtph2ps256((s16x8)*(const u16x8 *)p);  // one instruction
+#endif
 #if defined(SCALES_F16)
   u16x16 bits = {0};
   if (nb == 8) bits = __builtin_shufflevector(*(const u16x8 *)p, *(const u16x8 *)p, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
