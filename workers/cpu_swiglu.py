@@ -18,4 +18,4 @@ def cpu_swiglu(gate: Tensor, up: Tensor) -> Tensor:
     fxn = c_kernel(f"swiglu_{rows}_{cols}_c{cores}", source, cores,
                    Estimates(ops=8 * rows * cols, lds=8 * rows * cols, mem=12 * rows * cols))
     out = Tensor.empty(rows, cols, dtype=dtypes.float32, device=gate.device)
-    return out.custom_kernel(gate.float().contiguous(), up.float().contiguous(), fxn=fxn)[0]
+    return out.custom_kernel(gate, up, fxn=fxn)[0]
