@@ -1,6 +1,6 @@
-// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or Q8_0 weight and more rows than
-// matvec_i8.c takes, h given as quantize_i8.c's tiles of int8 codes: int8_rows.h's arithmetic, so every row gets the
-// bits matvec_i8.c would give it (a request's tokens do not depend on what shares its steps). Core core_id of CORES
+// out[ROWS, COLS] = h[ROWS, K] @ weight.T for a Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or Q8_0 weight and more rows
+// than matvec_i8.c takes, h given as quantize_i8.c's tiles of int8 codes: int8_rows.h's arithmetic, so every row gets
+// the bits matvec_i8.c would give it (a request's tokens do not depend on what shares its steps). Core core_id of CORES
 // takes its share of the columns. Two ways, both with one vpdpbusd adding 4 products to each of 16 outputs, so that a
 // block's integer sums need no horizontal reduction:
 // - fewer than GROUP_MIN_TILES tiles (decode batches) that fit one slab: panels of 4 weight rows, each block unpacked
@@ -210,14 +210,17 @@ void gemm_i8(float *restrict out, const tile_t *restrict tiles, WEIGHT_PARAMS, i
 #define GROUP_VECTORS 2
 #endif
 #define GROUP_COLS (16 * GROUP_VECTORS)
-#define CHUNK_BLOCKS 32  // 40 kB of panel (1,280 bytes a block): 64 blocks, read from L2, took 1.7x longer
+#define CHUNK_BLOCKS 32  // up to 40 kB of panel (1,280 bytes a block): 64 blocks, read from L2, took 1.7x longer
 #define SCRATCH_BYTES (8 * 4 * GROUP_COLS * 4)
 #define GROUP_SLAB_MAX (SLAB_BYTES / (TILE_BYTES + SCRATCH_BYTES) > 1 ? SLAB_BYTES / (TILE_BYTES + SCRATCH_BYTES) : 1)
-#define GROUP_SLAB ((TILES + (TILES + GROUP_SLAB_MAX - 1) / GROUP_SLAB_MAX - 1) / ((TILES + GROUP_SLAB_MAX - 1) / GROUP_SLAB_MAX))
-                   // the fewest slabs (each unpacks the whole weight), of about equal sizes
+#define GROUP_SLABS ((TILES + GROUP_SLAB_MAX - 1) / GROUP_SLAB_MAX)  // the fewest (each unpacks the whole weight)
+#define GROUP_SLAB ((TILES + GROUP_SLABS - 1) / GROUP_SLABS)  // of about equal sizes
 typedef struct {
   i32x16 codes[8][GROUP_VECTORS];  // [k][v]: lane c = weight row 16v + c's dword k
-  f32x16 d[GROUP_VECTORS], m[GROUP_VECTORS];
+  f32x16 d[GROUP_VECTORS];
+#if defined(WEIGHT_NIBBLES) || defined(WEIGHT_Q2_K)
+  f32x16 m[GROUP_VECTORS];
+#endif
 #if defined(WEIGHT_HALF_SCALES)
   i32x16 half_scale[2][GROUP_VECTORS];
 #endif
@@ -263,8 +266,6 @@ ALWAYS_INLINE void unpack_vector(WEIGHT_PARAMS, const int *restrict n, int b, in
     gb->d[v][lane] = block_scale(WEIGHT_ARGS, i);
 #if defined(WEIGHT_NIBBLES) || defined(WEIGHT_Q2_K)
     gb->m[v][lane] = block_min(WEIGHT_ARGS, i);
-#else
-    gb->m[v][lane] = 0.0f;
 #endif
 #if defined(WEIGHT_HALF_SCALES)
     for (int half = 0; half < 2; half++) {
@@ -289,7 +290,8 @@ ALWAYS_INLINE void unpack_group(WEIGHT_PARAMS, int n0, int n_end, int b0, int nb
     for (; g + 8 <= nb; g += 8)
 #pragma clang loop unroll(full)
       for (int lane = 0; lane < 8; lane++) unpack_vector(WEIGHT_ARGS, n, b0 + g + lane, v, &panel[start[lane] + g / 8]);
-    for (int lane = 0; g + lane < nb; lane++) unpack_vector(WEIGHT_ARGS, n, b0 + g + lane, v, &panel[start[lane] + g / 8]);
+    for (int lane = 0; g + lane < nb; lane++)
+      unpack_vector(WEIGHT_ARGS, n, b0 + g + lane, v, &panel[start[lane] + g / 8]);
   }
 }
 

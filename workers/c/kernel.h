@@ -38,6 +38,14 @@ ALWAYS_INLINE v16 widen_f16(u16x16 bits) {
 #endif
 }
 
+// p[0 .. n) as 8 lanes, zeros after
+ALWAYS_INLINE f32x8 load8(const float *p, int n) {
+  if (n == 8) return *(const f32x8 *)p;
+  f32x8 r = {0};
+  for (int i = 0; i < n; i++) r[i] = p[i];
+  return r;
+}
+
 typedef unsigned short u16x8 __attribute__((vector_size(16), aligned(2)));
 ALWAYS_INLINE float half_to_float(unsigned short bits) {
   const u16x16 v = {bits};

@@ -221,14 +221,6 @@ ALWAYS_INLINE i32x8 sums_of_8(const i32x8 *v) {
   return PAIRS(u[0], u[1], 0, 4, 2, 6, 8, 12, 10, 14) + PAIRS(u[0], u[1], 1, 5, 3, 7, 9, 13, 11, 15);
 }
 
-// p[0 .. n) as 8 lanes, zeros after
-ALWAYS_INLINE f32x8 load8(const float *p, int n) {
-  if (n == 8) return *(const f32x8 *)p;
-  f32x8 r = {0};
-  for (int i = 0; i < n; i++) r[i] = p[i];
-  return r;
-}
-
 // the scales (and minimums) of row n's blocks b0 .. b0 + nb - 1 as 8 lanes, zeros after
 ALWAYS_INLINE void block_scales8(WEIGHT_PARAMS, int n, int b0, int nb, f32x8 *wd, f32x8 *wm) {
 #if defined(WEIGHT_K_SCALES)  // nb = 8 and one super-block: K-quant rows are whole super-blocks of 8 blocks

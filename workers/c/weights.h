@@ -115,10 +115,7 @@ ALWAYS_INLINE f32x8 scales8(const scale_t *restrict p, int nb) {
   const v16 wide = widen_f16(bits);
   return __builtin_shufflevector(wide, wide, 0, 1, 2, 3, 4, 5, 6, 7);
 #else
-  if (nb == 8) return *(const f32x8 *)p;
-  f32x8 r = {0};
-  for (int e = 0; e < nb; e++) r[e] = p[e];
-  return r;
+  return load8(p, nb);
 #endif
 }
 #elif defined(WEIGHT_F8_E4M3)
