@@ -22,11 +22,11 @@ from tinyvllm.workers.cpu_matvec import INT8_ACTIVATION_KINDS, c_matmul, takes_i
 GEMM_MIN_ROWS = 4  # MR: with fewer rows cpu_matvec is faster (measured: docs/BENCHMARKS.md)
 
 
-# with AVX-512 VNNI: the rows from which gemm_i8's tiles beat matvec_i8 on 2048-wide weights read from memory
-# (benchmarks/cpu_kernels.py --shapes 2048x2048 --distinct 32, an Intel Xeon VM: Q4_K 4 rows 198 against 214 us,
-# 6 rows 315 against 249; Q8_0 3 rows 247 against 216) and in the 1B Q4_K_M's decode step (benchmarks/profile_step.py
-# with the threshold patched: 6 rows 80-83 ms with Q6_K's tiles from 4 or 6 rows, 87 ms from 8)
-VNNI_INT8_GEMM_MIN_ROWS = {"Q8_0": 3, "Q4_0": 4, "Q4_1": 4, "Q2_K": 6, "Q3_K": 6, "Q4_K": 6, "Q5_K": 6, "Q6_K": 6}
+# with AVX-512 VNNI: the rows from which gemm_i8's tiles beat matvec_i8 on 2048-wide weights (benchmarks/cpu_kernels.py
+# --shapes 2048x2048 --distinct 32, an Intel Xeon VM, matvec_i8 / gemm_i8 us at 8 and 12 rows: Q4_0 237 / 255, 372 /
+# 315; Q4_1 239 / 255, 371 / 327; Q4_K 225 / 297, 362 / 367; Q5_K 265 / 321, 395 / 394; Q6_K 342 / 388, 466 / 455;
+# Q8_0 at 3 rows 247 / 216; Q2_K and Q3_K, whose matvec_i8 reduces each column alone, from 6)
+VNNI_INT8_GEMM_MIN_ROWS = {"Q8_0": 3, "Q4_0": 10, "Q4_1": 10, "Q2_K": 6, "Q3_K": 6, "Q4_K": 12, "Q5_K": 12, "Q6_K": 12}
 
 
 def int8_gemm_min_rows(cpu_flags: str, machine: str, kind: str) -> int:

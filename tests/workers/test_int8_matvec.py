@@ -1,5 +1,5 @@
 """The int8-activation products (workers/c/matvec_i8.c for a few rows, quantize_i8.c + gemm_i8.c from
-INT8_GEMM_MIN_ROWS: 3-6 on an x86 with AVX-512 VNNI, 16 on one without, 3 on ARM):
+INT8_GEMM_MIN_ROWS: 3-12 on an x86 with AVX-512 VNNI, 16 on one without, 3 on ARM):
 bit-exact against a numpy model of the same integer and float32 arithmetic (tests/workers/int8_matvec_model.py) on the
 targets they compile for here (VNNI where the CPU has it, AVX2, the baseline's portable loop; NEON's is not built
 on x86), through tinygrad too, and within the activations' quantisation error of the float32 product."""
@@ -225,11 +225,11 @@ def test_the_c_int8_set_takes_int8_at_every_row_count_and_a_row_keeps_its_bits(q
     np.testing.assert_allclose(first_rows["c-int8", 5], first_rows["c-int8", 1], rtol=0, atol=1e-6)
 
 
-def test_the_tiles_take_over_from_3_to_6_rows_on_an_x86_with_avx512_vnni_and_16_on_one_without():
+def test_the_tiles_take_over_from_3_to_12_rows_on_an_x86_with_avx512_vnni_and_16_on_one_without():
     """Measured on each kind of CPU (workers/cpu_gemm.py): the row count where gemm_i8 overtakes matvec_i8."""
     from tinyvllm.workers.cpu_gemm import int8_gemm_min_rows
     vnni = "fpu sse2 avx2 avx512f avx512_vnni"
-    assert [int8_gemm_min_rows(vnni, "x86_64", kind) for kind in INT8_ACTIVATION_KINDS] == [4, 4, 6, 6, 6, 6, 6, 3]
+    assert [int8_gemm_min_rows(vnni, "x86_64", kind) for kind in INT8_ACTIVATION_KINDS] == [10, 10, 6, 6, 12, 12, 12, 3]
     assert int8_gemm_min_rows("fpu avx2 avx_vnni", "x86_64", "Q4_K") == 16  # 256-bit VNNI alone: AVX2's paths
     assert int8_gemm_min_rows("fpu sse2 fma avx2 f16c", "x86_64", "Q4_K") == 16
     assert int8_gemm_min_rows("", "aarch64", "Q6_K") == 3  # NEON's sdot in both kernels

@@ -24,8 +24,6 @@
                            // of 32 weight rows: Q4_K 113 / 140 / 150 / 138 vs 96 / 154 / 186 / 193 (Q8_0, Q4_1 and
                            // Q5_K alike); of 16, Q6_K 96 / 103 / 112 / 110 vs 81 / 102 / 122 / 129 (Q3_K, Q2_K alike)
 
-typedef int i32x16 __attribute__((vector_size(64), aligned(64)));
-typedef float f32x16 __attribute__((vector_size(64), aligned(64)));
 #define SPREAD4(v) __builtin_shufflevector(v, v, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)  // lane 4j + i: v[i]
 #define EACH4(v) __builtin_shufflevector(v, v, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)    // lane 4j + i: v[j]
 
@@ -230,25 +228,9 @@ typedef struct {
 } group_block_t;
 typedef f32x16 tile_lanes_t[8][4][GROUP_VECTORS];  // a tile's outputs' 8 float lanes
 
-// The panel's lane for column c (0-15) of a vector: unpack_vector's transpose leaves column c in lane
-// 8 (c % 2) + c / 2; store_group puts the outputs back in order
-#define COLUMN_LANE(c) (8 * ((c) % 2) + (c) / 2)
+// the panel's columns in the order transpose_rows leaves them (column c in lane ROW_LANE(c)); store_group puts the
+// outputs back in order
 #define IN_ORDER(v) __builtin_shufflevector(v, v, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15)
-
-// x, y with their vector index bit s and lane bit s swapped (unpack_vector's transpose)
-ALWAYS_INLINE void swap_bit(i32x16 *restrict x, i32x16 *restrict y, int s) {
-  const i32x16 a = *x, b = *y;
-  if (s == 0) {
-    *x = __builtin_shufflevector(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
-    *y = __builtin_shufflevector(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
-  } else if (s == 1) {
-    *x = __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
-    *y = __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
-  } else {
-    *x = __builtin_shufflevector(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
-    *y = __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
-  }
-}
 
 // block b of weight rows n[0..15] into vector v of the panel's block gb
 ALWAYS_INLINE void unpack_vector(WEIGHT_PARAMS, const int *restrict n, int b, int v, group_block_t *restrict gb) {
@@ -256,13 +238,11 @@ ALWAYS_INLINE void unpack_vector(WEIGHT_PARAMS, const int *restrict n, int b, in
   for (int j = 0; j < 8; j++)
     w[j] = __builtin_shufflevector(block_codes(WEIGHT_ARGS, n[2 * j], b), block_codes(WEIGHT_ARGS, n[2 * j + 1], b),
                                    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (int s = 0; s < 3; s++)  // w[j], w[j | 2^s] with the vector index's bit s and the lane's bit s swapped: columns
-    for (int j = 0; j < 8; j++)  // c, c + 1 in w[c / 2] become dword k of every column in w[k]
-      if (!(j & (1 << s))) swap_bit(&w[j], &w[j | (1 << s)], s);
+  transpose_rows(w);  // columns c, c + 1 in w[c / 2] become dword k of every column in w[k]
   for (int k = 0; k < 8; k++) gb->codes[k][v] = w[k];
   for (int c = 0; c < 16; c++) {
     const long i = (long)n[c] * KB + b;
-    const int lane = COLUMN_LANE(c);
+    const int lane = ROW_LANE(c);
     gb->d[v][lane] = block_scale(WEIGHT_ARGS, i);
 #if defined(WEIGHT_NIBBLES) || defined(WEIGHT_Q2_K)
     gb->m[v][lane] = block_min(WEIGHT_ARGS, i);

@@ -3,7 +3,8 @@
 // lane (VNNI's vpdpbusd, AVX2's vpmaddubsw + vpmaddwd, NEON's sdot), where the float32 kernel (matvec.c) widens every weight
 // to a float first. Core core_id of CORES computes its share of the columns; each core quantises h itself
 // (ROWS x K, small next to the weight it reads). The arithmetic is int8_rows.h's, as gemm_i8.c's for more rows:
-// here the 8 float lanes are 8 consecutive blocks of one output, their integer sums reduced by a
+// here the 8 float lanes are 8 consecutive blocks of one output; with AVX-512 (BLOCK_LANES) the weight's dwords are
+// transposed so each vector lane holds one block, elsewhere each block's integer sums are reduced by a
 // transpose-and-add tree.
 #include "kernel.h"
 #include "weights.h"
@@ -12,10 +13,14 @@
 #define PREFETCH_AHEAD 4
 #if (defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(WEIGHT_NIBBLES) && KB % 8 == 0) || \
     (defined(__AVX512BW__) && defined(WEIGHT_Q6_K))
-// two blocks per 512-bit product (the nibble kinds' vpdpbusd; Q6_K's unsigned codes in vpmaddubsw + vpmaddwd with
-// its half-block scales): half the dot instructions and activation loads per row, and a shorter tree to each
-// block's sum
-#define PAIRED_BLOCKS 1
+// Two columns' 8 blocks at a time (the nibble kinds' vpdpbusd; Q6_K's unsigned codes in vpmaddubsw + vpmaddwd with
+// its half-block scales), transposed in registers once for every row (transpose_rows: 24 shuffles), so that a vector
+// holds dword k of all 16 (column, block) pairs and a row's 8 products leave each block's sum in a lane of its own:
+// no reduction tree per row (it had cost 12 shuffles and adds per row and 8 blocks), and one float epilogue covers
+// 16 blocks. The activations are laid out once per call in the lanes' order. (benchmarks/cpu_kernels.py, 2048 x 2048
+// from L3, 1 / 4 / 8 rows, us: Q4_K 87 / 200 / 393 with a tree per column and row -> 76 / 110 / 200; Q4_0 86 / 197 /
+// 380 -> 70 / 111 / 219; Q6_K 98 / 210 / 400 -> 110 / 189 / 288)
+#define BLOCK_LANES 1
 #endif
 #if defined(CODE_OFFSET) && defined(__AVX2__)
 // Q6_K's and Q3_K's codes multiplied as they are stored, 0..63 and 0..7 (unsigned, as maddubs takes them: no sign
@@ -137,16 +142,15 @@ ALWAYS_INLINE i32x8 block_dot(block_t blk, const signed char *restrict x, half_s
 #endif
 }
 
-#if defined(PAIRED_BLOCKS)
-typedef int i32x16 __attribute__((vector_size(64), aligned(64)));
-
+#if defined(BLOCK_LANES)
 #define SPREAD16(a, b, c, d) _mm512_set_epi64((d) * 0x0001000100010001LL, (d) * 0x0001000100010001LL, \
   (c) * 0x0001000100010001LL, (c) * 0x0001000100010001LL, (b) * 0x0001000100010001LL, (b) * 0x0001000100010001LL, \
   (a) * 0x0001000100010001LL, (a) * 0x0001000100010001LL)  // 16-bit lanes 0-7 a, 8-15 b, 16-23 c, 24-31 d
 
-// weight row n's blocks b and b + 1 (b even) as 64 codes, each block's 32 elements in order (Q6_K: 0..63)
+#if defined(WEIGHT_Q6_K)
+// weight row n's blocks b and b + 1 (b even) as 64 codes 0..63, each block's 32 elements in order: b and b + 1's low
+// nibbles are the 64 bytes of their half, their high bit pairs the same 32
 ALWAYS_INLINE __m512i load_block_pair(WEIGHT_PARAMS, int n, int b) {
-#if defined(WEIGHT_Q6_K)  // b and b + 1's low nibbles are the 64 bytes of their half; their high pairs the same 32
   const unsigned j = (unsigned)b % 8;
   const unsigned long super = (unsigned long)n * (KB / 8) + (unsigned)b / 8;
   const __m512i low = _mm512_loadu_si512(weight + super * 128 + j / 4 * 64);
@@ -156,58 +160,77 @@ ALWAYS_INLINE __m512i load_block_pair(WEIGHT_PARAMS, int n, int b) {
       _mm512_and_si512(_mm512_srli_epi16(low, 4 * (j % 4 / 2)), _mm512_set1_epi8(15)),
       _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(pairs, SPREAD16(s, s, s + 2, s + 2)), 4),
                        _mm512_set1_epi8(0x30)));
-#else
-  const __m512i q = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(weight + ((long)n * KB + b) * 16)));
-  __m512i c = _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_i64x2(q, q, 0x50),  // 128-bit lanes: b, b, b+1, b+1
-                                                 SPREAD16(0, 4, 0, 4)),  // their low nibbles, high ones, ...
-                               _mm512_set1_epi8(15));
-#if defined(WEIGHT_Q5_K)  // the fifth bits of blocks b and b + 1: bits j, j + 1 of the super-block's 32 bytes
-  const unsigned j = (unsigned)b % 8;
-  const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256(
-      (const __m256i *)(high + ((unsigned long)n * (KB / 8) + (unsigned)b / 8) * 32)));
-  const __m512i shifts = SPREAD16(j, j, j + 1, j + 1);  // 16-bit lanes: b's by j, b + 1's by j + 1
-  c = _mm512_or_si512(c, _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(h, shifts), 4), _mm512_set1_epi8(16)));
+}
 #endif
-  return c;
+
+#if defined(WEIGHT_NIBBLES)
+// the nibble kinds: the two columns' 16 blocks' raw 16 bytes (4 zmm loads) transposed as 16 rows of 4 dwords (8
+// shuffles), then each dword's low nibbles are the block's dword k and its high ones dword k + 4: column c's block
+// b = 4 b2 + 2 b1 + b0 in lane 8 b1 + 4 b0 + 2 c + b2
+#define LANE_OF(c, b) (8 * (((b) >> 1) & 1) + 4 * ((b) & 1) + 2 * (c) + ((b) >> 2))
+#define LANE_ROW(L) (8 * (((L) >> 1) & 1) + 4 * ((L) & 1) + 2 * (((L) >> 3) & 1) + (((L) >> 2) & 1))
+#else
+// Q6_K: its 8 block pairs unpacked (load_block_pair) and transposed as 16 rows of 8 dwords: column c's block b in
+// lane ROW_LANE(8 c + b)
+#define LANE_OF(c, b) ROW_LANE(8 * (c) + (b))
+#define LANE_ROW(L) (2 * ((L) % 8) + (L) / 8)
+#endif
+#define LANE_BLOCK(L) (LANE_ROW(L) % 8)  // lane L holds column LANE_ROW(L) / 8's block LANE_BLOCK(L)
+// columns n's and n1's 8 values (a block's scale or minimum) in the lanes' order
+#define IN_LANES(v0, v1) __builtin_shufflevector(v0, v1, LANE_ROW(0), LANE_ROW(1), LANE_ROW(2), LANE_ROW(3), LANE_ROW(4), \
+  LANE_ROW(5), LANE_ROW(6), LANE_ROW(7), LANE_ROW(8), LANE_ROW(9), LANE_ROW(10), LANE_ROW(11), LANE_ROW(12), LANE_ROW(13), \
+  LANE_ROW(14), LANE_ROW(15))
+// column c's 8 lanes, block 0 to 7 (acc: a group's lanes)
+#define COLUMN_LANES(acc, c) __builtin_shufflevector(acc, acc, LANE_OF(c, 0), LANE_OF(c, 1), LANE_OF(c, 2), LANE_OF(c, 3), \
+  LANE_OF(c, 4), LANE_OF(c, 5), LANE_OF(c, 6), LANE_OF(c, 7))
+
+// columns n, n1's 8 blocks from b0 (a multiple of 8) as 8 vectors: w[k] lane L = dword k of its (column, block)
+ALWAYS_INLINE void load_group(WEIGHT_PARAMS, int n, int n1, int b0, i32x16 *restrict w) {
+#if defined(WEIGHT_NIBBLES)
+  i32x16 raw[4];  // raw[2 c + h]: column c's blocks 4 h .. 4 h + 3, lane 4 (b % 4) + j = the block's byte dword j
+  for (int i = 0; i < 4; i++) raw[i] = *(const s32x16 *)(weight + ((long)(i < 2 ? n : n1) * KB + b0 + 4 * (i % 2)) * 16);
+  for (int s = 0; s < 2; s++)
+    for (int j = 0; j < 4; j++)
+      if (!(j & (1 << s))) swap_bit(&raw[j], &raw[j | (1 << s)], s);
+  for (int j = 0; j < 4; j++) w[j] = raw[j] & 0x0f0f0f0f, w[j + 4] = (raw[j] >> 4) & 0x0f0f0f0f;
+#if defined(WEIGHT_Q5_K)  // element e's fifth bit: bit b of the super-block's byte e
+  const int *h0 = (const int *)(high + ((unsigned long)n * (KB / 8) + (unsigned)b0 / 8) * 32);
+  const int *h1 = (const int *)(high + ((unsigned long)n1 * (KB / 8) + (unsigned)b0 / 8) * 32);
+  const u32x16 shift = {LANE_BLOCK(0), LANE_BLOCK(1), LANE_BLOCK(2), LANE_BLOCK(3), LANE_BLOCK(4), LANE_BLOCK(5),
+                        LANE_BLOCK(6), LANE_BLOCK(7), LANE_BLOCK(8), LANE_BLOCK(9), LANE_BLOCK(10), LANE_BLOCK(11),
+                        LANE_BLOCK(12), LANE_BLOCK(13), LANE_BLOCK(14), LANE_BLOCK(15)};
+  unsigned short column1 = 0;  // the lanes of column n1
+  for (int L = 0; L < 16; L++) column1 |= (unsigned short)((LANE_ROW(L) / 8) << L);
+  for (int k = 0; k < 8; k++) {  // dword k of each lane's column, its bit b of every byte moved to bit 4
+    const u32x16 bits = (u32x16)_mm512_mask_blend_epi32(column1, _mm512_set1_epi32(h0[k]), _mm512_set1_epi32(h1[k]));
+    w[k] |= (i32x16)(((bits >> shift) << 4) & 0x10101010u);
+  }
+#endif
+#else
+#pragma unroll
+  for (int p = 0; p < 4; p++)
+    w[p] = (i32x16)load_block_pair(WEIGHT_ARGS, n, b0 + 2 * p), w[4 + p] = (i32x16)load_block_pair(WEIGHT_ARGS, n1, b0 + 2 * p);
+  transpose_rows(w);
 #endif
 }
 
 #if defined(WEIGHT_Q6_K)
-typedef __m512i pair_scales_t;  // blocks b and b + 1's half-block scales as 16-bit lanes, 8 each (madd's pairs)
-ALWAYS_INLINE pair_scales_t pair_half_scales(WEIGHT_PARAMS, int n, int b) {
-  int four;
-  __builtin_memcpy(&four, scales + ((long)n * KB + b) * 2, 4);
-  return _mm512_permutexvar_epi16(SPREAD16(0, 1, 2, 3),
-                                  _mm512_castsi128_si512(_mm_cvtepi8_epi16(_mm_cvtsi32_si128(four))));
-}
-#else
-typedef int pair_scales_t;
-#endif
-
-// the 16 int32 lanes of blocks b and b + 1 (codes c) against the activation codes x[64]: lanes 0-7 b's, 8-15 b + 1's
-ALWAYS_INLINE i32x16 pair_dot(__m512i c, const signed char *restrict x, pair_scales_t scales) {
-  const __m512i xv = _mm512_loadu_si512(x);
-#if defined(WEIGHT_Q6_K)
-  return (i32x16)_mm512_madd_epi16(_mm512_maddubs_epi16(c, xv), scales);
-#else
-  (void)scales;
-  return (i32x16)_mm512_dpbusd_epi32(_mm512_setzero_si512(), c, xv);
-#endif
+// the permutation of 16-bit lanes that puts the 2 x 16 half-block scales (column c's block b's half h at 16 c + 2 b + h)
+// where a group's lanes want them: half h's scale in both halves of each lane (h 0, 1: what madd multiplies dwords
+// 0-3 or 4-7 by), or both halves' scales side by side (h 2: what multiplies the activations' half sums)
+ALWAYS_INLINE __m512i half_scale_index(int h) {
+  short index[32];
+  for (int j = 0; j < 32; j++) index[j] = (short)(2 * LANE_ROW(j / 2) + (h == 2 ? j % 2 : h));
+  return _mm512_loadu_si512(index);
 }
 
-// lane i of the result = the sum of block i's 8 lanes, where v[p] holds block 2p's in lanes 0-7 and 2p + 1's in
-// 8-15 (integers: any order gives the same sum)
-ALWAYS_INLINE i32x8 sums_of_pairs(const i32x16 *v) {
-  i32x16 w[2];
-  for (int i = 0; i < 2; i++)  // block 4i + k's 4 partial sums in lanes 4k .. 4k + 3
-    w[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-           __builtin_shufflevector(v[2 * i], v[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  const i32x16 u =  // block k's 2 in lanes 2k, 2k + 1
-      __builtin_shufflevector(w[0], w[1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
-      __builtin_shufflevector(w[0], w[1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-  return __builtin_shufflevector(u, u, 0, 2, 4, 6, 8, 10, 12, 14) +
-         __builtin_shufflevector(u, u, 1, 3, 5, 7, 9, 11, 13, 15);
+// columns n, n1's half-block scales of blocks b0 .. b0 + 7 as 16-bit lanes in the order index (half_scale_index) says
+ALWAYS_INLINE __m512i group_half_scales(WEIGHT_PARAMS, int n, int n1, int b0, __m512i index) {
+  const __m128i s0 = _mm_loadu_si128((const __m128i *)(scales + ((long)n * KB + b0) * 2));
+  const __m128i s1 = _mm_loadu_si128((const __m128i *)(scales + ((long)n1 * KB + b0) * 2));
+  return _mm512_permutexvar_epi16(index, _mm512_cvtepi8_epi16(_mm256_set_m128i(s1, s0)));
 }
+#endif
 #endif
 
 // lane b of the result = the sum of v[b]'s 8 lanes (integers: any order gives the same sum)
@@ -269,7 +292,7 @@ ALWAYS_INLINE i32x8 half_min_sums(WEIGHT_PARAMS, int n, int b0, const short *res
 #endif
 
 void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int core_id) {
-  signed char xq[ROWS][K];
+  signed char xq[ROWS][K] __attribute__((aligned(4)));
   float xd[ROWS][KB];
   float xm[ROWS][KB];
 #if defined(X_HALF_SUMS)
@@ -279,6 +302,77 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
   for (int t = 0; t < ROWS; t++) quantize_row(h + (long)t * K, xq[t], xd[t], xm[t], 0);
 #endif
   const int n_end = (core_id + 1) * PER_CORE < COLS ? (core_id + 1) * PER_CORE : COLS;
+#if defined(BLOCK_LANES)
+  // the activations in the groups' lane order: xt[t][g][k] lane L = dword k of row t's block 8 g + LANE_BLOCK(L)
+  i32x16 xt[ROWS][KB / 8][8];
+  f32x16 xdt[ROWS][KB / 8], xmt[ROWS][KB / 8];
+#if defined(WEIGHT_Q6_K)
+  i32x16 xht[ROWS][KB / 8];  // 16-bit lanes 2L, 2L + 1: the block's halves' code sums
+  const __m512i scale_index[3] = {half_scale_index(0), half_scale_index(1), half_scale_index(2)};
+#endif
+  for (int t = 0; t < ROWS; t++)
+    for (int g = 0; g < KB / 8; g++)
+      for (int L = 0; L < 16; L++) {
+        const int b = 8 * g + LANE_BLOCK(L);
+        for (int k = 0; k < 8; k++) xt[t][g][k][L] = ((const int *)xq[t])[b * 8 + k];
+        xdt[t][g][L] = xd[t][b], xmt[t][g][L] = xm[t][b];
+#if defined(WEIGHT_Q6_K)
+        xht[t][g][L] = (unsigned short)x_half_sums[t][2 * b] | (int)((unsigned)(unsigned short)x_half_sums[t][2 * b + 1] << 16);
+#endif
+      }
+  // two columns at a time (KB % 8 == 0 here), each block in a lane of its own: each lane's float operations are the
+  // one-column loop's below, so the bits are the same
+  for (int n = core_id * PER_CORE; n < n_end; n += 2) {
+    const int n1 = n + 1 < n_end ? n + 1 : n;  // an odd last column is computed twice and stored once
+    if (n + PREFETCH_AHEAD < n_end) prefetch_row(WEIGHT_ARGS, n + PREFETCH_AHEAD);
+    if (n + PREFETCH_AHEAD + 1 < n_end) prefetch_row(WEIGHT_ARGS, n + PREFETCH_AHEAD + 1);
+    f32x16 acc[ROWS];
+    for (int t = 0; t < ROWS; t++) acc[t] = (f32x16){0};
+    for (int g = 0; g < KB / 8; g++) {
+      i32x16 w[8];
+      load_group(WEIGHT_ARGS, n, n1, 8 * g, w);
+      f32x8 wd0, wm0, wd1, wm1;
+      block_scales8(WEIGHT_ARGS, n, 8 * g, 8, &wd0, &wm0);
+      block_scales8(WEIGHT_ARGS, n1, 8 * g, 8, &wd1, &wm1);
+      const f32x16 wd = IN_LANES(wd0, wd1);
+#if defined(WEIGHT_NIBBLES)
+      const f32x16 wm = IN_LANES(wm0, wm1);
+#endif
+#if defined(WEIGHT_Q6_K)
+      const __m512i half_scale[2] = {group_half_scales(WEIGHT_ARGS, n, n1, 8 * g, scale_index[0]),
+                                     group_half_scales(WEIGHT_ARGS, n, n1, 8 * g, scale_index[1])};
+      const __m512i both_scales = group_half_scales(WEIGHT_ARGS, n, n1, 8 * g, scale_index[2]);
+#endif
+      for (int t = 0; t < ROWS; t++) {
+        i32x16 sums = {0};
+        for (int k = 0; k < 8; k++) {
+#if defined(WEIGHT_Q6_K)
+          const __m512i pairs = _mm512_maddubs_epi16((__m512i)w[k], (__m512i)xt[t][g][k]);
+#if defined(__AVX512VNNI__)
+          sums = (i32x16)_mm512_dpwssd_epi32((__m512i)sums, pairs, half_scale[k / 4]);
+#else
+          sums += (i32x16)_mm512_madd_epi16(pairs, half_scale[k / 4]);
+#endif
+#else
+          sums = (i32x16)_mm512_dpbusd_epi32((__m512i)sums, (__m512i)w[k], (__m512i)xt[t][g][k]);
+#endif
+        }
+#if defined(WEIGHT_Q6_K)
+        sums -= (i32x16)_mm512_madd_epi16(both_scales, (__m512i)xht[t][g]) * CODE_OFFSET;
+#endif
+        acc[t] += __builtin_convertvector(sums, f32x16) * (wd * xdt[t][g]);
+#if defined(WEIGHT_NIBBLES)
+        acc[t] += wm * xmt[t][g];
+#endif
+      }
+    }
+    for (int t = 0; t < ROWS; t++) {
+      const f32x8 lanes0 = COLUMN_LANES(acc[t], 0), lanes1 = COLUMN_LANES(acc[t], 1);
+      out[(long)t * COLS + n] = LANE_SUM8(lanes0);
+      if (n1 != n) out[(long)t * COLS + n1] = LANE_SUM8(lanes1);
+    }
+  }
+#else
   for (int n = core_id * PER_CORE; n < n_end; n++) {
     if (n + PREFETCH_AHEAD < n_end) prefetch_row(WEIGHT_ARGS, n + PREFETCH_AHEAD);
     f32x8 acc[ROWS];
@@ -286,25 +380,6 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
     for (int b0 = 0; b0 < KB; b0 += 8) {
       const int nb = KB - b0 < 8 ? KB - b0 : 8;
       i32x8 sums[ROWS];
-#if defined(PAIRED_BLOCKS)
-      i32x16 pair_dots[ROWS][4];
-#pragma unroll
-      for (int p = 0; p < 4; p++) {
-        const __m512i c = load_block_pair(WEIGHT_ARGS, n, b0 + 2 * p);
-#if defined(WEIGHT_Q6_K)
-        const pair_scales_t ps = pair_half_scales(WEIGHT_ARGS, n, b0 + 2 * p);
-#else
-        const pair_scales_t ps = 0;
-#endif
-        for (int t = 0; t < ROWS; t++) pair_dots[t][p] = pair_dot(c, xq[t] + (b0 + 2 * p) * 32, ps);
-      }
-      for (int t = 0; t < ROWS; t++) {
-        sums[t] = sums_of_pairs(pair_dots[t]);
-#if defined(UNSIGNED_CODES)
-        sums[t] -= code_offsets(WEIGHT_ARGS, n, b0, x_half_sums[t]);
-#endif
-      }
-#else
       i32x8 dots[ROWS][8];
 #pragma unroll  // i a constant in each copy: the K-quants' bit fields come out by shifts of fixed counts
       for (int i = 0; i < 8; i++) {
@@ -327,7 +402,6 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
         sums[t] = sums_of_8(dots[t]);
 #endif
       }
-#endif
       f32x8 wd, wm;
       block_scales8(WEIGHT_ARGS, n, b0, nb, &wd, &wm);
       for (int t = 0; t < ROWS; t++) {
@@ -341,4 +415,5 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
     }
     for (int t = 0; t < ROWS; t++) out[(long)t * COLS + n] = LANE_SUM8(acc[t]);
   }
+#endif
 }
