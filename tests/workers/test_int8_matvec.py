@@ -23,6 +23,7 @@ PANEL_SCRATCH_BYTES = 4096  # workers/c/gemm_i8.c's SCRATCH_BYTES for a tile aga
 INT8_KINDS = ["Q4_0", "Q4_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 if platform.machine().lower() in ("x86_64", "amd64"):
     TARGETS["avx2"] = ("-march=native", "-mno-avx512f", "-mno-avxvnni")  # AVX2's maddubs path, no VNNI
+    TARGETS["avx512"] = ("-march=native", "-mno-avx512vnni", "-mno-avxvnni")  # AVX-512 without VNNI (Skylake-SP)
 
 
 def activations(rows: int, k: int = K) -> np.ndarray:

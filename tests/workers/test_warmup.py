@@ -10,7 +10,7 @@ from tests.workers.dense_reference import dense_logits, random_llama
 from tests.workers.test_paged_attention import CFG
 from tinyvllm.workers.kv_cache import PagedKVCache
 from tinyvllm.workers.model import Transformer
-from tinyvllm.workers.model_runner import ModelRunner
+from tinyvllm.workers.model_runner import ModelRunner, buckets_up_to
 from tinyvllm.workers.sampling_batch import SamplerVariant
 
 BLOCK_SIZE, NUM_BLOCKS = 4, 16
@@ -35,6 +35,15 @@ def test_every_bucket_is_captured_before_the_first_request(warmed):
     for bucket in runner.row_buckets:
         for greedy in (True, False):
             assert runner.sampler.jits[(bucket, SamplerVariant(greedy, False, None))].captured is not None
+
+
+def test_token_buckets_from_128_have_one_halfway_to_the_next(warmed):
+    """A step is padded to its token bucket: with powers of two alone a 259-token step computed 512 rows."""
+    weights, runner, _, _ = warmed
+    wide = ModelRunner(runner.model, runner.cache, max_num_seqs=2, max_model_len=32, max_num_batched_tokens=512)
+    assert wide.token_buckets == [1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 384, 512]
+    assert buckets_up_to(2048, 128)[-5:] == [512, 768, 1024, 1536, 2048] and buckets_up_to(300, 128)[-3:] == [192, 256, 300]
+    assert wide.row_buckets == [1, 2]
 
 
 def test_warm_up_writes_only_the_scratch_block(warmed):

@@ -14,8 +14,9 @@
 #if (defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(WEIGHT_NIBBLES) && KB % 8 == 0) || \
     (defined(__AVX512BW__) && defined(WEIGHT_Q6_K))
 // Two columns' 8 blocks at a time (the nibble kinds' vpdpbusd; Q6_K's unsigned codes in vpmaddubsw + vpmaddwd with
-// its half-block scales), transposed in registers once for every row (transpose_rows: 24 shuffles), so that a vector
-// holds dword k of all 16 (column, block) pairs and a row's 8 products leave each block's sum in a lane of its own:
+// its half-block scales), transposed in registers once for every row (load_group: the nibble kinds' raw bytes in 8
+// shuffles, Q6_K's unpacked codes in 24), so that a vector holds dword k of all 16 (column, block) pairs and a row's
+// 8 products leave each block's sum in a lane of its own:
 // no reduction tree per row (it had cost 12 shuffles and adds per row and 8 blocks), and one float epilogue covers
 // 16 blocks. The activations are laid out once per call in the lanes' order. (benchmarks/cpu_kernels.py, 2048 x 2048
 // from L3, 1 / 4 / 8 rows, us: Q4_K 87 / 200 / 393 with a tree per column and row -> 76 / 110 / 200; Q4_0 86 / 197 /
