@@ -23,9 +23,9 @@ GEMM_MIN_ROWS = 4  # MR: with fewer rows cpu_matvec is faster (measured: docs/BE
 
 
 # with AVX-512 VNNI: the rows from which gemm_i8's tiles beat matvec_i8 on 2048-wide weights (benchmarks/cpu_kernels.py
-# --shapes 2048x2048 --distinct 32, an Intel Xeon VM, matvec_i8 / gemm_i8 us at 8 and 12 rows: Q4_0 237 / 255, 372 /
-# 315; Q4_1 239 / 255, 371 / 327; Q4_K 225 / 297, 362 / 367; Q5_K 265 / 321, 395 / 394; Q6_K 342 / 388, 466 / 455;
-# Q8_0 at 3 rows 247 / 216; Q2_K and Q3_K, whose matvec_i8 reduces each column alone, from 6)
+# --shapes 2048x2048 --distinct 32, an Intel Xeon VM, matvec_i8 / gemm_i8 us at 8 and 12 rows: Q4_0 218 / 215, 336 /
+# 261; Q4_1 221 / 227, 336 / 269; Q4_K 217 / 243, 333 / 297; Q5_K 233 / 274, 350 / 341; Q6_K 283 / 321, 435 / 412;
+# Q8_0 at 3 rows 294 / 243; Q2_K and Q3_K, whose matvec_i8 reduces each column alone, from 6)
 VNNI_INT8_GEMM_MIN_ROWS = {"Q8_0": 3, "Q4_0": 10, "Q4_1": 10, "Q2_K": 6, "Q3_K": 6, "Q4_K": 12, "Q5_K": 12, "Q6_K": 12}
 
 

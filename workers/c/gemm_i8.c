@@ -174,12 +174,12 @@ void gemm_i8(float *restrict out, const tile_t *restrict tiles, WEIGHT_PARAMS, i
     const int nr = n_end - n0 < 4 ? n_end - n0 : 4;
     int n[4];
     panel_rows(n0, nr, n);
-    for (int j = n0 + 4; j < n0 + 8 && j < n_end; j++) prefetch_row(WEIGHT_ARGS, j);  // the next panel (as matvec_i8)
     f32x16 acc[TILES][8];
     for (int t = 0; t < TILES; t++)
       for (int r = 0; r < 8; r++) acc[t][r] = (f32x16){0};
     int b0 = 0;
     for (; b0 + 8 <= KB; b0 += 8) {
+      for (int j = n0 + 4; j < n0 + 8 && j < n_end; j++) prefetch_blocks(WEIGHT_ARGS, j, b0, 8);  // the next panel's
 #pragma clang loop unroll(full)
       for (int r = 0; r < 8; r++) {  // r a constant in each copy: a K-quant block's place in its super-block
         panel_block_t pb;
@@ -187,6 +187,7 @@ void gemm_i8(float *restrict out, const tile_t *restrict tiles, WEIGHT_PARAMS, i
         for (int t = 0; t < TILES; t++) acc[t][r] = block_step(acc[t][r], &tiles[t], &pb, b0 + r);
       }
     }
+    for (int j = n0 + 4; b0 < KB && j < n0 + 8 && j < n_end; j++) prefetch_blocks(WEIGHT_ARGS, j, b0, KB - b0);
     for (int r = 0; b0 + r < KB; r++) {
       panel_block_t pb;
       load_panel_block(WEIGHT_ARGS, n, b0 + r, &pb);

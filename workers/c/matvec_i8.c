@@ -325,12 +325,12 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
   // one-column loop's below, so the bits are the same
   for (int n = core_id * PER_CORE; n < n_end; n += 2) {
     const int n1 = n + 1 < n_end ? n + 1 : n;  // an odd last column is computed twice and stored once
-    if (n + PREFETCH_AHEAD < n_end) prefetch_row(WEIGHT_ARGS, n + PREFETCH_AHEAD);
-    if (n + PREFETCH_AHEAD + 1 < n_end) prefetch_row(WEIGHT_ARGS, n + PREFETCH_AHEAD + 1);
     f32x16 acc[ROWS];
     for (int t = 0; t < ROWS; t++) acc[t] = (f32x16){0};
     for (int g = 0; g < KB / 8; g++) {
       i32x16 w[8];
+      for (int i = 0; i < 2; i++)  // the same blocks of the rows PREFETCH_AHEAD on
+        if (n + PREFETCH_AHEAD + i < n_end) prefetch_blocks(WEIGHT_ARGS, n + PREFETCH_AHEAD + i, 8 * g, 8);
       load_group(WEIGHT_ARGS, n, n1, 8 * g, w);
       f32x8 wd0, wm0, wd1, wm1;
       block_scales8(WEIGHT_ARGS, n, 8 * g, 8, &wd0, &wm0);

@@ -268,48 +268,55 @@ ALWAYS_INLINE void dequant_block(WEIGHT_PARAMS, int n, int b, v16 *w0, v16 *w1) 
 
 // brings weight row n (its values and scales) towards the cache: the hardware prefetcher alone left the matvec
 // at a third of the rate a plain read of the weights reaches here
-ALWAYS_INLINE void prefetch_row(WEIGHT_PARAMS, int n) {
+// the cache lines of bytes [from, to) of p
+ALWAYS_INLINE void prefetch_bytes(const void *p, long from, long to) {
+  for (long i = from; i < to; i += 64) __builtin_prefetch((const char *)p + i);
+  __builtin_prefetch((const char *)p + to - 1);
+}
+
+// row n's blocks b0 .. b0 + nb - 1, every part the kernels read for them (a kernel that streams a row asks for a
+// few blocks at a time, as far ahead as it likes: a whole row's lines at once were more than the core keeps in flight)
+ALWAYS_INLINE void prefetch_blocks(WEIGHT_PARAMS, int n, int b0, int nb) {
+  const long first = (long)n * KB + b0, end = first + nb;  // block indices
 #if defined(WEIGHT_F32)
-  for (int i = 0; i < K; i += 16) __builtin_prefetch(weight + (long)n * K + i);
+  prefetch_bytes(weight, first * 128, end * 128);
 #elif defined(WEIGHT_F16) || defined(WEIGHT_BF16)
-  for (int i = 0; i < K; i += 32) __builtin_prefetch(weight + (long)n * K + i);
+  prefetch_bytes(weight, first * 64, end * 64);
 #elif defined(WEIGHT_Q4_0) || defined(WEIGHT_Q4_1)
-  for (int i = 0; i < KB * 16; i += 64) __builtin_prefetch(weight + (long)n * KB * 16 + i);
-  for (int i = 0; i < KB; i += 16) {
-    __builtin_prefetch(d + (long)n * KB + i);
+  prefetch_bytes(weight, first * 16, end * 16);
+  prefetch_bytes(d, first * (long)sizeof(*d), end * (long)sizeof(*d));
 #if defined(WEIGHT_Q4_1)
-    __builtin_prefetch(m + (long)n * KB + i);
+  prefetch_bytes(m, first * (long)sizeof(*m), end * (long)sizeof(*m));
 #endif
-  }
-#elif defined(WEIGHT_K_SCALES) || defined(WEIGHT_Q2_K)  // codes; a byte or two per block; d and dmin per 8 blocks
+#elif defined(WEIGHT_K_SCALES) || defined(WEIGHT_Q2_K)  // codes: a byte or two per block; d and dmin per 8 blocks
 #if defined(WEIGHT_Q2_K)
-  for (int i = 0; i < KB * 8; i += 64) __builtin_prefetch(weight + (long)n * KB * 8 + i);
+  prefetch_bytes(weight, first * 8, end * 8);
 #else
-  for (int i = 0; i < KB * 16; i += 64) __builtin_prefetch(weight + (long)n * KB * 16 + i);
+  prefetch_bytes(weight, first * 16, end * 16);
 #endif
 #if defined(WEIGHT_Q5_K)
-  for (int i = 0; i < KB * 4; i += 64) __builtin_prefetch(high + (long)n * KB * 4 + i);  // 32 bytes per 8 blocks
+  prefetch_bytes(high, first * 4, end * 4);  // 32 bytes per 8 blocks
 #endif
-  for (int i = 0; i < KB * 2; i += 64) __builtin_prefetch(codes + (long)n * KB * 2 + i);
-  for (int i = 0; i < KB / 4; i += 16) __builtin_prefetch(dm + (long)n * KB / 4 + i);
+  prefetch_bytes(codes, first * 2, end * 2);
+  prefetch_bytes(dm, first, end);  // 2 floats per 8 blocks
 #elif defined(WEIGHT_HALF_SCALES)
 #if defined(WEIGHT_Q3_K)
-  for (int i = 0; i < KB * 8; i += 64) __builtin_prefetch(weight + (long)n * KB * 8 + i);
-  for (int i = 0; i < KB * 4; i += 64) __builtin_prefetch(high + (long)n * KB * 4 + i);
+  prefetch_bytes(weight, first * 8, end * 8);
+  prefetch_bytes(high, first * 4, end * 4);
 #else
-  for (int i = 0; i < KB * 16; i += 64) __builtin_prefetch(weight + (long)n * KB * 16 + i);
-  for (int i = 0; i < KB * 8; i += 64) __builtin_prefetch(high + (long)n * KB * 8 + i);
+  prefetch_bytes(weight, first * 16, end * 16);
+  prefetch_bytes(high, first * 8, end * 8);
 #endif
-  for (int i = 0; i < KB * 2; i += 64) __builtin_prefetch(scales + (long)n * KB * 2 + i);
-  for (int i = 0; i < KB / 8; i += 16) __builtin_prefetch(d + (long)n * KB / 8 + i);
+  prefetch_bytes(scales, first * 2, end * 2);
+  prefetch_bytes(d, first / 2, (end + 1) / 2);  // a float per 8 blocks
 #elif defined(WEIGHT_Q8_16)
-  for (int i = 0; i < KB * 32; i += 64) __builtin_prefetch(weight + (long)n * KB * 32 + i);
-  for (int i = 0; i < KB * 2; i += 16) {
-    __builtin_prefetch(d + (long)n * KB * 2 + i);
-    __builtin_prefetch(m + (long)n * KB * 2 + i);
-  }
+  prefetch_bytes(weight, first * 32, end * 32);
+  prefetch_bytes(d, first * 8, end * 8);
+  prefetch_bytes(m, first * 8, end * 8);
 #else  // Q8_0, F8_E4M3
-  for (int i = 0; i < KB * 32; i += 64) __builtin_prefetch(weight + (long)n * KB * 32 + i);
-  for (int i = 0; i < KB; i += 16) __builtin_prefetch(d + (long)n * KB + i);
+  prefetch_bytes(weight, first * 32, end * 32);
+  prefetch_bytes(d, first * (long)sizeof(*d), end * (long)sizeof(*d));
 #endif
 }
+
+ALWAYS_INLINE void prefetch_row(WEIGHT_PARAMS, int n) { prefetch_blocks(WEIGHT_ARGS, n, 0, KB); }
