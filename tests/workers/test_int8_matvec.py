@@ -139,12 +139,12 @@ def test_kernel_equals_the_numpy_model_bit_for_bit(weights, target, kind, kernel
 @pytest.mark.parametrize("kind", INT8_KINDS)
 def test_both_kernels_give_every_row_the_models_bits_on_a_larger_odd_shape(target, kind):
     """K = 544 (17 blocks: two whole groups of 8 lanes and one more), 512 (whole groups: with AVX-512 VNNI,
-    matvec_i8 takes the nibble kinds two blocks at a time) and 1056 (gemm_i8's panels in a chunk of 32 blocks and
+    matvec_i8 takes the nibble kinds and Q8_0 two weight rows' 8 blocks at a time, one block a lane) and 1056 (gemm_i8's panels in a chunk of 32 blocks and
     one of 1); the K-quants 768 (3 super-blocks) and 1280 (chunks of 32 and 8 blocks); 30 columns (15 a core: a part
     panel); gemm_i8's tiles in registers (13 rows, one slab) and against panels (37 rows in one slab; 13 in slabs of
     one tile). Q4_1's and Q8_0's scales as float16 (the file's) and float32 (a repacked IQ4_XS's)."""
     shapes = [(k, True) for k in ((768, 1280) if kind.endswith("_K") else (544, 512, 1056))]
-    for k, half_scales in shapes + ([(544, False)] if kind in ("Q4_1", "Q8_0") else []):
+    for k, half_scales in shapes + ([(544, False), (512, False)] if kind in ("Q4_1", "Q8_0") else []):
         parts = random_parts(kind, 30, k, half_scales)
         h = np.random.default_rng(5).standard_normal((37, k)).astype(np.float32)
         np.testing.assert_array_equal(run_int8_gemm(TARGETS[target], kind, h, parts), int8_matvec(kind, h, parts))

@@ -11,12 +11,13 @@
 #include "int8_products.h"
 
 #define PREFETCH_AHEAD 4
-#if (defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(WEIGHT_NIBBLES) && KB % 8 == 0) || \
+#if (defined(__AVX512VNNI__) && defined(__AVX512BW__) && (defined(WEIGHT_NIBBLES) || defined(WEIGHT_Q8_0)) && KB % 8 == 0) || \
     (defined(__AVX512BW__) && defined(WEIGHT_Q6_K))
-// Two columns' 8 blocks at a time (the nibble kinds' vpdpbusd; Q6_K's unsigned codes in vpmaddubsw + vpmaddwd with
-// its half-block scales), transposed in registers once for every row (load_group: the nibble kinds' raw bytes in 8
-// shuffles, Q6_K's unpacked codes in 24), so that a vector holds dword k of all 16 (column, block) pairs and a row's
-// 8 products leave each block's sum in a lane of its own:
+// Two columns' 8 blocks at a time (the nibble kinds' and Q8_0's vpdpbusd, Q8_0's codes + 128 as unsigned bytes and
+// 128 x the activations' code sums taken off; Q6_K's unsigned codes in vpmaddubsw + vpmaddwd with its half-block
+// scales), transposed in registers once for every row (load_group: the nibble kinds' raw bytes in 8 shuffles, Q6_K's
+// unpacked codes and Q8_0's in 24), so that a vector holds dword k of all 16 (column, block) pairs and a row's 8
+// products leave each block's sum in a lane of its own:
 // no reduction tree per row (it had cost 12 shuffles and adds per row and 8 blocks), and one float epilogue covers
 // 16 blocks. The activations are laid out once per call in the lanes' order. (benchmarks/cpu_kernels.py, 2048 x 2048
 // from L3, 1 / 4 / 8 rows, us: Q4_K 87 / 200 / 393 with a tree per column and row -> 76 / 110 / 200; Q4_0 86 / 197 /
@@ -29,8 +30,9 @@
 // sum (c - 32) x = sum c x - 32 sum x
 #define UNSIGNED_CODES 1
 #endif
-#if defined(UNSIGNED_CODES) || defined(WEIGHT_Q2_K)
-#define X_HALF_SUMS 1  // the activations' 16-element code sums (Q6_K's and Q3_K's offsets, Q2_K's minimums take them)
+#if defined(UNSIGNED_CODES) || defined(WEIGHT_Q2_K) || (defined(BLOCK_LANES) && defined(WEIGHT_Q8_0))
+#define X_HALF_SUMS 1  // the activations' 16-element code sums (Q6_K's and Q3_K's offsets, Q2_K's minimums, Q8_0's
+                       // offset codes take them)
 #endif
 
 // weight row n's block b as the instructions take it (loaded and unpacked once for every activation row)
@@ -171,8 +173,8 @@ ALWAYS_INLINE __m512i load_block_pair(WEIGHT_PARAMS, int n, int b) {
 #define LANE_OF(c, b) (8 * (((b) >> 1) & 1) + 4 * ((b) & 1) + 2 * (c) + ((b) >> 2))
 #define LANE_ROW(L) (8 * (((L) >> 1) & 1) + 4 * ((L) & 1) + 2 * (((L) >> 3) & 1) + (((L) >> 2) & 1))
 #else
-// Q6_K: its 8 block pairs unpacked (load_block_pair) and transposed as 16 rows of 8 dwords: column c's block b in
-// lane ROW_LANE(8 c + b)
+// Q6_K and Q8_0: 8 pairs of blocks' codes (Q6_K's unpacked by load_block_pair) transposed as 16 rows of 8 dwords:
+// column c's block b in lane ROW_LANE(8 c + b)
 #define LANE_OF(c, b) ROW_LANE(8 * (c) + (b))
 #define LANE_ROW(L) (2 * ((L) % 8) + (L) / 8)
 #endif
@@ -207,6 +209,10 @@ ALWAYS_INLINE void load_group(WEIGHT_PARAMS, int n, int n1, int b0, i32x16 *rest
     w[k] |= (i32x16)(((bits >> shift) << 4) & 0x10101010u);
   }
 #endif
+#elif defined(WEIGHT_Q8_0)  // blocks 2p, 2p + 1's 64 code bytes as they are stored, + 128
+  for (int p = 0; p < 8; p++)
+    w[p] = *(const s32x16 *)(weight + ((long)(p < 4 ? n : n1) * KB + b0 + 2 * (p % 4)) * 32) ^ (int)0x80808080u;
+  transpose_rows(w);
 #else
 #pragma unroll
   for (int p = 0; p < 4; p++)
@@ -307,6 +313,9 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
   // the activations in the groups' lane order: xt[t][g][k] lane L = dword k of row t's block 8 g + LANE_BLOCK(L)
   i32x16 xt[ROWS][KB / 8][8];
   f32x16 xdt[ROWS][KB / 8], xmt[ROWS][KB / 8];
+#if defined(WEIGHT_Q8_0)
+  i32x16 xo[ROWS][KB / 8];  // -128 x the block's code sum: what the weights' + 128 added
+#endif
 #if defined(WEIGHT_Q6_K)
   i32x16 xht[ROWS][KB / 8];  // 16-bit lanes 2L, 2L + 1: the block's halves' code sums
   const __m512i scale_index[3] = {half_scale_index(0), half_scale_index(1), half_scale_index(2)};
@@ -317,6 +326,9 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
         const int b = 8 * g + LANE_BLOCK(L);
         for (int k = 0; k < 8; k++) xt[t][g][k][L] = ((const int *)xq[t])[b * 8 + k];
         xdt[t][g][L] = xd[t][b], xmt[t][g][L] = xm[t][b];
+#if defined(WEIGHT_Q8_0)
+        xo[t][g][L] = -128 * (x_half_sums[t][2 * b] + x_half_sums[t][2 * b + 1]);
+#endif
 #if defined(WEIGHT_Q6_K)
         xht[t][g][L] = (unsigned short)x_half_sums[t][2 * b] | (int)((unsigned)(unsigned short)x_half_sums[t][2 * b + 1] << 16);
 #endif
@@ -345,7 +357,11 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
       const __m512i both_scales = group_half_scales(WEIGHT_ARGS, n, n1, 8 * g, scale_index[2]);
 #endif
       for (int t = 0; t < ROWS; t++) {
+#if defined(WEIGHT_Q8_0)
+        i32x16 sums = xo[t][g];
+#else
         i32x16 sums = {0};
+#endif
         for (int k = 0; k < 8; k++) {
 #if defined(WEIGHT_Q6_K)
           const __m512i pairs = _mm512_maddubs_epi16((__m512i)w[k], (__m512i)xt[t][g][k]);
