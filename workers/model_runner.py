@@ -36,11 +36,12 @@ if TYPE_CHECKING:
     from tinyvllm.workers.draft_model import DraftModel
 
 
-MIDPOINT_BUCKETS_FROM = 128  # token buckets from here on have one halfway to the next (192, 384, ...)
+MIDPOINT_BUCKETS_FROM = 256  # token buckets from here on have one halfway to the next (384, 768, ...): each costs
+                             # its captured step's memory (a 1B model's 192 and 384 together ~100 MB)
 
 
 def buckets_up_to(limit: int, midpoints_from: int | None = None) -> list[int]:
-    """1, 2, 4, ... below limit, then limit; from `midpoints_from` on also the sizes halfway between (192, 384, ...):
+    """1, 2, 4, ... below limit, then limit; from `midpoints_from` on also the sizes halfway between (384, 768, ...):
     a step is padded to its bucket and computes the padding, so a prompt chunk of 259 tokens took a 512-token step's
     time (1B Q4_K_M: ~2 s, where 384 takes ~1.5)."""
     sizes, size = [], 1

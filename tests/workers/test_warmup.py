@@ -37,12 +37,12 @@ def test_every_bucket_is_captured_before_the_first_request(warmed):
             assert runner.sampler.jits[(bucket, SamplerVariant(greedy, False, None))].captured is not None
 
 
-def test_token_buckets_from_128_have_one_halfway_to_the_next(warmed):
+def test_token_buckets_from_256_have_one_halfway_to_the_next(warmed):
     """A step is padded to its token bucket: with powers of two alone a 259-token step computed 512 rows."""
     weights, runner, _, _ = warmed
     wide = ModelRunner(runner.model, runner.cache, max_num_seqs=2, max_model_len=32, max_num_batched_tokens=512)
-    assert wide.token_buckets == [1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 384, 512]
-    assert buckets_up_to(2048, 128)[-5:] == [512, 768, 1024, 1536, 2048] and buckets_up_to(300, 128)[-3:] == [192, 256, 300]
+    assert wide.token_buckets == [1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512]
+    assert buckets_up_to(2048, 256)[-5:] == [512, 768, 1024, 1536, 2048] and buckets_up_to(300, 128)[-3:] == [192, 256, 300]
     assert wide.row_buckets == [1, 2]
 
 
