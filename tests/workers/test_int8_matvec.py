@@ -139,8 +139,8 @@ def test_kernel_equals_the_numpy_model_bit_for_bit(weights, target, kind, kernel
 @pytest.mark.parametrize("target,kind", TARGET_KINDS)
 def test_both_kernels_give_every_row_the_models_bits_on_a_larger_odd_shape(target, kind):
     """K = 544 (17 blocks: two whole groups of 8 lanes and one more), 512 (whole groups: with AVX-512 VNNI,
-    matvec_i8 takes the nibble kinds and Q8_0 two weight rows' 8 blocks at a time, one block a lane) and 1056 (gemm_i8's panels in a chunk of 32 blocks and
-    one of 1); the K-quants 768 (3 super-blocks) and 1280 (chunks of 32 and 8 blocks); 30 columns (15 a core: a part
+    matvec_i8 takes the nibble kinds and Q8_0 two weight rows' 8 blocks at a time, one block a lane) and 1056
+    (gemm_i8's panels in a chunk of 32 blocks and one of 1); the K-quants 768 (3 super-blocks) and 1280 (chunks of 32 and 8 blocks); 30 columns (15 a core: a part
     panel); gemm_i8's tiles in registers (13 rows, one slab) and against panels (37 rows in one slab; 13 in slabs of
     one tile). Q4_1's and Q8_0's scales as float16 (the file's) and float32 (a repacked IQ4_XS's)."""
     shapes = [(k, True) for k in ((768, 1280) if kind.endswith("_K") else (544, 512, 1056))]

@@ -239,7 +239,7 @@ ALWAYS_INLINE void unpack_vector(WEIGHT_PARAMS, const int *restrict n, int b, in
   for (int j = 0; j < 8; j++)
     w[j] = __builtin_shufflevector(block_codes(WEIGHT_ARGS, n[2 * j], b), block_codes(WEIGHT_ARGS, n[2 * j + 1], b),
                                    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  transpose_rows(w);  // columns c, c + 1 in w[c / 2] become dword k of every column in w[k]
+  transpose_rows(w, 3);  // columns c, c + 1 in w[c / 2] become dword k of every column in w[k]
   for (int k = 0; k < 8; k++) gb->codes[k][v] = w[k];
   for (int c = 0; c < 16; c++) {
     const long i = (long)n[c] * KB + b;

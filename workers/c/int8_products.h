@@ -31,12 +31,13 @@ ALWAYS_INLINE void swap_bit(i32x16 *restrict x, i32x16 *restrict y, int s) {
   }
 }
 
+// rounds of swapping bit s (s < rounds) of the index of w[0 .. 2^rounds) with the same bit of the lane. With 3 rounds:
 // 16 rows of 8 dwords, w[j] holding rows 2j (lanes 0-7) and 2j + 1 (8-15), become w[k] = every row's dword k, row r
-// in lane ROW_LANE(r): three rounds of swapping a bit of the vector index with the same bit of the lane
+// in lane ROW_LANE(r)
 #define ROW_LANE(r) (8 * ((r) % 2) + (r) / 2)
-ALWAYS_INLINE void transpose_rows(i32x16 *restrict w) {
-  for (int s = 0; s < 3; s++)
-    for (int j = 0; j < 8; j++)
+ALWAYS_INLINE void transpose_rows(i32x16 *restrict w, int rounds) {
+  for (int s = 0; s < rounds; s++)
+    for (int j = 0; j < 1 << rounds; j++)
       if (!(j & (1 << s))) swap_bit(&w[j], &w[j | (1 << s)], s);
 }
 

@@ -146,11 +146,10 @@ ALWAYS_INLINE i32x8 block_dot(block_t blk, const signed char *restrict x, half_s
 }
 
 #if defined(BLOCK_LANES)
+#if defined(WEIGHT_Q6_K)
 #define SPREAD16(a, b, c, d) _mm512_set_epi64((d) * 0x0001000100010001LL, (d) * 0x0001000100010001LL, \
   (c) * 0x0001000100010001LL, (c) * 0x0001000100010001LL, (b) * 0x0001000100010001LL, (b) * 0x0001000100010001LL, \
   (a) * 0x0001000100010001LL, (a) * 0x0001000100010001LL)  // 16-bit lanes 0-7 a, 8-15 b, 16-23 c, 24-31 d
-
-#if defined(WEIGHT_Q6_K)
 // weight row n's blocks b and b + 1 (b even) as 64 codes 0..63, each block's 32 elements in order: b and b + 1's low
 // nibbles are the 64 bytes of their half, their high bit pairs the same 32
 ALWAYS_INLINE __m512i load_block_pair(WEIGHT_PARAMS, int n, int b) {
@@ -192,9 +191,7 @@ ALWAYS_INLINE void load_group(WEIGHT_PARAMS, int n, int n1, int b0, i32x16 *rest
 #if defined(WEIGHT_NIBBLES)
   i32x16 raw[4];  // raw[2 c + h]: column c's blocks 4 h .. 4 h + 3, lane 4 (b % 4) + j = the block's byte dword j
   for (int i = 0; i < 4; i++) raw[i] = *(const s32x16 *)(weight + ((long)(i < 2 ? n : n1) * KB + b0 + 4 * (i % 2)) * 16);
-  for (int s = 0; s < 2; s++)
-    for (int j = 0; j < 4; j++)
-      if (!(j & (1 << s))) swap_bit(&raw[j], &raw[j | (1 << s)], s);
+  transpose_rows(raw, 2);
   for (int j = 0; j < 4; j++) w[j] = raw[j] & 0x0f0f0f0f, w[j + 4] = (raw[j] >> 4) & 0x0f0f0f0f;
 #if defined(WEIGHT_Q5_K)  // element e's fifth bit: bit b of the super-block's byte e
   const int *h0 = (const int *)(high + ((unsigned long)n * (KB / 8) + (unsigned)b0 / 8) * 32);
@@ -212,12 +209,12 @@ ALWAYS_INLINE void load_group(WEIGHT_PARAMS, int n, int n1, int b0, i32x16 *rest
 #elif defined(WEIGHT_Q8_0)  // blocks 2p, 2p + 1's 64 code bytes as they are stored, + 128
   for (int p = 0; p < 8; p++)
     w[p] = *(const s32x16 *)(weight + ((long)(p < 4 ? n : n1) * KB + b0 + 2 * (p % 4)) * 32) ^ (int)0x80808080u;
-  transpose_rows(w);
+  transpose_rows(w, 3);
 #else
 #pragma unroll
   for (int p = 0; p < 4; p++)
     w[p] = (i32x16)load_block_pair(WEIGHT_ARGS, n, b0 + 2 * p), w[4 + p] = (i32x16)load_block_pair(WEIGHT_ARGS, n1, b0 + 2 * p);
-  transpose_rows(w);
+  transpose_rows(w, 3);
 #endif
 }
 
@@ -312,7 +309,10 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
 #if defined(BLOCK_LANES)
   // the activations in the groups' lane order: xt[t][g][k] lane L = dword k of row t's block 8 g + LANE_BLOCK(L)
   i32x16 xt[ROWS][KB / 8][8];
-  f32x16 xdt[ROWS][KB / 8], xmt[ROWS][KB / 8];
+  f32x16 xdt[ROWS][KB / 8];
+#if defined(WEIGHT_NIBBLES)
+  f32x16 xmt[ROWS][KB / 8];  // what the weights' minimums multiply
+#endif
 #if defined(WEIGHT_Q8_0)
   i32x16 xo[ROWS][KB / 8];  // -128 x the block's code sum: what the weights' + 128 added
 #endif
@@ -325,7 +325,10 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
       for (int L = 0; L < 16; L++) {
         const int b = 8 * g + LANE_BLOCK(L);
         for (int k = 0; k < 8; k++) xt[t][g][k][L] = ((const int *)xq[t])[b * 8 + k];
-        xdt[t][g][L] = xd[t][b], xmt[t][g][L] = xm[t][b];
+        xdt[t][g][L] = xd[t][b];
+#if defined(WEIGHT_NIBBLES)
+        xmt[t][g][L] = xm[t][b];
+#endif
 #if defined(WEIGHT_Q8_0)
         xo[t][g][L] = -128 * (x_half_sums[t][2 * b] + x_half_sums[t][2 * b + 1]);
 #endif
