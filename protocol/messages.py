@@ -74,7 +74,7 @@ class RequestOutput:
     index: int = 0  # parallel sampling (n > 1): which child of req_id this is
     logprobs: list[TokenLogprobs] | None = None  # one per new token, when sampling.logprobs is set
     prompt_logprobs: list[TokenLogprobs] | None = None  # prompt tokens 1.., once, with the first token
-    embedding: list[float] | None = None  # the result of an embedding (sampling.embed) request
+    embedding: list[float] | None = None  # an embedding request's vector, a scoring request's logits (sampling.pools)
     queue_time_s: float | None = None  # seconds from arrival to first scheduling, once the request was scheduled
     error_kind: str | None = None  # an ErrorKind, with FinishReason.ERROR
     kv_transfer: KVTransferParams | None = None  # a prefill instance's answer: where the prompt's blocks wait
@@ -241,7 +241,7 @@ class StepResult:
     elapsed_s: float = 0.0
     logprobs: list[TokenLogprobs | None] = field(default_factory=list)  # by req_ids; empty: no row asked
     prompt_logprobs: list[list[TokenLogprobs] | None] = field(default_factory=list)  # by req_ids; empty: none
-    # Embedding requests that finished their prompt this step, and their pooled vectors.
+    # Embedding and scoring requests that finished their prompt this step, and their vectors (SamplingParams.pools).
     pooled_req_ids: list[str] = field(default_factory=list)
     embeddings: list[list[float]] = field(default_factory=list)
     # Another part of this step's result follows: a result over the message bound goes in several, split by rows

@@ -9,6 +9,7 @@ MAX_LOGIT_BIAS = 100.0  # logit_bias values are clamped to [-100, 100], as OpenA
 MAX_LOGPROB_ENTRIES = 1_000_000
 MAX_BEAM_WIDTH = MAX_LOGPROBS // 2  # each beam search step asks for 2 x beam_width logprobs
 MAX_GRAMMAR_CHARS = 65536  # a structured output's schema, regex or grammar, and the grammar it becomes
+MAX_SCORE_TOKENS = 16  # token ids a scoring request may ask the logits of
 GREEDY_TEMPERATURE = 1e-5  # at or below it a row samples the argmax: SamplingParams.greedy and workers/sampler.py
 
 
@@ -82,6 +83,9 @@ class SamplingParams:
     logprobs: int | None = None  # per sampled token: its logprob and the top-k (k = this) logprobs
     prompt_logprobs: int | None = None  # the same for every prompt token after the first
     embed: bool = False  # a pooling request: the worker returns the prompt's embedding and samples nothing
+    # a scoring request (rerank): the worker returns these tokens' logits at the prompt's last position (as its
+    # `embedding`) and samples nothing
+    score_token_ids: list[int] = field(default_factory=list)
     # structured output: an llguidance grammar (frontend/api/structured_output.py) that masks every sampled token
     grammar: str | None = None
     thinking: ThinkingParams | None = None  # a reasoning model's chat reply
@@ -91,6 +95,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature <= GREEDY_TEMPERATURE
+
+    @property
+    def pools(self) -> bool:
+        """The request ends with its prompt and returns a vector (an embedding, or the scored tokens' logits) instead
+        of sampling tokens."""
+        return self.embed or bool(self.score_token_ids)
 
     @property
     def logit_bias(self) -> dict[int, float]:
@@ -141,9 +151,13 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.")
         if self.min_tokens < 0:
             raise ValueError(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
-        if not self.embed and self.min_tokens > self.max_tokens:
+        if not self.pools and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
                              f"got {self.min_tokens}.")
+        if self.score_token_ids and (self.embed or len(self.score_token_ids) > MAX_SCORE_TOKENS or self.n != 1
+                                     or min(self.score_token_ids) < 0):
+            raise ValueError(f"a scoring request scores 1 to {MAX_SCORE_TOKENS} token ids (non-negative), with n = 1 "
+                             f"and no embedding")
         if self.grammar is not None and len(self.grammar) > MAX_GRAMMAR_CHARS:
             raise ValueError(f"the structured output grammar is longer than {MAX_GRAMMAR_CHARS} characters")
         if self.thinking is not None:

@@ -56,7 +56,7 @@ def may_draft(s: SamplingParams) -> bool:
     penalties (their counts would include drafts), no logprobs (one per token, per row), no masks (a grammar's or a
     thinking budget's are not applied at draft positions). The scheduler drafts, and the worker's draft model
     proposes, for these only."""
-    return not s.embed and s.logprobs is None and not s.uses_penalties and not s.masked
+    return not s.pools and s.logprobs is None and not s.uses_penalties and not s.masked
 
 
 def resolve_draft_model(config: SpeculativeConfig, target) -> SpeculativeConfig:

@@ -22,9 +22,9 @@ def admission_error(req: Request, ids_in_use, max_model_len: int, block_size: in
     if min(req.prompt_token_ids) < 0 or max(req.prompt_token_ids) > MAX_TOKEN_ID:
         return f"prompt token ids must be between 0 and {MAX_TOKEN_ID}"
     num_prompt = req.num_prompt_tokens
-    if req.sampling.embed and num_prompt > max_model_len:
+    if req.sampling.pools and num_prompt > max_model_len:
         return f"the input has {num_prompt} tokens but max_model_len is {max_model_len}"
-    if num_prompt >= max_model_len and not req.sampling.embed:
+    if num_prompt >= max_model_len and not req.sampling.pools:
         return (f"the prompt has {num_prompt} tokens but max_model_len is {max_model_len}, "
                 f"which leaves no room to generate")
     num_needed = -(-num_prompt // block_size)

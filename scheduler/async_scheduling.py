@@ -28,5 +28,5 @@ def tokens_to_plan(req: Request, start: int, budget: int, in_flight: StepsInFlig
 
 def placeholder_may_be_used(req: Request, max_len: int) -> bool:
     """Whether the token req's step in flight samples may not end it for a reason known in advance."""
-    return (not req.sampling.embed and req.num_output_tokens + 1 < req.sampling.max_tokens
+    return (not req.sampling.pools and req.num_output_tokens + 1 < req.sampling.max_tokens
             and req.num_tokens + 1 < max_len)

@@ -54,8 +54,13 @@ class ScheduledChunk:
 
     @property
     def pools(self) -> bool:
-        """An embedding request: its hidden states are summed, and nothing is sampled."""
-        return self.state.sampling.embed
+        """An embedding or scoring request: nothing is sampled (an embedding's hidden states are summed)."""
+        return self.state.sampling.pools
+
+    @property
+    def scores(self) -> bool:
+        """A scoring request's last piece: its last position's logits of the scored tokens are its result."""
+        return self.samples and bool(self.state.sampling.score_token_ids)
 
     @property
     def needs_prompt_logprobs(self) -> bool:

@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-from tinygrad import Tensor, TinyJit, UOp
+from tinygrad import Tensor, TinyJit, UOp, dtypes
 from tinygrad.engine.worker import terminate_worker_pool
 
 from tinyvllm.protocol.messages import StepPlan, StepResult
 from tinyvllm.protocol.parallel_layout import ShardSpec
+from tinyvllm.protocol.sampling import MAX_SCORE_TOKENS
 from tinyvllm.workers.attention import PagedAttention
 from tinyvllm.workers.batch_state import BatchState, ScheduledChunk
 from tinyvllm.workers.device_input import HostInputs, device_tensor, host_array
@@ -97,6 +98,7 @@ class ModelRunner:
         self.inputs = HostInputs()
         self.sharded = ShardedForward(self) if group is not None else None  # a group of one runs it too (tests)
         self.prompt_logprobs_jits: dict[tuple[int, int], TinyJit] = {}  # (tokens, top-k bucket)
+        self.score_jits: dict[tuple[int, int], TinyJit] = {}  # (tokens, scoring requests' bucket)
         self.sampler = BatchSampler(self.row_buckets, new_jit)
         self.copy_vars = (UOp.variable("copy_src", 0, cache.num_blocks), UOp.variable("copy_dst", 0, cache.num_blocks))
         self.copy_jit = TinyJit(self._copy_block)
@@ -125,6 +127,13 @@ class ModelRunner:
         logits = self.model.logits(hidden[sample_index])
         Tensor.realize(logits, hidden, *self.cache.tensors)  # one schedule: realizing them apart runs the layers twice
         return logits, hidden
+
+    def _score_logits(self, hidden_or_logits: Tensor, rows: Tensor, token_ids: Tensor) -> Tensor:
+        """The logits of token_ids [S, MAX_SCORE_TOKENS] at positions rows [S] (given the logits of every position
+        when the vocabulary is sharded: the ranks gathered them)."""
+        picked = hidden_or_logits[rows]
+        logits = self.model.logits(picked) if self.sharded is None else picked
+        return logits.cast(dtypes.float32).gather(1, token_ids).realize()
 
     def _prompt_logprobs(self, k: int, hidden_or_logits: Tensor, next_tokens: Tensor) -> tuple[Tensor, ...]:
         """Each position's logprob of next_tokens (the following prompt token) and the top k (given the logits of
@@ -188,8 +197,10 @@ class ModelRunner:
             logits, hidden = self.run_forward(batch)
             if self.draft is not None:  # its KV holds every token the target computes
                 self.draft.follow(batch)
-            if hidden is not None and self.spec.samples and any(p.pools for p in pieces):
+            if hidden is not None and self.spec.samples and any(p.state.sampling.embed for p in pieces):
                 work.pooled += self._pool(batch, hidden.numpy())
+            if hidden is not None and any(p.scores for p in pieces):  # (every rank takes part in a sharded gather)
+                work.pooled += self._scores(batch, hidden)
             if hidden is not None and any(p.needs_prompt_logprobs for p in pieces):
                 self._record_prompt_logprobs(batch, hidden)
             work.rows += batch.sampled
@@ -244,7 +255,7 @@ class ModelRunner:
         it: the mean over the prompt's positions, L2-normalised."""
         finished = []
         for piece, offset in zip(batch.pieces, batch.offsets):
-            if not piece.pools:
+            if not piece.state.sampling.embed:
                 continue
             state = piece.state
             part = hidden[offset:offset + piece.length].sum(0)
@@ -253,6 +264,22 @@ class ModelRunner:
                 mean = state.pooled_sum.astype(np.float64) / len(state.token_ids)
                 finished.append((piece, (mean / max(np.linalg.norm(mean), 1e-12)).tolist()))
         return finished
+
+    def _scores(self, batch: FlatBatch, hidden: Tensor) -> list[tuple[ScheduledChunk, list[float]]]:
+        """Each finished scoring request's result: its score_token_ids' logits at its prompt's last position."""
+        if self.sharded is not None and (hidden := self.sharded.gather_all_logits(batch, hidden)) is None:
+            return []  # a rank that does not sample took part in the gather
+        scoring = [(p, o + p.length - 1) for p, o in zip(batch.pieces, batch.offsets) if p.scores]
+        count = 1 << (len(scoring) - 1).bit_length()  # a power of two: few captured variants
+        if (jit := self.score_jits.get((batch.bucket, count))) is None:
+            jit = self.score_jits[(batch.bucket, count)] = TinyJit(self._score_logits)
+        rows, token_ids = np.zeros(count, np.int32), np.zeros((count, MAX_SCORE_TOKENS), np.int32)
+        for i, (piece, last) in enumerate(scoring):
+            ids = piece.state.sampling.score_token_ids
+            rows[i], token_ids[i, :len(ids)] = last, ids
+        logits = host_array(jit(hidden, device_tensor(rows), device_tensor(token_ids)))
+        return [(piece, logits[i, :len(piece.state.sampling.score_token_ids)].tolist())
+                for i, (piece, _) in enumerate(scoring)]
 
     def _record_prompt_logprobs(self, batch: FlatBatch, hidden: Tensor) -> None:
         """The logprobs of the prompt tokens that the batch's positions predict, for the pieces that asked."""

@@ -1,5 +1,5 @@
-"""The HTTP app: OpenAI-compatible routes, /tokenize and /detokenize, and the operators' routes (/health, /metrics,
-/version, /openapi.json, /dashboard), behind the optional API-key check."""
+"""The HTTP app: OpenAI-compatible routes, rerank and score, /tokenize and /detokenize, and the operators' routes
+(/health, /metrics, /version, /openapi.json, /dashboard), behind the optional API-key check."""
 import time
 from collections.abc import Callable
 
@@ -30,6 +30,7 @@ from tinyvllm.frontend.api.openai_responses import ChatResponse, CompletionRespo
 from tinyvllm.frontend.api.kv_event_routes import kv_event_routes
 from tinyvllm.frontend.api.ops_routes import ops_routes
 from tinyvllm.frontend.api.reasoning import reasoning_format
+from tinyvllm.frontend.api.rerank_routes import rerank_routes
 from tinyvllm.frontend.api.request_gate import GateMiddleware, RequestGate
 from tinyvllm.frontend.api.served_engine import ServedEngine
 from tinyvllm.frontend.api.serving import CompletionResult, RequestServing, collect, keep_best
@@ -142,6 +143,7 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
             *responses_routes(serving, model_name, max_body_bytes, responses_store_size),
             *tokenization_routes(tokenizer, model_name, max_model_len, max_body_bytes),
             *embedding_routes(ServedEngine(engine, gate), tokenizer, model_name, max_model_len, max_body_bytes),
+            *rerank_routes(ServedEngine(engine, gate), tokenizer, model_name, max_model_len, max_body_bytes),
             *ops_routes(engine, metrics),
             *dashboard_routes(engine, metrics, gate, model_name, api_key),
             *kv_event_routes(engine, gate),

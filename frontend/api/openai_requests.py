@@ -1,4 +1,5 @@
-"""The OpenAI-style request bodies (/v1/completions, /v1/chat/completions, /v1/embeddings, /tokenize, /detokenize),
+"""The OpenAI-style request bodies (/v1/completions, /v1/chat/completions, /v1/embeddings, /v1/rerank, /score,
+/tokenize, /detokenize),
 declared once: they validate requests and are the request schemas in /openapi.json.
 
 Limits that depend on another field or on the server (min_tokens <= max_tokens, best_of >= n, token ids within the
@@ -205,6 +206,37 @@ class EmbeddingRequest(RequestModel):
     dimensions: int | None = Field(None, description="not supported: the vectors have the model's hidden size, and "
                                                      "any number is a 400")
     user: str | None = Field(None, description="accepted and ignored")
+
+
+MAX_RERANK_DOCUMENTS = 1000  # Cohere's limit
+Text = Annotated[str, Field(max_length=1 << 20)]
+Instruction = Annotated[Text | None, Field(description="the reranker's <Instruct> line (default: web search)")]
+
+
+class RerankDocument(RequestModel):
+    text: Annotated[Text, Reworded("a document object must have a 'text' string", when_missing=True)]
+
+
+class RerankRequest(RequestModel):
+    """vLLM's, Jina's and Cohere's rerank body."""
+    model: Model = None
+    query: Annotated[Text, Reworded("'query' must be a string", when_missing=True)]
+    documents: Annotated[list[Text | RerankDocument], Field(min_length=1, max_length=MAX_RERANK_DOCUMENTS),
+                         Reworded(f"'documents' must be an array of 1 to {MAX_RERANK_DOCUMENTS} strings or "
+                                  f"{{\"text\": ...}} objects", when_missing=True)]
+    top_n: Annotated[int, Field(ge=0, description="the best n documents; 0 or absent: all of them")] = 0
+    return_documents: Flag = True
+    instruction: Instruction = None
+
+
+class ScoreRequest(RequestModel):
+    """vLLM's /score: text_1 against each text_2 (one to many), or pairwise (two lists of one length)."""
+    model: Model = None
+    text_1: Annotated[Text | Annotated[list[Text], Field(min_length=1, max_length=MAX_RERANK_DOCUMENTS)],
+                      Reworded("'text_1' must be a string or a non-empty array of strings", when_missing=True)]
+    text_2: Annotated[Text | Annotated[list[Text], Field(min_length=1, max_length=MAX_RERANK_DOCUMENTS)],
+                      Reworded("'text_2' must be a string or a non-empty array of strings", when_missing=True)]
+    instruction: Instruction = None
 
 
 class TokenizeCompletionRequest(RequestModel):

@@ -102,6 +102,42 @@ class EmbeddingResponse(BaseModel):
     usage: EmbeddingUsage
 
 
+class RerankDocumentText(BaseModel):
+    text: str
+
+
+class RerankResult(BaseModel):
+    index: int
+    document: RerankDocumentText | None = None  # with return_documents
+    relevance_score: float
+
+
+class RerankUsage(BaseModel):
+    total_tokens: int
+
+
+class RerankResponse(BaseModel):
+    id: str
+    model: str
+    usage: RerankUsage
+    results: list[RerankResult]
+
+
+class Score(BaseModel):
+    index: int
+    object: Literal["score"]
+    score: float
+
+
+class ScoreResponse(BaseModel):
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[Score]
+    usage: EmbeddingUsage
+
+
 class TokenizeResponse(BaseModel):
     count: int
     max_model_len: int

@@ -16,6 +16,9 @@ class CharTokenizer:
         return "".join(SPECIAL[i] if i in SPECIAL else chr(i - OFFSET)
                        for i in ids if not (skip_special_tokens and i in SPECIAL))
 
+    def token_to_id(self, token: str) -> int | None:
+        return ord(token) + OFFSET if len(token) == 1 else None
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
         out = []
         for m in messages:

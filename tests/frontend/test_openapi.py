@@ -258,6 +258,9 @@ async def test_every_request_body_documents_its_required_fields():
         "/tokenize": None, "/detokenize": ["tokens"], "/api/copy": ["source", "destination"],
         "/v1/messages": ["model", "max_tokens", "messages"], "/v1/messages/count_tokens": ["model", "messages"],
         "/v1/responses": ["input"],
+        **{path: ["query", "documents"] for path in ("/rerank", "/v1/rerank", "/v2/rerank")},
+        **{path: ["text_1", "text_2"] for path in ("/score", "/v1/score")},
+        "/api/rerank": ["model", "query", "documents"],
         **{path: ["model"] for path in ("/api/show", "/api/delete", "/api/generate", "/api/chat", "/api/embed",
                                         "/api/embeddings", "/api/create", "/api/pull")}}
     assert [form["required"] for form in request_schema(doc, "/tokenize")["oneOf"]] == [["prompt"], ["messages"]]

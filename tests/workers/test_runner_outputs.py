@@ -78,3 +78,21 @@ def test_embedding_is_the_normalised_mean_of_final_hidden_states(setup):
     single = runner.execute(StepPlan(3, [NewRequestData("one", [5], embed, [8], 0, 1)], [], ["e", "g"]))
     h = dense_hidden(CFG, weights, [5])[0]
     np.testing.assert_allclose(single.embeddings[0], h / np.linalg.norm(h), atol=1e-5)
+
+
+def test_scores_are_the_last_positions_logits_of_the_asked_tokens(setup):
+    weights, runner = setup
+    rng = np.random.default_rng(8)
+    long, short, other = (rng.integers(0, CFG.vocab_size, n).tolist() for n in (10, 3, 4))
+    ids_a, ids_b = [7, 3], [CFG.vocab_size - 1, 0, 5]
+    a, b = SamplingParams(score_token_ids=ids_a), SamplingParams(score_token_ids=ids_b)
+    r1 = runner.execute(StepPlan(1, [NewRequestData("a", long, a, [9, 10, 11], 0, 6),
+                                     NewRequestData("b", short, b, [12], 0, 3)], [], []))
+    assert r1.req_ids == [] and r1.pooled_req_ids == ["b"]  # a's prompt goes on in the next step
+    np.testing.assert_allclose(r1.embeddings[0], dense_logits(CFG, weights, short)[-1, ids_b], atol=1e-4)
+    r2 = runner.execute(StepPlan(2, [NewRequestData("g", other, SamplingParams(temperature=0), [13], 0, 4)],
+                                 [CachedRequestData("a", [], 6, 4)], ["b"]))
+    assert r2.req_ids == ["g"] and r2.sampled_token_ids == [int(dense_logits(CFG, weights, other)[-1].argmax())]
+    assert r2.pooled_req_ids == ["a"]
+    np.testing.assert_allclose(r2.embeddings[0], dense_logits(CFG, weights, long)[-1, ids_a], atol=1e-4)
+    runner.execute(StepPlan(3, [], [], ["a", "g"]))

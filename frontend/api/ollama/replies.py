@@ -46,6 +46,17 @@ class EmbeddingsReply(BaseModel):
     embedding: list[float]
 
 
+class RerankedDocument(BaseModel):
+    index: int
+    document: str
+    relevance_score: float
+
+
+class RerankReply(BaseModel):
+    model: str
+    results: list[RerankedDocument]
+
+
 class ModelDetails(BaseModel):
     parent_model: str
     format: str

@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field
 
 from tinyvllm.frontend.api.ollama import names
 from tinyvllm.frontend.api.ollama.options import OllamaOptions
-from tinyvllm.frontend.api.openai_requests import Tool
+from tinyvllm.frontend.api.openai_requests import MAX_RERANK_DOCUMENTS, Tool
 from tinyvllm.frontend.api.request_models import RequestInvalid, RequestModel, Reworded
 from tinyvllm.frontend.api.tool_calls import MAX_TOOLS
 
@@ -119,6 +119,18 @@ class EmbedRequest(EmbeddingFields):
 
 class EmbeddingsRequest(EmbeddingFields):
     prompt: str = ""
+
+
+class OllamaRerankRequest(EmbeddingFields):
+    """The /api/rerank extension other servers offer (Ollama's open request #3368)."""
+    model_config = ConfigDict(json_schema_extra={"required": ["model", "query", "documents"]})
+
+    query: Annotated[str, Reworded("'query' must be a string", when_missing=True)]
+    documents: Annotated[list[str], Field(min_length=1, max_length=MAX_RERANK_DOCUMENTS),
+                         Reworded(f"'documents' must be a list of 1 to {MAX_RERANK_DOCUMENTS} strings",
+                                  when_missing=True)]
+    top_n: int = Field(0, ge=0, description="the best n documents; 0 or absent: all of them")
+    instruction: str | None = Field(None, description="the reranker's <Instruct> line (default: web search)")
 
 
 class ShowRequest(NamedRequest):

@@ -26,7 +26,7 @@ def mount_ollama(app: Starlette, engine, serving, model_name: str, model_root: s
     models = model_routes.make_routes(service)
     generate, chat = generate_routes.make_routes(service)
     create, blob_exists, blob_upload = create_routes.make_routes(service)
-    embed, embeddings = embed_routes.make_routes(service)
+    embed, embeddings, rerank = embed_routes.make_routes(service)
     app.router.routes.extend([
         Route("/", models["root"], methods=["GET"]),
         Route("/api/version", models["version"], methods=["GET"]),
@@ -39,6 +39,7 @@ def mount_ollama(app: Starlette, engine, serving, model_name: str, model_root: s
         Route("/api/chat", chat, methods=["POST"]),
         Route("/api/embed", embed, methods=["POST"]),
         Route("/api/embeddings", embeddings, methods=["POST"]),
+        Route("/api/rerank", rerank, methods=["POST"]),
         Route("/api/create", create, methods=["POST"]),
         Route("/api/pull", pull_routes.make_routes(service), methods=["POST"]),
         Route("/api/blobs/{digest}", blob_exists, methods=["HEAD"]),
@@ -74,6 +75,8 @@ _describe("/api/embed", "POST", req.EmbedRequest, replies.EmbedReply, summary="N
           error_statuses=(*_GENERATION_ERRORS, 501))
 _describe("/api/embeddings", "POST", req.EmbeddingsRequest, replies.EmbeddingsReply,
           summary="An embedding (older API)", error_statuses=(*_GENERATION_ERRORS, 501))
+_describe("/api/rerank", "POST", req.OllamaRerankRequest, replies.RerankReply, error_statuses=_GENERATION_ERRORS,
+          summary="Rerank documents by relevance to a query (an extension; a decoder-only reranker's P(yes))")
 _describe("/api/create", "POST", req.CreateRequest, replies.StatusReply, summary="Create a model (stream: NDJSON)",
           stream_media_type=NDJSON)
 _describe("/api/pull", "POST", req.PullRequest, replies.StatusReply, summary="Pull a model from this machine",
