@@ -9,10 +9,12 @@ from tinyvllm.protocol.gguf_file import GGUFFile
 from tinyvllm.protocol.model_path import is_gguf
 from tinyvllm.protocol.rope_scaling import check_rope_scaling
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3")
 _HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
              "MistralForCausalLM": "llama", "Phi3ForCausalLM": "phi3",  # Mistral: Llama's layers and a sliding window
-             "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3"}
+             "MixtralForCausalLM": "llama",  # llama.cpp's name too: Llama's layers with experts
+             "Qwen3MoeForCausalLM": "qwen3moe", "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3"}
+QK_NORM_ARCHS = ("qwen3", "qwen3moe", "gemma3")
 GEMMA_ARCHS = ("gemma2", "gemma3")
 
 
@@ -41,6 +43,13 @@ class ModelConfig:
     embed_scale: float = 1.0  # embeddings are multiplied by this (Gemma: sqrt(dim))
     hidden_act: str = "silu"  # the MLP's gate activation: silu, or gelu_tanh (Gemma's GeGLU)
     rope_local_theta: float = 0.0  # the RoPE base of sliding-window layers, without scaling (Gemma 3); 0: as the rest
+    # Mixture of experts (every layer's MLP): n_experts FFNs of width expert_ffn_dim, each token through the
+    # n_experts_used with the highest router probabilities (softmax over all experts), weighted by them, renormalised
+    # to sum to 1 if norm_topk_prob. 0 experts: a dense MLP of ffn_dim.
+    n_experts: int = 0
+    n_experts_used: int = 0
+    expert_ffn_dim: int = 0
+    norm_topk_prob: bool = True
 
     def __post_init__(self):
         if self.arch not in SUPPORTED_ARCHS:
@@ -52,6 +61,8 @@ class ModelConfig:
             raise ValueError(f"{len(self.layer_windows)} layer windows for {self.n_layers} layers")
         if self.hidden_act not in ("silu", "gelu_tanh"):
             raise ValueError(f"unsupported MLP activation {self.hidden_act!r} (supported: silu, gelu_tanh)")
+        if self.n_experts and not 0 < self.n_experts_used <= self.n_experts:
+            raise ValueError(f"{self.n_experts_used} experts per token of {self.n_experts}")
 
     def window(self, layer: int) -> int:
         return self.layer_windows[layer] if self.layer_windows else 0
@@ -101,7 +112,8 @@ class ModelConfig:
             max_context=int(get("context_length")),
             tie_embeddings=names is None or "output.weight" not in names,
             attention_bias=arch == "qwen2" or (names is not None and "blk.0.attn_q.bias" in names),
-            rope_scaling=rope_scaling, qk_norm=arch in ("qwen3", "gemma3"),
+            rope_scaling=rope_scaling, qk_norm=arch in QK_NORM_ARCHS,
+            **_gguf_experts(md, arch),
             **(_gemma_gguf(md, arch, dim, n_heads) if arch in GEMMA_ARCHS else {}),
         )
 
@@ -126,9 +138,33 @@ class ModelConfig:
             max_context=int(cfg.get("max_position_embeddings", 2048)),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
-            rope_scaling=rope_scaling, qk_norm=arch in ("qwen3", "gemma3"),
-            layer_windows=_hf_layer_windows(cfg, arch), **(_gemma_hf(cfg, dim) if arch in GEMMA_ARCHS else {}),
+            rope_scaling=rope_scaling, qk_norm=arch in QK_NORM_ARCHS,
+            layer_windows=_hf_layer_windows(cfg, arch), **_hf_experts(cfg),
+            **(_gemma_hf(cfg, dim) if arch in GEMMA_ARCHS else {}),
         )
+
+
+def _gguf_experts(md: dict, arch: str) -> dict:
+    """A GGUF's expert counts ({} for a dense model); llama.cpp writes Mixtral's expert width as feed_forward_length."""
+    if not (n_experts := int(md.get(f"{arch}.expert_count") or 0)):
+        return {}
+    return dict(n_experts=n_experts, n_experts_used=int(md[f"{arch}.expert_used_count"]),
+                expert_ffn_dim=int(md.get(f"{arch}.expert_feed_forward_length") or md[f"{arch}.feed_forward_length"]),
+                norm_topk_prob=bool(md.get(f"{arch}.expert_weights_norm", True)))
+
+
+def _hf_experts(cfg: dict) -> dict:
+    """Qwen3-MoE's and Mixtral's expert counts ({} for a dense model); a model with dense layers among its sparse
+    ones (Qwen3-MoE's mlp_only_layers, decoder_sparse_step) is refused."""
+    n_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    if not n_experts:
+        return {}
+    if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step") or 1) != 1:
+        raise ValueError("models whose layers mix dense and expert MLPs (mlp_only_layers, decoder_sparse_step) are "
+                         "not supported")
+    return dict(n_experts=n_experts, n_experts_used=int(cfg["num_experts_per_tok"]),
+                expert_ffn_dim=int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
+                norm_topk_prob=bool(cfg.get("norm_topk_prob", True)))  # Mixtral: always renormalised
 
 
 def _windows(n_layers: int, window: int, context: int, sliding) -> tuple[int, ...]:
@@ -142,7 +178,7 @@ def _hf_layer_windows(cfg: dict, arch: str) -> tuple[int, ...]:
     window = int(cfg.get("sliding_window") or 0) if cfg.get("use_sliding_window", True) else 0
     if types := cfg.get("layer_types"):
         return _windows(n, window, context, lambda i: types[i] == "sliding_attention")
-    if arch in ("qwen2", "qwen3") and window:  # without layer_types: the layers from max_window_layers on slide
+    if arch in ("qwen2", "qwen3", "qwen3moe") and window:  # without layer_types: from max_window_layers on, they slide
         return _windows(n, window, context, lambda i: i >= int(cfg.get("max_window_layers", n)))
     return _windows(n, window, context, lambda i: _gemma_sliding(arch, i, cfg.get("sliding_window_pattern", 6)))
 

@@ -23,6 +23,7 @@ from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.protocol.rope_scaling import rope_frequencies
 from tinyvllm.workers.quantized_weight import DeviceWeight
 from tinyvllm.workers.weight_pack import WeightPack
+from tinyvllm.workers.weights import EXPERT_MATRICES
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -48,13 +49,17 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class Layer:
-    def __init__(self, w: dict[str, DeviceWeight], i: int):
+    def __init__(self, cfg: ModelConfig, w: dict[str, DeviceWeight], i: int):
         p = f"blk.{i}."
         self.attn_norm, self.ffn_norm = w[p + "attn_norm.weight"].dequantized(), w[p + "ffn_norm.weight"].dequantized()
         self.wq, self.wk, self.wv, self.wo = (w[p + f"attn_{n}.weight"] for n in ("q", "k", "v", "output"))
         self.biases = tuple(b.dequantized() for n in ("q", "k", "v") if (b := w.get(p + f"attn_{n}.bias")) is not None)
         self.qk_norms = tuple(x.dequantized() for n in ("q", "k") if (x := w.get(p + f"attn_{n}_norm.weight")) is not None)
-        self.w_gate, self.w_up, self.w_down = (w[p + f"ffn_{n}.weight"] for n in ("gate", "up", "down"))
+        if cfg.n_experts:  # the router [n_experts, dim] and each FFN matrix of all experts, their rows one after another
+            self.router = w[p + "ffn_gate_inp.weight"].dequantized()
+            self.w_gate, self.w_up, self.w_down = (w[p + f"{n}.weight"] for n in EXPERT_MATRICES)
+        else:
+            self.w_gate, self.w_up, self.w_down = (w[p + f"ffn_{n}.weight"] for n in ("gate", "up", "down"))
         # Gemma's norms of the attention and MLP outputs, before each joins the residual stream
         self.post_attn_norm, self.post_ffn_norm = (tuple(x.dequantized() for x in [w.get(p + name)] if x is not None)
                                                    for name in ("post_attention_norm.weight", "post_ffw_norm.weight"))
@@ -125,7 +130,29 @@ def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows
             act = cpu_swiglu(gate, up) if kernels.matmul == "c" else gate.silu() * up
         return post_norm(lin(act, w_down), post)
 
-    return qkv, attn_out, mlp
+    @function(precompile=True, allow_implicit=custom_kernels)
+    def experts(x, norm, router, w_gate, w_up, w_down, *post):
+        """A mixture-of-experts MLP: each token's n_experts_used experts, gathered from the expert matrices (a
+        product reads only the rows of the experts its token was routed to: decode reads the active parameters),
+        summed weighted by their router probabilities."""
+        T, k, ff, dim = x.shape[0], cfg.n_experts_used, cfg.expert_ffn_dim, cfg.dim
+        h = rms_norm(x, norm, cfg.rms_eps).contiguous()
+        probs = (h @ router.T).softmax(-1)
+        top, chosen = probs.topk(k)
+        if cfg.norm_topk_prob:
+            top = top / top.sum(-1, keepdim=True)
+        chosen = chosen.cast(dtypes.int32).unsqueeze(-1)  # [T, k, 1]
+
+        def product(inputs: Tensor, w: DeviceWeight, rows_per_expert: int) -> Tensor:  # [T, k, K] -> [T, k, rows]
+            rows = chosen * rows_per_expert + Tensor.arange(rows_per_expert, dtype=dtypes.int32)
+            return (inputs.unsqueeze(2) * w.rows(rows)).sum(-1)
+
+        wide = h.unsqueeze(1).expand(T, k, dim)
+        act = (product(wide, w_gate, ff).silu() * product(wide, w_up, ff)).contiguous()
+        out = (product(act, w_down, dim) * top.unsqueeze(-1)).sum(1)
+        return post_norm(out, post)
+
+    return qkv, attn_out, mlp if not cfg.n_experts else experts
 
 
 class Transformer:
@@ -156,7 +183,7 @@ class Transformer:
         self.output = w.get("output.weight", self.tok_embeddings)
         self.norm = w["output_norm.weight"].dequantized() if "output_norm.weight" in w else None  # last stage only
         self.weight_nbytes = sum(x.nbytes for x in w.values())  # bytes of weights on the device
-        self.layers = [Layer(w, i) for i in range(cfg.n_layers)]
+        self.layers = [Layer(cfg, w, i) for i in range(cfg.n_layers)]
         self.cos, self.sin = rope_tables(cfg, max_positions, weights.get("rope_freqs.weight"))
         self.local_rope = rope_tables(cfg, max_positions, local=True) if cfg.rope_local_theta else None
         self.attention_specs = [AttentionSpec(cfg.scale, cfg.window(i), cfg.attn_softcap) for i in range(cfg.n_layers)]
@@ -194,8 +221,9 @@ class Transformer:
 
     def mlp(self, i: int, x: Tensor) -> Tensor:
         """Layer i's MLP output for x (a partial sum on a tensor-parallel rank)."""
-        layer = self.layers[i]
-        return self._mlp(x, layer.ffn_norm, layer.w_gate, layer.w_up, layer.w_down, *layer.post_ffn_norm)
+        layer, router = self.layers[i], getattr(self.layers[i], "router", None)
+        return self._mlp(x, layer.ffn_norm, *([router] if router is not None else []), layer.w_gate, layer.w_up,
+                         layer.w_down, *layer.post_ffn_norm)
 
     def run_layers(self, x: Tensor, positions: Tensor, attend) -> Tensor:
         """This model's layers over the residual stream x, without the final norm (a pipeline stage's work)."""

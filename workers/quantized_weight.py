@@ -429,11 +429,12 @@ class DeviceWeight:
         return _DEQUANT[self.kind](*self.parts).reshape(self.shape)
 
     def rows(self, idx: Tensor) -> Tensor:
-        """The float32 rows `idx` ([T] -> [T, K]), dequantising only the gathered blocks."""
+        """The float32 rows `idx` (of any shape S -> [*S, K]), dequantising only the gathered blocks."""
         if self.kind == "F32":
             return self.parts[0][idx]
-        gathered = [p[idx].cast(p.dtype) for p in self.parts]  # a gather may widen an integer type
-        return _DEQUANT[self.kind](*gathered).reshape(idx.shape[0], self.shape[1])
+        flat = idx.flatten()
+        gathered = [p[flat].cast(p.dtype) for p in self.parts]  # a gather may widen an integer type
+        return _DEQUANT[self.kind](*gathered).reshape(*idx.shape, self.shape[1])
 
     def __repr__(self) -> str:
         return f"DeviceWeight({self.kind}, shape={self.shape}, {self.nbytes} bytes)"

@@ -38,6 +38,9 @@ _HF_LAYER_NAMES = {
     "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_gate_up.weight",  # Phi-3
     "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight", "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",  # MoE routers
+    # transformers v5's fused experts: [n_experts, 2 x width (gate, then up), dim] and [n_experts, dim, width]
+    "mlp.experts.gate_up_proj": "ffn_gate_up_exps.weight", "mlp.experts.down_proj": "ffn_down_exps.weight",
 }
 # Gemma 2/3 norm the attention and MLP outputs too: its post_attention_layernorm is one of those, not the MLP's input's
 _GEMMA_LAYER_NAMES = {**_HF_LAYER_NAMES, "post_attention_layernorm.weight": "post_attention_norm.weight",
@@ -46,6 +49,11 @@ _GEMMA_LAYER_NAMES = {**_HF_LAYER_NAMES, "post_attention_layernorm.weight": "pos
 _HF_TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                  "lm_head.weight": "output.weight"}
 _HF_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
+# one expert's FFN matrix (Qwen3-MoE's names, Mixtral's w1/w3/w2), named here blk.{i}.ffn_{kind}_exps.{e}.weight until
+# stack_experts joins a layer's experts into one matrix
+_HF_EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
+_EXPERT_KINDS = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down", "w1": "gate", "w3": "up", "w2": "down"}
+EXPERT_MATRICES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 
 def hf_to_gguf_name(name: str, arch: str = "llama") -> str | None:
@@ -55,9 +63,31 @@ def hf_to_gguf_name(name: str, arch: str = "llama") -> str | None:
         return _HF_TOP_NAMES[name]
     if (m := _HF_LAYER_RE.fullmatch(name)) and m.group(2) in layer_names:
         return f"blk.{m.group(1)}.{layer_names[m.group(2)]}"
+    if (m := _HF_EXPERT_RE.fullmatch(name)) and m.group(3) in _EXPERT_KINDS:
+        return f"blk.{m.group(1)}.ffn_{_EXPERT_KINDS[m.group(3)]}_exps.{m.group(2)}.weight"
     if name.endswith("rotary_emb.inv_freq"):
         return None
     raise ValueError(f"unexpected tensor {name!r} in checkpoint")
+
+
+def stack_experts(weights: dict, config: ModelConfig) -> dict:
+    """Each layer's per-expert matrices (hf_to_gguf_name's blk.{i}.ffn_{kind}_exps.{e}.weight), or 3-d ones of all
+    experts (transformers v5's fused gate_up split in two), as one matrix of the experts' rows one after another,
+    blk.{i}.ffn_{kind}_exps.weight [n_experts * rows, columns]: as the device holds a GGUF's 3-d expert tensor."""
+    for i in range(config.n_layers):
+        if (gate_up := weights.pop(f"blk.{i}.ffn_gate_up_exps.weight", None)) is not None:
+            width = gate_up.shape[1] // 2
+            weights[f"blk.{i}.ffn_gate_exps.weight"], weights[f"blk.{i}.ffn_up_exps.weight"] = \
+                gate_up[:, :width], gate_up[:, width:]
+        for kind in EXPERT_MATRICES:
+            if (w := weights.get(f"blk.{i}.{kind}.weight")) is not None and w.ndim == 3:
+                weights[f"blk.{i}.{kind}.weight"] = np.ascontiguousarray(w).reshape(-1, w.shape[2])
+            parts = [weights.pop(f"blk.{i}.{kind}.{e}.weight", None) for e in range(config.n_experts)]
+            if any(part is not None for part in parts):
+                if any(part is None for part in parts):
+                    raise ValueError(f"layer {i} lacks some of its {config.n_experts} experts' {kind} matrices")
+                weights[f"blk.{i}.{kind}.weight"] = np.concatenate([np.asarray(part, np.float32) for part in parts])
+    return weights
 
 
 def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -73,11 +103,13 @@ def _load_gguf(path: pathlib.Path, keep_quantized: bool) -> tuple[ModelConfig, d
 
     def load(name: str):
         kind, shape = gguf.tensor_type(name), gguf.tensor_shape(name)
+        if len(shape) == 3:  # experts [n_experts, rows, columns]: their rows one after another
+            shape = (shape[0] * shape[1], shape[2])
         if keep_quantized and QuantizedArray.keeps(kind, shape):
             return QuantizedArray.from_raw(kind, gguf.raw(name), shape)
         if keep_quantized and kind == "F16" and len(shape) == 2:
             return gguf.raw(name).view("<f2").reshape(shape)
-        return dequantize_tensor(gguf, name)
+        return dequantize_tensor(gguf, name).reshape(shape)
 
     if keep_quantized:
         check_widened_types(gguf)  # before the float32 copies exist
@@ -159,6 +191,7 @@ def _load_hf(folder: pathlib.Path) -> tuple[ModelConfig, dict]:
             # Gemma's RMSNorm multiplies by 1 + weight; GGUF files (llama.cpp's conversion) store the sum, as here
             shift = config.arch in GEMMA_ARCHS and canonical.endswith("norm.weight")
             weights[canonical] = array + np.float32(1.0) if shift else array
+    weights = stack_experts(weights, config)
     if config.tie_embeddings:
         weights.pop("output.weight", None)
     elif "output.weight" not in weights:
@@ -178,7 +211,8 @@ def split_fused(config: ModelConfig, weights: dict) -> dict:
                                       ("v", q_rows + kv_rows, q_rows + 2 * kv_rows)):
                 weights[p + f"attn_{name}.weight"] = take_rows(qkv, start, stop)
         gate_up = weights.pop(p + "ffn_gate_up.weight", None)
-        if gate_up is None and p + "ffn_gate.weight" not in weights and weights[p + "ffn_up.weight"].shape[0] == 2 * ffn:
+        up = weights.get(p + "ffn_up.weight")
+        if gate_up is None and p + "ffn_gate.weight" not in weights and up is not None and up.shape[0] == 2 * ffn:
             gate_up = weights.pop(p + "ffn_up.weight")
         if gate_up is not None:
             weights[p + "ffn_gate.weight"], weights[p + "ffn_up.weight"] = take_rows(gate_up, 0, ffn), \

@@ -4,7 +4,8 @@
 
 Only what the test models use: float32 tensors under llama.cpp's names, the metadata keys llama.cpp writes for
 the architecture, and its conversions: Llama's q/k rows permuted to interleaved RoPE pairs, Gemma's norm weights
-stored as 1 + weight, Phi-3's fused gate_up kept as one ffn_up of twice the MLP width. `extra` adds metadata (the
+stored as 1 + weight, Phi-3's fused gate_up kept as one ffn_up of twice the MLP width, a layer's experts' matrices
+(Qwen3-MoE, Mixtral) stacked into one 3-d tensor [experts, rows, columns]. `extra` adds metadata (the
 tokenizer's, for a model a server can serve).
 """
 from __future__ import annotations
@@ -35,6 +36,10 @@ def gguf_metadata(config, arch: str) -> dict:
     md[f"{arch}.rope.freq_base"] = float(rope.get("rope_theta") or getattr(config, "rope_theta", 10000.0))
     if rope.get("rope_type") == "linear":
         md[f"{arch}.rope.scaling.type"], md[f"{arch}.rope.scaling.factor"] = "linear", float(rope["factor"])
+    if n_experts := getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None):
+        md[f"{arch}.expert_count"], md[f"{arch}.expert_used_count"] = n_experts, config.num_experts_per_tok
+        md[f"{arch}.expert_feed_forward_length"] = getattr(config, "moe_intermediate_size", config.intermediate_size)
+        md[f"{arch}.expert_weights_norm"] = bool(getattr(config, "norm_topk_prob", True))
     if arch.startswith("gemma"):
         md[f"{arch}.attention.sliding_window"] = config.sliding_window
         for key in ("attn_logit_softcapping", "final_logit_softcapping"):
@@ -43,7 +48,9 @@ def gguf_metadata(config, arch: str) -> dict:
     return md
 
 
-def write_model_gguf(model, arch: str, path: str | pathlib.Path, extra: dict | None = None) -> pathlib.Path:
+def write_model_gguf(model, arch: str, path: str | pathlib.Path, extra: dict | None = None,
+                     expert_type: str = "F32") -> pathlib.Path:
+    """expert_type: the GGUF type of the experts' matrices (the rest is F32)."""
     from tinyvllm.workers.weights import hf_to_gguf_name
     config = model.config
     tensors = {}
@@ -58,5 +65,11 @@ def write_model_gguf(model, arch: str, path: str | pathlib.Path, extra: dict | N
             heads = config.num_attention_heads if "attn_q" in canonical else config.num_key_value_heads
             w = llama_cpp_permute(w, heads)
         tensors[canonical.replace("ffn_gate_up", "ffn_up")] = (np.ascontiguousarray(w, np.float32), "F32")
+    for name in [name for name in tensors if name.endswith("ffn_up_exps.weight") and tensors[name][0].ndim == 3]:
+        # transformers v5's fused experts (gate rows first), as llama.cpp splits them
+        gate_up, width = tensors.pop(name)[0], getattr(config, "moe_intermediate_size", config.intermediate_size)
+        tensors[name.replace("up_exps", "gate_exps")] = (np.ascontiguousarray(gate_up[:, :width]), "F32")
+        tensors[name] = (np.ascontiguousarray(gate_up[:, width:]), "F32")
+    tensors = {name: (w, expert_type if "_exps." in name else kind) for name, (w, kind) in tensors.items()}
     write_gguf(path, {**gguf_metadata(config, arch), **(extra or {})}, tensors)
     return pathlib.Path(path)
