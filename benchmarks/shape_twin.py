@@ -34,6 +34,10 @@ SHAPES = {
                          tied=True, llama3_rope=(32.0, 1.0, 4.0, 8192)),
     "llama-3-8b": dict(dim=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=128256, context=8192,
                        tied=False, llama3_rope=None),
+    # a mixture of experts: 128 experts of width 768, 8 per token; q/k norms, a head_dim that is not dim / heads
+    "qwen3-30b-a3b": dict(arch="qwen3moe", dim=2048, layers=48, heads=32, kv_heads=4, head_dim=128, ffn=6144,
+                          experts=128, experts_used=8, expert_ffn=768, vocab=151936, context=40960, tied=False,
+                          llama3_rope=None, rope_theta=1000000.0),
 }
 CHUNK = 1 << 26  # bytes written at a time
 
@@ -59,7 +63,7 @@ def matrix_type(mix_or_type: str, name: str, layers: int, tied: bool) -> str:
     most, more = MIXES[mix_or_type]
     if name == "output.weight" or name == "token_embd.weight" and tied:
         return more
-    if name.endswith(("attn_v.weight", "ffn_down.weight")):
+    if name.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight")):
         i = int(name.split(".")[1])
         return more if i < layers // 8 or i >= 7 * layers // 8 or (i - layers // 8) % 3 == 2 else most
     return most
@@ -67,19 +71,30 @@ def matrix_type(mix_or_type: str, name: str, layers: int, tied: bool) -> str:
 
 def tensor_specs(s: dict, mix_or_type: str) -> list[tuple[str, tuple[int, ...], str]]:
     """(GGUF name, numpy-order shape, type) of every tensor, in llama.cpp's order."""
-    head_dim = s["dim"] // s["heads"]
+    head_dim = s.get("head_dim", s["dim"] // s["heads"])
     mat = lambda name, rows, cols: (name, (rows, cols), matrix_type(mix_or_type, name, s["layers"], s["tied"]))
+    experts = lambda name, rows, cols: (name, (s["experts"], rows, cols),
+                                        matrix_type(mix_or_type, name, s["layers"], s["tied"]))
     specs = [mat("token_embd.weight", s["vocab"], s["dim"])]
     if s["llama3_rope"]:
         specs.append(("rope_freqs.weight", (head_dim // 2,), "F32"))
     for i in range(s["layers"]):
         p = f"blk.{i}."
-        specs += [(p + "attn_norm.weight", (s["dim"],), "F32"), mat(p + "attn_q.weight", s["dim"], s["dim"]),
+        specs += [(p + "attn_norm.weight", (s["dim"],), "F32"),
+                  mat(p + "attn_q.weight", s["heads"] * head_dim, s["dim"]),
                   mat(p + "attn_k.weight", s["kv_heads"] * head_dim, s["dim"]),
                   mat(p + "attn_v.weight", s["kv_heads"] * head_dim, s["dim"]),
-                  mat(p + "attn_output.weight", s["dim"], s["dim"]), (p + "ffn_norm.weight", (s["dim"],), "F32"),
-                  mat(p + "ffn_gate.weight", s["ffn"], s["dim"]), mat(p + "ffn_up.weight", s["ffn"], s["dim"]),
-                  mat(p + "ffn_down.weight", s["dim"], s["ffn"])]
+                  mat(p + "attn_output.weight", s["dim"], s["heads"] * head_dim)]
+        if s.get("experts"):
+            specs += [(p + "attn_q_norm.weight", (head_dim,), "F32"), (p + "attn_k_norm.weight", (head_dim,), "F32"),
+                      (p + "ffn_norm.weight", (s["dim"],), "F32"),
+                      (p + "ffn_gate_inp.weight", (s["experts"], s["dim"]), "F32"),
+                      experts(p + "ffn_gate_exps.weight", s["expert_ffn"], s["dim"]),
+                      experts(p + "ffn_up_exps.weight", s["expert_ffn"], s["dim"]),
+                      experts(p + "ffn_down_exps.weight", s["dim"], s["expert_ffn"])]
+        else:
+            specs += [(p + "ffn_norm.weight", (s["dim"],), "F32"), mat(p + "ffn_gate.weight", s["ffn"], s["dim"]),
+                      mat(p + "ffn_up.weight", s["ffn"], s["dim"]), mat(p + "ffn_down.weight", s["dim"], s["ffn"])]
     specs.append(("output_norm.weight", (s["dim"],), "F32"))
     if not s["tied"]:
         specs.append(mat("output.weight", s["vocab"], s["dim"]))
@@ -87,11 +102,17 @@ def tensor_specs(s: dict, mix_or_type: str) -> list[tuple[str, tuple[int, ...], 
 
 
 def metadata(name: str, s: dict, tokenizer: dict) -> dict:
-    md = {"general.architecture": "llama", "general.name": f"{name} shape twin", "llama.vocab_size": s["vocab"],
-          "llama.context_length": s["context"], "llama.embedding_length": s["dim"], "llama.block_count": s["layers"],
-          "llama.feed_forward_length": s["ffn"], "llama.attention.head_count": s["heads"],
-          "llama.attention.head_count_kv": s["kv_heads"], "llama.rope.freq_base": 500000.0,
-          "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.rope.dimension_count": s["dim"] // s["heads"]}
+    a, head_dim = s.get("arch", "llama"), s.get("head_dim", s["dim"] // s["heads"])
+    md = {"general.architecture": a, "general.name": f"{name} shape twin", f"{a}.vocab_size": s["vocab"],
+          f"{a}.context_length": s["context"], f"{a}.embedding_length": s["dim"], f"{a}.block_count": s["layers"],
+          f"{a}.feed_forward_length": s["ffn"], f"{a}.attention.head_count": s["heads"],
+          f"{a}.attention.head_count_kv": s["kv_heads"], f"{a}.rope.freq_base": s.get("rope_theta", 500000.0),
+          f"{a}.attention.layer_norm_rms_epsilon": 1e-5 if a == "llama" else 1e-6,
+          f"{a}.rope.dimension_count": head_dim, f"{a}.attention.key_length": head_dim,
+          f"{a}.attention.value_length": head_dim}
+    if s.get("experts"):
+        md |= {f"{a}.expert_count": s["experts"], f"{a}.expert_used_count": s["experts_used"],
+               f"{a}.expert_feed_forward_length": s["expert_ffn"]}
     return md | {k: v for k, v in tokenizer.items() if k.startswith("tokenizer.")}
 
 
@@ -101,10 +122,12 @@ def nbytes(shape: tuple[int, ...], type_name: str) -> int:
 
 
 def make_shape_twin(shape: dict, name: str, matrix_type: str, tokenizer_from: str, out: str, seed: int = 0,
-                    tokenizer_vocab: bool = False) -> None:
+                    tokenizer_vocab: bool = False, layers: int | None = None) -> None:
     tokenizer = GGUFFile(tokenizer_from).metadata
     if tokenizer_vocab:
         shape = shape | {"vocab": len(tokenizer["tokenizer.ggml.tokens"])}
+    if layers:
+        shape = shape | {"layers": layers}
     specs = tensor_specs(shape, matrix_type)
     rng, patterns = np.random.default_rng(seed), {}
     rope = llama3_rope_factors(shape["dim"] // shape["heads"], 500000.0, *shape["llama3_rope"]) if shape["llama3_rope"] else None
@@ -115,6 +138,8 @@ def make_shape_twin(shape: dict, name: str, matrix_type: str, tokenizer_from: st
             size = nbytes(sh, t)
             if n == "rope_freqs.weight":
                 w.write(rope.tobytes())
+            elif n.endswith("ffn_gate_inp.weight"):  # a router of its own per layer: tokens spread over the experts
+                w.write(rng.normal(0.0, 0.02, sh).astype("<f4").tobytes())
             else:
                 pat = patterns.setdefault(t, gguf_twin.pattern(t, rng))
                 chunk = pat * max(1, CHUNK // len(pat))
@@ -131,10 +156,11 @@ def main() -> None:
     ap.add_argument("--tokenizer-from", required=True, help="a GGUF whose tokenizer.* metadata the twin takes")
     ap.add_argument("--tokenizer-vocab", action="store_true",
                     help="embedding rows = the tokenizer's vocabulary (what llama.cpp requires), not the model's")
+    ap.add_argument("--layers", type=int, help="fewer layers than the model's (each layer as the model's)")
     ap.add_argument("out")
     args = ap.parse_args()
     make_shape_twin(SHAPES[args.shape], args.shape, args.type, args.tokenizer_from, args.out,
-                    tokenizer_vocab=args.tokenizer_vocab)
+                    tokenizer_vocab=args.tokenizer_vocab, layers=args.layers)
 
 
 if __name__ == "__main__":

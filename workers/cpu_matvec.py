@@ -29,22 +29,27 @@ def c_kernels_support(w) -> bool:
     return w.kind in C_KINDS and w.shape[1] % 32 == 0
 
 
-def c_matmul(h: Tensor, w, kernel: str, h_input: Tensor | None = None, defines: dict[str, int] | None = None) -> Tensor:
+def c_matmul(h: Tensor, w, kernel: str, h_input: Tensor | None = None, defines: dict[str, int] | None = None,
+             experts: Tensor | None = None, expert_rows: int = 0) -> Tensor:
     """h [T, K] @ w.T for a workers.quantized_weight.DeviceWeight w [N, K] (c_kernels_support): [T, N] float32,
     by workers/c/<kernel>.c (its columns split across cores, `defines` its own settings), which reads h_input
-    (default: h as float32)."""
+    (default: h as float32). experts [T] (int32; matvec and matvec_i8): w holds experts of expert_rows rows each,
+    one after another, and row t of h is multiplied with expert experts[t]'s rows only: [T, expert_rows]."""
     assert c_kernels_support(w), w
     (rows, k), cols = h.shape, w.shape[0]
+    if experts is not None:
+        cols, defines = expert_rows, {**(defines or {}), "EXPERTS": 1}
     cores = max(1, min(NUM_CPU_THREADS.value, cols))
-    name = f"{kernel}_{w.kind.lower()}_{rows}_{cols}_{k}_c{cores}"
+    name = f"{kernel}_{w.kind.lower()}_{rows}_{cols}_{k}_c{cores}" + ("_experts" if experts is not None else "")
     half_scales = w.kind in HALF_SCALE_KINDS and w.parts[1].dtype == dtypes.half
     source = c_source(f"{kernel}.c", {"ROWS": rows, "COLS": cols, "K": k, "CORES": cores, f"WEIGHT_{w.kind}": 1,
                                       **({"SCALES_F16": 1} if half_scales else {}), **(defines or {})})
-    weight_bytes = w.nbytes
+    weight_bytes = w.nbytes if experts is None else w.nbytes * rows * cols // w.shape[0]  # the rows' experts only
     fxn = c_kernel(name, source, cores, Estimates(
         ops=2 * rows * cols * k, lds=weight_bytes + 4 * rows * k, mem=weight_bytes + 4 * rows * (k + cols)))
     out = Tensor.empty(rows, cols, dtype=dtypes.float32, device=h.device)
-    return out.custom_kernel(h.float().contiguous() if h_input is None else h_input, *w.parts, fxn=fxn)[0]
+    inputs = (h.float().contiguous() if h_input is None else h_input, *(() if experts is None else (experts,)))
+    return out.custom_kernel(*inputs, *w.parts, fxn=fxn)[0]
 
 
 INT8_ACTIVATION_KINDS = ("Q4_0", "Q4_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0")
@@ -54,6 +59,13 @@ def takes_int8(w, int8_activations: bool) -> bool:
     """Whether a product with weight w quantises its activations to int8 (asked for, and an INT8_ACTIVATION_KINDS
     weight)."""
     return int8_activations and w.kind in INT8_ACTIVATION_KINDS
+
+
+def cpu_expert_matvec(h: Tensor, w, experts: Tensor, expert_rows: int, int8_activations: bool = False) -> Tensor:
+    """h [T, K], experts [T] int32 -> [T, expert_rows]: row t times expert experts[t]'s rows of w (a mixture of
+    experts' FFN matrix, every expert's expert_rows rows one after another), reading only those rows."""
+    return c_matmul(h, w, "matvec_i8" if takes_int8(w, int8_activations) else "matvec", experts=experts,
+                    expert_rows=expert_rows)
 
 
 def cpu_matvec(h: Tensor, w, int8_activations: bool = False) -> Tensor:

@@ -16,6 +16,7 @@ from tinygrad.function import function
 from tinyvllm.protocol.kernel_choice import KernelChoice
 from tinyvllm.workers.attention_spec import AttentionSpec
 from tinyvllm.workers.cpu_matmul import cpu_linear, shared_int8_tiles
+from tinyvllm.workers.cpu_matvec import c_kernels_support, cpu_expert_matvec
 from tinyvllm.workers.cpu_swiglu import cpu_swiglu
 from tinyvllm.workers.gpu_matvec import gpu_matvec, gpu_matvec_fits
 from tinyvllm.workers.kernel_set import kernel_choice
@@ -132,19 +133,24 @@ def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows
 
     @function(precompile=True, allow_implicit=custom_kernels)
     def experts(x, norm, router, w_gate, w_up, w_down, *post):
-        """A mixture-of-experts MLP: each token's n_experts_used experts, gathered from the expert matrices (a
-        product reads only the rows of the experts its token was routed to: decode reads the active parameters),
-        summed weighted by their router probabilities."""
+        """A mixture-of-experts MLP: each token's n_experts_used experts, summed weighted by their router
+        probabilities. A product reads only the rows of the experts its token was routed to (decode reads the active
+        parameters): the C kernels' expert variants (workers/cpu_matvec.cpu_expert_matvec) where they take the
+        matrix, else tinygrad's gather of those rows from the expert matrices, folded into the product's loads."""
         T, k, ff, dim = x.shape[0], cfg.n_experts_used, cfg.expert_ffn_dim, cfg.dim
         h = rms_norm(x, norm, cfg.rms_eps).contiguous()
         probs = (h @ router.T).softmax(-1)
         top, chosen = probs.topk(k)
         if cfg.norm_topk_prob:
             top = top / top.sum(-1, keepdim=True)
-        chosen = chosen.cast(dtypes.int32).unsqueeze(-1)  # [T, k, 1]
+        chosen = chosen.cast(dtypes.int32)  # [T, k]
+        pairs = chosen.reshape(T * k).contiguous()
 
         def product(inputs: Tensor, w: DeviceWeight, rows_per_expert: int) -> Tensor:  # [T, k, K] -> [T, k, rows]
-            rows = chosen * rows_per_expert + Tensor.arange(rows_per_expert, dtype=dtypes.int32)
+            if kernels.matmul == "c" and c_kernels_support(w):
+                flat = inputs.reshape(T * k, inputs.shape[-1]).contiguous()
+                return cpu_expert_matvec(flat, w, pairs, rows_per_expert, kernels.int8_activations).reshape(T, k, -1)
+            rows = chosen.unsqueeze(-1) * rows_per_expert + Tensor.arange(rows_per_expert, dtype=dtypes.int32)
             return (inputs.unsqueeze(2) * w.rows(rows)).sum(-1)
 
         wide = h.unsqueeze(1).expand(T, k, dim)

@@ -122,3 +122,20 @@ def test_expert_configs_and_what_is_refused():
     with pytest.raises(ValueError, match="unsupported model architecture"):
         ModelConfig.from_hf_config({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", **base,
                                     "num_local_experts": 8, "num_experts_per_tok": 2})
+
+
+def test_int8_activations_take_the_expert_kernels_and_stay_near_the_float_model(tmp_path):
+    """The CPU's default set (c-int8) multiplies Q8_0 experts with int8 activations (matvec_i8's expert rows): within
+    the activations' quantisation error of the float products."""
+    import torch
+    from tests.helpers.hf_to_gguf import write_model_gguf
+    from tinyvllm.workers.model import Transformer
+    from tinyvllm.workers.weights import load_weights
+    torch.manual_seed(0)
+    path = write_model_gguf(qwen3moe(True).float().eval(), "qwen3moe", tmp_path / "m.gguf", expert_type="Q8_0")
+    prompt = np.random.default_rng(3).integers(0, VOCAB, 40).tolist()
+    cfg, weights = load_weights(path)
+    got, _ = model_prompt_logprobs(Transformer(cfg, weights, CONTEXT, kernels="c-int8"), prompt)
+    want, _ = model_prompt_logprobs(Transformer(cfg, weights, CONTEXT, kernels="c"), prompt)
+    print(f"largest logprob difference, int8 against float activations: {np.abs(got - want).max():.2e}")
+    assert 0 < np.abs(got - want).max() < 0.05

@@ -1,7 +1,8 @@
 // out[ROWS, COLS] = h[ROWS, K] @ weight.T for a few rows and a Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or Q8_0 weight, with h
 // quantised to int8 per 32-element block and each block's products summed as integers: 4 multiplies per instruction
 // lane (VNNI's vpdpbusd, AVX2's vpmaddubsw + vpmaddwd, NEON's sdot), where the float32 kernel (matvec.c) widens every weight
-// to a float first. Core core_id of CORES computes its share of the columns; each core quantises h itself
+// to a float first (EXPERTS: each row of h times its own expert's COLS rows, as in matvec.c). Core core_id of CORES
+// computes its share of the columns; each core quantises h itself
 // (ROWS x K, small next to the weight it reads). The arithmetic is int8_rows.h's, as gemm_i8.c's for more rows:
 // here the 8 float lanes are 8 consecutive blocks of one output; with AVX-512 (BLOCK_LANES) the weight's dwords are
 // transposed so each vector lane holds one block, elsewhere each block's integer sums are reduced by a
@@ -295,32 +296,38 @@ ALWAYS_INLINE i32x8 half_min_sums(WEIGHT_PARAMS, int n, int b0, const short *res
 }
 #endif
 
-void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int core_id) {
-  signed char xq[ROWS][K] __attribute__((aligned(4)));
-  float xd[ROWS][KB];
-  float xm[ROWS][KB];
-#if defined(X_HALF_SUMS)
-  short x_half_sums[ROWS][KB * 2];
-  for (int t = 0; t < ROWS; t++) quantize_row(h + (long)t * K, xq[t], xd[t], xm[t], x_half_sums[t]);
+#if defined(EXPERTS)
+#define PASS_ROWS 1
 #else
-  for (int t = 0; t < ROWS; t++) quantize_row(h + (long)t * K, xq[t], xd[t], xm[t], 0);
+#define PASS_ROWS ROWS
+#endif
+// out[PASS_ROWS, COLS] = h[PASS_ROWS, K] @ (weight rows base .. base + COLS - 1).T
+ALWAYS_INLINE void rows_product(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int core_id, long base) {
+  signed char xq[PASS_ROWS][K] __attribute__((aligned(4)));
+  float xd[PASS_ROWS][KB];
+  float xm[PASS_ROWS][KB];
+#if defined(X_HALF_SUMS)
+  short x_half_sums[PASS_ROWS][KB * 2];
+  for (int t = 0; t < PASS_ROWS; t++) quantize_row(h + (long)t * K, xq[t], xd[t], xm[t], x_half_sums[t]);
+#else
+  for (int t = 0; t < PASS_ROWS; t++) quantize_row(h + (long)t * K, xq[t], xd[t], xm[t], 0);
 #endif
   const int n_end = (core_id + 1) * PER_CORE < COLS ? (core_id + 1) * PER_CORE : COLS;
 #if defined(BLOCK_LANES)
   // the activations in the groups' lane order: xt[t][g][k] lane L = dword k of row t's block 8 g + LANE_BLOCK(L)
-  i32x16 xt[ROWS][KB / 8][8];
-  f32x16 xdt[ROWS][KB / 8];
+  i32x16 xt[PASS_ROWS][KB / 8][8];
+  f32x16 xdt[PASS_ROWS][KB / 8];
 #if defined(WEIGHT_NIBBLES)
-  f32x16 xmt[ROWS][KB / 8];  // what the weights' minimums multiply
+  f32x16 xmt[PASS_ROWS][KB / 8];  // what the weights' minimums multiply
 #endif
 #if defined(WEIGHT_Q8_0)
-  i32x16 xo[ROWS][KB / 8];  // -128 x the block's code sum: what the weights' + 128 added
+  i32x16 xo[PASS_ROWS][KB / 8];  // -128 x the block's code sum: what the weights' + 128 added
 #endif
 #if defined(WEIGHT_Q6_K)
-  i32x16 xht[ROWS][KB / 8];  // 16-bit lanes 2L, 2L + 1: the block's halves' code sums
+  i32x16 xht[PASS_ROWS][KB / 8];  // 16-bit lanes 2L, 2L + 1: the block's halves' code sums
   const __m512i scale_index[3] = {half_scale_index(0), half_scale_index(1), half_scale_index(2)};
 #endif
-  for (int t = 0; t < ROWS; t++)
+  for (int t = 0; t < PASS_ROWS; t++)
     for (int g = 0; g < KB / 8; g++)
       for (int L = 0; L < 16; L++) {
         const int b = 8 * g + LANE_BLOCK(L);
@@ -340,26 +347,26 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
   // one-column loop's below, so the bits are the same
   for (int n = core_id * PER_CORE; n < n_end; n += 2) {
     const int n1 = n + 1 < n_end ? n + 1 : n;  // an odd last column is computed twice and stored once
-    f32x16 acc[ROWS];
-    for (int t = 0; t < ROWS; t++) acc[t] = (f32x16){0};
+    f32x16 acc[PASS_ROWS];
+    for (int t = 0; t < PASS_ROWS; t++) acc[t] = (f32x16){0};
     for (int g = 0; g < KB / 8; g++) {
       i32x16 w[8];
       for (int i = 0; i < 2; i++)  // the same blocks of the rows PREFETCH_AHEAD on
-        if (n + PREFETCH_AHEAD + i < n_end) prefetch_blocks(WEIGHT_ARGS, n + PREFETCH_AHEAD + i, 8 * g, 8);
-      load_group(WEIGHT_ARGS, n, n1, 8 * g, w);
+        if (n + PREFETCH_AHEAD + i < n_end) prefetch_blocks(WEIGHT_ARGS, base + n + PREFETCH_AHEAD + i, 8 * g, 8);
+      load_group(WEIGHT_ARGS, base + n, base + n1, 8 * g, w);
       f32x8 wd0, wm0, wd1, wm1;
-      block_scales8(WEIGHT_ARGS, n, 8 * g, 8, &wd0, &wm0);
-      block_scales8(WEIGHT_ARGS, n1, 8 * g, 8, &wd1, &wm1);
+      block_scales8(WEIGHT_ARGS, base + n, 8 * g, 8, &wd0, &wm0);
+      block_scales8(WEIGHT_ARGS, base + n1, 8 * g, 8, &wd1, &wm1);
       const f32x16 wd = IN_LANES(wd0, wd1);
 #if defined(WEIGHT_NIBBLES)
       const f32x16 wm = IN_LANES(wm0, wm1);
 #endif
 #if defined(WEIGHT_Q6_K)
-      const __m512i half_scale[2] = {group_half_scales(WEIGHT_ARGS, n, n1, 8 * g, scale_index[0]),
-                                     group_half_scales(WEIGHT_ARGS, n, n1, 8 * g, scale_index[1])};
-      const __m512i both_scales = group_half_scales(WEIGHT_ARGS, n, n1, 8 * g, scale_index[2]);
+      const __m512i half_scale[2] = {group_half_scales(WEIGHT_ARGS, base + n, base + n1, 8 * g, scale_index[0]),
+                                     group_half_scales(WEIGHT_ARGS, base + n, base + n1, 8 * g, scale_index[1])};
+      const __m512i both_scales = group_half_scales(WEIGHT_ARGS, base + n, base + n1, 8 * g, scale_index[2]);
 #endif
-      for (int t = 0; t < ROWS; t++) {
+      for (int t = 0; t < PASS_ROWS; t++) {
 #if defined(WEIGHT_Q8_0)
         i32x16 sums = xo[t][g];
 #else
@@ -386,7 +393,7 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
 #endif
       }
     }
-    for (int t = 0; t < ROWS; t++) {
+    for (int t = 0; t < PASS_ROWS; t++) {
       const f32x8 lanes0 = COLUMN_LANES(acc[t], 0), lanes1 = COLUMN_LANES(acc[t], 1);
       out[(long)t * COLS + n] = LANE_SUM8(lanes0);
       if (n1 != n) out[(long)t * COLS + n1] = LANE_SUM8(lanes1);
@@ -394,46 +401,59 @@ void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int 
   }
 #else
   for (int n = core_id * PER_CORE; n < n_end; n++) {
-    if (n + PREFETCH_AHEAD < n_end) prefetch_row(WEIGHT_ARGS, n + PREFETCH_AHEAD);
-    f32x8 acc[ROWS];
-    for (int t = 0; t < ROWS; t++) acc[t] = (f32x8){0};
+    if (n + PREFETCH_AHEAD < n_end) prefetch_row(WEIGHT_ARGS, base + n + PREFETCH_AHEAD);
+    f32x8 acc[PASS_ROWS];
+    for (int t = 0; t < PASS_ROWS; t++) acc[t] = (f32x8){0};
     for (int b0 = 0; b0 < KB; b0 += 8) {
       const int nb = KB - b0 < 8 ? KB - b0 : 8;
-      i32x8 sums[ROWS];
-      i32x8 dots[ROWS][8];
+      i32x8 sums[PASS_ROWS];
+      i32x8 dots[PASS_ROWS][8];
 #pragma unroll  // i a constant in each copy: the K-quants' bit fields come out by shifts of fixed counts
       for (int i = 0; i < 8; i++) {
         if (i < nb) {
-          const block_t blk = load_block(WEIGHT_ARGS, n, b0 + i);
+          const block_t blk = load_block(WEIGHT_ARGS, base + n, b0 + i);
 #if defined(WEIGHT_HALF_SCALES)
-          const half_scales_t hs = half_scales(WEIGHT_ARGS, n, b0, i);
+          const half_scales_t hs = half_scales(WEIGHT_ARGS, base + n, b0, i);
 #else
           const half_scales_t hs = {0};
 #endif
-          for (int t = 0; t < ROWS; t++) dots[t][i] = block_dot(blk, xq[t] + (b0 + i) * 32, hs);
+          for (int t = 0; t < PASS_ROWS; t++) dots[t][i] = block_dot(blk, xq[t] + (b0 + i) * 32, hs);
         } else {
-          for (int t = 0; t < ROWS; t++) dots[t][i] = (i32x8){0};
+          for (int t = 0; t < PASS_ROWS; t++) dots[t][i] = (i32x8){0};
         }
       }
-      for (int t = 0; t < ROWS; t++) {
+      for (int t = 0; t < PASS_ROWS; t++) {
 #if defined(UNSIGNED_CODES)
-        sums[t] = sums_of_8(dots[t]) - code_offsets(WEIGHT_ARGS, n, b0, x_half_sums[t]);
+        sums[t] = sums_of_8(dots[t]) - code_offsets(WEIGHT_ARGS, base + n, b0, x_half_sums[t]);
 #else
         sums[t] = sums_of_8(dots[t]);
 #endif
       }
       f32x8 wd, wm;
-      block_scales8(WEIGHT_ARGS, n, b0, nb, &wd, &wm);
-      for (int t = 0; t < ROWS; t++) {
+      block_scales8(WEIGHT_ARGS, base + n, b0, nb, &wd, &wm);
+      for (int t = 0; t < PASS_ROWS; t++) {
         acc[t] += __builtin_convertvector(sums[t], f32x8) * (wd * load8(xd[t] + b0, nb));
 #if defined(WEIGHT_NIBBLES)
         acc[t] += wm * load8(xm[t] + b0, nb);
 #elif defined(WEIGHT_Q2_K)
-        acc[t] += __builtin_convertvector(half_min_sums(WEIGHT_ARGS, n, b0, x_half_sums[t]), f32x8) * (wm * load8(xd[t] + b0, nb));
+        acc[t] += __builtin_convertvector(half_min_sums(WEIGHT_ARGS, base + n, b0, x_half_sums[t]), f32x8) * (wm * load8(xd[t] + b0, nb));
 #endif
       }
     }
-    for (int t = 0; t < ROWS; t++) out[(long)t * COLS + n] = LANE_SUM8(acc[t]);
+    for (int t = 0; t < PASS_ROWS; t++) out[(long)t * COLS + n] = LANE_SUM8(acc[t]);
   }
 #endif
 }
+
+#if defined(EXPERTS)
+// Mixture-of-experts products: row t of h times the COLS weight rows of expert experts[t] (rows experts[t] x COLS on
+// of a weight holding every expert's rows one after another), each row on its own: no two rows share weight rows
+void matvec_i8(float *restrict out, const float *restrict h, const int *restrict experts, WEIGHT_PARAMS, int core_id) {
+  for (int t = 0; t < ROWS; t++)
+    rows_product(out + (long)t * COLS, h + (long)t * K, WEIGHT_ARGS, core_id, (long)experts[t] * COLS);
+}
+#else
+void matvec_i8(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int core_id) {
+  rows_product(out, h, WEIGHT_ARGS, core_id, 0);
+}
+#endif
