@@ -121,8 +121,25 @@ def nbytes(shape: tuple[int, ...], type_name: str) -> int:
     return int(np.prod(shape)) // block_elems * block_bytes
 
 
+def byte_level_bytes(token: str) -> bytes:
+    """A byte-level BPE token's bytes (GPT-2's byte-to-character map inverted: bytes that are not printable Latin-1
+    are the characters from U+0100 on, in order)."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    to_byte = {chr(b): b for b in printable} | {chr(0x100 + i): b for i, b in enumerate(others)}
+    return bytes(to_byte.get(c, 0x80) for c in token)  # a character outside the map: not ASCII either
+
+
+def ascii_rows(tokens: list[str]) -> np.ndarray:
+    """Whether each token's bytes are all ASCII."""
+    return np.array([max(byte_level_bytes(t), default=0) < 0x80 for t in tokens])
+
+
 def make_shape_twin(shape: dict, name: str, matrix_type: str, tokenizer_from: str, out: str, seed: int = 0,
-                    tokenizer_vocab: bool = False, layers: int | None = None) -> None:
+                    tokenizer_vocab: bool = False, layers: int | None = None, ascii_output: bool = False) -> None:
+    """ascii_output: the output head's rows of tokens that are not all ASCII bytes are zero, so greedy decoding
+    (logits of the others are rarely all below 0) emits whole characters: llama-server's build answers 500 to a
+    completion that ends inside a UTF-8 character."""
     tokenizer = GGUFFile(tokenizer_from).metadata
     if tokenizer_vocab:
         shape = shape | {"vocab": len(tokenizer["tokenizer.ggml.tokens"])}
@@ -140,6 +157,13 @@ def make_shape_twin(shape: dict, name: str, matrix_type: str, tokenizer_from: st
                 w.write(rope.tobytes())
             elif n.endswith("ffn_gate_inp.weight"):  # a router of its own per layer: tokens spread over the experts
                 w.write(rng.normal(0.0, 0.02, sh).astype("<f4").tobytes())
+            elif ascii_output and n == ("token_embd.weight" if shape["tied"] else "output.weight"):
+                pat = patterns.setdefault(t, gguf_twin.pattern(t, rng))
+                rows = np.frombuffer((pat * (size // len(pat) + 1))[:size], np.uint8).reshape(sh[0], -1).copy()
+                keep, tokens = np.zeros(sh[0], bool), tokenizer["tokenizer.ggml.tokens"][:sh[0]]
+                keep[:len(tokens)] = ascii_rows(tokens)
+                rows[~keep] = 0  # a block of zero bytes: scale 0, every value 0
+                w.write(rows.tobytes())
             else:
                 pat = patterns.setdefault(t, gguf_twin.pattern(t, rng))
                 chunk = pat * max(1, CHUNK // len(pat))
@@ -157,10 +181,12 @@ def main() -> None:
     ap.add_argument("--tokenizer-vocab", action="store_true",
                     help="embedding rows = the tokenizer's vocabulary (what llama.cpp requires), not the model's")
     ap.add_argument("--layers", type=int, help="fewer layers than the model's (each layer as the model's)")
+    ap.add_argument("--ascii-output", action="store_true",
+                    help="zero the output head's rows of tokens with non-ASCII bytes (see make_shape_twin)")
     ap.add_argument("out")
     args = ap.parse_args()
     make_shape_twin(SHAPES[args.shape], args.shape, args.type, args.tokenizer_from, args.out,
-                    tokenizer_vocab=args.tokenizer_vocab, layers=args.layers)
+                    tokenizer_vocab=args.tokenizer_vocab, layers=args.layers, ascii_output=args.ascii_output)
 
 
 if __name__ == "__main__":

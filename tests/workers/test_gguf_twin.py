@@ -78,7 +78,8 @@ def test_shape_twin_with_the_tokenizers_vocabulary_has_as_many_embedding_rows_as
 
 def test_a_mixture_of_experts_twin_loads_and_runs(tmp_path):
     """Qwen3-30B-A3B's kind of shape, small, cut to 2 layers (--layers): experts as 3-d tensors (ffn_down_exps given
-    Q6_K in the Q4_K_M mix's layers), a router of random values, q/k norms and a head_dim that is not dim / heads."""
+    Q6_K in the Q4_K_M mix's layers), a router of random values, q/k norms and a head_dim that is not dim / heads;
+    --ascii-output's head has zero rows for the tokens whose bytes are not all ASCII."""
     from tinyvllm.workers.model import Transformer
     from tinyvllm.workers.weights import load_weights
     from tests.workers.test_architectures import model_prompt_logprobs
@@ -87,7 +88,7 @@ def test_a_mixture_of_experts_twin_loads_and_runs(tmp_path):
                  experts_used=2, expert_ffn=256, vocab=320, context=4096, tied=False, llama3_rope=None,
                  rope_theta=1000000.0)
     out = tmp_path / "twin.gguf"
-    shape_twin.make_shape_twin(shape, "tiny", "Q4_K_M", str(tokenizer), str(out), layers=2)
+    shape_twin.make_shape_twin(shape, "tiny", "Q4_K_M", str(tokenizer), str(out), layers=2, ascii_output=True)
     gguf = GGUFFile(out)
     assert gguf.tensor_shape("blk.1.ffn_down_exps.weight") == (8, 256, 256)
     assert [gguf.tensor_type(f"blk.{i}.ffn_down_exps.weight") for i in (0, 1)] == ["Q4_K", "Q6_K"]  # the last eighth
@@ -97,5 +98,8 @@ def test_a_mixture_of_experts_twin_loads_and_runs(tmp_path):
     assert (cfg.arch, cfg.n_layers, cfg.head_dim, cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim) == \
         ("qwen3moe", 2, 128, 8, 2, 256)
     assert weights["blk.0.ffn_gate_exps.weight"].shape == (8 * 256, 256)
+    tokens = GGUFFile(tokenizer).metadata["tokenizer.ggml.tokens"][:320]  # --ascii-output: no token of non-ASCII bytes
+    head, ascii_tokens = np.asarray(weights["output.weight"], np.float32), shape_twin.ascii_rows(tokens)
+    assert not ascii_tokens.all() and (head[~ascii_tokens] == 0).all() and np.abs(head[ascii_tokens]).max(1).min() > 0
     logprobs, _ = model_prompt_logprobs(Transformer(cfg, weights, 512, kernels="c-int8"), list(range(1, 40)))
     assert np.isfinite(logprobs).all()
