@@ -38,7 +38,7 @@ def c_matmul(h: Tensor, w, kernel: str, h_input: Tensor | None = None, defines: 
     assert c_kernels_support(w), w
     (rows, k), cols = h.shape, w.shape[0]
     if experts is not None:
-        cols, defines = expert_rows, {**(defines or {}), "EXPERTS": 1}
+        cols, defines = expert_rows, {**(defines or {}), "EXPERTS": 1, "N_EXPERTS": w.shape[0] // expert_rows}
     cores = max(1, min(NUM_CPU_THREADS.value, cols))
     name = f"{kernel}_{w.kind.lower()}_{rows}_{cols}_{k}_c{cores}" + ("_experts" if experts is not None else "")
     half_scales = w.kind in HALF_SCALE_KINDS and w.parts[1].dtype == dtypes.half

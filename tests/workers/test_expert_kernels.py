@@ -17,14 +17,15 @@ from tinyvllm.workers.cpu_matvec import HALF_SCALE_KINDS, cpu_expert_matvec
 
 N_EXPERTS = 4
 EXPERT_ROWS = N // N_EXPERTS  # 12
-ROW_EXPERTS = np.array([2, 0, 3, 2, 1], np.int32)  # a row per (token, expert) pair: an expert may come twice
+# a row per (token, expert) pair; matvec_i8 takes an expert's rows 8 at a time: expert 2's 10 rows go as 8 and 2
+ROW_EXPERTS = np.array([2, 0, 3, 2, 1, 2, 2, 2, 3, 2, 2, 2, 2, 2], np.int32)
 TARGETS = {"native": ("-march=native",), "baseline": ()}
 
 
 def run_expert_kernel(kernel: str, flags: tuple[str, ...], kind: str, h: np.ndarray, parts: list[np.ndarray]):
     rows, k = h.shape
     defines = (f"-DROWS={rows}", f"-DCOLS={EXPERT_ROWS}", f"-DK={k}", f"-DCORES={CORES}", f"-DWEIGHT_{kind}",
-               "-DEXPERTS", *(("-DSCALES_F16",) if kind in HALF_SCALE_KINDS and parts[1].dtype == np.float16 else ()))
+               "-DEXPERTS", f"-DN_EXPERTS={N_EXPERTS}", *(("-DSCALES_F16",) if kind in HALF_SCALE_KINDS and parts[1].dtype == np.float16 else ()))
     entry = getattr(ctypes.CDLL(str(shared_library(f"{kernel}.c", (*flags, *defines)))), kernel)
     out = np.full((rows, EXPERT_ROWS), np.nan, np.float32)
     pointers = [a.ctypes.data_as(ctypes.c_void_p) for a in (out, h, ROW_EXPERTS, *parts)]
