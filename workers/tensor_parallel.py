@@ -1,7 +1,8 @@
 """One worker's share of the model's weights (protocol/parallel_layout.py says who holds what).
 
 Tensor parallelism (Megatron): q/k/v and gate/up are split by their output rows (whole heads, MLP units), o and
-down by their input columns, so each rank's o and down outputs are partial sums that the ranks all-reduce; the
+down by their input columns, so each rank's o and down outputs are partial sums that the ranks all-reduce; a mixture
+of experts' FFNs likewise, every expert's (the router is replicated, so every rank routes a token alike); the
 embedding and the output head are split by vocabulary rows (padded with zero rows to equal shards). Norms are
 replicated. Pipeline parallelism keeps only the stage's layers (renumbered from 0), the embedding on the first
 stage and the final norm and head on the last. A worker therefore loads about 1 / (tp * pp) of the weights.
@@ -22,13 +23,22 @@ from tinyvllm.workers.quantized_weight import QuantizedArray
 log = logging.getLogger(__name__)
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 _BY_ROWS = {"attn_q": "q", "attn_k": "kv", "attn_v": "kv", "ffn_gate": "ffn", "ffn_up": "ffn"}
-_BY_COLUMNS = {"attn_output": "q", "ffn_down": "ffn"}
+_BY_COLUMNS = {"attn_output": "q", "ffn_down": "ffn", "ffn_down_exps": "expert_ffn"}
 
 
 def take_rows(w, start: int, stop: int):
     if isinstance(w, QuantizedArray):
         return QuantizedArray(w.type_name, np.ascontiguousarray(w.blocks[start:stop]))
     return np.ascontiguousarray(np.asarray(w)[start:stop])
+
+
+def take_expert_rows(w, n_experts: int, start: int, stop: int):
+    """Rows start .. stop - 1 of every expert of a matrix holding n_experts experts' rows one after another."""
+    if isinstance(w, QuantizedArray):
+        blocks = w.blocks.reshape(n_experts, -1, *w.blocks.shape[1:])[:, start:stop]
+        return QuantizedArray(w.type_name, np.ascontiguousarray(blocks.reshape(-1, *w.blocks.shape[1:])))
+    w = np.asarray(w)
+    return np.ascontiguousarray(w.reshape(n_experts, -1, w.shape[1])[:, start:stop].reshape(-1, w.shape[1]))
 
 
 def take_columns(w, start: int, stop: int):
@@ -66,9 +76,10 @@ def head_ranges(cfg: ModelConfig, spec: ShardSpec) -> dict[str, range]:
     t, r, hd = spec.tp_size, spec.tp_rank, cfg.head_dim
     q_heads = cfg.n_heads // t
     kv = kv_head_range(cfg.n_kv_heads, r, t)
-    ffn = cfg.ffn_dim // t
+    ffn, expert_ffn = cfg.ffn_dim // t, cfg.expert_ffn_dim // t
     return {"q": range(r * q_heads * hd, (r + 1) * q_heads * hd),
-            "kv": range(kv.start * hd, kv.stop * hd), "ffn": range(r * ffn, (r + 1) * ffn)}
+            "kv": range(kv.start * hd, kv.stop * hd), "ffn": range(r * ffn, (r + 1) * ffn),
+            "expert_ffn": range(r * expert_ffn, (r + 1) * expert_ffn)}
 
 
 def shard_weights(cfg: ModelConfig, weights: dict, spec: ShardSpec) -> tuple[ModelConfig, dict, int]:
@@ -77,8 +88,9 @@ def shard_weights(cfg: ModelConfig, weights: dict, spec: ShardSpec) -> tuple[Mod
     if spec.tp_size > 1 and any(name.startswith("blk.0.post_") for name in weights):
         raise ValueError(f"{cfg.arch}: norms of the attention and MLP outputs (Gemma) are not supported with "
                          f"--tensor-parallel-size > 1 yet (they would need the all-reduced sums)")
-    if spec.tp_size > 1 and cfg.n_experts:
-        raise ValueError(f"{cfg.arch}: mixture-of-experts models are not supported with --tensor-parallel-size > 1 yet")
+    if spec.tp_size > 1 and cfg.n_experts and cfg.expert_ffn_dim % spec.tp_size:
+        raise ValueError(f"{cfg.arch}: the experts' width {cfg.expert_ffn_dim} does not split over "
+                         f"{spec.tp_size} tensor-parallel ranks")
     layers = spec.layers(cfg.n_layers)
     ranges = head_ranges(cfg, spec)
     vocab = vocab_shard(cfg.vocab_size, spec)
@@ -92,6 +104,9 @@ def shard_weights(cfg: ModelConfig, weights: dict, spec: ShardSpec) -> tuple[Mod
             if kind in _BY_ROWS:
                 rows = ranges[_BY_ROWS[kind]]
                 w = take_rows(w, rows.start, rows.stop)
+            elif kind in ("ffn_gate_exps", "ffn_up_exps"):
+                rows = ranges["expert_ffn"]
+                w = take_expert_rows(w, cfg.n_experts, rows.start, rows.stop)
             elif kind in _BY_COLUMNS:
                 cols = ranges[_BY_COLUMNS[kind]]
                 w = take_columns(w, cols.start, cols.stop)
@@ -107,5 +122,6 @@ def shard_weights(cfg: ModelConfig, weights: dict, spec: ShardSpec) -> tuple[Mod
         else:
             local[name] = w
     local_cfg = dataclasses.replace(cfg.layers_slice(layers), n_heads=cfg.n_heads // spec.tp_size,
-                                    n_kv_heads=len(ranges["kv"]) // cfg.head_dim, ffn_dim=len(ranges["ffn"]))
+                                    n_kv_heads=len(ranges["kv"]) // cfg.head_dim, ffn_dim=len(ranges["ffn"]),
+                                    expert_ffn_dim=len(ranges["expert_ffn"]))
     return local_cfg, local, vocab.start

@@ -102,3 +102,32 @@ def test_a_size_that_does_not_split_the_model_is_refused_at_start(default_model_
     with pytest.raises(ValueError, match=r"--tensor-parallel-size 2 does not split this model: the model's 9 attention "
                                          r"heads do not divide by it \(sizes that work: 1, 3\)"):
         LLM(str(default_model_path), tensor_parallel_size=2, **ENGINE)
+
+
+def test_a_mixture_of_experts_split_over_two_ranks_gives_the_single_workers_tokens(tmp_path):
+    """Qwen3-MoE with every expert's width split over two tensor-parallel workers (the router replicated): the
+    greedy tokens and their logprobs of one worker."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from tests.helpers.hf_to_gguf import write_model_gguf
+    from tests.helpers.tiny_model import VOCAB_SIZE, tokenizer_metadata
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        vocab_size=VOCAB_SIZE, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=96, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=True, max_position_embeddings=256, tie_word_embeddings=True)).float().eval()
+    with torch.no_grad():  # weights that make greedy decoding wander (tests/helpers/tiny_reasoning_model.py)
+        model.model.embed_tokens.weight.normal_(0.0, 0.5)
+        model.model.norm.weight.normal_()
+    path = str(write_model_gguf(model, "qwen3moe", tmp_path / "moe.gguf", extra=tokenizer_metadata()))
+    sampling = SamplingParams(temperature=0, max_tokens=N_TOKENS, ignore_eos=True, logprobs=0)
+    prompts = [[1, 400, 2000, 30, 77], list(range(100, 140))]
+    results = {}
+    for tp in (1, 2):
+        with LLM(path, tensor_parallel_size=tp, **ENGINE) as llm:
+            results[tp] = [(r.token_ids, [lp.logprob for lp in r.outputs[0].logprobs])
+                           for r in llm.generate(prompts, sampling)]
+    for (tokens, logprobs), (tokens2, logprobs2) in zip(results[1], results[2]):
+        assert tokens2 == tokens
+        np.testing.assert_allclose(logprobs2, logprobs, atol=1e-4)
+    assert results[1][0][0] != results[1][1][0]

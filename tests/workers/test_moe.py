@@ -71,19 +71,33 @@ def test_a_step_reads_only_the_experts_its_tokens_were_routed_to(module_kernel_s
     assert sampled == int(expected[-1].argmax())
 
 
-def test_tensor_parallelism_refuses_experts_for_now(tmp_path):
+def test_tensor_parallel_ranks_hold_a_share_of_every_expert_and_their_sums_are_the_mlp(module_kernel_set, tmp_path):
+    """Each of two ranks holds half of every expert's width (gate and up by rows, down by columns) and the whole router:
+    its MLP output is a partial sum, and the two add up to the unsharded MLP's; a pipeline stage takes its layers'
+    experts whole."""
     import torch
+    from tinygrad import Tensor
     from tinyvllm.protocol.parallel_layout import ShardSpec
+    from tinyvllm.workers.model import Transformer
     from tinyvllm.workers.tensor_parallel import shard_weights
     from tinyvllm.workers.weights import load_weights
     torch.manual_seed(0)
-    mixtral().save_pretrained(tmp_path)
+    qwen3moe(True).save_pretrained(tmp_path)
     (tmp_path / "tokenizer.json").touch()
     cfg, weights = load_weights(tmp_path)
-    with pytest.raises(ValueError, match="mixture-of-experts"):
-        shard_weights(cfg, weights, ShardSpec(0, 2))
-    local_cfg, local, _ = shard_weights(cfg, weights, ShardSpec(0, 1, 1, 2))  # a stage takes its layers' experts
-    assert local_cfg.n_layers == 1 and local["blk.0.ffn_gate_exps.weight"].shape == (4 * 48, 64)
+    x = Tensor(np.random.default_rng(4).standard_normal((5, cfg.dim)).astype(np.float32))
+    whole = Transformer(cfg, weights, CONTEXT, kernels=module_kernel_set).mlp(1, x).numpy()
+    parts = []
+    for rank in range(2):
+        local_cfg, local, vocab_start = shard_weights(cfg, weights, ShardSpec(rank, 2))
+        assert local_cfg.expert_ffn_dim == 16 and local["blk.1.ffn_up_exps.weight"].shape == (8 * 16, 64)
+        assert local["blk.1.ffn_down_exps.weight"].shape == (8 * 64, 16)
+        parts.append(Transformer(local_cfg, local, CONTEXT, kernels=module_kernel_set,
+                                 vocab_start=vocab_start).mlp(1, x).numpy())
+    np.testing.assert_allclose(parts[0] + parts[1], whole, rtol=1e-4, atol=1e-5)
+    assert np.abs(parts[0] - whole).max() > 1e-3  # a rank's share alone is not the whole
+    local_cfg, local, _ = shard_weights(cfg, weights, ShardSpec(0, 1, 1, 2))
+    assert local_cfg.n_layers == 1 and local["blk.0.ffn_gate_exps.weight"].shape == (8 * 32, 64)
 
 
 def test_experts_kept_quantised_compute_what_their_float_values_do(module_kernel_set, tmp_path):
