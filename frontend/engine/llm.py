@@ -1,4 +1,4 @@
-"""Offline use of the same processes: `LLM(model).generate(prompts, sampling)` and `LLM.stream(prompt)`.
+"""Offline use of the same processes: `LLM(model).generate(prompts, sampling)`, `LLM.stream(prompt)`, `embed`, `score`.
 
 A synchronous wrapper over the HTTP server's EnginePool (frontend/engine/engine_pool.py: EngineClients of one or more
 data-parallel replicas, restarted when they fail): the pool runs on a private event loop in a background thread
@@ -21,6 +21,7 @@ from tinyvllm.frontend.engine.engine_client import EngineDeadError
 from tinyvllm.frontend.engine.engine_pool import EnginePool, launch_pool
 from tinyvllm.frontend.engine.generation_result import CompletionOutput, GenerationResult, SampleCollector
 from tinyvllm.frontend.engine.request_errors import EngineRequestError
+from tinyvllm.frontend.engine.rerank import Reranker
 from tinyvllm.protocol.tokenizer import Tokenizer
 from tinyvllm.protocol.engine_config import EngineConfig
 from tinyvllm.protocol.messages import SchedulerStats
@@ -101,6 +102,16 @@ class LLM:
         ids = [self._prompt_ids(text) for text in _as_list(texts)]
         try:
             return self._loop.run(embeddings.embed(self._engine, ids))
+        except EngineRequestError as e:
+            raise RuntimeError(str(e)) from None
+
+    def score(self, query: str, documents: str | list[str], instruction: str | None = None) -> list[float]:
+        """Each document's relevance to the query as /v1/rerank scores it (frontend/engine/rerank.py): a decoder-only
+        reranker's P("yes") against P("no"); ValueError for a pair longer than the context."""
+        reranker = Reranker(self._engine, self.tokenizer, self.ready.max_model_len)
+        batch = reranker.prompts([(query, d) for d in _as_list(documents)], instruction, "documents")
+        try:
+            return self._loop.run(reranker.relevance(batch))
         except EngineRequestError as e:
             raise RuntimeError(str(e)) from None
 

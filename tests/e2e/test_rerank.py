@@ -91,6 +91,16 @@ def test_score_one_to_many_and_pairwise(reranker):
                                                  abs=1e-4)
 
 
+def test_the_offline_llm_scores_as_the_server(reranker):
+    from tinyvllm.frontend.engine.llm import LLM
+    _, folder = reranker
+    expected = reference_scores(folder, QUERY, DOCUMENTS[:2])
+    with LLM(str(folder), max_model_len=160, num_kv_blocks=32, max_num_seqs=4, kernels="c") as llm:
+        assert llm.score(QUERY, DOCUMENTS[:2]) == [pytest.approx(s, abs=1e-4) for s in expected]
+        with pytest.raises(ValueError, match="maximum context length"):
+            llm.score(QUERY, "word " * 200)
+
+
 def test_ollama_rerank(reranker):
     server, folder = reranker
     expected = reference_scores(folder, QUERY, DOCUMENTS[:3])
