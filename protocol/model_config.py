@@ -139,7 +139,7 @@ class ModelConfig:
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
             rope_scaling=rope_scaling, qk_norm=arch in QK_NORM_ARCHS,
-            layer_windows=_hf_layer_windows(cfg, arch), **_hf_experts(cfg),
+            layer_windows=_hf_layer_windows(cfg, arch), **_hf_experts(cfg, arch),
             **(_gemma_hf(cfg, dim) if arch in GEMMA_ARCHS else {}),
         )
 
@@ -153,7 +153,7 @@ def _gguf_experts(md: dict, arch: str) -> dict:
                 norm_topk_prob=bool(md.get(f"{arch}.expert_weights_norm", True)))
 
 
-def _hf_experts(cfg: dict) -> dict:
+def _hf_experts(cfg: dict, arch: str) -> dict:
     """Qwen3-MoE's and Mixtral's expert counts ({} for a dense model); a model with dense layers among its sparse
     ones (Qwen3-MoE's mlp_only_layers, decoder_sparse_step) is refused."""
     n_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
@@ -164,7 +164,8 @@ def _hf_experts(cfg: dict) -> dict:
                          "not supported")
     return dict(n_experts=n_experts, n_experts_used=int(cfg["num_experts_per_tok"]),
                 expert_ffn_dim=int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
-                norm_topk_prob=bool(cfg.get("norm_topk_prob", True)))  # Mixtral: always renormalised
+                # transformers' Qwen3MoeConfig defaults to False; Mixtral always renormalises
+                norm_topk_prob=bool(cfg.get("norm_topk_prob", arch != "qwen3moe")))
 
 
 def _windows(n_layers: int, window: int, context: int, sliding) -> tuple[int, ...]:

@@ -20,7 +20,9 @@ def tensor_parallel_problem(cfg: ModelConfig, tp_size: int) -> str | None:
         return f"the model's {cfg.n_heads} attention heads do not divide by it"
     if cfg.n_kv_heads % tp_size and tp_size % cfg.n_kv_heads:
         return f"neither divides the other with the model's {cfg.n_kv_heads} KV heads"
-    if cfg.ffn_dim % tp_size:
+    if cfg.n_experts and cfg.expert_ffn_dim % tp_size:
+        return f"the model's experts' {cfg.expert_ffn_dim} units do not divide by it"
+    if not cfg.n_experts and cfg.ffn_dim % tp_size:
         return f"the model's {cfg.ffn_dim} MLP units do not divide by it"
     return None
 

@@ -155,9 +155,9 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
                              f"got {self.min_tokens}.")
         if self.score_token_ids and (self.embed or len(self.score_token_ids) > MAX_SCORE_TOKENS or self.n != 1
-                                     or min(self.score_token_ids) < 0):
-            raise ValueError(f"a scoring request scores 1 to {MAX_SCORE_TOKENS} token ids (non-negative), with n = 1 "
-                             f"and no embedding")
+                                     or not 0 <= min(self.score_token_ids) <= max(self.score_token_ids) < 2**31):
+            raise ValueError(f"a scoring request scores 1 to {MAX_SCORE_TOKENS} token ids (int32, non-negative), with "
+                             f"n = 1 and no embedding")
         if self.grammar is not None and len(self.grammar) > MAX_GRAMMAR_CHARS:
             raise ValueError(f"the structured output grammar is longer than {MAX_GRAMMAR_CHARS} characters")
         if self.thinking is not None:

@@ -38,13 +38,15 @@ def c_matmul(h: Tensor, w, kernel: str, h_input: Tensor | None = None, defines: 
     assert c_kernels_support(w), w
     (rows, k), cols = h.shape, w.shape[0]
     if experts is not None:
+        assert experts.dtype == dtypes.int32 and w.shape[0] % expert_rows == 0, (experts.dtype, w.shape, expert_rows)
         cols, defines = expert_rows, {**(defines or {}), "EXPERTS": 1, "N_EXPERTS": w.shape[0] // expert_rows}
     cores = max(1, min(NUM_CPU_THREADS.value, cols))
     name = f"{kernel}_{w.kind.lower()}_{rows}_{cols}_{k}_c{cores}" + ("_experts" if experts is not None else "")
     half_scales = w.kind in HALF_SCALE_KINDS and w.parts[1].dtype == dtypes.half
     source = c_source(f"{kernel}.c", {"ROWS": rows, "COLS": cols, "K": k, "CORES": cores, f"WEIGHT_{w.kind}": 1,
                                       **({"SCALES_F16": 1} if half_scales else {}), **(defines or {})})
-    weight_bytes = w.nbytes if experts is None else w.nbytes * rows * cols // w.shape[0]  # the rows' experts only
+    # an expert product reads at most its rows' experts
+    weight_bytes = w.nbytes if experts is None else w.nbytes * min(rows, w.shape[0] // cols) * cols // w.shape[0]
     fxn = c_kernel(name, source, cores, Estimates(
         ops=2 * rows * cols * k, lds=weight_bytes + 4 * rows * k, mem=weight_bytes + 4 * rows * (k + cols)))
     out = Tensor.empty(rows, cols, dtype=dtypes.float32, device=h.device)

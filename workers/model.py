@@ -56,7 +56,7 @@ class Layer:
         self.wq, self.wk, self.wv, self.wo = (w[p + f"attn_{n}.weight"] for n in ("q", "k", "v", "output"))
         self.biases = tuple(b.dequantized() for n in ("q", "k", "v") if (b := w.get(p + f"attn_{n}.bias")) is not None)
         self.qk_norms = tuple(x.dequantized() for n in ("q", "k") if (x := w.get(p + f"attn_{n}_norm.weight")) is not None)
-        if cfg.n_experts:  # the router [n_experts, dim] and each FFN matrix of all experts, their rows one after another
+        if cfg.n_experts:  # the router [n_experts, dim]; each FFN matrix of all experts, their rows one after another
             self.router = w[p + "ffn_gate_inp.weight"].dequantized()
             self.w_gate, self.w_up, self.w_down = (w[p + f"{n}.weight"] for n in EXPERT_MATRICES)
         else:

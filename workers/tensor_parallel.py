@@ -88,9 +88,7 @@ def shard_weights(cfg: ModelConfig, weights: dict, spec: ShardSpec) -> tuple[Mod
     if spec.tp_size > 1 and any(name.startswith("blk.0.post_") for name in weights):
         raise ValueError(f"{cfg.arch}: norms of the attention and MLP outputs (Gemma) are not supported with "
                          f"--tensor-parallel-size > 1 yet (they would need the all-reduced sums)")
-    if spec.tp_size > 1 and cfg.n_experts and cfg.expert_ffn_dim % spec.tp_size:
-        raise ValueError(f"{cfg.arch}: the experts' width {cfg.expert_ffn_dim} does not split over "
-                         f"{spec.tp_size} tensor-parallel ranks")
+    assert not (cfg.n_experts and cfg.expert_ffn_dim % spec.tp_size), "protocol/parallel_layout.py checks this"
     layers = spec.layers(cfg.n_layers)
     ranges = head_ranges(cfg, spec)
     vocab = vocab_shard(cfg.vocab_size, spec)

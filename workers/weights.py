@@ -54,6 +54,7 @@ _HF_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _HF_EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
 _EXPERT_KINDS = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down", "w1": "gate", "w3": "up", "w2": "down"}
 EXPERT_MATRICES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+_GGUF_EXPERT_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight")
 
 
 def hf_to_gguf_name(name: str, arch: str = "llama") -> str | None:
@@ -86,8 +87,18 @@ def stack_experts(weights: dict, config: ModelConfig) -> dict:
             if any(part is not None for part in parts):
                 if any(part is None for part in parts):
                     raise ValueError(f"layer {i} lacks some of its {config.n_experts} experts' {kind} matrices")
-                weights[f"blk.{i}.{kind}.weight"] = np.concatenate([np.asarray(part, np.float32) for part in parts])
+                weights[f"blk.{i}.{kind}.weight"] = _concatenated_rows(parts)
     return weights
+
+
+def _concatenated_rows(parts: list) -> np.ndarray | QuantizedArray:
+    """Matrices of one width one after another, in their stored type where all share it (BF16 as QuantizedArray
+    blocks, F16); float32 otherwise (a float8 checkpoint's experts, for now)."""
+    if all(isinstance(p, QuantizedArray) for p in parts) and len({p.type_name for p in parts}) == 1:
+        return QuantizedArray(parts[0].type_name, np.concatenate([p.blocks for p in parts]))
+    if all(isinstance(p, np.ndarray) and p.dtype == np.float16 for p in parts):
+        return np.concatenate(parts)
+    return np.concatenate([np.asarray(part, np.float32) for part in parts])
 
 
 def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -102,9 +113,7 @@ def _load_gguf(path: pathlib.Path, keep_quantized: bool) -> tuple[ModelConfig, d
     config = ModelConfig.from_gguf_metadata(gguf.metadata, gguf.tensor_names)
 
     def load(name: str):
-        kind, shape = gguf.tensor_type(name), gguf.tensor_shape(name)
-        if len(shape) == 3:  # experts [n_experts, rows, columns]: their rows one after another
-            shape = (shape[0] * shape[1], shape[2])
+        kind, shape = gguf.tensor_type(name), matrix_shape(gguf.tensor_shape(name))
         if keep_quantized and QuantizedArray.keeps(kind, shape):
             return QuantizedArray.from_raw(kind, gguf.raw(name), shape)
         if keep_quantized and kind == "F16" and len(shape) == 2:
@@ -122,9 +131,19 @@ def _load_gguf(path: pathlib.Path, keep_quantized: bool) -> tuple[ModelConfig, d
                         weights[name] = w.with_rows(lambda blocks, h=heads: unpermute_rope_rows(blocks, h))
                     elif w is not None:
                         weights[name] = unpermute_rope_rows(w, heads)
+    if config.n_experts:  # GGUFs from before 3-d expert tensors (Mixtral's of 2023): blk.{i}.ffn_{kind}.{e}.weight
+        for name in [n for n in weights if _GGUF_EXPERT_RE.fullmatch(n)]:
+            i, kind, e = _GGUF_EXPERT_RE.fullmatch(name).groups()
+            weights[f"blk.{i}.ffn_{kind}_exps.{e}.weight"] = weights.pop(name)
+        weights = stack_experts(weights, config)
     if "rope_freqs.weight" in weights and config.rope_scaling is None:
         config = dataclasses.replace(config, rope_scaling={"rope_type": "rope_freqs"})
     return config, weights
+
+
+def matrix_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A tensor's shape as the device holds it: experts [n_experts, rows, columns] as their rows one after another."""
+    return (shape[0] * shape[1], shape[2]) if len(shape) == 3 else tuple(shape)
 
 
 def check_widened_types(gguf: GGUFFile) -> None:
@@ -133,7 +152,7 @@ def check_widened_types(gguf: GGUFFile) -> None:
     in the memory this machine has available. (A type not read at all is refused as it is loaded, naming it.)"""
     widened: dict[str, int] = {}
     for name in gguf.tensor_names:
-        kind, shape = gguf.tensor_type(name), gguf.tensor_shape(name)
+        kind, shape = gguf.tensor_type(name), matrix_shape(gguf.tensor_shape(name))
         if kind not in ("F32", "F16") and not QuantizedArray.keeps(kind, shape) and GGML_TYPE_IDS[kind] in SUPPORTED:
             widened[kind] = widened.get(kind, 0) + 4 * int(np.prod(shape))
     if not widened:

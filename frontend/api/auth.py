@@ -1,5 +1,5 @@
-"""`--api-key`: every /v1 and /api route, and /kv_events, needs `Authorization: Bearer <key>` (Anthropic's
-/v1/messages also takes `x-api-key: <key>`); /health, /metrics and the rest stay open.
+"""`--api-key`: every /v1, /v2 and /api route, /rerank, /score and /kv_events need `Authorization: Bearer <key>`
+(Anthropic's /v1/messages also takes `x-api-key: <key>`); /health, /metrics and the rest stay open.
 
 A pure ASGI middleware: Starlette's BaseHTTPMiddleware would wrap every response in its own stream, which breaks
 server-sent events and hides client disconnects from the handlers.
@@ -15,7 +15,7 @@ from tinyvllm.frontend.api.anthropic.errors import anthropic_error_body, is_anth
 from tinyvllm.frontend.api.openai_protocol import error_body
 
 API_KEY_ENV = "TINYVLLM_API_KEY"
-PROTECTED_PREFIXES = ("/v1", "/api", "/kv_events")
+PROTECTED_PREFIXES = ("/v1", "/v2", "/api", "/rerank", "/score", "/kv_events")
 OPENAI, OLLAMA, ANTHROPIC = "openai", "ollama", "anthropic"
 
 

@@ -24,7 +24,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tinyvllm.frontend.api.auth import error_body_for
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses",
-                              "/v1/embeddings", "/api/generate", "/api/chat", "/api/embed", "/api/embeddings"})
+                              "/v1/embeddings", "/rerank", "/v1/rerank", "/v2/rerank", "/score", "/v1/score",
+                              "/api/generate", "/api/chat", "/api/embed", "/api/embeddings", "/api/rerank"})
 OPEN_WHILE_DRAINING = frozenset({"/metrics"})
 MAX_HEADER_BYTES = 16 * 1024  # h11's bound on an unparsed head, which a head arriving in one read escapes
 RETRY_AFTER_S = 1

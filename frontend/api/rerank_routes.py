@@ -41,12 +41,11 @@ def rerank_routes(engine, tokenizer, model_name: str, max_model_len: int, max_bo
         if engine.dead_reason is not None:
             raise EngineDeadError(engine.dead_reason)
         try:
-            param = "documents" if schema is RerankRequest else "text_2"
-            batch = reranker.prompts(pairs_of(req), req.instruction, param)
-            scores = await reranker.relevance(batch)
+            scores, num_tokens = await reranker.score(pairs_of(req), req.instruction,
+                                                      "documents" if schema is RerankRequest else "text_2")
         except RerankError as e:
             raise api.APIError(str(e), param=e.param) from None
-        return req, scores, sum(len(ids) for ids in batch)
+        return req, scores, num_tokens
 
     async def rerank(request: Request) -> Response:
         try:

@@ -109,9 +109,9 @@ class LLM:
         """Each document's relevance to the query as /v1/rerank scores it (frontend/engine/rerank.py): a decoder-only
         reranker's P("yes") against P("no"); ValueError for a pair longer than the context."""
         reranker = Reranker(self._engine, self.tokenizer, self.ready.max_model_len)
-        batch = reranker.prompts([(query, d) for d in _as_list(documents)], instruction, "documents")
         try:
-            return self._loop.run(reranker.relevance(batch))
+            return self._loop.run(reranker.score([(query, d) for d in _as_list(documents)], instruction,
+                                                 "documents"))[0]
         except EngineRequestError as e:
             raise RuntimeError(str(e)) from None
 

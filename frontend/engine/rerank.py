@@ -4,6 +4,7 @@ against "no" at the prompt's last position: softmax(logit_no, logit_yes)[1] (vLL
 classifier of weight w_yes - w_no and a sigmoid: the same number). The pairs run as prefill-only scoring requests
 (frontend/engine/embeddings.score_tokens), batched by the engine like any other prompts; their common beginning
 (the template and instruction) comes from the prefix cache after the first."""
+import asyncio
 import math
 from dataclasses import dataclass
 
@@ -43,26 +44,36 @@ class Reranker:
 
     def prompt_ids(self, query: str, document: str, instruction: str | None = None) -> list[int]:
         user = f"<Instruct>: {instruction or DEFAULT_INSTRUCTION}\n<Query>: {query}\n<Document>: {document}"
-        if self.tokenizer.chat_template:
-            # Qwen3's template with the thinking off ends in an empty think block, as the model card's prompt does
-            text = self.tokenizer.apply_chat_template([{"role": "system", "content": JUDGE},
-                                                       {"role": "user", "content": user}],
-                                                      add_generation_prompt=True, enable_thinking=False)
-            return self.tokenizer.encode(text, False)
-        return self.tokenizer.encode(f"{JUDGE}\n{user}\nAnswer (yes or no): ", True)
+        if not self.tokenizer.chat_template:
+            return self.tokenizer.encode(f"{JUDGE}\n{user}\nAnswer (yes or no): ", True)
+        # Qwen3's template with the thinking off ends in an empty think block, as the model card's prompt does; a
+        # template without a system turn (Gemma's raises) gets the judge's words in the user's
+        for messages in ([{"role": "system", "content": JUDGE}, {"role": "user", "content": user}],
+                         [{"role": "user", "content": f"{JUDGE}\n{user}"}]):
+            try:
+                text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=False)
+                return self.tokenizer.encode(text, False)
+            except ValueError as e:
+                error = e
+        raise RerankError(f"this model's chat template cannot render a rerank prompt: {error}")
 
     def prompts(self, pairs: list[tuple[str, str]], instruction: str | None, param: str) -> list[list[int]]:
-        """Each (query, document) pair's prompt; RerankError for one longer than the model's context."""
-        batch = [self.prompt_ids(query, document, instruction) for query, document in pairs]
-        for ids in batch:
+        """Each (query, document) pair's prompt; RerankError at the first one longer than the model's context."""
+        batch = []
+        for query, document in pairs:
+            batch.append(ids := self.prompt_ids(query, document, instruction))
             if len(ids) > self.max_model_len:
                 raise RerankError(f"This model's maximum context length is {self.max_model_len} tokens. However, "
                                   f"a query and document take {len(ids)} tokens. Please reduce the length of the "
                                   f"input.", param)
         return batch
 
-    async def relevance(self, batch: list[list[int]]) -> list[float]:
-        """P(yes) against P(no) for each prompt."""
+    async def score(self, pairs: list[tuple[str, str]], instruction: str | None,
+                    param: str) -> tuple[list[float], int]:
+        """(each pair's relevance, the prompts' tokens together); the prompts are rendered and tokenized off the event
+        loop (a long query times many documents is seconds of it)."""
         no_yes = self.answer_token_ids()
+        batch = await asyncio.to_thread(self.prompts, pairs, instruction, param)
         logits = await score_tokens(self.engine, batch, no_yes)
-        return [1.0 / (1.0 + math.exp(max(-700.0, min(700.0, no - yes)))) for no, yes in logits]
+        return [1.0 / (1.0 + math.exp(max(-700.0, min(700.0, no - yes)))) for no, yes in logits], \
+            sum(len(ids) for ids in batch)

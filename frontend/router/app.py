@@ -1,5 +1,5 @@
-"""The router's HTTP app: /v1/* and /api/* proxied to the instances, /instances for membership, /health, /metrics,
-/dashboard (every instance's, summed and side by side).
+"""The router's HTTP app: /v1/*, /api/*, /rerank, /v2/rerank and /score proxied to the instances, /instances for
+membership, /health, /metrics, /dashboard (every instance's, summed and side by side).
 
 Middleware as in `tinyvllm serve` (frontend/api/app.py): the API key on /v1 and /api, the register secret on
 /instances, then the request gate (--max-waiting-requests counts requests without any answer yet; the drain).
@@ -37,7 +37,8 @@ def build_router_app(registry: InstanceRegistry, proxy: UpstreamProxy, metrics: 
                 *membership_routes(registry),
                 *router_dashboard_routes(registry, proxy.clients, gate, api_key, proxy.instance_authorization),
                 Route("/v1/{rest:path}", proxy, methods=PROXIED_METHODS),
-                Route("/api/{rest:path}", proxy, methods=PROXIED_METHODS)],
+                Route("/api/{rest:path}", proxy, methods=PROXIED_METHODS),
+                *(Route(path, proxy, methods=["POST"]) for path in ("/rerank", "/v2/rerank", "/score"))],
         middleware=[*([Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []),
                     *([Middleware(APIKeyMiddleware, api_key=register_secret, prefixes=MEMBERSHIP_PREFIX)]
                       if register_secret else []),

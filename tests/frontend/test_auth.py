@@ -38,6 +38,8 @@ def client():
     ("POST", "/v1/completions", {"prompt": "Hi"}),
     ("POST", "/v1/chat/completions", CHAT),
     ("GET", "/v1/no-such-route", None),  # refused before routing: no probing for routes without the key
+    *(("POST", path, {"query": "q", "documents": ["d"]}) for path in ("/rerank", "/v1/rerank", "/v2/rerank")),
+    ("POST", "/score", {"text_1": "q", "text_2": "d"}),
 ])
 @pytest.mark.parametrize("headers", [
     {}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY.encode()}, {"Authorization": f"Basic {KEY}".encode()},
@@ -118,7 +120,7 @@ async def test_openapi_documents_the_key():
     assert doc["components"]["securitySchemes"] == {"bearer": {"type": "http", "scheme": "bearer"}}
     for path, methods in doc["paths"].items():
         for op in methods.values():
-            protected = path.startswith(("/v1/", "/api/")) or path in ("/v1", "/api")
+            protected = path.startswith(("/v1/", "/v2/", "/api/")) or path in ("/v1", "/api", "/rerank", "/score")
             assert (op.get("security") == [{"bearer": []}]) == protected, path
             if protected and "default" not in op["responses"]:
                 assert "401" in op["responses"], path

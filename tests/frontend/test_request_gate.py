@@ -42,10 +42,13 @@ async def test_past_the_waiting_limit_new_requests_get_503_with_retry_after_befo
         assert "--max-waiting-requests" in busy.json()["error"]["message"]
         ollama = await client.post("/api/generate", json={"model": MODEL, "prompt": "Hi"})
         assert ollama.status_code == 503 and set(ollama.json()) == {"error"}
+        for path in ("/rerank", "/v1/rerank", "/v2/rerank", "/score", "/v1/score", "/api/rerank"):  # they queue too
+            assert (await client.post(path, content=b"{}")).status_code == 503, path
         assert (await client.get("/health")).status_code == 200  # busy is not unhealthy
         metrics = (await client.get("/metrics")).text
         assert metric(metrics, "tinyvllm:num_requests_waiting_admission{") == 2
-        assert metric(metrics, 'tinyvllm:requests_rejected_total{model_name="tiny-test-model",reason="queue_full"}') == 2
+        rejected = 'tinyvllm:requests_rejected_total{model_name="tiny-test-model",reason="queue_full"}'
+        assert metric(metrics, rejected) == 8
         engine.hold.set()
         assert [r.status_code for r in await asyncio.gather(*first)] == [200, 200]
         assert (await client.post(COMPL, json=HI)).status_code == 200

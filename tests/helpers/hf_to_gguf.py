@@ -49,8 +49,9 @@ def gguf_metadata(config, arch: str) -> dict:
 
 
 def write_model_gguf(model, arch: str, path: str | pathlib.Path, extra: dict | None = None,
-                     expert_type: str = "F32") -> pathlib.Path:
-    """expert_type: the GGUF type of the experts' matrices (the rest is F32)."""
+                     expert_type: str = "F32", per_expert: bool = False) -> pathlib.Path:
+    """expert_type: the GGUF type of the experts' matrices (the rest is F32); per_expert: each expert's matrices as
+    tensors of their own, blk.{i}.ffn_{kind}.{e}.weight, as llama.cpp's converter wrote Mixtral in 2023."""
     from tinyvllm.workers.weights import hf_to_gguf_name
     config = model.config
     tensors = {}
@@ -71,5 +72,10 @@ def write_model_gguf(model, arch: str, path: str | pathlib.Path, extra: dict | N
         tensors[name.replace("up_exps", "gate_exps")] = (np.ascontiguousarray(gate_up[:, :width]), "F32")
         tensors[name] = (np.ascontiguousarray(gate_up[:, width:]), "F32")
     tensors = {name: (w, expert_type if "_exps." in name else kind) for name, (w, kind) in tensors.items()}
+    if per_expert:
+        for name in [name for name in tensors if "_exps." in name]:
+            w, kind = tensors.pop(name)
+            for e in range(w.shape[0]):
+                tensors[name.replace("_exps.", f".{e}.")] = (np.ascontiguousarray(w[e]), kind)
     write_gguf(path, {**gguf_metadata(config, arch), **(extra or {})}, tensors)
     return pathlib.Path(path)

@@ -68,6 +68,17 @@ async def test_a_whole_answer_passes_with_its_status_headers_and_query():
         assert (exchange.path, exchange.headers["authorization"]) == ("/api/show?verbose=1", "Bearer client-key")
 
 
+@pytest.mark.parametrize("path", ["/rerank", "/v2/rerank", "/score"])
+async def test_the_scoring_routes_outside_v1_pass_too(path):
+    async def answer(exchange):
+        await exchange.whole(200, b'{"results": []}')
+
+    async with RawUpstream(answer) as upstream, running_router({upstream.url: 0}) as router, client() as c:
+        response = await c.post(router.url + path, json={"query": "q", "documents": ["d"]})
+        assert (response.status_code, response.json()) == (200, {"results": []})
+        assert upstream.exchanges[0].path == path
+
+
 async def test_the_instance_api_key_replaces_the_clients():
     async def answer(exchange):
         await exchange.whole(200, b'{"object": "list", "data": []}')

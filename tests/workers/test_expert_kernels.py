@@ -24,8 +24,9 @@ TARGETS = {"native": ("-march=native",), "baseline": ()}
 
 def run_expert_kernel(kernel: str, flags: tuple[str, ...], kind: str, h: np.ndarray, parts: list[np.ndarray]):
     rows, k = h.shape
+    half_scales = kind in HALF_SCALE_KINDS and parts[1].dtype == np.float16
     defines = (f"-DROWS={rows}", f"-DCOLS={EXPERT_ROWS}", f"-DK={k}", f"-DCORES={CORES}", f"-DWEIGHT_{kind}",
-               "-DEXPERTS", f"-DN_EXPERTS={N_EXPERTS}", *(("-DSCALES_F16",) if kind in HALF_SCALE_KINDS and parts[1].dtype == np.float16 else ()))
+               "-DEXPERTS", f"-DN_EXPERTS={N_EXPERTS}", *(("-DSCALES_F16",) if half_scales else ()))
     entry = getattr(ctypes.CDLL(str(shared_library(f"{kernel}.c", (*flags, *defines)))), kernel)
     out = np.full((rows, EXPERT_ROWS), np.nan, np.float32)
     pointers = [a.ctypes.data_as(ctypes.c_void_p) for a in (out, h, ROW_EXPERTS, *parts)]

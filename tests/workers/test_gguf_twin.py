@@ -76,7 +76,7 @@ def test_shape_twin_with_the_tokenizers_vocabulary_has_as_many_embedding_rows_as
     assert load_weights(out)[0].vocab_size == tokens
 
 
-def test_a_mixture_of_experts_twin_loads_and_runs(tmp_path):
+def test_a_mixture_of_experts_twin_loads_and_runs(tmp_path, caplog):
     """Qwen3-30B-A3B's kind of shape, small, cut to 2 layers (--layers): experts as 3-d tensors (ffn_down_exps given
     Q6_K in the Q4_K_M mix's layers), a router of random values, q/k norms and a head_dim that is not dim / heads;
     --ascii-output's head has zero rows for the tokens whose bytes are not all ASCII."""
@@ -95,6 +95,7 @@ def test_a_mixture_of_experts_twin_loads_and_runs(tmp_path):
     assert gguf.tensor_type("blk.0.ffn_up_exps.weight") == "Q4_K"
     assert gguf.tensor_type("blk.0.ffn_gate_inp.weight") == "F32"
     cfg, weights = load_weights(out)
+    assert "widened" not in caplog.text  # 3-d expert tensors are kept compact, and counted so
     assert (cfg.arch, cfg.n_layers, cfg.head_dim, cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim) == \
         ("qwen3moe", 2, 128, 8, 2, 256)
     assert weights["blk.0.ffn_gate_exps.weight"].shape == (8 * 256, 256)

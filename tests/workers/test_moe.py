@@ -36,11 +36,14 @@ def test_prompt_logprobs_equal_transformers(name, module_kernel_set, tmp_path):
                                module_kernel_set)
 
 
-@pytest.mark.parametrize("name", ["qwen3moe-normalised", "mixtral"])
+@pytest.mark.parametrize("name", ["qwen3moe-normalised", "mixtral", "mixtral-per-expert-tensors"])
 def test_gguf_conversion_equals_transformers(name, module_kernel_set, tmp_path):
+    """mixtral-per-expert-tensors: the file layout of llama.cpp's Mixtral conversions from before 3-d experts."""
     from tests.helpers.hf_to_gguf import write_model_gguf
-    check_against_transformers(MODELS[name], lambda model: write_model_gguf(model, GGUF_ARCH[name],
-                                                                            tmp_path / "m.gguf"), module_kernel_set)
+    per_expert = name.endswith("per-expert-tensors")
+    name = name.removesuffix("-per-expert-tensors")
+    check_against_transformers(MODELS[name], lambda model: write_model_gguf(
+        model, GGUF_ARCH[name], tmp_path / "m.gguf", per_expert=per_expert), module_kernel_set)
 
 
 def test_a_step_reads_only_the_experts_its_tokens_were_routed_to(module_kernel_set, tmp_path):
@@ -100,6 +103,25 @@ def test_tensor_parallel_ranks_hold_a_share_of_every_expert_and_their_sums_are_t
     assert local_cfg.n_layers == 1 and local["blk.0.ffn_gate_exps.weight"].shape == (8 * 32, 64)
 
 
+def test_a_bfloat16_folders_experts_stay_bfloat16(module_kernel_set, tmp_path):
+    """Per-expert bfloat16 matrices are stacked as bfloat16 blocks, not widened (a 30B folder would need 4x its size),
+    and compute what their float32 values do."""
+    import torch
+    from tinyvllm.workers.model import Transformer
+    from tinyvllm.workers.weights import load_weights
+    torch.manual_seed(0)
+    qwen3moe().to(torch.bfloat16).save_pretrained(tmp_path)
+    (tmp_path / "tokenizer.json").touch()
+    cfg, weights = load_weights(tmp_path)
+    experts = weights["blk.0.ffn_down_exps.weight"]
+    assert type(experts).__name__ == "QuantizedArray" and experts.type_name == "BF16" and experts.shape == (8 * 64, 32)
+    prompt = list(range(3, 40))
+    got = model_prompt_logprobs(Transformer(cfg, weights, CONTEXT, kernels=module_kernel_set), prompt)
+    cfg, floats = load_weights(tmp_path, keep_quantized=False)
+    want = model_prompt_logprobs(Transformer(cfg, floats, CONTEXT, kernels=module_kernel_set), prompt)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+
+
 def test_experts_kept_quantised_compute_what_their_float_values_do(module_kernel_set, tmp_path):
     """A GGUF with Q8_0 experts: the products on its blocks give the logprobs of the same values as float32."""
     import torch
@@ -130,6 +152,9 @@ def test_expert_configs_and_what_is_refused():
                                           "num_experts_per_tok": 2})
     assert (mixtral.arch, mixtral.n_experts, mixtral.expert_ffn_dim, mixtral.norm_topk_prob) == ("llama", 8, 128, True)
     assert ModelConfig.from_hf_config({"architectures": ["LlamaForCausalLM"], **base}).n_experts == 0
+    unsaid = ModelConfig.from_hf_config({"architectures": ["Qwen3MoeForCausalLM"], **base, "num_experts": 8,
+                                         "num_experts_per_tok": 2})
+    assert not unsaid.norm_topk_prob  # transformers' default for Qwen3-MoE
     with pytest.raises(ValueError, match="mix dense and expert"):
         ModelConfig.from_hf_config({"architectures": ["Qwen3MoeForCausalLM"], **base, "num_experts": 8,
                                     "num_experts_per_tok": 2, "mlp_only_layers": [0]})

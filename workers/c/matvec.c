@@ -24,7 +24,8 @@ ALWAYS_INLINE void rows_product(float *restrict out, const float *restrict h, in
       v16 acc[ROW_TILE];
       for (int t = 0; t < ROW_TILE; t++) acc[t] = (v16){0};
       for (int b0 = 0; b0 < KB; b0 += BLOCK_GROUP) {
-        if (t0 == 0 && n + PREFETCH_AHEAD < n_end) prefetch_blocks(WEIGHT_ARGS, base + n + PREFETCH_AHEAD, b0, BLOCK_GROUP);
+        if (t0 == 0 && n + PREFETCH_AHEAD < n_end)
+          prefetch_blocks(WEIGHT_ARGS, base + n + PREFETCH_AHEAD, b0, BLOCK_GROUP);
 #pragma unroll
         for (int b = b0; b < b0 + BLOCK_GROUP; b++) {
           v16 w0, w1;
@@ -43,8 +44,10 @@ ALWAYS_INLINE void rows_product(float *restrict out, const float *restrict h, in
 #if defined(EXPERTS)
 // Mixture-of-experts products: row t of h times the COLS weight rows of expert experts[t] (matvec_i8.c's EXPERTS)
 void matvec(float *restrict out, const float *restrict h, const int *restrict experts, WEIGHT_PARAMS, int core_id) {
-  for (int t = 0; t < ROWS; t++)
-    rows_product(out + (long)t * COLS, h + (long)t * K, 1, WEIGHT_ARGS, core_id, (long)experts[t] * COLS);
+  for (int t = 0; t < ROWS; t++) {  // an id out of range (never from a top-k) reads expert 0, as matvec_i8.c
+    const int e = (unsigned)experts[t] < N_EXPERTS ? experts[t] : 0;
+    rows_product(out + (long)t * COLS, h + (long)t * K, 1, WEIGHT_ARGS, core_id, (long)e * COLS);
+  }
 }
 #else
 void matvec(float *restrict out, const float *restrict h, WEIGHT_PARAMS, int core_id) {

@@ -439,7 +439,8 @@ ALWAYS_INLINE void rows_product(float *const *out_rows, const float *const *h_ro
 #if defined(WEIGHT_NIBBLES)
         acc[t] += wm * load8(xm[t] + b0, nb);
 #elif defined(WEIGHT_Q2_K)
-        acc[t] += __builtin_convertvector(half_min_sums(WEIGHT_ARGS, base + n, b0, x_half_sums[t]), f32x8) * (wm * load8(xd[t] + b0, nb));
+        const i32x8 min_sums = half_min_sums(WEIGHT_ARGS, base + n, b0, x_half_sums[t]);
+        acc[t] += __builtin_convertvector(min_sums, f32x8) * (wm * load8(xd[t] + b0, nb));
 #endif
       }
     }

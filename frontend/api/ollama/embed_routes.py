@@ -1,5 +1,4 @@
-"""POST /api/embed (normalized, batched, truncated to the context), the older POST /api/embeddings, and POST
-/api/rerank (an extension: frontend/engine/rerank.py's decoder-only reranker).
+"""POST /api/embed (normalized, batched, truncated to the context) and the older POST /api/embeddings.
 
 The vectors come from the served model through frontend/engine/embeddings.embed(engine, token_id_lists) (mean-pooled
 final hidden states; see there), or `engine.embed(token_id_lists)` if the engine has one. Without either, both
@@ -18,10 +17,9 @@ from starlette.responses import JSONResponse, Response
 from tinyvllm.frontend.engine.engine_client import EngineDeadError
 from tinyvllm.frontend.api.ollama import prompting
 from tinyvllm.frontend.api.ollama.http_io import OllamaError, handler, read_request
-from tinyvllm.frontend.api.ollama.requests import EmbeddingsRequest, EmbedRequest, OllamaRerankRequest
+from tinyvllm.frontend.api.ollama.requests import EmbeddingsRequest, EmbedRequest
 from tinyvllm.frontend.api.ollama.service import OllamaService
 from tinyvllm.frontend.engine.request_errors import EngineRequestError
-from tinyvllm.frontend.engine.rerank import Reranker, RerankError, ranked
 
 Embedder = Callable[[list[list[int]]], Awaitable[list[list[float]]]]
 
@@ -107,23 +105,4 @@ def make_routes(service: OllamaService):
         (vector,) = await vectors_of([await token_ids(prompt, True)])
         return JSONResponse({"embedding": list(vector)})
 
-    reranker = Reranker(service.engine, tokenizer, service.max_model_len)
-
-    @handler
-    async def rerank(request: Request) -> Response:
-        req = await read_request(request, OllamaRerankRequest, service.max_body_bytes)
-        await service.servable(req.model_name)
-        if service.engine.dead_reason is not None:
-            raise EngineDeadError(service.engine.dead_reason)
-        try:
-            batch = reranker.prompts([(req.query, d) for d in req.documents], req.instruction, "documents")
-            scores = await reranker.relevance(batch)
-        except RerankError as e:
-            raise OllamaError(str(e)) from None
-        except EngineRequestError as e:
-            raise OllamaError(f"the engine could not rerank: {e}", e.status) from None
-        return JSONResponse({"model": req.model_name, "results": [
-            {"index": i, "document": req.documents[i], "relevance_score": scores[i]}
-            for i in ranked(scores, req.top_n)]})
-
-    return embed, embeddings, rerank
+    return embed, embeddings

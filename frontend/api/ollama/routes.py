@@ -5,7 +5,8 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from tinyvllm.frontend.api import openapi
-from tinyvllm.frontend.api.ollama import create_routes, embed_routes, generate_routes, model_routes, pull_routes
+from tinyvllm.frontend.api.ollama import (create_routes, embed_routes, generate_routes, model_routes, pull_routes,
+                                          rerank_routes)
 from tinyvllm.frontend.api.ollama import replies
 from tinyvllm.frontend.api.ollama import requests as req
 from tinyvllm.frontend.api.ollama.http_io import NDJSON
@@ -26,7 +27,8 @@ def mount_ollama(app: Starlette, engine, serving, model_name: str, model_root: s
     models = model_routes.make_routes(service)
     generate, chat = generate_routes.make_routes(service)
     create, blob_exists, blob_upload = create_routes.make_routes(service)
-    embed, embeddings, rerank = embed_routes.make_routes(service)
+    embed, embeddings = embed_routes.make_routes(service)
+    rerank = rerank_routes.make_routes(service)
     app.router.routes.extend([
         Route("/", models["root"], methods=["GET"]),
         Route("/api/version", models["version"], methods=["GET"]),
