@@ -9,11 +9,12 @@ from tinyvllm.protocol.gguf_file import GGUFFile
 from tinyvllm.protocol.model_path import is_gguf
 from tinyvllm.protocol.rope_scaling import check_rope_scaling
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "gpt-oss", "phi3", "gemma2", "gemma3")
 _HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
              "MistralForCausalLM": "llama", "Phi3ForCausalLM": "phi3",  # Mistral: Llama's layers and a sliding window
              "MixtralForCausalLM": "llama",  # llama.cpp's name too: Llama's layers with experts
-             "Qwen3MoeForCausalLM": "qwen3moe", "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3"}
+             "Qwen3MoeForCausalLM": "qwen3moe", "GptOssForCausalLM": "gpt-oss", "Gemma2ForCausalLM": "gemma2",
+             "Gemma3ForCausalLM": "gemma3"}
 QK_NORM_ARCHS = ("qwen3", "qwen3moe", "gemma3")
 GEMMA_ARCHS = ("gemma2", "gemma3")
 
@@ -50,6 +51,13 @@ class ModelConfig:
     n_experts_used: int = 0
     expert_ffn_dim: int = 0
     norm_topk_prob: bool = True
+    # gpt-oss: a learned logit per query head that joins every softmax of its scores (an attention sink), a bias on
+    # the attention output, the router and every expert's matrices, and its SwiGLU: gate and up clamped to
+    # swiglu_limit, (up + 1) * gate * sigmoid(1.702 gate). 0: the plain SwiGLU.
+    attention_sinks: bool = False
+    output_bias: bool = False
+    expert_bias: bool = False
+    swiglu_limit: float = 0.0
 
     def __post_init__(self):
         if self.arch not in SUPPORTED_ARCHS:
@@ -86,6 +94,8 @@ class ModelConfig:
     def from_gguf_metadata(cls, md: dict, tensor_names=None) -> "ModelConfig":
         """`tensor_names` decides tie_embeddings (no output.weight -> tied); without it, tied is assumed."""
         arch = md["general.architecture"]
+        if arch == "gpt-oss":
+            raise ValueError("gpt-oss GGUFs (their MXFP4 experts) are not supported yet: use its Hugging Face folder")
 
         def get(key, default=None):
             value = md.get(f"{arch}.{key}", default)
@@ -140,6 +150,8 @@ class ModelConfig:
             attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
             rope_scaling=rope_scaling, qk_norm=arch in QK_NORM_ARCHS,
             layer_windows=_hf_layer_windows(cfg, arch), **_hf_experts(cfg, arch),
+            **(dict(attention_sinks=True, output_bias=True, expert_bias=True,
+                    swiglu_limit=float(cfg.get("swiglu_limit", 7.0))) if arch == "gpt-oss" else {}),
             **(_gemma_hf(cfg, dim) if arch in GEMMA_ARCHS else {}),
         )
 

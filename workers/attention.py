@@ -19,8 +19,10 @@ from tinyvllm.workers.kv_quant import dequantize
 from tinyvllm.workers.kv_write import token_slots, write_layer
 
 
-def gqa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, spec: AttentionSpec | None = None) -> Tensor:
-    """q [B, T, H, D]; k, v [B, S, KVH, D]; mask [B, T, S] (True = attend) -> [B, T, H*D]."""
+def gqa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, spec: AttentionSpec | None = None,
+                  sinks: Tensor | None = None) -> Tensor:
+    """q [B, T, H, D]; k, v [B, S, KVH, D]; mask [B, T, S] (True = attend) -> [B, T, H*D]. sinks [H]: a logit per
+    head that joins each softmax and weighs no value (gpt-oss)."""
     B, T, H, D = q.shape
     KVH = k.shape[2]
     q = q.reshape(B, T, KVH, H // KVH, D).permute(0, 2, 3, 1, 4)  # [B, KVH, G, T, D]
@@ -30,7 +32,12 @@ def gqa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, spec: Attention
     if spec.softcap:
         scores = (scores / spec.softcap).tanh() * spec.softcap
     scores = mask.reshape(B, 1, 1, T, mask.shape[-1]).where(scores, -float("inf"))
-    out = scores.softmax(-1) @ v  # [B, KVH, G, T, D]
+    if sinks is None:
+        weights = scores.softmax(-1)
+    else:
+        sink = sinks.reshape(1, KVH, H // KVH, 1, 1).expand(B, KVH, H // KVH, T, 1)
+        weights = scores.cat(sink, dim=-1).softmax(-1)[..., :-1]
+    out = weights @ v  # [B, KVH, G, T, D]
     return out.permute(0, 3, 1, 2, 4).reshape(B, T, H * D)
 
 
@@ -54,11 +61,12 @@ class PagedAttention:
         self.write_slots = token_slots(tables, token_rows, positions, n_valid, cache.block_size, cache.scratch_slot)
         self.nb = nb
 
-    def __call__(self, layer: int, q: Tensor, kv: Tensor) -> Tensor:
+    def __call__(self, layer: int, q: Tensor, kv: Tensor, sinks: Tensor | None = None) -> Tensor:
+        """sinks: gpt-oss's attention sinks ([heads]; tinygrad's kernels for now, under both sets)."""
         values, scales = write_layer(self.cache, layer, kv, self.write_slots)
         bs, dtype = self.cache.block_size, self.cache.dtype
         spec = self.specs[layer] if self.specs else AttentionSpec.plain(q.shape[2])
-        if self.c_attention and supports_cpu_attention(q.shape[1], kv.shape[2], q.shape[2]):
+        if sinks is None and self.c_attention and supports_cpu_attention(q.shape[1], kv.shape[2], q.shape[2]):
             return cpu_paged_attention(q, values, self.tables, self.token_rows, self.positions, bs, dtype, scales, spec)
         # tinygrad's kernels: each token gathers its sequence's first nb blocks and masks the positions after its own
         slots = block_slots(self.tables[self.token_rows][:, :self.nb], bs)  # [T, S]
@@ -69,4 +77,4 @@ class PagedAttention:
         if spec.window:  # blocks behind it may be another request's by now: not even a 0 * inf may reach the sum
             mask = mask & (key_positions > positions - spec.window)
             values = mask.reshape(-1, S, 1, 1).where(values, 0.0)
-        return gqa_attention(q.unsqueeze(1), ctx[:, :, 0], values, mask, spec).squeeze(1)
+        return gqa_attention(q.unsqueeze(1), ctx[:, :, 0], values, mask, spec, sinks).squeeze(1)

@@ -55,10 +55,14 @@ class Layer:
         self.attn_norm, self.ffn_norm = w[p + "attn_norm.weight"].dequantized(), w[p + "ffn_norm.weight"].dequantized()
         self.wq, self.wk, self.wv, self.wo = (w[p + f"attn_{n}.weight"] for n in ("q", "k", "v", "output"))
         self.biases = tuple(b.dequantized() for n in ("q", "k", "v") if (b := w.get(p + f"attn_{n}.bias")) is not None)
+        self.output_bias = tuple(b.dequantized() for b in [w.get(p + "attn_output.bias")] if b is not None)
+        self.sinks = w[p + "attn_sinks.weight"].dequantized() if cfg.attention_sinks else None
         self.qk_norms = tuple(x.dequantized() for n in ("q", "k") if (x := w.get(p + f"attn_{n}_norm.weight")) is not None)
         if cfg.n_experts:  # the router [n_experts, dim]; each FFN matrix of all experts, their rows one after another
             self.router = w[p + "ffn_gate_inp.weight"].dequantized()
             self.w_gate, self.w_up, self.w_down = (w[p + f"{n}.weight"] for n in EXPERT_MATRICES)
+            self.expert_biases = tuple(w[p + f"{n}.bias"].dequantized() for n in ("ffn_gate_inp", *EXPERT_MATRICES)
+                                       if cfg.expert_bias)
         else:
             self.w_gate, self.w_up, self.w_down = (w[p + f"ffn_{n}.weight"] for n in ("gate", "up", "down"))
         # Gemma's norms of the attention and MLP outputs, before each joins the residual stream
@@ -117,8 +121,10 @@ def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows
         return rms_norm(x, post[0], cfg.rms_eps) if post else x
 
     @function(precompile=True, allow_implicit=custom_kernels)
-    def attn_out(attn, wo, *post):
-        return post_norm(lin(attn, wo), post)
+    def attn_out(attn, wo, *extras):
+        """extras: the output's bias (cfg.output_bias), then Gemma's norm of the output."""
+        out = lin(attn, wo)
+        return post_norm(out + extras[0], extras[1:]) if cfg.output_bias else post_norm(out, extras)
 
     @function(precompile=True, allow_implicit=custom_kernels)
     def mlp(x, norm, w_gate, w_up, w_down, *post):
@@ -132,14 +138,17 @@ def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows
         return post_norm(lin(act, w_down), post)
 
     @function(precompile=True, allow_implicit=custom_kernels)
-    def experts(x, norm, router, w_gate, w_up, w_down, *post):
+    def experts(x, norm, router, w_gate, w_up, w_down, *extras):
         """A mixture-of-experts MLP: each token's n_experts_used experts, summed weighted by their router
         probabilities. A product reads only the rows of the experts its token was routed to (decode reads the active
         parameters): the C kernels' expert variants (workers/cpu_matvec.cpu_expert_matvec) where they take the
-        matrix, else tinygrad's gather of those rows from the expert matrices, folded into the product's loads."""
+        matrix, else tinygrad's gather of those rows from the expert matrices, folded into the product's loads.
+        extras: the router's and the expert matrices' biases (cfg.expert_bias: gpt-oss), then Gemma's output norm."""
         T, k, ff, dim = x.shape[0], cfg.n_experts_used, cfg.expert_ffn_dim, cfg.dim
+        biases, post = (extras[:4], extras[4:]) if cfg.expert_bias else (None, extras)
         h = rms_norm(x, norm, cfg.rms_eps).contiguous()
-        probs = (h @ router.T).softmax(-1)
+        logits = h @ router.T
+        probs = (logits + biases[0] if biases else logits).softmax(-1)
         top, chosen = probs.topk(k)
         if cfg.norm_topk_prob:
             top = top / top.sum(-1, keepdim=True)
@@ -154,9 +163,18 @@ def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows
             return (inputs.unsqueeze(2) * w.rows(rows)).sum(-1)
 
         wide = h.unsqueeze(1).expand(T, k, dim)
-        act = (product(wide, w_gate, ff).silu() * product(wide, w_up, ff)).contiguous()
-        out = (product(act, w_down, dim) * top.unsqueeze(-1)).sum(1)
-        return post_norm(out, post)
+        gate, up = product(wide, w_gate, ff), product(wide, w_up, ff)
+        if biases:
+            gate, up = gate + biases[1][chosen], up + biases[2][chosen]
+        if cfg.swiglu_limit:  # gpt-oss's
+            gate, up = gate.clip(max_=cfg.swiglu_limit), up.clip(-cfg.swiglu_limit, cfg.swiglu_limit)
+            act = ((up + 1) * (gate * (gate * 1.702).sigmoid())).contiguous()
+        else:
+            act = (gate.silu() * up).contiguous()
+        down = product(act, w_down, dim)
+        if biases:
+            down = down + biases[3][chosen]
+        return post_norm((down * top.unsqueeze(-1)).sum(1), post)
 
     return qkv, attn_out, mlp if not cfg.n_experts else experts
 
@@ -223,13 +241,14 @@ class Transformer:
         """Layer i's attention output projection of x (a partial sum on a tensor-parallel rank)."""
         layer, cos_sin = self.layers[i], rope[self.cfg.window(i) > 0]
         q, kv = self._qkv(x, *cos_sin, layer.attn_norm, layer.wq, layer.wk, layer.wv, *layer.biases, *layer.qk_norms)
-        return self._attn_out(attend(i, q, kv), layer.wo, *layer.post_attn_norm)
+        attended = attend(i, q, kv) if layer.sinks is None else attend(i, q, kv, sinks=layer.sinks)
+        return self._attn_out(attended, layer.wo, *layer.output_bias, *layer.post_attn_norm)
 
     def mlp(self, i: int, x: Tensor) -> Tensor:
         """Layer i's MLP output for x (a partial sum on a tensor-parallel rank)."""
         layer, router = self.layers[i], getattr(self.layers[i], "router", None)
         return self._mlp(x, layer.ffn_norm, *([router] if router is not None else []), layer.w_gate, layer.w_up,
-                         layer.w_down, *layer.post_ffn_norm)
+                         layer.w_down, *getattr(layer, "expert_biases", ()), *layer.post_ffn_norm)
 
     def run_layers(self, x: Tensor, positions: Tensor, attend) -> Tensor:
         """This model's layers over the residual stream x, without the final norm (a pipeline stage's work)."""

@@ -89,6 +89,9 @@ def shard_weights(cfg: ModelConfig, weights: dict, spec: ShardSpec) -> tuple[Mod
         raise ValueError(f"{cfg.arch}: norms of the attention and MLP outputs (Gemma) are not supported with "
                          f"--tensor-parallel-size > 1 yet (they would need the all-reduced sums)")
     assert not (cfg.n_experts and cfg.expert_ffn_dim % spec.tp_size), "protocol/parallel_layout.py checks this"
+    if spec.tp_size > 1 and (cfg.attention_sinks or cfg.expert_bias):
+        raise ValueError(f"{cfg.arch}: attention sinks and expert biases are not supported with "
+                         f"--tensor-parallel-size > 1 yet")
     layers = spec.layers(cfg.n_layers)
     ranges = head_ranges(cfg, spec)
     vocab = vocab_shard(cfg.vocab_size, spec)

@@ -41,6 +41,11 @@ _HF_LAYER_NAMES = {
     "mlp.gate.weight": "ffn_gate_inp.weight", "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",  # MoE routers
     # transformers v5's fused experts: [n_experts, 2 x width (gate, then up), dim] and [n_experts, dim, width]
     "mlp.experts.gate_up_proj": "ffn_gate_up_exps.weight", "mlp.experts.down_proj": "ffn_down_exps.weight",
+    # gpt-oss: attention sinks, biases, a router of its own name, experts [n, dim, 2 x width] with gate and up
+    # interleaved (the names here until gpt_oss_experts reorders them)
+    "self_attn.sinks": "attn_sinks.weight", "self_attn.o_proj.bias": "attn_output.bias",
+    "mlp.router.weight": "ffn_gate_inp.weight", "mlp.router.bias": "ffn_gate_inp.bias",
+    "mlp.experts.gate_up_proj_bias": "ffn_gate_up_exps.bias", "mlp.experts.down_proj_bias": "ffn_down_exps.bias",
 }
 # Gemma 2/3 norm the attention and MLP outputs too: its post_attention_layernorm is one of those, not the MLP's input's
 _GEMMA_LAYER_NAMES = {**_HF_LAYER_NAMES, "post_attention_layernorm.weight": "post_attention_norm.weight",
@@ -88,6 +93,23 @@ def stack_experts(weights: dict, config: ModelConfig) -> dict:
                 if any(part is None for part in parts):
                     raise ValueError(f"layer {i} lacks some of its {config.n_experts} experts' {kind} matrices")
                 weights[f"blk.{i}.{kind}.weight"] = _concatenated_rows(parts)
+    return weights
+
+
+def gpt_oss_experts(weights: dict, config: ModelConfig) -> dict:
+    """gpt-oss's experts as every other model's: its fused gate_up [n, dim, 2 x width] (input-major, gate and up
+    interleaved) and down [n, width, dim] as output-major matrices of each expert's rows one after another, and their
+    biases [n, width] / [n, dim] split likewise."""
+    for i in range(config.n_layers):
+        p = f"blk.{i}."
+        gate_up, bias = np.asarray(weights.pop(p + "ffn_gate_up_exps.weight"), np.float32), \
+            weights.pop(p + "ffn_gate_up_exps.bias")
+        for kind, start in (("gate", 0), ("up", 1)):
+            weights[p + f"ffn_{kind}_exps.weight"] = np.ascontiguousarray(
+                gate_up[:, :, start::2].transpose(0, 2, 1)).reshape(-1, gate_up.shape[1])
+            weights[p + f"ffn_{kind}_exps.bias"] = np.ascontiguousarray(bias[:, start::2])
+        down = np.asarray(weights[p + "ffn_down_exps.weight"], np.float32)
+        weights[p + "ffn_down_exps.weight"] = np.ascontiguousarray(down.transpose(0, 2, 1)).reshape(-1, down.shape[1])
     return weights
 
 
@@ -210,6 +232,8 @@ def _load_hf(folder: pathlib.Path) -> tuple[ModelConfig, dict]:
             # Gemma's RMSNorm multiplies by 1 + weight; GGUF files (llama.cpp's conversion) store the sum, as here
             shift = config.arch in GEMMA_ARCHS and canonical.endswith("norm.weight")
             weights[canonical] = array + np.float32(1.0) if shift else array
+    if config.arch == "gpt-oss":
+        weights = gpt_oss_experts(weights, config)
     weights = stack_experts(weights, config)
     if config.tie_embeddings:
         weights.pop("output.weight", None)

@@ -1,5 +1,7 @@
 """Mixtures of experts, tiny random models made and saved by transformers (Qwen3-MoE: softmax routing over 8
-experts, 2 per token, q/k norms, unnormalised and normalised top-k weights; Mixtral: Llama's layers with 4 experts):
+experts, 2 per token, q/k norms, unnormalised and normalised top-k weights; Mixtral: Llama's layers with 4 experts;
+gpt-oss, its Hugging Face folder: attention sinks, alternating sliding windows with YaRN, biases on the attention
+output, the router and the experts, its clamped SwiGLU over interleaved gate and up):
 tinyvllm's prompt log-probabilities equal transformers' float32 ones within 1e-4 and the greedy next token is the
 same, under both kernel sets, from the folder and from the GGUF llama.cpp's converter would write. A decode step reads
 only the experts its tokens were routed to: every other expert's weights are NaN, and its logits stay the model's."""
@@ -26,7 +28,26 @@ def mixtral():
         rope_theta=10000.0, rms_norm_eps=1e-5, sliding_window=None))
 
 
-MODELS = {"qwen3moe": qwen3moe, "qwen3moe-normalised": lambda: qwen3moe(True), "mixtral": mixtral}
+def gpt_oss():
+    import torch
+    from transformers import GptOssConfig, GptOssForCausalLM
+    model = GptOssForCausalLM(GptOssConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, sliding_window=37,
+        max_position_embeddings=CONTEXT, rms_norm_eps=1e-5))
+    model.set_attn_implementation("eager")
+    with torch.no_grad():  # sinks, biases and gate/up values past the clamp, of the size that matters
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 2.0)
+            layer.self_attn.o_proj.bias.normal_(0.0, 0.5)
+            layer.mlp.router.bias.normal_(0.0, 1.0)
+            layer.mlp.experts.gate_up_proj.normal_(0.0, 1.0)
+            layer.mlp.experts.gate_up_proj_bias.normal_(0.0, 1.0)
+            layer.mlp.experts.down_proj_bias.normal_(0.0, 0.5)
+    return model
+
+
+MODELS = {"qwen3moe": qwen3moe, "qwen3moe-normalised": lambda: qwen3moe(True), "mixtral": mixtral, "gpt-oss": gpt_oss}
 GGUF_ARCH = {"qwen3moe": "qwen3moe", "qwen3moe-normalised": "qwen3moe", "mixtral": "llama"}
 
 
@@ -140,6 +161,21 @@ def test_experts_kept_quantised_compute_what_their_float_values_do(module_kernel
     assert got[1] == want[1]
 
 
+def test_gpt_oss_is_not_split_over_tensor_parallel_ranks_yet(tmp_path):
+    import torch
+    from tinyvllm.protocol.parallel_layout import ShardSpec
+    from tinyvllm.workers.tensor_parallel import shard_weights
+    from tinyvllm.workers.weights import load_weights
+    torch.manual_seed(0)
+    gpt_oss().save_pretrained(tmp_path)
+    (tmp_path / "tokenizer.json").touch()
+    cfg, weights = load_weights(tmp_path)
+    assert (cfg.arch, cfg.attention_sinks, cfg.expert_bias, cfg.swiglu_limit, cfg.layer_windows) == \
+        ("gpt-oss", True, True, 7.0, (37, 0))
+    with pytest.raises(ValueError, match="attention sinks and expert biases"):
+        shard_weights(cfg, weights, ShardSpec(0, 2))
+
+
 def test_expert_configs_and_what_is_refused():
     from tinyvllm.protocol.model_config import ModelConfig
     base = {"vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -158,9 +194,8 @@ def test_expert_configs_and_what_is_refused():
     with pytest.raises(ValueError, match="mix dense and expert"):
         ModelConfig.from_hf_config({"architectures": ["Qwen3MoeForCausalLM"], **base, "num_experts": 8,
                                     "num_experts_per_tok": 2, "mlp_only_layers": [0]})
-    with pytest.raises(ValueError, match="unsupported model architecture"):
-        ModelConfig.from_hf_config({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", **base,
-                                    "num_local_experts": 8, "num_experts_per_tok": 2})
+    with pytest.raises(ValueError, match="gpt-oss GGUFs"):
+        ModelConfig.from_gguf_metadata({"general.architecture": "gpt-oss"})
 
 
 def test_int8_activations_take_the_expert_kernels_and_stay_near_the_float_model(tmp_path):
