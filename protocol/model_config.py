@@ -55,7 +55,7 @@ class ModelConfig:
     # the attention output, the router and every expert's matrices, and its SwiGLU: gate and up clamped to
     # swiglu_limit, (up + 1) * gate * sigmoid(1.702 gate). 0: the plain SwiGLU.
     attention_sinks: bool = False
-    output_bias: bool = False
+    output_bias: bool = False  # set by workers/weights.load_weights where the attention output has a bias
     expert_bias: bool = False
     swiglu_limit: float = 0.0
 
@@ -150,7 +150,7 @@ class ModelConfig:
             attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
             rope_scaling=rope_scaling, qk_norm=arch in QK_NORM_ARCHS,
             layer_windows=_hf_layer_windows(cfg, arch), **_hf_experts(cfg, arch),
-            **(dict(attention_sinks=True, output_bias=True, expert_bias=True,
+            **(dict(attention_sinks=True, expert_bias=True,
                     swiglu_limit=float(cfg.get("swiglu_limit", 7.0))) if arch == "gpt-oss" else {}),
             **(_gemma_hf(cfg, dim) if arch in GEMMA_ARCHS else {}),
         )

@@ -55,7 +55,7 @@ class Layer:
         self.attn_norm, self.ffn_norm = w[p + "attn_norm.weight"].dequantized(), w[p + "ffn_norm.weight"].dequantized()
         self.wq, self.wk, self.wv, self.wo = (w[p + f"attn_{n}.weight"] for n in ("q", "k", "v", "output"))
         self.biases = tuple(b.dequantized() for n in ("q", "k", "v") if (b := w.get(p + f"attn_{n}.bias")) is not None)
-        self.output_bias = tuple(b.dequantized() for b in [w.get(p + "attn_output.bias")] if b is not None)
+        self.output_bias = (w[p + "attn_output.bias"].dequantized(),) if cfg.output_bias else ()
         self.sinks = w[p + "attn_sinks.weight"].dequantized() if cfg.attention_sinks else None
         self.qk_norms = tuple(x.dequantized() for n in ("q", "k") if (x := w.get(p + f"attn_{n}_norm.weight")) is not None)
         if cfg.n_experts:  # the router [n_experts, dim]; each FFN matrix of all experts, their rows one after another

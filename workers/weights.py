@@ -273,4 +273,6 @@ def load_weights(path: str | pathlib.Path | None, keep_quantized: bool = True) -
     vocab = weights["token_embd.weight"].shape[0]  # the embedding is the truth (configs may pad or not)
     if vocab != config.vocab_size:
         config = dataclasses.replace(config, vocab_size=vocab)
+    if "blk.0.attn_output.bias" in weights:  # gpt-oss's; Llama's with attention_bias (HF names it for o_proj too)
+        config = dataclasses.replace(config, output_bias=True)
     return config, weights

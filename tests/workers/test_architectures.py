@@ -1,8 +1,8 @@
 """Architectures beyond Llama, each a tiny random-weight model made and saved by transformers: tinyvllm
 loads the folder and its prompt log-probabilities over a prompt equal transformers' float32 ones, under both kernel
 sets. The prompt is longer than every sliding window and soft-capped scores and logits exceed their caps.
-Qwen2: biases on q, k and v (drawn, as transformers starts them at zero). Qwen3: an RMSNorm over each head's
-queries and keys before RoPE, and a head_dim that is not hidden/heads.
+Qwen2: biases on q, k and v (drawn, as transformers starts them at zero); Llama with attention_bias: on o as well.
+Qwen3: an RMSNorm over each head's queries and keys before RoPE, and a head_dim that is not hidden/heads.
 Mistral: Llama's layers with a sliding window. Phi-3: fused qkv and gate_up projections, split at load.
 Gemma 2: alternating local (windowed) and global layers, soft-capped attention scores and logits, the embedding
 scale, GeGLU, norms of the attention and MLP outputs, queries scaled by query_pre_attn_scalar. Gemma 3: Gemma 2
@@ -34,6 +34,20 @@ def qwen2():
     with torch.no_grad():  # biases of the size that matters (transformers starts them at zero)
         for layer in model.model.layers:
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return model
+
+
+def llama_with_biases():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=96, max_position_embeddings=CONTEXT,
+                                         rope_theta=10000.0, rms_norm_eps=1e-6, attention_bias=True))
+    with torch.no_grad():  # q, k, v and o biases of the size that matters (transformers starts them at zero)
+        for layer in model.model.layers:
+            attention = layer.self_attn
+            for proj in (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj):
                 proj.bias.normal_(0, 0.5)
     return model
 
@@ -82,7 +96,8 @@ def gemma3(query_scalar=24, layer_types=("sliding_attention", "full_attention", 
         bos_token_id=1, eos_token_id=2, layer_types=list(layer_types)))
 
 
-ARCHITECTURES = {"qwen2": qwen2, "qwen3": qwen3, "mistral": mistral, "phi3": phi3, "gemma2": gemma2, "gemma3": gemma3}
+ARCHITECTURES = {"qwen2": qwen2, "qwen3": qwen3, "llama-with-biases": llama_with_biases, "mistral": mistral,
+                 "phi3": phi3, "gemma2": gemma2, "gemma3": gemma3}
 # As llama.cpp reads a GGUF: Gemma's queries scaled by the head size, Gemma 3 with a global layer every sixth
 GGUF_ARCHITECTURES = {"qwen3": qwen3, "phi3": phi3, "gemma2": lambda: gemma2(query_scalar=16),
                       "gemma3": lambda: gemma3(16, ["sliding_attention"] * 5 + ["full_attention"])}
