@@ -9,18 +9,22 @@ and its processes stop and it exits 0; a second signal cuts the wait short. With
 import asyncio
 import logging
 import signal
+import sys
 
 import uvloop
 
 from tinyvllm.frontend.api.app import build_app
 from tinyvllm.frontend.engine.engine_pool import EnginePool, launch_pool
+from tinyvllm.frontend.api.ollama.model_store import default_models_dir
 from tinyvllm.frontend.api.request_gate import RequestGate
 from tinyvllm.frontend.api.router_registration import RouterHeartbeat
 from tinyvllm.frontend.api.server_options import ServerArgs
 from tinyvllm.protocol.gguf_file import forget_parsed_headers
 from tinyvllm.protocol.tokenizer import Tokenizer
 from tinyvllm.frontend.api.uvicorn_runner import QuietSignalServer, drain_on_signals, http_config, start_serving
+from tinyvllm.protocol.child_process import child_args
 from tinyvllm.protocol.engine_config import EngineConfig
+from tinyvllm.protocol.process_guard import exit_with_parent
 
 log = logging.getLogger("tinyvllm.frontend")
 
@@ -39,17 +43,20 @@ async def serve_async(engine: EnginePool, engine_config: EngineConfig, server_ar
     try:
         ready = await engine.start(server_args.startup_timeout_s)
         app = build_app(engine, tokenizer, name, ready.max_model_len, model_root=str(model_path),
-                        api_key=server_args.api_key, models_dir=server_args.models_dir, gate=gate,
+                        api_key=server_args.api_key, models_dir=server_args.models_dir or str(default_models_dir()),
+                        gate=gate,
                         allowed_origins=server_args.allowed_origins or None,
                         default_max_tokens=server_args.default_max_tokens,
                         reasoning_parser=server_args.reasoning_parser,
                         responses_store_size=server_args.responses_store_size)
-        config = http_config(app, server_args.host, server_args.port)
+        config = http_config(app, server_args.host, server_args.port, server_args.uds)
         server = QuietSignalServer(config)
         serving = await start_serving(server)
         if server.started:
             engines = f"{len(engine.replicas)} engines of " if len(engine.replicas) > 1 else ""
-            print(f"tinyvllm ready: serving {name} at http://{server_args.host}:{server_args.port}/v1 "
+            address = f"unix:{server_args.uds}" if server_args.uds else \
+                f"http://{server_args.host}:{server_args.port}/v1"
+            print(f"tinyvllm ready: serving {name} at {address} "
                   f"({engines}{ready.num_blocks} KV blocks of {ready.block_size} tokens in {ready.kv_cache_dtype}, "
                   f"max_model_len {ready.max_model_len}{', API key required' if server_args.api_key else ''})",
                   flush=True)
@@ -110,3 +117,15 @@ def serve(engine_config: EngineConfig, server_args: ServerArgs) -> None:
         engine.stop_processes()
     if exit_code:
         raise SystemExit(exit_code)
+
+
+def main(argv: list[str]) -> None:
+    """`python -m tinyvllm.frontend.api.server '<json [EngineConfig, ServerArgs]>'`: one model's server under
+    `tinyvllm serve --models-dir` (frontend/router/model_servers.py), which ends with its parent."""
+    engine_config, server_args = child_args(argv, EngineConfig, ServerArgs)
+    exit_with_parent(handle_signals=False)
+    serve(engine_config, server_args)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

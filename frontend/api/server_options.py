@@ -2,7 +2,8 @@
 from dataclasses import dataclass
 
 from tinyvllm.frontend.api.auth import API_KEY_ENV
-from tinyvllm.frontend.api.ollama.model_store import default_models_dir
+from tinyvllm.frontend.api.ollama.keep_alive import DEFAULT as DEFAULT_KEEP_ALIVE, ENV as KEEP_ALIVE_ENV
+from tinyvllm.frontend.api.ollama.keep_alive import KeepAliveInvalid, keep_alive_seconds
 from tinyvllm.frontend.api.reasoning import REASONING_PARSERS
 from tinyvllm.frontend.api.router_registration import Registration
 from tinyvllm.protocol.knobs import knob, knobs_of
@@ -23,8 +24,10 @@ class ServerArgs:
         None, f"require `Authorization: Bearer <key>` on every /v1 and /api route (/health and /metrics stay open); "
               f"default: the {API_KEY_ENV} environment variable (which, unlike the command line, other users cannot "
               f"see in ps), else no key", secret=True)
-    models_dir: str | None = knob(None, "folder of the Ollama API's named models (one JSON manifest each, pointing at "
-                                        "weights)", cli_default=lambda: str(default_models_dir()))
+    models_dir: str | None = knob(
+        None, "folder of the Ollama API's named models (one JSON manifest each, pointing at weights); default: "
+              "the models folder in tinyvllm's cache. Without --model, every model there is served on demand: its own engine starts "
+              "on the first request that names it and stops when idle (--keep-alive, --max-loaded-models)")
     max_waiting_requests: int = knob(
         512, "generation requests that may wait for their first output (being read and tokenized, or queued for the "
              "engine) before new ones get 503 with Retry-After, as Ollama's OLLAMA_MAX_QUEUE")
@@ -49,7 +52,15 @@ class ServerArgs:
     responses_store_size: int = knob(
         0, "responses the Responses API keeps in memory for previous_response_id, GET, DELETE and background "
            "responses (least recently used out first); 0: none are kept, as vLLM's default")
+    keep_alive: str | None = knob(
+        None, "with --models-dir and no --model: how long a model stays loaded after its last request when the "
+              "request says nothing (Ollama's keep_alive: 5m, 1h30m, 300 seconds; 0: unload at once; -1: never). "
+              f"Default: the {KEEP_ALIVE_ENV} environment variable, else {DEFAULT_KEEP_ALIVE}")
+    max_loaded_models: int = knob(
+        0, "with --models-dir and no --model: most models loaded at once; a model that needs room unloads the least "
+           "recently used idle one (never one with requests in flight). 0: as many as the free memory holds")
     startup_timeout_s: float = 900.0
+    uds: str | None = None  # a unix socket to serve on instead of host:port (a model's server under --models-dir)
     registration: Registration | None = None  # --register-with: heartbeats to a `tinyvllm router`
 
     def validate(self) -> None:
@@ -63,6 +74,21 @@ class ServerArgs:
             raise ValueError("--responses-store-size must not be negative")
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError("--default-max-tokens must be at least 1")
+        if self.max_loaded_models < 0:
+            raise ValueError("--max-loaded-models must not be negative")
+        if self.keep_alive is not None:
+            try:
+                keep_alive_seconds(self.keep_alive)
+            except KeepAliveInvalid as e:
+                raise ValueError(f"--keep-alive: {e}") from None
+
+    def keep_alive_s(self, environ) -> float:
+        """--keep-alive, else OLLAMA_KEEP_ALIVE, else 5 minutes, in seconds."""
+        text = self.keep_alive or environ.get(KEEP_ALIVE_ENV) or DEFAULT_KEEP_ALIVE
+        try:
+            return keep_alive_seconds(text)
+        except KeepAliveInvalid as e:
+            raise ValueError(f"{KEEP_ALIVE_ENV}: {e}") from None
 
 
 SERVER_KNOBS = knobs_of(ServerArgs)

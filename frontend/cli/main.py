@@ -82,10 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"tinyvllm: error: {e}", file=sys.stderr)
             return 2
-        from tinyvllm.frontend.api.server import serve
+        server_args = dataclasses.replace(options_from(ServerArgs, SERVER_KNOBS, args), api_key=api_key,
+                                          registration=registration)
+        if engine_config.model.model is None and server_args.models_dir is not None:
+            from tinyvllm.frontend.router.on_demand_server import serve_models_on_demand as serve
+        else:
+            from tinyvllm.frontend.api.server import serve
         try:
-            serve(engine_config, dataclasses.replace(options_from(ServerArgs, SERVER_KNOBS, args), api_key=api_key,
-                                                     registration=registration))
+            serve(engine_config, server_args)
         except (ValueError, FileNotFoundError, RuntimeError) as e:
             print(f"tinyvllm: error: {e}", file=sys.stderr)
             return 2

@@ -25,7 +25,7 @@ from tinyvllm.frontend.router.prompt_tokens import TokenizedPrompts
 from tinyvllm.frontend.router.router_metrics import RouterMetrics
 from tinyvllm.frontend.router.upstream_proxy import Shutdown, UpstreamProxy, chunk_hashes_of
 from tinyvllm.frontend.api.router_registration import ROUTER_SECRET_ENV, http_base_url
-from tinyvllm.frontend.api.uvicorn_runner import QuietSignalServer, drain_on_signals, http_config, start_serving
+from tinyvllm.frontend.api.uvicorn_runner import QuietSignalServer, http_config, serve_until_drained, start_serving
 from tinyvllm.protocol.knobs import add_flags, knob, knobs_of, options_from
 from tinyvllm.protocol.model_path import resolve_model_path
 from tinyvllm.protocol.worker_auth import is_loopback, resolve_secret
@@ -188,17 +188,7 @@ async def serve_router(a: RouterArgs) -> int:
             print(f"tinyvllm router ready: routing at http://{a.host}:{a.port} ({len(a.instances) + len(a.prefill) + len(a.decode)} static instances"
                   f"{', discovering ' + ', '.join(name for name, _ in a.dns_targets.values()) if a.dns_targets else ''})",
                   flush=True)
-            stop_asked = asyncio.Event()
-            drain_on_signals(stop_asked, gate, server)
-            stopping = asyncio.create_task(stop_asked.wait())
-            await asyncio.wait((serving, stopping), return_when=asyncio.FIRST_COMPLETED)
-            if stopping.done():
-                log.info("draining: %d requests open; new ones get 503 (up to %g s)", gate.open, a.shutdown_timeout_s)
-                if left := await gate.drain(a.shutdown_timeout_s, shutdown.fail_open):
-                    log.warning("%d requests did not finish within --shutdown-timeout and ended with an error", left)
-            stopping.cancel()
-            server.should_exit = True
-            await serving
+            await serve_until_drained(server, serving, gate, a.shutdown_timeout_s, shutdown.fail_open, log)
             return 0
         finally:
             background = [task for task in (monitor, following) if task is not None]

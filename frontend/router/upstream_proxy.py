@@ -96,8 +96,14 @@ class UpstreamProxy:
             return
         except ClientDisconnect:
             return
+        await self.forward(scope, body, receive, send)
+
+    async def forward(self, scope: Scope, body: bytes, receive: Receive, send: Send,
+                      candidates: list[Instance] | None = None) -> None:
+        """Answers the request, whose body was read, from one of `candidates` (default: every routable instance)."""
+        path = scope["path"]
         exchange = _Exchange(path)
-        work = asyncio.ensure_future(self._forward(exchange, scope, body, send))
+        work = asyncio.ensure_future(self._forward(exchange, scope, body, send, candidates))
         client_left = asyncio.ensure_future(_disconnected(receive))
         stopped = asyncio.ensure_future(self.shutdown.event.wait())
         try:
@@ -117,7 +123,8 @@ class UpstreamProxy:
             log.error("unexpected error proxying %s", path, exc_info=work.exception())
             await self._end(exchange, send, "Internal router error", 500, "InternalServerError")
 
-    async def _forward(self, exchange: _Exchange, scope: Scope, body: bytes, send: Send) -> None:
+    async def _forward(self, exchange: _Exchange, scope: Scope, body: bytes, send: Send,
+                       candidates: list[Instance] | None) -> None:
         hashes = await self.prompt_hashes(scope["path"], body) if scope["method"] == "POST" and \
             self.picker.uses_prefixes else []
         headers = [(k, v) for k, v in scope["headers"] if k.decode("latin-1").lower() not in _NOT_SENT_UPSTREAM]
@@ -137,8 +144,8 @@ class UpstreamProxy:
                 return
             body, role = pd.decode_body(request, kv), pd.DECODE
         for _ in range(1 + MAX_RETRIES):
-            choice = self.picker.pick([i for i in self.registry.routable()
-                                       if i.url not in tried and role in (None, i.role)], hashes)
+            routable = self.registry.routable() if candidates is None else candidates
+            choice = self.picker.pick([i for i in routable if i.url not in tried and role in (None, i.role)], hashes)
             if choice is None:
                 break
             instance, reason = choice

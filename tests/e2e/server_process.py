@@ -148,7 +148,7 @@ def engine_idle(url: str) -> bool:
 # ---- the server ---------------------------------------------------------------------------------------------
 
 class ServerProcess:
-    def __init__(self, model: pathlib.Path, log_path: pathlib.Path, *extra_args: str, command_prefix: tuple = (),
+    def __init__(self, model: pathlib.Path | None, log_path: pathlib.Path, *extra_args: str, command_prefix: tuple = (),
                  defaults: tuple = SERVE_DEFAULTS):
         """command_prefix: what runs the server, e.g. ("ip", "netns", "exec", name) (it must exec, keeping the pid);
         defaults: the flags before extra_args."""
@@ -164,7 +164,8 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         private_store = str(self.log_path.parent / f"models-{self.port}")  # never the user's ~/.cache model store
-        cmd = [*command_prefix, sys.executable, "-m", "tinyvllm.frontend.cli.main", "serve", "--model", str(model),
+        model_flag = ("--model", str(model)) if model is not None else ()  # None: --models-dir's models on demand
+        cmd = [*command_prefix, sys.executable, "-m", "tinyvllm.frontend.cli.main", "serve", *model_flag,
                "--port", str(self.port), *defaults, "--models-dir", private_store, *extra_args]
         env = {**os.environ, "DEV": "CPU", "PYTHONUNBUFFERED": "1"}
         self._log_file = open(self.log_path, "wb")

@@ -6,7 +6,6 @@ import argparse
 import pytest
 
 from tinyvllm.frontend.cli.main import build_parser
-from tinyvllm.frontend.api.ollama.model_store import default_models_dir
 from tinyvllm.protocol.engine_config import KNOBS, EngineConfig
 
 ENGINE_FLAGS = {
@@ -22,7 +21,8 @@ SERVE_FLAGS = {
     **ENGINE_FLAGS, "--advertise-url": None, "--allowed-origins": [], "--api-key": None, "--default-max-tokens": None,
     "--reasoning-parser": None, "--responses-store-size": 0,
     "--external-workers": False, "--host": "127.0.0.1", "--max-waiting-requests": 512,
-    "--models-dir": str(default_models_dir()), "--port": 8000, "--register-secret": None, "--register-with": None,
+    "--models-dir": None,  # the cache's models folder, resolved when serving: given without --model, on demand
+    "--keep-alive": None, "--max-loaded-models": 0, "--port": 8000, "--register-secret": None, "--register-with": None,
     "--request-timeout": None, "--served-model-name": None, "--shutdown-timeout": 30.0, "--worker-address": None,
     "--worker-secret": None,
 }

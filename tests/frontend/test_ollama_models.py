@@ -223,3 +223,25 @@ async def test_embeddings_engine_failure(tmp_path):
     client, _, _ = make_ollama_app(tmp_path, fail_after=0)  # the engine ends the request with an error
     r = await client.post("/api/embed", json={"model": MODEL, "input": "Hi"})
     assert r.status_code == 500 and "could not compute the embeddings" in r.json()["error"]
+
+
+def test_a_stored_model_served_under_its_own_name_keeps_its_parameters_and_system(tmp_path, weights):
+    """How `serve --models-dir` starts a stored model's server: --served-model-name is the stored name."""
+    from tinyvllm.frontend.api.ollama.model_store import ModelEntry, ModelStore
+    folder = tmp_path / "store"
+    ModelStore(folder, None, None, 0).put(ModelEntry("tuned:latest", str(weights[0].resolve()),
+                                                     parameters={"temperature": 0.1}, system="Be brief."))
+    served = ModelStore(folder, "tuned", str(weights[0]), 512)
+    assert served.served.system == "Be brief." and served.served.parameters == {"temperature": 0.1}
+    assert served.get("tuned:latest") is served.served and [e.name for e in served.list()] == ["tuned:latest"]
+    other = ModelStore(folder, "tuned", str(weights[1]), 512)  # other weights: the manifest is not this model's
+    assert other.served.system is None and other.served.parameters == {}
+
+
+def test_a_store_without_a_served_model_lists_and_refuses_only_by_what_is_stored(tmp_path, weights):
+    from tinyvllm.frontend.api.ollama.model_store import ModelEntry, ModelStore
+    store = ModelStore(tmp_path / "store", None, None, 0)
+    assert store.list() == [] and store.get("anything") is None
+    store.put(ModelEntry("a:latest", str(weights[0])))
+    assert [e.name for e in store.list()] == ["a:latest"] and not store.uses_served_weights(store.get("a"))
+    assert store.remove("a") and store.list() == []

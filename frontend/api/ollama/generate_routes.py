@@ -10,16 +10,13 @@ from starlette.responses import Response
 from tinyvllm.frontend.api.ollama import prompting
 from tinyvllm.frontend.api.ollama.generation import PreparedRequest, load_reply, respond, think_variables
 from tinyvllm.frontend.api.ollama.http_io import OllamaError, handler, read_request
+from tinyvllm.frontend.api.ollama.keep_alive import is_unload
 from tinyvllm.frontend.api.ollama.model_store import ModelEntry
 from tinyvllm.frontend.api.ollama.options import generation_settings
 from tinyvllm.frontend.api.ollama.requests import ChatRequest, GenerateRequest, GenerationFields
 from tinyvllm.frontend.api.ollama.service import OllamaService
 from tinyvllm.frontend.api.structured_output import GrammarInvalid, ollama_grammar
 from tinyvllm.frontend.api.tool_calls import check_tools, message_dict, template_messages
-
-
-def is_unload(keep_alive: Any) -> bool:
-    return keep_alive is not None and str(keep_alive).strip() in ("0", "0s", "0m", "0h", "0.0")
 
 
 def _json_format(req: GenerationFields) -> Any:

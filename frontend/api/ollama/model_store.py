@@ -4,9 +4,10 @@
     <models dir>/blobs/sha256-<hex>      files uploaded with POST /api/blobs/<digest>
     <models dir>/folders/<hash>/<file>   model folders assembled from uploaded blobs (links)
 
-A manifest points at weights (a GGUF file or a Hugging Face folder); it never copies them. The server runs one
+A manifest points at weights (a GGUF file or a Hugging Face folder); it never copies them. A `--model` server runs one
 engine, so only models whose weights are the served model's can generate (with their own parameters, system
 prompt and template applied in the frontend); the others are listed, shown, copied and deleted like any other.
+Without --model every stored model generates, each in a server of its own (frontend/router/model_servers.py).
 """
 from __future__ import annotations
 
@@ -69,16 +70,18 @@ class ModelEntry:
 
 
 class ModelStore:
-    def __init__(self, folder: str | pathlib.Path | None, served_name: str, served_path: str | None,
+    def __init__(self, folder: str | pathlib.Path | None, served_name: str | None, served_path: str | None,
                  max_model_len: int):
+        """served_name None: no engine (`serve --models-dir` alone, whose models each run in a server of their own)."""
         self.folder = pathlib.Path(folder).expanduser() if folder is not None else None
         self.max_model_len = max_model_len
-        self.served = self._served_entry(served_name, served_path)
+        self.served = self._served_entry(served_name, served_path) if served_name is not None else None
         self._served_sha256: str | None = None
         self._lock = threading.Lock()
 
-    @staticmethod
-    def _served_entry(name: str, path: str | None) -> ModelEntry:
+    def _served_entry(self, name: str, path: str | None) -> ModelEntry:
+        """The served model; a stored model of its name and weights lends it its parameters, template and system
+        prompt (how `serve --models-dir` starts a stored model's own server)."""
         entry = ModelEntry(names.full_name(name), None, served=True)
         if path is not None and pathlib.Path(path).exists():
             p = pathlib.Path(path).resolve()
@@ -86,12 +89,19 @@ class ModelStore:
             entry.created = now_rfc3339(p.stat().st_mtime)
         else:
             entry.digest, entry.created = hashlib.sha256(name.encode()).hexdigest(), now_rfc3339()
+        manifest = self._manifest_path(name)
+        if manifest is not None and manifest.exists() and (stored := self._read(manifest)) is not None \
+                and stored.source == entry.source:
+            return dataclasses.replace(stored, served=True)
         return entry
+
+    def is_served(self, name: str) -> bool:
+        return self.served is not None and names.key(name) == names.key(self.served.name)
 
     # ---- reading
 
     def get(self, name: str) -> ModelEntry | None:
-        if names.key(name) == names.key(self.served.name):
+        if self.is_served(name):
             return self.served
         path = self._manifest_path(name)
         if path is None or not path.exists():
@@ -106,12 +116,16 @@ class ModelStore:
 
     def list(self) -> list[ModelEntry]:
         """The served model first, then the stored ones by name."""
+        return [*([self.served] if self.served is not None else []), *self.stored()]
+
+    def stored(self) -> list[ModelEntry]:
+        """The stored models by name, less the served one."""
         entries = []
         if self.folder is not None and (self.folder / "manifests").is_dir():
             for path in sorted((self.folder / "manifests").glob("*.json")):
-                if (entry := self._read(path)) is not None and names.key(entry.name) != names.key(self.served.name):
+                if (entry := self._read(path)) is not None and not self.is_served(entry.name):
                     entries.append(entry)
-        return [self.served, *sorted(entries, key=lambda e: e.name.casefold())]
+        return sorted(entries, key=lambda e: e.name.casefold())
 
     def _read(self, path: pathlib.Path) -> ModelEntry | None:
         try:
@@ -122,6 +136,8 @@ class ModelStore:
 
     def uses_served_weights(self, entry: ModelEntry, compute: bool = True) -> bool:
         """Whether `entry` can run on this server's engine. May hash the served file once (call it off the loop)."""
+        if self.served is None:
+            return False
         if entry.served or (entry.source is not None and entry.source == self.served.source):
             return True
         if entry.weights_sha256 is None or self.served.source is None or entry.size != self.served.size:
@@ -134,7 +150,7 @@ class ModelStore:
     def openai_cards(self, created: int) -> list[dict]:
         """/v1/models cards for the stored models (app.py makes the served model's own card)."""
         cards = []
-        for e in self.list()[1:]:
+        for e in self.stored():
             created_at = _epoch(e.created) or created
             same = self.uses_served_weights(e, compute=False)
             cards.append({"id": names.short_name(e.name), "object": "model", "created": created_at,
@@ -167,7 +183,7 @@ class ModelStore:
         if self.folder is None:
             raise StoreError("this server has no models folder: start it with --models-dir to create, copy, "
                              "delete or pull models")
-        if names.key(name) == names.key(self.served.name):
+        if self.is_served(name):
             raise StoreError(f"model '{self.served.name}' is the model this server runs; it cannot be replaced "
                              "or deleted")
 

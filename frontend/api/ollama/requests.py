@@ -37,7 +37,9 @@ Think = Annotated[bool | Literal["low", "medium", "high"] | None,
                   Reworded("'think' must be true, false, \"low\", \"medium\" or \"high\"")]
 NoLogprobs = Annotated[Literal[False], Reworded("logprobs are not supported on /api/generate and /api/chat yet")]
 KeepAlive = Annotated[str | float, Reworded("'keep_alive' must be a duration or a number of seconds"),
-                      Field(description="accepted; the served model stays loaded")]
+                      Field(description="how long the model stays loaded after this request (5m, 300, 0: unload "
+                                        "now, -1: never) when the server serves its store on demand; a --model "
+                                        "server keeps its one model loaded")]
 Format = Annotated[Literal["", "json"] | dict[str, Any],
                    Reworded('invalid format: expected "json" or a JSON schema object'),
                    Field(description='"json" or a JSON schema: enforced while decoding (a grammar masks every token)')]

@@ -26,28 +26,36 @@ def mount_ollama(app: Starlette, engine, serving, model_name: str, model_root: s
     service = OllamaService.create(engine, serving, store, max_body_bytes)
     models = model_routes.make_routes(service)
     generate, chat = generate_routes.make_routes(service)
-    create, blob_exists, blob_upload = create_routes.make_routes(service)
     embed, embeddings = embed_routes.make_routes(service)
-    rerank = rerank_routes.make_routes(service)
     app.router.routes.extend([
-        Route("/", models["root"], methods=["GET"]),
-        Route("/api/version", models["version"], methods=["GET"]),
-        Route("/api/tags", models["tags"], methods=["GET"]),
         Route("/api/ps", models["ps"], methods=["GET"]),
-        Route("/api/show", models["show"], methods=["POST"]),
-        Route("/api/copy", models["copy"], methods=["POST"]),
-        Route("/api/delete", models["delete"], methods=["DELETE"]),
         Route("/api/generate", generate, methods=["POST"]),
         Route("/api/chat", chat, methods=["POST"]),
         Route("/api/embed", embed, methods=["POST"]),
         Route("/api/embeddings", embeddings, methods=["POST"]),
-        Route("/api/rerank", rerank, methods=["POST"]),
+        Route("/api/rerank", rerank_routes.make_routes(service), methods=["POST"]),
+        *store_routes(service, models),
+    ])
+    return store
+
+
+def store_routes(service: OllamaService, models: dict | None = None) -> list[Route]:
+    """The routes that read and change the model store, which need no engine (`serve --models-dir` serves them
+    itself): /, /api/version, /api/tags, /api/show, /api/copy, /api/delete, /api/create, /api/pull, /api/blobs."""
+    models = models or model_routes.make_routes(service)
+    create, blob_exists, blob_upload = create_routes.make_routes(service)
+    return [
+        Route("/", models["root"], methods=["GET"]),
+        Route("/api/version", models["version"], methods=["GET"]),
+        Route("/api/tags", models["tags"], methods=["GET"]),
+        Route("/api/show", models["show"], methods=["POST"]),
+        Route("/api/copy", models["copy"], methods=["POST"]),
+        Route("/api/delete", models["delete"], methods=["DELETE"]),
         Route("/api/create", create, methods=["POST"]),
         Route("/api/pull", pull_routes.make_routes(service), methods=["POST"]),
         Route("/api/blobs/{digest}", blob_exists, methods=["HEAD"]),
         Route("/api/blobs/{digest}", blob_upload, methods=["POST"]),
-    ])
-    return store
+    ]
 
 
 _GENERATION_ERRORS = (400, 404, 413, 500, 503, 504)

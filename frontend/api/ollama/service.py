@@ -48,6 +48,11 @@ class OllamaService:
         own_serving.engine = recorder
         return cls(engine, serving.tokenizer, own_serving, recorder, store, serving.max_model_len, max_body_bytes)
 
+    @classmethod
+    def store_only(cls, store: ModelStore, max_body_bytes: int) -> "OllamaService":
+        """For the store's routes alone (routes.store_routes), where no engine runs."""
+        return cls(None, None, None, None, store, 0, max_body_bytes)
+
     async def servable(self, name: str) -> ModelEntry:
         """The model `name`, if this server's engine can run it; 404 or 400 otherwise."""
         entry = self.store.get(name)
