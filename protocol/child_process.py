@@ -13,15 +13,17 @@ import typing
 
 
 class ChildProcess:
-    def __init__(self, name: str, module: str, *args, env: dict[str, str] | None = None):
-        """env: variables set for the child on top of this process's environment."""
-        self.name, self.env = name, env or {}
+    def __init__(self, name: str, module: str, *args, env: dict[str, str] | None = None, new_session: bool = False):
+        """env: variables set for the child on top of this process's environment; new_session: the child leads a
+        session of its own (a terminal's Ctrl-C, sent to the foreground group, does not reach it)."""
+        self.name, self.env, self.new_session = name, env or {}, new_session
         payload = [dataclasses.asdict(a) if dataclasses.is_dataclass(a) else a for a in args]
         self.command = [sys.executable, "-m", module, json.dumps(payload)]
         self._popen: subprocess.Popen | None = None
 
     def start(self) -> None:
-        self._popen = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, env={**os.environ, **self.env})
+        self._popen = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
+                                       start_new_session=self.new_session)
 
     @property
     def pid(self) -> int | None:

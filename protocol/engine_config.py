@@ -173,6 +173,19 @@ _SPECULATIVE_HELP = (
     'draft_model')
 
 
+MAX_LORAS, MAX_LORA_RANK = 16, 64
+
+
+@dataclass(frozen=True, slots=True)
+class LoRAConfig:
+    enable_lora: bool = knob(False, "serve LoRA adapters over the model (PEFT folders: --lora-modules, or a request's "
+                                    "adapter): each request runs with its own, several in one batch, none merged "
+                                    "into the weights; one worker only for now", action="store_true")
+    max_loras: int = knob(1, "with --enable-lora: adapters one step may mix (each takes a slot of low-rank weights in "
+                             "every layer; the least recently used slot is reloaded for a new adapter)")
+    max_lora_rank: int = knob(16, "with --enable-lora: the largest adapter rank served (the slots' size), at most 64")
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: ModelOptions = field(default_factory=ModelOptions)
@@ -181,6 +194,7 @@ class EngineConfig:
     kernels: KernelConfig = field(default_factory=KernelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     kv_transfer: KVTransferConfig = field(default_factory=KVTransferConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
     speculative_config: SpeculativeConfig | None = knob(None, _SPECULATIVE_HELP, parse=parse_speculative_config,
                                                        flag_type=str, metavar="JSON")
 
@@ -279,6 +293,12 @@ class EngineConfig:
                              "endpoint's and the replay endpoint's ports at least D apart")
         if c.kv_events_config is not None and not c.enable_prefix_caching:
             raise ValueError("--kv-events-config reports the prefix cache's blocks: it needs prefix caching")
+        if self.lora.enable_lora:
+            if not 1 <= self.lora.max_loras <= MAX_LORAS or not 1 <= self.lora.max_lora_rank <= MAX_LORA_RANK:
+                raise ValueError(f"--max-loras must be 1 to {MAX_LORAS} and --max-lora-rank 1 to {MAX_LORA_RANK}")
+            if self.world_size > 1 or self.speculative_config is not None or kv.role != "both":
+                raise ValueError("--enable-lora needs one worker (tensor- and pipeline-parallel size 1), no "
+                                 "--speculative-config and no prefill or decode role, for now")
         spec = self.speculative_config
         if spec is not None and self.world_size > 1:
             raise ValueError("--speculative-config needs one worker (tensor- and pipeline-parallel size 1) for now")

@@ -105,6 +105,10 @@ class SchedulerStats:
     spec_accepted_per_pos: list[int] = field(default_factory=list)
     num_cached_free_blocks: int = 0  # free blocks that still hold prefix-cache content (revived on a hit)
     running_requests: list[RunningRequestSummary] = field(default_factory=list)  # bounded: protocol/batch_summary.py
+    # --enable-lora (vllm:lora_requests_info): the adapter slots, and the adapters of running and waiting requests
+    max_loras: int = 0
+    running_lora_adapters: list[str] = field(default_factory=list)
+    waiting_lora_adapters: list[str] = field(default_factory=list)
 
     @property
     def kv_usage(self) -> float:

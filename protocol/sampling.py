@@ -62,6 +62,22 @@ class BeamSearchParams:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
 
 
+MAX_LORA_NAME_CHARS, MAX_LORA_PATH_CHARS = 256, 4096
+
+
+@dataclass(slots=True)
+class LoRARequest:
+    """A LoRA adapter over the served model (vLLM's LoRARequest, less its id): a PEFT folder on the workers' machine.
+    Its name keys the workers' loaded adapters and salts the prefix cache (scheduler/request.py)."""
+    name: str
+    path: str
+
+    def validate(self) -> None:
+        if not 0 < len(self.name) <= MAX_LORA_NAME_CHARS or not 0 < len(self.path) <= MAX_LORA_PATH_CHARS:
+            raise ValueError(f"a LoRA adapter needs a name of 1 to {MAX_LORA_NAME_CHARS} characters and a path of "
+                             f"1 to {MAX_LORA_PATH_CHARS}")
+
+
 @dataclass(slots=True)
 class SamplingParams:
     temperature: float = 1.0
@@ -91,6 +107,7 @@ class SamplingParams:
     thinking: ThinkingParams | None = None  # a reasoning model's chat reply
     # Disaggregated prefill/decode (scheduler/remote_kv.py); vLLM carries it in SamplingParams.extra_args too.
     kv_transfer: KVTransferParams | None = None
+    lora: LoRARequest | None = None  # the adapter the request runs with (--enable-lora); None: the base model
 
     @property
     def greedy(self) -> bool:
@@ -162,6 +179,8 @@ class SamplingParams:
             raise ValueError(f"the structured output grammar is longer than {MAX_GRAMMAR_CHARS} characters")
         if self.thinking is not None:
             self.thinking.validate()
+        if self.lora is not None:
+            self.lora.validate()
         if len(self.logit_bias_token_ids) != len(self.logit_bias_values):
             raise ValueError("logit_bias: token ids and values differ in length")
         for name in ("logprobs", "prompt_logprobs"):

@@ -29,6 +29,7 @@ class SchedulerConfig:
     num_swap_slots: int = 0  # --swap-space: host slots of one KV block each (scheduler/swap.py); 0: always recompute
     swap_min_tokens: int = 32  # a preempted request with fewer computed tokens is recomputed (scheduler/swap.py)
     speculative: SpeculativeConfig | None = None  # --speculative-config (scheduler/spec_decode.py); None: off
+    max_loras: int = 0  # --enable-lora's --max-loras: adapters running at once (so in one step); 0: no adapters
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_blocks",

@@ -39,7 +39,8 @@ def scheduler_config(a: SchedulerArgs, num_blocks: int, num_swap_slots: int = 0)
     return SchedulerConfig(e.batch.max_num_seqs, e.batch.max_num_batched_tokens, e.model.max_model_len,
                            e.cache.block_size, num_blocks, e.cache.enable_prefix_caching, e.max_steps_in_flight,
                            e.runs_async, e.kv_transfer.kv_lease_s, e.world_size, num_swap_slots=num_swap_slots,
-                           sliding_window=a.sliding_window, speculative=e.speculative_config)
+                           sliding_window=a.sliding_window, speculative=e.speculative_config,
+                           max_loras=e.lora.max_loras if e.lora.enable_lora else 0)
 
 
 class SchedulerLoop:

@@ -56,6 +56,8 @@ class Request:
     def from_add_request(cls, msg: AddRequest) -> "Request":
         req = cls(msg.req_id, list(msg.prompt_token_ids), msg.sampling, list(msg.eos_token_ids), msg.arrival_time)
         req.kv_transfer = msg.sampling.kv_transfer
+        if msg.sampling.lora is not None:  # an adapter's keys and values are its own: cached only for its requests
+            req.cache_salt = f"lora:{msg.sampling.lora.name}"
         return req
 
     @property

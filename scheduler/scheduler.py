@@ -65,7 +65,9 @@ class Scheduler:
         c = self.config
         error = (admission_error(req, self.requests.keys() | self.groups.keys(), c.max_model_len, c.block_size,
                                  c.num_blocks, c.blocks_per_request)
-                 or self.remote_kv.admission_error(req))
+                 or self.remote_kv.admission_error(req)
+                 or (f"LoRA adapter '{req.sampling.lora.name}': this server runs no adapters (serve --enable-lora)"
+                     if req.sampling.lora is not None and not c.max_loras else None))
         if error is not None:
             self.remote_kv.refused(req)
             req.status, req.finish_reason = RequestStatus.FINISHED, FinishReason.ERROR
@@ -149,8 +151,12 @@ class Scheduler:
 
         # After a preemption the pool is tight: admitting new work now would only be preempted next.
         seats_taken = sum(self.seats(req) for req in self.running) + len(self.remote_kv.loading)
+        adapters = {req.sampling.lora.name for req in self.running if req.sampling.lora is not None}
         while not stalled and self.num_preemptions == preemptions_before and self.waiting and budget > 0:
             req = self.waiting[0]
+            lora = req.sampling.lora
+            if lora is not None and lora.name not in adapters and len(adapters) >= self.config.max_loras:
+                break  # every adapter slot is taken by running requests: it waits for one to end (strict FIFO)
             if self.remote_kv.needs_load(req):  # disaggregated decode: its prompt's KV is pulled, not computed
                 if seats_taken + 1 > self.config.max_num_seqs or not self.remote_kv.start_load(req):
                     break
@@ -179,6 +185,8 @@ class Scheduler:
             if req.queue_time_s is None and req.arrival_time > 0:
                 req.queue_time_s = max(0.0, time.time() - req.arrival_time)
             self._insert_running(req)
+            if lora is not None:
+                adapters.add(lora.name)
             seats_taken += self.seats(req)
             scheduled.append((req, num_cached, num_new))
             budget -= num_new
@@ -311,6 +319,11 @@ class Scheduler:
             self.prefix_cache_queries, self.prefix_cache_hits, self.num_preemptions, self.num_tokens_computed,
             swap.num_free_slots, swap.num_slots, swap.num_swapped_out_blocks, swap.num_swapped_in_blocks,
             num_cached_free_blocks=kv.pool.num_cached_free_blocks, running_requests=running_summaries(self.running))
+        if self.config.max_loras:
+            stats.max_loras = self.config.max_loras
+            stats.running_lora_adapters, stats.waiting_lora_adapters = (
+                sorted({r.sampling.lora.name for r in reqs if r.sampling.lora is not None})
+                for reqs in (self.running, self.waiting))
         return self.spec.add_stats(stats)
 
     def seats(self, req: Request) -> int:

@@ -13,7 +13,7 @@ if not _os.path.isdir(_os.path.join(__path__[0], "protocol")):
     # PYTHONPATH=<checkout> works too (an editable install maps them the same way)
     __path__.append(_os.path.dirname(__path__[0]))
 
-from tinyvllm.protocol.sampling import BeamSearchParams, SamplingParams  # noqa: E402
+from tinyvllm.protocol.sampling import BeamSearchParams, LoRARequest, SamplingParams  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -25,4 +25,4 @@ def __getattr__(name):  # `import tinyvllm` stays light: LLM pulls in the proces
     raise AttributeError(name)
 
 
-__all__ = ["LLM", "SamplingParams", "BeamSearchParams"]
+__all__ = ["LLM", "SamplingParams", "BeamSearchParams", "LoRARequest"]

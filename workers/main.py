@@ -77,6 +77,8 @@ def build_runner(args: WorkerArgs, init: InitWorker, link=None):
     model = Transformer(cfg, weights, max_model_len, kernels=kernels, dtype=init.engine.model.dtype,
                         vocab_start=vocab_start, weight_pack=weight_pack(args, init, spec))
     del weights
+    if init.engine.lora.enable_lora:
+        model.serve_adapters(init.engine.lora.max_loras, init.engine.lora.max_lora_rank)
     cache = PagedKVCache(cfg, num_blocks, kv.block_size, kv_dtype)
     group = None
     if spec.tp_size > 1:  # the largest exchange: a bucket's residual stream, or its sampling rows' logits shard
@@ -136,7 +138,8 @@ def captured_steps_key(args: WorkerArgs, init, cfg, kernels: str, cache) -> dict
             "beam": args.engine.kernels.beam, "sequences": batch.max_num_seqs,
             "context": init.engine.model.max_model_len,
             "tokens": batch.max_num_batched_tokens, "block_size": kv.block_size, "blocks": cache.num_blocks,
-            "kv_dtype": cache.dtype, "dtype": init.engine.model.dtype}
+            "kv_dtype": cache.dtype, "dtype": init.engine.model.dtype,
+            "lora": dataclasses.asdict(init.engine.lora) if init.engine.lora.enable_lora else None}
 
 
 def warms_up_in_background(args: WorkerArgs) -> bool:

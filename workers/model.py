@@ -20,6 +20,7 @@ from tinyvllm.workers.cpu_matvec import c_kernels_support, cpu_expert_matvec
 from tinyvllm.workers.cpu_swiglu import cpu_swiglu
 from tinyvllm.workers.gpu_matvec import gpu_matvec, gpu_matvec_fits
 from tinyvllm.workers.kernel_set import kernel_choice
+from tinyvllm.workers.lora import ATTENTION, MLP, LoRAWeights, lora_delta
 from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.protocol.rope_scaling import rope_frequencies
 from tinyvllm.workers.quantized_weight import DeviceWeight
@@ -90,12 +91,24 @@ def linear(h: Tensor, w: DeviceWeight, kernels: KernelChoice, max_fused_rows: in
     return h @ (weight.contiguous() if h.shape[0] > max_fused_rows and w.kind not in ("F32", "F16", "BF16") else weight).T
 
 
-def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS):
+def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS,
+                         lora: bool = False):
     """The dense halves of a layer as tinygrad functions: weights are explicit arguments (a DeviceWeight's
     Tensors become arguments too), so all layers share one graph and tinygrad schedules and compiles it once
-    instead of once per layer (once per combination of weight kinds, if layers are quantised differently)."""
-    def lin(h: Tensor, w: DeviceWeight, tiles: Tensor | None = None) -> Tensor:
-        return linear(h, w, kernels, max_fused_rows, tiles)
+    instead of once per layer (once per combination of weight kinds, if layers are quantised differently).
+    lora: each function's last arguments are the step's LoRA mask and, per product, its layer's A and B
+    (workers/lora.py), whose term joins the product."""
+    def lin(h: Tensor, w: DeviceWeight, tiles: Tensor | None = None, adapter: tuple = ()) -> Tensor:
+        out = linear(h, w, kernels, max_fused_rows, tiles)
+        return out + lora_delta(h, *adapter) if adapter else out
+
+    def split_lora(extras: tuple, products: int) -> tuple[tuple, list[tuple]]:
+        """(the other extras, each product's (mask, A, B)); no adapters without lora."""
+        if not lora:
+            return extras, [()] * products
+        n = 1 + 2 * products
+        mask, ab = extras[-n], extras[-n + 1:]
+        return extras[:-n], [(mask, ab[2 * i], ab[2 * i + 1]) for i in range(products)]
 
     def shared_tiles(h: Tensor, *ws: DeviceWeight) -> Tensor | None:  # h quantised once for its products
         return shared_int8_tiles(h, ws, kernels.int8_activations) if kernels.matmul == "c" else None
@@ -105,9 +118,10 @@ def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows
     @function(precompile=True, allow_implicit=custom_kernels)
     def qkv(x, cos, sin, norm, wq, wk, wv, *extras):
         """extras: the q, k and v biases (cfg.attention_bias), then the q and k norms (cfg.qk_norm)."""
+        extras, adapters = split_lora(extras, 3)
         T, h = x.shape[0], rms_norm(x, norm, cfg.rms_eps).contiguous()  # else each output recomputes the norm
         tiles = shared_tiles(h, wq, wk, wv)
-        q, k, v = (lin(h, w, tiles) for w in (wq, wk, wv))
+        q, k, v = (lin(h, w, tiles, adapter) for w, adapter in zip((wq, wk, wv), adapters))
         if cfg.attention_bias:
             q, k, v = q + extras[0], k + extras[1], v + extras[2]
         q, k = q.reshape(T, cfg.n_heads, cfg.head_dim), k.reshape(T, cfg.n_kv_heads, cfg.head_dim)
@@ -123,19 +137,21 @@ def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows
     @function(precompile=True, allow_implicit=custom_kernels)
     def attn_out(attn, wo, *extras):
         """extras: the output's bias (cfg.output_bias), then Gemma's norm of the output."""
-        out = lin(attn, wo)
+        extras, (adapter,) = split_lora(extras, 1)
+        out = lin(attn, wo, adapter=adapter)
         return post_norm(out + extras[0], extras[1:]) if cfg.output_bias else post_norm(out, extras)
 
     @function(precompile=True, allow_implicit=custom_kernels)
     def mlp(x, norm, w_gate, w_up, w_down, *post):
+        post, (gate_adapter, up_adapter, down_adapter) = split_lora(post, 3)
         h = rms_norm(x, norm, cfg.rms_eps).contiguous()
         tiles = shared_tiles(h, w_gate, w_up)
-        gate, up = lin(h, w_gate, tiles), lin(h, w_up, tiles)
+        gate, up = lin(h, w_gate, tiles, gate_adapter), lin(h, w_up, tiles, up_adapter)
         if cfg.hidden_act == "gelu_tanh":
             act = gate.gelu() * up  # tinygrad's gelu: the tanh form
         else:
             act = cpu_swiglu(gate, up) if kernels.matmul == "c" else gate.silu() * up
-        return post_norm(lin(act, w_down), post)
+        return post_norm(lin(act, w_down, adapter=down_adapter), post)
 
     @function(precompile=True, allow_implicit=custom_kernels)
     def experts(x, norm, router, w_gate, w_up, w_down, *extras):
@@ -211,7 +227,15 @@ class Transformer:
         self.cos, self.sin = rope_tables(cfg, max_positions, weights.get("rope_freqs.weight"))
         self.local_rope = rope_tables(cfg, max_positions, local=True) if cfg.rope_local_theta else None
         self.attention_specs = [AttentionSpec(cfg.scale, cfg.window(i), cfg.attn_softcap) for i in range(cfg.n_layers)]
+        self.max_fused_rows = max_fused_rows
         self._qkv, self._attn_out, self._mlp = make_layer_functions(cfg, self.kernels, max_fused_rows)
+        self.lora: LoRAWeights | None = None
+
+    def serve_adapters(self, slots: int, rank: int) -> None:
+        """From now on every product takes LoRA adapters' terms (workers/lora.py): run_layers needs a lora_mask."""
+        self.lora = LoRAWeights(self.cfg, slots, rank)
+        self._qkv, self._attn_out, self._mlp = make_layer_functions(self.cfg, self.kernels, self.max_fused_rows,
+                                                                    lora=True)
 
     def forward(self, tokens: Tensor, positions: Tensor, attend) -> Tensor:
         """The whole model, unsharded: hidden states [T, dim] after the final norm.
@@ -237,25 +261,32 @@ class Transformer:
         local = full if self.local_rope is None else (self.local_rope[0][positions], self.local_rope[1][positions])
         return {False: full, True: local}
 
-    def attention(self, i: int, x: Tensor, rope: dict, attend) -> Tensor:
+    def _adapters(self, i: int, modules: tuple[str, ...], lora_mask: Tensor | None) -> list[Tensor]:
+        return [lora_mask, *self.lora.args(i, modules)] if self.lora is not None else []
+
+    def attention(self, i: int, x: Tensor, rope: dict, attend, lora_mask: Tensor | None = None) -> Tensor:
         """Layer i's attention output projection of x (a partial sum on a tensor-parallel rank)."""
         layer, cos_sin = self.layers[i], rope[self.cfg.window(i) > 0]
-        q, kv = self._qkv(x, *cos_sin, layer.attn_norm, layer.wq, layer.wk, layer.wv, *layer.biases, *layer.qk_norms)
+        q, kv = self._qkv(x, *cos_sin, layer.attn_norm, layer.wq, layer.wk, layer.wv, *layer.biases, *layer.qk_norms,
+                          *self._adapters(i, ATTENTION, lora_mask))
         attended = attend(i, q, kv) if layer.sinks is None else attend(i, q, kv, sinks=layer.sinks)
-        return self._attn_out(attended, layer.wo, *layer.output_bias, *layer.post_attn_norm)
+        return self._attn_out(attended, layer.wo, *layer.output_bias, *layer.post_attn_norm,
+                              *self._adapters(i, ("o",), lora_mask))
 
-    def mlp(self, i: int, x: Tensor) -> Tensor:
+    def mlp(self, i: int, x: Tensor, lora_mask: Tensor | None = None) -> Tensor:
         """Layer i's MLP output for x (a partial sum on a tensor-parallel rank)."""
         layer, router = self.layers[i], getattr(self.layers[i], "router", None)
         return self._mlp(x, layer.ffn_norm, *([router] if router is not None else []), layer.w_gate, layer.w_up,
-                         layer.w_down, *getattr(layer, "expert_biases", ()), *layer.post_ffn_norm)
+                         layer.w_down, *getattr(layer, "expert_biases", ()), *layer.post_ffn_norm,
+                         *self._adapters(i, MLP, lora_mask))
 
-    def run_layers(self, x: Tensor, positions: Tensor, attend) -> Tensor:
-        """This model's layers over the residual stream x, without the final norm (a pipeline stage's work)."""
+    def run_layers(self, x: Tensor, positions: Tensor, attend, lora_mask: Tensor | None = None) -> Tensor:
+        """This model's layers over the residual stream x, without the final norm (a pipeline stage's work).
+        lora_mask: with adapters, each token's slot columns (workers/lora.py)."""
         rope = self.rope(positions)
         for i in range(len(self.layers)):
-            x = (x + self.attention(i, x, rope, attend)).contiguous()
-            x = x + self.mlp(i, x)
+            x = (x + self.attention(i, x, rope, attend, lora_mask)).contiguous()
+            x = x + self.mlp(i, x, lora_mask)
         return x
 
     def final_norm(self, x: Tensor) -> Tensor:

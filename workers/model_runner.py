@@ -106,6 +106,7 @@ class ModelRunner:
         self.host_swap = HostSwap(self.block_io, swap_space_bytes)
         self.batch = BatchState()
         self.draft_logits = DraftLogits(model)  # speculative decoding (workers/spec_verify.py)
+        self.lora_slots: dict[str, int] = {}  # the step's adapters' slots (workers/lora.py)
 
     def rows_for(self, tokens: int) -> int:
         """Table rows (and logits rows) of a forward over a bucket of `tokens`: each row has a token at least."""
@@ -113,13 +114,15 @@ class ModelRunner:
 
     # ---- jitted bodies -----------------------------------------------------------------------
     def _forward(self, tokens_or_x: Tensor, positions: Tensor, token_rows: Tensor, tables: Tensor, n_valid: Tensor,
-                 sample_index: Tensor, nb: UOp) -> tuple[Tensor, Tensor] | Tensor:
+                 sample_index: Tensor, nb: UOp, *lora_rows: Tensor) -> tuple[Tensor, Tensor] | Tensor:
         """-> (the logits of the sampling rows [R, V], the final hidden states [T, dim]); a pipeline stage before
-        the last takes the previous stage's residual stream instead of tokens and returns its own."""
+        the last takes the previous stage's residual stream instead of tokens and returns its own. lora_rows: with
+        adapters, each row's slot (workers/lora.py)."""
         attend = PagedAttention(self.cache, tables, token_rows, positions, n_valid, nb, self.model.kernels,
                                 self.model.attention_specs)
         x = self.model.embed(tokens_or_x) if self.spec.first_stage else tokens_or_x
-        x = self.model.run_layers(x, positions.clip(0, self.max_model_len - 1), attend)
+        mask = self.model.lora.token_mask(lora_rows[0], token_rows) if lora_rows else None
+        x = self.model.run_layers(x, positions.clip(0, self.max_model_len - 1), attend, mask)
         if not self.spec.last_stage:
             Tensor.realize(x, *self.cache.tensors)
             return x
@@ -163,10 +166,15 @@ class ModelRunner:
                        self.cache.scratch_block)
 
     def batch_inputs(self, batch: FlatBatch) -> tuple:
-        """(positions, token_rows, tables, n_valid, sample_index, nb): a forward's inputs besides its tokens."""
-        return (self.inputs("positions", batch.positions), self.inputs("token_rows", batch.token_rows),
-                self.inputs("tables", batch.tables), self.inputs("n_valid", np.array([batch.num_tokens], np.int32)),
-                self.inputs("sample_index", batch.sample_index), self.nb_var.bind(batch.num_blocks))
+        """(positions, token_rows, tables, n_valid, sample_index, nb[, lora_rows]): a forward's inputs besides its
+        tokens."""
+        inputs = (self.inputs("positions", batch.positions), self.inputs("token_rows", batch.token_rows),
+                  self.inputs("tables", batch.tables), self.inputs("n_valid", np.array([batch.num_tokens], np.int32)),
+                  self.inputs("sample_index", batch.sample_index), self.nb_var.bind(batch.num_blocks))
+        if (lora := self.model.lora) is None:
+            return inputs
+        rows = lora.row_slots([p.state.sampling.lora for p in batch.pieces], len(batch.tables), self.lora_slots)
+        return (*inputs, self.inputs("lora_rows", rows))
 
     def run_forward(self, batch: FlatBatch) -> tuple[Tensor | None, Tensor | None]:
         """(the sampling rows' logits, the final hidden states), each None on a worker that does not have them
@@ -187,6 +195,9 @@ class ModelRunner:
         """Runs the plan's tokens through the model: the logits of the chunks that sample, the finished embeddings.
         With one forward (the usual case) work.logits is the jit's own output buffer, valid until the next step."""
         chunks = self.batch.apply(plan)
+        if self.model.lora is not None:
+            self.lora_slots = self.model.lora.activate([c.state.sampling.lora for c in chunks
+                                                        if c.state.sampling.lora is not None])
         self.host_swap.swap_out(plan.swap_out)  # reads blocks before the copies and swap-ins may reuse them
         self.copy_blocks(plan.block_copies)
         self.host_swap.swap_in(plan.swap_in)

@@ -28,6 +28,8 @@ from tinyvllm.frontend.api.ollama.routes import mount_ollama
 from tinyvllm.frontend.api.openai_requests import ChatRequest, CompletionRequest
 from tinyvllm.frontend.api.openai_responses import ChatResponse, CompletionResponse, ModelList
 from tinyvllm.frontend.api.kv_event_routes import kv_event_routes
+from tinyvllm.frontend.api.lora_routes import lora_routes
+from tinyvllm.frontend.engine.lora_adapters import LoRAAdapters
 from tinyvllm.frontend.api.ops_routes import ops_routes
 from tinyvllm.frontend.api.reasoning import reasoning_format
 from tinyvllm.frontend.api.rerank_routes import rerank_routes
@@ -66,7 +68,7 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
               make_detokenizer: Callable = IncrementalDetokenizer, api_key: str | None = None,
               gate: RequestGate | None = None, allowed_origins: list[str] | None = None,
               default_max_tokens: int | None = None, reasoning_parser: str | None = None,
-              responses_store_size: int = 0) -> Starlette:
+              responses_store_size: int = 0, adapters: LoRAAdapters | None = None) -> Starlette:
     """engine: an EngineClient (or anything with its generate/stats/dead_reason);
     tokenizer: a protocol.tokenizer.Tokenizer (encode, vocab_size, eos_token_ids, apply_chat_template).
 
@@ -78,6 +80,7 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
     None: the rest of the context.
     reasoning_parser: --reasoning-parser (frontend/api/reasoning.py); None: the one the chat template implies.
     responses_store_size: --responses-store-size (frontend/api/responses/store.py); 0: no store.
+    adapters: the LoRA adapters served by name (--lora-modules; frontend/api/lora_routes.py changes them).
     """
     gate = gate or RequestGate()
     metrics = FrontendMetrics(engine, model_name, max_model_len, gate)
@@ -89,10 +92,15 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
         try:
             body = await read_json_body(request, max_body_bytes)
             req = api.parse_chat_request(body) if is_chat else api.parse_completion_request(body)
-            if req.model is not None and req.model != model_name:
+            adapter = adapters.get(req.model) if adapters is not None else None
+            if req.model is not None and req.model != model_name and adapter is None:
                 raise api.model_not_found(req.model)
+            req.sampling.lora = adapter
             if engine.dead_reason is not None:
                 raise EngineDeadError(engine.dead_reason)
+            served_as = adapter.name if adapter is not None else model_name
+            if adapter is not None and req.beam_search is not None:
+                raise api.APIError("beam search with a LoRA adapter is not supported yet", param="use_beam_search")
             prompt_ids = await serving.prompt_token_ids(req, is_chat)
             serving.fit_to_context(req, len(prompt_ids))
             request_id, created = api.new_request_id(is_chat), int(time.time())
@@ -105,14 +113,14 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
                     deltas = tool_call_replies.with_tool_calls(deltas, n)
                 if req.stream:
                     events = streaming.chat_events if is_chat else streaming.completion_events
-                    return streaming.SSEResponse(events(deltas, request_id, model_name, created, req.include_usage, n))
+                    return streaming.SSEResponse(events(deltas, request_id, served_as, created, req.include_usage, n))
                 work = collect(deltas, n)
             finished, result = await run_unless_disconnected(request, work)
             if not finished:
                 return Response(status_code=CLIENT_CLOSED_REQUEST)
             if req.best_of_keep is not None:
                 result = keep_best(result, req.best_of_keep)
-            return JSONResponse(response_body(result, req, request_id, model_name, created))
+            return JSONResponse(response_body(result, req, request_id, served_as, created))
         except Exception as e:
             return exception_response(e, request.url.path)
 
@@ -125,7 +133,9 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
     async def models(request: Request) -> Response:
         card = {"id": model_name, "object": "model", "created": started_at, "owned_by": "tinyvllm",
                 "root": model_root or model_name, "parent": None, "max_model_len": max_model_len}
-        return JSONResponse({"object": "list", "data": [card, *model_store.openai_cards(started_at)]})
+        lora_cards = [{**card, "id": a.name, "root": a.path, "parent": model_name}
+                      for a in (adapters.by_name.values() if adapters is not None else ())]
+        return JSONResponse({"object": "list", "data": [card, *lora_cards, *model_store.openai_cards(started_at)]})
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         type_ = {404: "NotFoundError", 405: "MethodNotAllowedError"}.get(exc.status_code, "BadRequestError")
@@ -147,6 +157,7 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
             *ops_routes(engine, metrics),
             *dashboard_routes(engine, metrics, gate, model_name, api_key),
             *kv_event_routes(engine, gate),
+            *(lora_routes(adapters, max_body_bytes) if adapters is not None else []),
         ],
         exception_handlers={HTTPException: http_error},
         middleware=[*([Middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"],

@@ -6,6 +6,8 @@ start again from zero, which Prometheus reads as a counter reset); request count
 histograms are fed by the serving glue (first token, finished request), by ServedEngine (inter-token latency,
 request parameters) and, for the queue time only the scheduler can see, by whoever calls record_queue_time.
 """
+import time
+
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, disable_created_metrics,
                                generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -38,6 +40,17 @@ def cache_config_info(ready) -> GaugeMetricFamily:
     info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                              labels=["block_size", "cache_dtype", "num_gpu_blocks"])
     info.add_metric([str(ready.block_size), ready.kv_cache_dtype, str(ready.num_blocks)], 1.0)
+    return info
+
+
+def lora_requests_info(by_engine: dict) -> GaugeMetricFamily:
+    """vLLM's vllm:lora_requests_info (what the Gateway API Inference Extension reads for adapter affinity): the
+    adapters of running and waiting requests as comma-separated labels, valued the time of the reading."""
+    info = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
+                             labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters", "engine"])
+    for engine, stats in by_engine.items():
+        info.add_metric([str(stats.max_loras), ",".join(stats.running_lora_adapters),
+                         ",".join(stats.waiting_lora_adapters), engine], time.time())
     return info
 
 
@@ -84,6 +97,8 @@ class _EngineStatsCollector(Collector):
             for position, count in enumerate(stats.spec_accepted_per_pos):
                 per_pos.add_metric([self.model_name, engine, str(position)], float(count))
         yield per_pos
+        if any(stats.max_loras for stats in by_engine.values()):
+            yield lora_requests_info(by_engine)
         if (ready := getattr(self.engine, "ready", None)) is not None:  # once the engine started
             yield cache_config_info(ready)
 

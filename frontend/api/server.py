@@ -15,6 +15,7 @@ import uvloop
 
 from tinyvllm.frontend.api.app import build_app
 from tinyvllm.frontend.engine.engine_pool import EnginePool, launch_pool
+from tinyvllm.frontend.engine.lora_adapters import LoRAAdapters, parse_lora_module
 from tinyvllm.frontend.api.ollama.model_store import default_models_dir
 from tinyvllm.frontend.api.request_gate import RequestGate
 from tinyvllm.frontend.api.router_registration import RouterHeartbeat
@@ -39,6 +40,9 @@ async def serve_async(engine: EnginePool, engine_config: EngineConfig, server_ar
     tokenizer = Tokenizer.from_model_path(model_path)
     forget_parsed_headers()  # the tokenizer holds the vocabulary now
     gate = RequestGate(server_args.max_waiting_requests, server_args.request_timeout_s)
+    adapters = LoRAAdapters(model_path, engine_config.lora)
+    for text in server_args.lora_modules:  # before the engine starts: a wrong adapter stops the server at once
+        adapters.add(parse_lora_module(text))
     heartbeat: RouterHeartbeat | None = None
     try:
         ready = await engine.start(server_args.startup_timeout_s)
@@ -48,7 +52,8 @@ async def serve_async(engine: EnginePool, engine_config: EngineConfig, server_ar
                         allowed_origins=server_args.allowed_origins or None,
                         default_max_tokens=server_args.default_max_tokens,
                         reasoning_parser=server_args.reasoning_parser,
-                        responses_store_size=server_args.responses_store_size)
+                        responses_store_size=server_args.responses_store_size,
+                        adapters=adapters if engine_config.lora.enable_lora else None)
         config = http_config(app, server_args.host, server_args.port, server_args.uds)
         server = QuietSignalServer(config)
         serving = await start_serving(server)

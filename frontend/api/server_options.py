@@ -59,6 +59,9 @@ class ServerArgs:
     max_loaded_models: int = knob(
         0, "with --models-dir and no --model: most models loaded at once; a model that needs room unloads the least "
            "recently used idle one (never one with requests in flight). 0: as many as the free memory holds")
+    lora_modules: list[str] = knob(
+        None, "LoRA adapters served by name, as name=path (a PEFT folder) entries; with --enable-lora. Each is a model "
+              "of /v1/models, chosen by a request's model", nargs="+", default_factory=list, metavar="NAME=PATH")
     startup_timeout_s: float = 900.0
     uds: str | None = None  # a unix socket to serve on instead of host:port (a model's server under --models-dir)
     registration: Registration | None = None  # --register-with: heartbeats to a `tinyvllm router`

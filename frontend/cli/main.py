@@ -86,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                                           registration=registration)
         if engine_config.model.model is None and server_args.models_dir is not None:
             from tinyvllm.frontend.router.on_demand_server import serve_models_on_demand as serve
+        elif server_args.keep_alive is not None or server_args.max_loaded_models:
+            print("tinyvllm: error: --keep-alive and --max-loaded-models are for --models-dir without --model",
+                  file=sys.stderr)
+            return 2
         else:
             from tinyvllm.frontend.api.server import serve
         try:

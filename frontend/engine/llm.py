@@ -8,6 +8,7 @@ data-parallel replicas, restarted when they fail): the pool runs on a private ev
 import asyncio
 import atexit
 import contextlib
+import dataclasses
 import itertools
 import uuid
 import weakref
@@ -20,14 +21,15 @@ from tinyvllm.frontend.engine.detokenizer import IncrementalDetokenizer
 from tinyvllm.frontend.engine.engine_client import EngineDeadError
 from tinyvllm.frontend.engine.engine_pool import EnginePool, launch_pool
 from tinyvllm.frontend.engine.generation_result import CompletionOutput, GenerationResult, SampleCollector
+from tinyvllm.frontend.engine.lora_adapters import LoRAAdapters
 from tinyvllm.frontend.engine.request_errors import EngineRequestError
 from tinyvllm.frontend.engine.rerank import Reranker
 from tinyvllm.protocol.tokenizer import Tokenizer
 from tinyvllm.protocol.engine_config import EngineConfig
 from tinyvllm.protocol.messages import SchedulerStats
-from tinyvllm.protocol.sampling import BeamSearchParams, SamplingParams
+from tinyvllm.protocol.sampling import BeamSearchParams, LoRARequest, SamplingParams
 
-__all__ = ["LLM", "GenerationResult", "CompletionOutput"]
+__all__ = ["LLM", "GenerationResult", "CompletionOutput", "LoRARequest"]
 
 Prompt = str | list[int]  # text, or token ids
 
@@ -35,7 +37,9 @@ Prompt = str | list[int]  # text, or token ids
 class LLM:
     def __init__(self, model: str | None = None, startup_timeout_s: float = 900.0, **engine_options):
         """engine_options: any engine knob by name (protocol/engine_config.py), e.g. max_num_seqs=8."""
-        engine = launch_pool(EngineConfig.of(model=model, **engine_options))
+        config = EngineConfig.of(model=model, **engine_options)
+        engine = launch_pool(config)
+        self.adapters = LoRAAdapters(engine.model_path, config.lora)
         self._start(engine, Tokenizer.from_model_path(engine.model_path), startup_timeout_s)
 
     def _start(self, engine: EnginePool, tokenizer, startup_timeout_s: float) -> None:
@@ -58,17 +62,24 @@ class LLM:
         """The schedulers' latest (summed over data-parallel replicas), as of the last output read."""
         return self._engine.stats
 
-    def generate(self, prompts: Prompt | list[Prompt],
-                 sampling: SamplingParams | list[SamplingParams] | None = None) -> list[GenerationResult]:
+    def generate(self, prompts: Prompt | list[Prompt], sampling: SamplingParams | list[SamplingParams] | None = None,
+                 lora_request: LoRARequest | list[LoRARequest | None] | None = None) -> list[GenerationResult]:
         """Runs every prompt, batched by the engine, and returns the results in prompt order.
 
         With SamplingParams.n > 1 a result holds all n samples in `outputs` (its `text` and `token_ids` are
-        the first sample's). Raises EngineDeadError if an engine process dies meanwhile and no engine serves (with
-        data-parallel replicas, the requests a failed one held end with an error instead)."""
+        the first sample's). lora_request: the LoRA adapter (a PEFT folder) every prompt, or each, runs with
+        (enable_lora=True); LoRAError if one does not fit the model. Raises EngineDeadError if an engine process
+        dies meanwhile and no engine serves (with data-parallel replicas, the requests a failed one held end with
+        an error instead)."""
         prompts = _as_list(prompts)
         params = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * len(prompts)
+        adapters = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
+        if lora_request is not None:
+            params = [dataclasses.replace(sp, lora=adapter) for sp, adapter in zip(params, adapters, strict=True)]
         for sp in params:
             sp.validate()
+            if sp.lora is not None:
+                self.adapters.check(sp.lora)
         prompt_ids = [self._prompt_ids(p) for p in prompts]
         collectors = [SampleCollector(sp.n) for sp in params]
         self._loop.run(self._collect(list(zip(prompt_ids, params, collectors))))

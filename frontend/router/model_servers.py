@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from tinyvllm.frontend.api.ollama import model_info, names
+from tinyvllm.frontend.api.ollama.keep_alive import FOREVER
 from tinyvllm.frontend.api.ollama.model_store import ModelEntry, ModelStore, StoreError
 from tinyvllm.frontend.api.server_options import ServerArgs
 from tinyvllm.frontend.router.instance_registry import STATIC, Instance
@@ -56,7 +57,7 @@ class ModelServer:
     state: str = LOADING
     ready: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     open: int = 0  # requests in flight
-    keep_alive_s: float = 0.0  # the last finished request's
+    keep_alive_s: float = 0.0  # the last request to start sets it (Ollama's rule); /models/unload sets 0
     idle_since: float = 0.0  # the clock's time its last request ended
     expiry: asyncio.TimerHandle | None = None
 
@@ -91,9 +92,10 @@ class ModelServers:
         self.keep_alive_s, self.max_loaded = keep_alive_s, max_loaded
         self.clock, self.free_memory = clock, free_memory
         self.servers: dict[str, ModelServer] = {}  # names.key -> its server, loading or loaded
+        self.by_url: dict[str, ModelServer] = {}  # the proxy's instance url -> its server (ServerClients)
+        self.stopping: dict[ModelServer, asyncio.Task] = {}  # until its processes are gone (their memory too)
         self._changed = asyncio.Condition()  # a request ended or a server stopped: room may have been made
-        self._stopping: set[asyncio.Task] = set()
-        self._started = 0
+        self._urls: dict[str, str] = {}  # names.key -> a url of its own, the same at every start
 
     def entry(self, name: str) -> ModelEntry:
         """The stored model `name`; StoreError 404 if there is none or it has no weights."""
@@ -108,14 +110,14 @@ class ModelServers:
     @contextlib.asynccontextmanager
     async def use(self, name: str, keep_alive_s: float | None = None):
         """The ready server of `name` for one request; starts it if needed. keep_alive_s: how long it stays loaded
-        after this request (None: the server's default)."""
-        server = await self.acquire(name)
+        after its requests end (None: the server's default), as of this request."""
+        server = await self.acquire(name, self.keep_alive_s if keep_alive_s is None else keep_alive_s)
         try:
             yield server
         finally:
-            self.release(server, self.keep_alive_s if keep_alive_s is None else keep_alive_s)
+            self.release(server)
 
-    async def acquire(self, name: str) -> ModelServer:
+    async def acquire(self, name: str, keep_alive_s: float) -> ModelServer:
         entry = self.entry(name)
         key = names.key(entry.name)
         while True:
@@ -128,34 +130,42 @@ class ModelServers:
             if server is None:
                 server = await self._start(entry)
             server.open += 1
+            server.keep_alive_s = keep_alive_s
             self._cancel_expiry(server)
             try:
                 await asyncio.shield(server.ready)
             except BaseException:
-                server.open -= 1
+                self.release(server)
                 raise
             if server.process.exitcode is None:
                 return server
             server.open -= 1  # it died as it became ready: once more
 
-    def release(self, server: ModelServer, keep_alive_s: float) -> None:
+    def release(self, server: ModelServer) -> None:
         server.open -= 1
-        server.keep_alive_s, server.idle_since = keep_alive_s, self.clock()
-        if server.open == 0 and self.servers.get(names.key(server.entry.name)) is server:
-            self._schedule_expiry(server)
+        if server.open == 0:
+            self._went_idle(server)
         self._notify()
 
+    def _went_idle(self, server: ModelServer) -> None:
+        server.idle_since = self.clock()
+        if server.state == LOADED and self.servers.get(names.key(server.entry.name)) is server:
+            self._schedule_expiry(server)
+            self._notify()
+
     async def load(self, name: str) -> ModelServer:
-        """POST /models/load: starts `name` (if needed) and keeps it for the default keep_alive."""
-        async with self.use(name) as server:
+        """POST /models/load: starts `name` (if needed); it stays until unloaded or evicted to make room, as
+        llama.cpp's router keeps it."""
+        async with self.use(name, FOREVER) as server:
             return server
 
     def unload(self, name: str) -> bool:
-        """Stops `name` once its requests in flight have ended; False if it was not loaded."""
-        server = self.servers.get(names.key(self.entry(name).name))
+        """Stops `name` once its requests in flight have ended (unless a later request keeps it); False if it was
+        not loaded."""
+        server = self.servers.get(names.key(name))
         if server is None:
             return False
-        server.keep_alive_s, server.idle_since = 0.0, self.clock()
+        server.keep_alive_s = 0.0
         if server.open == 0:
             self._stop(server)
         return True
@@ -166,59 +176,72 @@ class ModelServers:
     # ---- starting and stopping
 
     async def _start(self, entry: ModelEntry) -> ModelServer:
-        await self._make_room(entry)
         key = names.key(entry.name)
+        await self._make_room(entry)
         if (server := self.servers.get(key)) is not None:  # another request started it while this one waited
             return server
-        self._started += 1
         folder = pathlib.Path(tempfile.mkdtemp(prefix="tinyvllm-model-"))  # 0700
         name = names.short_name(entry.name)
+        process, client = self._launch(entry, name, folder)
+        url = self._urls.setdefault(key, f"http://model-{len(self._urls)}")  # a label: requests go by the socket
+        server = ModelServer(name, entry, process, folder, client, Instance(url, STATIC, model=name, healthy=True))
+        self.servers[key], self.by_url[url] = server, server
+        log.info("model %s: starting its server (%s)", name, entry.source)
+        asyncio.create_task(self._wait_ready(server))
+        return server
+
+    def _launch(self, entry: ModelEntry, name: str, folder: pathlib.Path) -> tuple[ChildProcess, httpx.AsyncClient]:
+        """The (not yet started) process of `entry`'s server, listening in `folder`, and the client that reaches it."""
         engine = dataclasses.replace(self.engine, model=dataclasses.replace(self.engine.model, model=entry.source))
         child = dataclasses.replace(self.child_server, host="127.0.0.1", port=0, uds=str(folder / "http.sock"),
                                     served_model_name=name, models_dir=str(self.store.folder), api_key=None,
                                     registration=None, allowed_origins=[])
-        process = ChildProcess(f"tinyvllm-model {name}", "tinyvllm.frontend.api.server", engine.public(), child)
-        url = f"http://model-{self._started}"  # the host is a label: requests go through the socket
+        # its own session: a terminal's Ctrl-C reaches this process, which drains and then stops the models
+        process = ChildProcess(f"tinyvllm-model {name}", "tinyvllm.frontend.api.server", engine.public(), child,
+                               new_session=True)
         client = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=child.uds), trust_env=False,
-                                   timeout=httpx.Timeout(10.0, read=None, pool=None))
-        server = ModelServer(name, entry, process, folder, client, Instance(url, STATIC, model=name, healthy=True))
-        self.servers[key] = server
-        log.info("model %s: starting its server (%s)", name, entry.source)
-        process.start()
-        task = asyncio.create_task(self._wait_ready(server))
-        task.add_done_callback(lambda t: t.exception())  # its outcome is in server.ready
-        return server
+                                   timeout=httpx.Timeout(10.0, read=None, pool=None),
+                                   limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        return process, client
 
     async def _wait_ready(self, server: ModelServer) -> None:
+        """Starts the server's process and resolves server.ready once it answers /health, or with why it did not."""
         started, deadline = time.monotonic(), time.monotonic() + self.child_server.startup_timeout_s
-        while True:
-            if (code := server.process.exitcode) is not None:
-                failure = ModelLoadError(f"model '{server.name}' failed to load: its server exited with code {code} "
+        try:
+            if server.ready.done():  # unloaded before it started
+                return
+            server.process.start()
+            while not server.ready.done():  # (done: unloaded while it loaded)
+                if (code := server.process.exitcode) is not None:
+                    raise ModelLoadError(f"model '{server.name}' failed to load: its server exited with code {code} "
                                          "(the server's log has the reason)")
-                break
-            if time.monotonic() > deadline:
-                failure = ModelLoadError(f"model '{server.name}' did not load within "
+                if time.monotonic() > deadline:
+                    raise ModelLoadError(f"model '{server.name}' did not load within "
                                          f"{self.child_server.startup_timeout_s:g} s")
-                break
-            with contextlib.suppress(httpx.TransportError):
-                if (await server.client.get("http://model/health")).status_code == 200:
-                    server.state = LOADED
-                    log.info("model %s: loaded in %.1f s (pid %d)", server.name, time.monotonic() - started,
-                             server.process.pid)
-                    server.ready.set_result(server)
-                    if server.open == 0:  # everyone who waited for it left: it idles from now
-                        server.keep_alive_s, server.idle_since = self.keep_alive_s, self.clock()
-                        self._schedule_expiry(server)
-                    return
-            await asyncio.sleep(HEALTH_POLL_S)
-        server.ready.set_exception(failure)
-        server.ready.exception()  # retrieved: a load nobody waits for any more is no unhandled error
-        self._stop(server)
+                with contextlib.suppress(httpx.TransportError):
+                    if (await server.client.get("http://model/health")).status_code == 200:
+                        server.state = LOADED
+                        log.info("model %s: loaded in %.1f s (pid %d)", server.name, time.monotonic() - started,
+                                 server.process.pid)
+                        server.ready.set_result(server)
+                        if server.open == 0:  # everyone who waited for it left: it idles from now
+                            self._went_idle(server)
+                        return
+                await asyncio.sleep(HEALTH_POLL_S)
+        except Exception as e:
+            failure = e if isinstance(e, ModelLoadError) else ModelLoadError(f"model '{server.name}' failed to "
+                                                                             f"load: {e!r}")
+            if not server.ready.done():
+                server.ready.set_exception(failure)
+                server.ready.exception()  # retrieved: a load nobody waits for any more is no unhandled error
+            self._stop(server)
 
     async def _make_room(self, entry: ModelEntry) -> None:
         """Stops idle models, least recently used first, until `entry` fits; waits while the only ones that could
         make room are busy."""
         while not self._fits(entry):
+            if names.key(entry.name) in self.servers:  # another request started it meanwhile
+                return
             idle = [s for s in self.servers.values() if s.open == 0 and s.state == LOADED]
             if idle:
                 victim = min(idle, key=lambda s: s.idle_since)
@@ -229,11 +252,14 @@ class ModelServers:
                 await self._changed.wait()
 
     def _fits(self, entry: ModelEntry) -> bool:
-        if not self.servers:
+        """Whether `entry` may start now: servers still stopping count as loaded (their memory is not free yet), and
+        those loading as using what they will use."""
+        if not self.servers and not self.stopping:
             return True
         if self.max_loaded:
-            return len(self.servers) < self.max_loaded
-        return self._needed_bytes(entry) <= self.free_memory()
+            return len(self.servers) + len(self.stopping) < self.max_loaded
+        coming = sum(self._needed_bytes(s.entry) for s in self.servers.values() if s.state != LOADED)
+        return self._needed_bytes(entry) + coming <= self.free_memory()
 
     def _needed_bytes(self, entry: ModelEntry) -> int:
         engines = self.engine.world_size * self.engine.parallel.data_parallel_size
@@ -271,11 +297,11 @@ class ModelServers:
         key = names.key(server.entry.name)
         if self.servers.get(key) is server:
             del self.servers[key]
-        task = asyncio.create_task(self._end_process(server))
-        self._stopping.add(task)
-        task.add_done_callback(self._stopping.discard)
-        self._notify()
-        return task
+        if self.by_url.get(server.instance.url) is server:
+            del self.by_url[server.instance.url]
+        if server not in self.stopping:
+            self.stopping[server] = asyncio.create_task(self._end_process(server))
+        return self.stopping[server]
 
     async def _end_process(self, server: ModelServer) -> None:
         process = server.process
@@ -287,6 +313,8 @@ class ModelServers:
         await server.client.aclose()
         shutil.rmtree(server.folder, ignore_errors=True)
         log.info("model %s: unloaded (exit code %s)", server.name, process.exitcode)
+        del self.stopping[server]
+        self._notify()  # its memory is free now
 
     def _notify(self) -> None:
         async def notify():
@@ -298,9 +326,9 @@ class ModelServers:
         """Stops every model's server and waits until their processes are gone."""
         for server in list(self.servers.values()):
             self._stop(server)
-        await asyncio.gather(*self._stopping, return_exceptions=True)
+        await asyncio.gather(*self.stopping.values(), return_exceptions=True)
 
-    def stop_processes(self) -> None:
-        """After close, or when the event loop is gone: kills whatever is left."""
-        for server in self.servers.values():
+    def kill_all(self) -> None:
+        """Where close could not run (the event loop is gone): kills every model's server now."""
+        for server in [*self.servers.values(), *self.stopping]:
             server.process.kill()

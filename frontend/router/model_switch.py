@@ -15,8 +15,8 @@ import json
 import math
 import time
 
+import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from tinyvllm.frontend.api.auth import OLLAMA, APIKeyMiddleware, error_body_for, error_style
+from tinyvllm.frontend.api.auth import OLLAMA, PROTECTED_PREFIXES, APIKeyMiddleware, error_body_for, error_style
 from tinyvllm.frontend.api.http_json import read_bounded_body
 from tinyvllm.frontend.api.ollama import names
 from tinyvllm.frontend.api.ollama.generation import load_reply
@@ -34,13 +34,16 @@ from tinyvllm.frontend.api.ollama.model_routes import NEVER_EXPIRES, tag_entry
 from tinyvllm.frontend.api.ollama.model_store import StoreError, now_rfc3339
 from tinyvllm.frontend.api.ollama.routes import store_routes
 from tinyvllm.frontend.api.ollama.service import OllamaService
-from tinyvllm.frontend.api.request_gate import GateMiddleware, RequestGate, send_error
+from tinyvllm.frontend.api.request_gate import GateMiddleware, RequestGate, current_ticket, send_error
 from tinyvllm.frontend.router.model_servers import LOADED, ModelLoadError, ModelServer, ModelServers
+from tinyvllm.frontend.router.router_metrics import MergedFamilies
 from tinyvllm.frontend.router.upstream_proxy import UpstreamProxy
 
 # POST routes whose body names the model that answers
 MODEL_ROUTES = ("/v1/{rest:path}", "/api/generate", "/api/chat", "/api/embed", "/api/embeddings", "/api/rerank",
-                "/rerank", "/v2/rerank", "/score", "/tokenize", "/detokenize", "/pooling")
+                "/rerank", "/v2/rerank", "/score", "/tokenize", "/detokenize")
+# with --api-key every route but /health, /metrics and / needs it: any other may start a model or name its files
+PROTECTED = (*PROTECTED_PREFIXES, "/models", "/tokenize", "/detokenize")
 _LOAD_ONLY = {"/api/generate": "prompt", "/api/chat": "messages"}  # Ollama's (un)load: no prompt, no messages
 
 
@@ -58,7 +61,9 @@ class ServerClients:
 
     @contextlib.contextmanager
     def using(self, url: str):
-        yield next(s.client for s in self.servers.servers.values() if s.instance.url == url)
+        if (server := self.servers.by_url.get(url)) is None:
+            raise httpx.ConnectError(f"the model's server at {url} stopped")
+        yield server.client
 
 
 class ModelSwitch:
@@ -84,8 +89,18 @@ class ModelSwitch:
                     and not self.servers.is_loaded(name):
                 await load_reply(name, path == "/api/chat", unload=True)(scope, receive, send)
                 return
-            async with self.servers.use(name, keep_alive_s) as server:
+            ticket = current_ticket()
+            try:  # the wait for the model (its load, or room for it) is bounded by the request's deadline
+                async with asyncio.timeout_at(ticket.deadline if ticket is not None else None):
+                    server = await self.servers.acquire(name, self.servers.keep_alive_s if keep_alive_s is None
+                                                        else keep_alive_s)
+            except TimeoutError:
+                raise _RequestRefused(504, f"model '{name}' was not ready within the request's time limit "
+                                           "(--request-timeout)", "GatewayTimeoutError") from None
+            try:
                 await self.proxy.forward(scope, body, receive, send, [server.instance])
+            finally:
+                self.servers.release(server)
         except ClientDisconnect:
             return
         except _RequestRefused as e:
@@ -199,7 +214,7 @@ def build_switch_app(servers: ModelServers, proxy: UpstreamProxy, gate: RequestG
 
     async def metrics(request: Request) -> Response:
         registry = CollectorRegistry()
-        registry.register(_MergedFamilies([reply.text for _, reply in await from_each("/metrics") if reply]))
+        registry.register(MergedFamilies([reply.text for _, reply in await from_each("/metrics") if reply]))
         return Response(generate_latest(registry) + proxy.metrics.render()[0],
                         headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -215,23 +230,5 @@ def build_switch_app(servers: ModelServers, proxy: UpstreamProxy, gate: RequestG
                 *(Route(path, switch, methods=["POST"]) for path in MODEL_ROUTES)],
         middleware=[*([Middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"],
                                   allow_headers=["*"])] if allowed_origins else []),
-                    *([Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []),
+                    *([Middleware(APIKeyMiddleware, api_key=api_key, prefixes=PROTECTED)] if api_key else []),
                     Middleware(GateMiddleware, gate=gate, max_body_bytes=max_body_bytes)])
-
-
-class _MergedFamilies:
-    """Prometheus families parsed from each model's /metrics, one family per name (their series side by side: each
-    carries its model_name)."""
-
-    def __init__(self, texts: list[str]):
-        self.texts = texts
-
-    def collect(self):
-        families = {}
-        for text in self.texts:
-            for family in text_string_to_metric_families(text):
-                if family.name in families:
-                    families[family.name].samples.extend(family.samples)
-                else:
-                    families[family.name] = family
-        yield from families.values()

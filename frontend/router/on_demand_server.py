@@ -24,6 +24,12 @@ from tinyvllm.protocol.engine_config import EngineConfig
 log = logging.getLogger("tinyvllm.frontend")
 
 
+def default_max_loaded(environ=os.environ) -> int:
+    """0 (as many as the free memory holds) on a CPU; 3 on another device (Ollama's default per GPU), whose memory
+    MemAvailable does not tell."""
+    return 0 if environ.get("DEV", "CPU").upper().startswith("CPU") else 3
+
+
 def check_on_demand(engine: EngineConfig, args: ServerArgs) -> None:
     """What each model's own engine cannot share with the others', and what names one model."""
     if args.served_model_name is not None:
@@ -34,12 +40,15 @@ def check_on_demand(engine: EngineConfig, args: ServerArgs) -> None:
         raise ValueError("models served on demand (--models-dir without --model) talk over ipc; their tcp ports "
                          "would collide")
     if engine.kv_transfer.role != "both":
-        raise ValueError("--kv-transfer-config needs --model: a prefill or decode instance serves one model")
+        raise ValueError("--role needs --model: a prefill or decode instance serves one model")
+    if engine.cache.kv_events_config is not None or engine.cache.kv_cache_dir or args.registration is not None:
+        raise ValueError("--kv-events-config, --kv-cache-dir and --register-with need --model: the models served on "
+                         "demand would share their ports, files and name")
 
 
 async def serve_on_demand(engine: EngineConfig, args: ServerArgs, keep_alive_s: float) -> int:
     store = ModelStore(args.models_dir, None, None, 0)
-    servers = ModelServers(store, engine, args, keep_alive_s, args.max_loaded_models)
+    servers = ModelServers(store, engine, args, keep_alive_s, args.max_loaded_models or default_max_loaded())
     gate, shutdown, registry = RequestGate(args.max_waiting_requests, args.request_timeout_s), Shutdown(), \
         InstanceRegistry()
     proxy = UpstreamProxy(registry, InstancePicker(RoutingPolicy(mode=LEAST_LOADED)), ServerClients(servers),
@@ -57,7 +66,10 @@ async def serve_on_demand(engine: EngineConfig, args: ServerArgs, keep_alive_s: 
         await serve_until_drained(server, serving, gate, args.shutdown_timeout_s, shutdown.fail_open, log)
         return 0
     finally:
-        await servers.close()
+        try:
+            await servers.close()
+        finally:
+            servers.kill_all()  # (a no-op once close has stopped them)
 
 
 def serve_models_on_demand(engine: EngineConfig, args: ServerArgs) -> None:

@@ -3,6 +3,7 @@ where it went, how many instances are in each state (read from the registry at s
 how many blocks each followed instance holds."""
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, disable_created_metrics, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from tinyvllm.frontend.router.instance_registry import InstanceRegistry
@@ -61,3 +62,21 @@ class RouterMetrics:
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class MergedFamilies(Collector):
+    """Prometheus families parsed from each model's /metrics, one family per name (their series side by side: each
+    carries its model_name)."""
+
+    def __init__(self, texts: list[str]):
+        self.texts = texts
+
+    def collect(self):
+        families = {}
+        for text in self.texts:
+            for family in text_string_to_metric_families(text):
+                if family.name in families:
+                    families[family.name].samples.extend(family.samples)
+                else:
+                    families[family.name] = family
+        yield from families.values()

@@ -161,7 +161,7 @@ def test_bad_requests_get_the_apis_own_errors(switch):
     bad = httpx.post(f"{url}/api/generate", json={"model": "alpha", "keep_alive": "5x"})
     assert bad.status_code == 400 and "keep_alive" in bad.json()["error"]
     assert httpx.post(f"{url}/models/load", json={"model": "nope"}).status_code == 404
-    assert httpx.post(f"{url}/models/unload", json={"model": "nope"}).status_code == 404
+    assert httpx.post(f"{url}/models/unload", json={"model": "nope"}).status_code == 400  # not loaded
     assert httpx.post(f"{url}/v1/completions", content=b"{not json").status_code == 400
     assert model_servers(switch) == {} or set(model_servers(switch).values()) <= {"alpha", "beta"}
 

@@ -16,13 +16,14 @@ ENGINE_FLAGS = {
     "--model": None, "--no-jit-warmup": True, "--no-prefix-caching": True, "--num-kv-blocks": 0,
     "--pipeline-parallel-size -pp": 1, "--role": "both", "--speculative-config": None, "--step-timeout": 120.0,
     "--swap-space": 0, "--tensor-parallel-size -tp": 1, "--warmup-before-serving": False,
+    "--enable-lora": False, "--max-loras": 1, "--max-lora-rank": 16,
 }
 SERVE_FLAGS = {
     **ENGINE_FLAGS, "--advertise-url": None, "--allowed-origins": [], "--api-key": None, "--default-max-tokens": None,
     "--reasoning-parser": None, "--responses-store-size": 0,
     "--external-workers": False, "--host": "127.0.0.1", "--max-waiting-requests": 512,
     "--models-dir": None,  # the cache's models folder, resolved when serving: given without --model, on demand
-    "--keep-alive": None, "--max-loaded-models": 0, "--port": 8000, "--register-secret": None, "--register-with": None,
+    "--keep-alive": None, "--max-loaded-models": 0, "--lora-modules": [], "--port": 8000, "--register-secret": None, "--register-with": None,
     "--request-timeout": None, "--served-model-name": None, "--shutdown-timeout": 30.0, "--worker-address": None,
     "--worker-secret": None,
 }

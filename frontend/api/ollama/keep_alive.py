@@ -10,6 +10,7 @@ import re
 DEFAULT = "5m"
 ENV = "OLLAMA_KEEP_ALIVE"
 FOREVER = math.inf
+FOREVER_FROM_S = 1e9  # ~32 years: longer is forever (and stays a date /api/ps can write)
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s|us|µs|ns)")
 
@@ -24,7 +25,7 @@ def keep_alive_seconds(value: str | float | int) -> float:
     if isinstance(value, bool):
         raise KeepAliveInvalid(f"keep_alive must be a duration or a number of seconds, not {value!r}")
     if isinstance(value, int | float):
-        seconds = float(value)
+        seconds = float(value) if abs(value) < FOREVER_FROM_S else (-1.0 if value < 0 else FOREVER_FROM_S)
     else:
         text = str(value).strip()
         try:
@@ -33,7 +34,7 @@ def keep_alive_seconds(value: str | float | int) -> float:
             seconds = _duration_seconds(text)
     if math.isnan(seconds):
         raise KeepAliveInvalid("keep_alive must be a duration or a number of seconds, not NaN")
-    return FOREVER if seconds < 0 else seconds
+    return FOREVER if seconds < 0 or seconds >= FOREVER_FROM_S else seconds
 
 
 def _duration_seconds(text: str) -> float:

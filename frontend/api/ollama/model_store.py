@@ -91,7 +91,8 @@ class ModelStore:
             entry.digest, entry.created = hashlib.sha256(name.encode()).hexdigest(), now_rfc3339()
         manifest = self._manifest_path(name)
         if manifest is not None and manifest.exists() and (stored := self._read(manifest)) is not None \
-                and stored.source == entry.source:
+                and stored.source is not None and entry.source is not None \
+                and pathlib.Path(stored.source).resolve() == pathlib.Path(entry.source):
             return dataclasses.replace(stored, served=True)
         return entry
 
