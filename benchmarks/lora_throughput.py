@@ -59,7 +59,7 @@ def main() -> None:
     engine = dict(max_num_seqs=args.requests, **({"kernels": args.kernels} if args.kernels else {}))
     rows = {}
     with tempfile.TemporaryDirectory() as folder:
-        adapters = [LoRARequest(f"a{i}", p) for i, p in enumerate(write_adapters(folder, 4))]
+        adapters = [LoRARequest(f"a{i}", i + 1, p) for i, p in enumerate(write_adapters(folder, 4))]
         cases = {"base model, no --enable-lora": (dict(), [None] * args.requests),
                  "--enable-lora, base model rows only": (dict(enable_lora=True, max_loras=4), [None] * args.requests),
                  "--enable-lora, one adapter": (dict(enable_lora=True, max_loras=4), [adapters[0]] * args.requests),

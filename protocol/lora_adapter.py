@@ -5,18 +5,25 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import re
+import struct
 
 import numpy as np
 
 from tinyvllm.protocol.model_config import ModelConfig
 
 MODULES = ("q", "k", "v", "o", "gate", "up", "down")
+PEFT_DEFAULT_ALPHA = 8  # LoraConfig's lora_alpha
 PEFT_MODULES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate", "up_proj": "up",
                 "down_proj": "down"}
 
 
 class LoRAError(ValueError):
-    """An adapter that cannot be served over the model (a 400 naming the reason)."""
+    """An adapter that cannot be served over the model (a 400 naming the reason; not_found: no adapter there)."""
+
+    def __init__(self, message: str, not_found: bool = False):
+        super().__init__(message)
+        self.not_found = not_found
 
 
 def module_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -26,28 +33,35 @@ def module_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
             "gate": (cfg.dim, cfg.ffn_dim), "up": (cfg.dim, cfg.ffn_dim), "down": (cfg.ffn_dim, cfg.dim)}
 
 
+_FLOAT_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
+_UNSUPPORTED = ("use_dora", "modules_to_save", "lora_bias", "trainable_token_indices", "alora_invocation_tokens",
+                "use_qalora", "target_parameters")
+
+
 def read_peft_adapter(path: str | pathlib.Path, cfg: ModelConfig, max_rank: int
                       ) -> dict[tuple[int, str], tuple[np.ndarray, np.ndarray]]:
-    """{(layer, product): (A [r, in], scale x B [out, r])} of a PEFT LoRA folder, float32."""
-    from safetensors.numpy import load_file
+    """{(layer, product): (A [r, in], scale x B [out, r])} of a PEFT LoRA folder, float32. LoRAError (not_found for
+    a folder without an adapter) for anything it cannot serve."""
     folder = pathlib.Path(path)
     try:
         config = json.loads((folder / "adapter_config.json").read_text())
-        tensors = load_file(folder / "adapter_model.safetensors")
-    except (OSError, ValueError) as e:
-        raise LoRAError(f"no PEFT LoRA adapter at {path}: {e}") from None
-    if config.get("use_dora") or config.get("bias", "none") != "none" or config.get("modules_to_save"):
-        raise LoRAError(f"the adapter at {path} uses DoRA, biases or modules_to_save, which are not supported")
+        tensors = _read_float_tensors(folder / "adapter_model.safetensors")
+    except (OSError, ValueError, KeyError, TypeError, struct.error) as e:
+        raise LoRAError(f"no PEFT LoRA adapter at {path}: {e}", not_found=True) from None
+    if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
+        raise LoRAError(f"the adapter at {path} is no LoRA adapter (peft_type {config.get('peft_type')!r})")
+    if config.get("bias", "none") != "none" or (used := [k for k in _UNSUPPORTED if config.get(k)]):
+        raise LoRAError(f"the adapter at {path} uses {', '.join(used) or 'biases'}, which are not supported")
     shapes, adapter = module_shapes(cfg), {}
     for key, a in tensors.items():
-        if ".lora_A." not in key:
-            continue
-        prefix = key.split(".lora_A.")[0]  # base_model.model.model.layers.{i}.self_attn.q_proj
+        prefix, _, kind = key.rpartition(".lora_")
         parts = prefix.split(".")
-        if "layers" not in parts or parts[-1] not in PEFT_MODULES:
-            raise LoRAError(f"the adapter at {path} adapts {prefix}, which is not a served product")
+        if kind not in ("A.weight", "B.weight") or "layers" not in parts or parts[-1] not in PEFT_MODULES:
+            raise LoRAError(f"the adapter at {path} has {key}, which is not a served product's LoRA weight")
+        if kind == "B.weight":
+            continue
         layer, module = int(parts[parts.index("layers") + 1]), PEFT_MODULES[parts[-1]]
-        b = tensors.get(key.replace(".lora_A.", ".lora_B."))
+        b = tensors.get(f"{prefix}.lora_B.weight")
         rank = a.shape[0]
         if b is None or layer >= cfg.n_layers or a.shape[1:] != (shapes[module][0],) or \
                 b.shape != (shapes[module][1], rank):
@@ -55,14 +69,34 @@ def read_peft_adapter(path: str | pathlib.Path, cfg: ModelConfig, max_rank: int
                             f"B {None if b is None else b.shape})")
         if rank > max_rank:
             raise LoRAError(f"the adapter at {path} has rank {rank}, more than --max-lora-rank {max_rank}")
-        alpha = _pattern(config.get("alpha_pattern") or {}, prefix, config.get("lora_alpha", rank))
+        alpha = _pattern(config.get("alpha_pattern") or {}, prefix, config.get("lora_alpha", PEFT_DEFAULT_ALPHA))
         scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-        adapter[(layer, module)] = (a.astype(np.float32), (b.astype(np.float64) * scale).astype(np.float32))
+        adapter[(layer, module)] = (a, (b.astype(np.float64) * scale).astype(np.float32))
     if not adapter:
         raise LoRAError(f"the adapter at {path} has no LoRA weights")
     return adapter
 
 
+def _read_float_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:
+    """Every tensor of a small .safetensors file as float32 (numpy has no bfloat16: its bits are widened here)."""
+    data = path.read_bytes()
+    (header_len,) = struct.unpack("<Q", data[:8])
+    header, base, tensors = json.loads(data[8:8 + header_len]), 8 + header_len, {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = np.dtype(_FLOAT_DTYPES[info["dtype"]])
+        start, end = info["data_offsets"]
+        count = math.prod(info["shape"])
+        if end - start != count * dtype.itemsize or base + end > len(data):
+            raise ValueError(f"{name}: its data does not match its shape")
+        values = np.frombuffer(data, dtype, count, base + start).reshape(info["shape"])
+        tensors[name] = (values.astype(np.uint32) << 16).view(np.float32) if info["dtype"] == "BF16" else \
+            values.astype(np.float32)
+    return tensors
+
+
 def _pattern(patterns: dict, prefix: str, default):
-    """PEFT's per-module override: the value of the first pattern that names the end of the module's path."""
-    return next((value for pattern, value in patterns.items() if prefix.endswith(pattern)), default)
+    """PEFT's per-module override (its alpha_pattern): the value of the first pattern, a regular expression, that
+    matches the end of the module's path at a dot."""
+    return next((value for pattern, value in patterns.items() if re.match(rf"(.*\.)?({pattern})$", prefix)), default)

@@ -48,6 +48,7 @@ def split_step_result(result: StepResult) -> list[StepResult]:
     parts[0].kv_loaded_req_ids, parts[0].kv_failed_req_ids = result.kv_loaded_req_ids, result.kv_failed_req_ids
     parts[0].kv_failed_reasons = result.kv_failed_reasons
     parts[0].kv_disk_failed_block_ids = result.kv_disk_failed_block_ids
+    parts[0].failed_req_ids, parts[0].failed_reasons = result.failed_req_ids, result.failed_reasons
     return parts
 
 
@@ -77,4 +78,6 @@ def merge_step_results(parts: list[StepResult]) -> StepResult:
         merged.kv_failed_req_ids += part.kv_failed_req_ids
         merged.kv_failed_reasons += part.kv_failed_reasons
         merged.kv_disk_failed_block_ids += part.kv_disk_failed_block_ids
+        merged.failed_req_ids += part.failed_req_ids
+        merged.failed_reasons += part.failed_reasons
     return merged

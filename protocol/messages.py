@@ -257,6 +257,10 @@ class StepResult:
     kv_failed_reasons: list[str] = field(default_factory=list)
     # The step's kv_disk_loads that failed on any rank (a missing, corrupt or foreign file): not loaded.
     kv_disk_failed_block_ids: list[int] = field(default_factory=list)
+    # Requests the worker could not run this step (a LoRA adapter it could not read), with why: not computed, and
+    # they end with an error.
+    failed_req_ids: list[str] = field(default_factory=list)
+    failed_reasons: list[str] = field(default_factory=list)
     # Speculative decoding, by req_ids (empty: no row had drafts): the leading drafts the target model accepted.
     # A row's new tokens are its accepted drafts, then its sampled token.
     accepted_draft_ids: list[list[int]] = field(default_factory=list)

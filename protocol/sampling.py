@@ -67,10 +67,24 @@ MAX_LORA_NAME_CHARS, MAX_LORA_PATH_CHARS = 256, 4096
 
 @dataclass(slots=True)
 class LoRARequest:
-    """A LoRA adapter over the served model (vLLM's LoRARequest, less its id): a PEFT folder on the workers' machine.
-    Its name keys the workers' loaded adapters and salts the prefix cache (scheduler/request.py)."""
-    name: str
-    path: str
+    """A LoRA adapter over the served model, vLLM's LoRARequest(lora_name, lora_int_id, lora_path): a PEFT folder on
+    the workers' machine. Its name and path together are the adapter (`key`): they key the workers' loaded adapters
+    and salt the prefix cache (scheduler/request.py), so another folder under a reused name is another adapter."""
+    lora_name: str
+    lora_int_id: int = 0
+    lora_path: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.lora_name
+
+    @property
+    def path(self) -> str:
+        return self.lora_path
+
+    @property
+    def key(self) -> str:
+        return f"{self.lora_name}\n{self.lora_path}"
 
     def validate(self) -> None:
         if not 0 < len(self.name) <= MAX_LORA_NAME_CHARS or not 0 < len(self.path) <= MAX_LORA_PATH_CHARS:

@@ -52,12 +52,14 @@ class Request:
     proposed_draft_ids: list[int] = field(default_factory=list)
     proposed_for: int = -1
 
+    def __post_init__(self):
+        if self.cache_salt is None and self.sampling.lora is not None:  # an adapter's keys and values are its own
+            self.cache_salt = f"lora:{self.sampling.lora.key}"
+
     @classmethod
     def from_add_request(cls, msg: AddRequest) -> "Request":
         req = cls(msg.req_id, list(msg.prompt_token_ids), msg.sampling, list(msg.eos_token_ids), msg.arrival_time)
         req.kv_transfer = msg.sampling.kv_transfer
-        if msg.sampling.lora is not None:  # an adapter's keys and values are its own: cached only for its requests
-            req.cache_salt = f"lora:{msg.sampling.lora.name}"
         return req
 
     @property

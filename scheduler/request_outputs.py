@@ -9,7 +9,8 @@ def well_formed(result: StepResult, step_id: int) -> bool:
     return (result.step_id == step_id and len(result.sampled_token_ids) == n
             and len(result.logprobs) in (0, n) and len(result.prompt_logprobs) in (0, n)
             and len(result.accepted_draft_ids) in (0, n) and len(result.proposed_draft_ids) in (0, n)
-            and len(result.pooled_req_ids) == len(result.embeddings))
+            and len(result.pooled_req_ids) == len(result.embeddings)
+            and len(result.failed_req_ids) == len(result.failed_reasons))
 
 
 def request_output(req: Request, token_ids: list[int], reason: str | None, error: str | None = None,

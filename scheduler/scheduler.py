@@ -151,12 +151,14 @@ class Scheduler:
 
         # After a preemption the pool is tight: admitting new work now would only be preempted next.
         seats_taken = sum(self.seats(req) for req in self.running) + len(self.remote_kv.loading)
-        adapters = {req.sampling.lora.name for req in self.running if req.sampling.lora is not None}
+        adapters = {req.sampling.lora.key for req in self.running if req.sampling.lora is not None}
+        no_slot: list[Request] = []  # requests of adapters no slot is left for, in order: they go back after
         while not stalled and self.num_preemptions == preemptions_before and self.waiting and budget > 0:
             req = self.waiting[0]
             lora = req.sampling.lora
-            if lora is not None and lora.name not in adapters and len(adapters) >= self.config.max_loras:
-                break  # every adapter slot is taken by running requests: it waits for one to end (strict FIFO)
+            if lora is not None and lora.key not in adapters and (no_slot or len(adapters) >= self.config.max_loras):
+                no_slot.append(self.waiting.popleft())  # the ones behind it that need no new slot may go first
+                continue
             if self.remote_kv.needs_load(req):  # disaggregated decode: its prompt's KV is pulled, not computed
                 if seats_taken + 1 > self.config.max_num_seqs or not self.remote_kv.start_load(req):
                     break
@@ -186,10 +188,11 @@ class Scheduler:
                 req.queue_time_s = max(0.0, time.time() - req.arrival_time)
             self._insert_running(req)
             if lora is not None:
-                adapters.add(lora.name)
+                adapters.add(lora.key)
             seats_taken += self.seats(req)
             scheduled.append((req, num_cached, num_new))
             budget -= num_new
+        self.waiting.extendleft(reversed(no_slot))
 
         kv_loads = self.remote_kv.take_new_loads()
         disk_work = self.disk_kv.take_work(self._step_id + 1)
@@ -225,6 +228,11 @@ class Scheduler:
         that turned out to end the request, whose result for it is discarded."""
         self.disk_kv.apply(result)  # blocks filled from disk enter the prefix cache before anything is freed
         kv, window = self.kv_cache_manager, self.config.sliding_window
+        outputs = []
+        for req_id, reason in zip(result.failed_req_ids, result.failed_reasons):
+            if (req := step.get(req_id, (None, 0))[0]) is not None and req.status is RequestStatus.RUNNING:
+                self._finish(req, FinishReason.ERROR)  # before its blocks count as computed: the worker skipped it
+                outputs.append(request_output(req, [], FinishReason.ERROR, reason, ErrorKind.INVALID_REQUEST))
         for req, num_new in step.values():
             if req.status is RequestStatus.RUNNING:
                 num_new -= len(req.draft_token_ids)  # the drafts count as their tokens are appended (below)
@@ -241,7 +249,6 @@ class Scheduler:
             ok = req is not None and req.status is RequestStatus.RUNNING and req.num_computed_tokens == req.num_tokens
             return req if ok else None
 
-        outputs = []
         for row, (req_id, token_id) in enumerate(zip(result.req_ids, result.sampled_token_ids)):
             if (req := caught_up(req_id)) is None:
                 continue

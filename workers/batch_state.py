@@ -24,6 +24,7 @@ class RequestState:
     num_drafts: int = 0  # this step's drafts, the last entries of token_ids until verified (workers/spec_verify.py)
     grammar: object | None = None  # structured output: its workers.sampling_masks.GrammarState, made on first use
     thinking: object | None = None  # a reasoning reply: its workers.thinking_phase.ThinkingPhase, made on first use
+    failed: str | None = None  # why this worker could not run it (its LoRA adapter): never computed again
 
     @property
     def num_output_tokens(self) -> int:
@@ -85,6 +86,9 @@ class BatchState:
             chunks.append(ScheduledChunk(new.req_id, state, new.num_computed_tokens, new.num_scheduled_tokens))
         for cached in plan.cached_reqs:
             state = self.requests[cached.req_id]
+            if state.failed is not None:  # planned before its failure reached the scheduler, which ends it
+                chunks.append(ScheduledChunk(cached.req_id, state, cached.num_computed_tokens, 0))
+                continue
             state.block_ids.extend(cached.new_block_ids)
             for token_id in cached.new_token_ids:
                 state.append_token(token_id)

@@ -20,7 +20,7 @@ from tinyvllm.workers.cpu_matvec import c_kernels_support, cpu_expert_matvec
 from tinyvllm.workers.cpu_swiglu import cpu_swiglu
 from tinyvllm.workers.gpu_matvec import gpu_matvec, gpu_matvec_fits
 from tinyvllm.workers.kernel_set import kernel_choice
-from tinyvllm.workers.lora import ATTENTION, MLP, LoRAWeights, lora_delta
+from tinyvllm.workers.lora import ATTENTION, MLP, LoRAWeights
 from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.protocol.rope_scaling import rope_frequencies
 from tinyvllm.workers.quantized_weight import DeviceWeight
@@ -100,7 +100,10 @@ def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows
     (workers/lora.py), whose term joins the product."""
     def lin(h: Tensor, w: DeviceWeight, tiles: Tensor | None = None, adapter: tuple = ()) -> Tensor:
         out = linear(h, w, kernels, max_fused_rows, tiles)
-        return out + lora_delta(h, *adapter) if adapter else out
+        if not adapter:
+            return out
+        mask, a, bt = adapter  # every slot's A and B^T; the mask keeps each row's own slot's columns
+        return out + linear(linear(h, a, kernels, max_fused_rows) * mask, bt, kernels, max_fused_rows)
 
     def split_lora(extras: tuple, products: int) -> tuple[tuple, list[tuple]]:
         """(the other extras, each product's (mask, A, B)); no adapters without lora."""

@@ -14,6 +14,7 @@ import numpy as np
 from tinygrad import Tensor, TinyJit, UOp, dtypes
 from tinygrad.engine.worker import terminate_worker_pool
 
+from tinyvllm.protocol.lora_adapter import LoRAError
 from tinyvllm.protocol.messages import StepPlan, StepResult
 from tinyvllm.protocol.parallel_layout import ShardSpec
 from tinyvllm.protocol.sampling import MAX_SCORE_TOKENS
@@ -71,6 +72,7 @@ class StepWork:
     logits: Tensor | None = None  # [>= len(rows), V]: row i is rows[i]'s
     pooled: list[tuple[ScheduledChunk, list[float]]] = field(default_factory=list)  # finished embedding requests
     draft_logits: list[Tensor] = field(default_factory=list)  # per forward with drafts (workers/spec_verify.py)
+    failed: dict[str, str] = field(default_factory=dict)  # requests not computed: req_id -> why (an adapter)
 
 
 class ModelRunner:
@@ -195,14 +197,14 @@ class ModelRunner:
         """Runs the plan's tokens through the model: the logits of the chunks that sample, the finished embeddings.
         With one forward (the usual case) work.logits is the jit's own output buffer, valid until the next step."""
         chunks = self.batch.apply(plan)
+        work = StepWork()
         if self.model.lora is not None:
-            self.lora_slots = self.model.lora.activate([c.state.sampling.lora for c in chunks
-                                                        if c.state.sampling.lora is not None])
+            chunks = self._with_adapters(chunks, work.failed)
         self.host_swap.swap_out(plan.swap_out)  # reads blocks before the copies and swap-ins may reuse them
         self.copy_blocks(plan.block_copies)
         self.host_swap.swap_in(plan.swap_in)
         forwards = split_into_forwards(chunks, self.token_buckets[-1], self.max_rows)
-        work, parts = StepWork(), []
+        parts = []
         for pieces in forwards:
             batch = self.prepare(pieces)
             logits, hidden = self.run_forward(batch)
@@ -227,9 +229,26 @@ class ModelRunner:
             work.logits = Tensor.cat(*parts).realize()
         return work
 
+    def _with_adapters(self, chunks: list[ScheduledChunk], failed: dict[str, str]) -> list[ScheduledChunk]:
+        """The chunks this step can run, their adapters in slots (self.lora_slots); a request whose adapter cannot
+        be read goes to `failed` (req_id -> why) and is not computed: the scheduler ends it with that error."""
+        lora = self.model.lora
+        for chunk in chunks:
+            if (adapter := chunk.state.sampling.lora) is not None and chunk.state.failed is None:
+                try:
+                    lora.read(adapter)
+                except LoRAError as e:
+                    chunk.state.failed = str(e)
+            if chunk.state.failed is not None:
+                failed[chunk.req_id] = chunk.state.failed
+        chunks = [c for c in chunks if c.req_id not in failed]
+        self.lora_slots = lora.activate([c.state.sampling.lora for c in chunks if c.state.sampling.lora is not None])
+        return chunks
+
     def execute(self, plan: StepPlan, rank: int = 0) -> StepResult:
         work = self.compute(plan)
         result = StepResult(plan.step_id, rank, [], [])
+        result.failed_req_ids, result.failed_reasons = list(work.failed), list(work.failed.values())
         if not self.spec.samples:
             return result  # the scheduler reads one rank's result: this one only says the step is done
         if work.rows:

@@ -21,6 +21,7 @@ from tinyvllm.frontend.api.dashboard import dashboard_routes
 from tinyvllm.frontend.engine.detokenizer import IncrementalDetokenizer
 from tinyvllm.frontend.api.embedding_routes import embedding_routes
 from tinyvllm.frontend.engine.engine_client import EngineDeadError
+from tinyvllm.frontend.engine.lora_adapters import LoRAAdapters
 from tinyvllm.frontend.api.http_json import (CLIENT_CLOSED_REQUEST, DEFAULT_MAX_BODY_BYTES,
                                              exception_response, read_json_body, run_unless_disconnected)
 from tinyvllm.frontend.api.metrics import FrontendMetrics
@@ -29,7 +30,6 @@ from tinyvllm.frontend.api.openai_requests import ChatRequest, CompletionRequest
 from tinyvllm.frontend.api.openai_responses import ChatResponse, CompletionResponse, ModelList
 from tinyvllm.frontend.api.kv_event_routes import kv_event_routes
 from tinyvllm.frontend.api.lora_routes import lora_routes
-from tinyvllm.frontend.engine.lora_adapters import LoRAAdapters
 from tinyvllm.frontend.api.ops_routes import ops_routes
 from tinyvllm.frontend.api.reasoning import reasoning_format
 from tinyvllm.frontend.api.rerank_routes import rerank_routes
@@ -133,7 +133,7 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
     async def models(request: Request) -> Response:
         card = {"id": model_name, "object": "model", "created": started_at, "owned_by": "tinyvllm",
                 "root": model_root or model_name, "parent": None, "max_model_len": max_model_len}
-        lora_cards = [{**card, "id": a.name, "root": a.path, "parent": model_name}
+        lora_cards = [{**card, "id": a.name, "root": a.path, "parent": model_name, "max_model_len": None}
                       for a in (adapters.by_name.values() if adapters is not None else ())]
         return JSONResponse({"object": "list", "data": [card, *lora_cards, *model_store.openai_cards(started_at)]})
 

@@ -11,7 +11,7 @@ from starlette.routing import Route
 from tinyvllm.frontend.api import openai_protocol as api
 from tinyvllm.frontend.api.http_json import read_json_body
 from tinyvllm.frontend.engine.lora_adapters import LoRAAdapters
-from tinyvllm.protocol.sampling import LoRARequest
+from tinyvllm.protocol.lora_adapter import LoRAError
 
 RUNTIME_UPDATES_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 
@@ -34,10 +34,16 @@ def lora_routes(adapters: LoRAAdapters, max_body_bytes: int, environ=os.environ)
     async def load(request: Request) -> Response:
         try:
             name, path = await fields(request, "lora_name", "lora_path")
-            await asyncio.to_thread(adapters.add, LoRARequest(name, path))
+            adapters.check_name_free(name)
+            adapter = adapters.named(name, path)
+            await asyncio.to_thread(adapters.check, adapter)  # reads the folder off the event loop
+            adapters.add(adapter)  # on the loop: two loads of one name cannot both succeed
         except api.APIError as e:
             return JSONResponse(e.body(), status_code=e.status)
-        except ValueError as e:  # LoRAError, or the name taken
+        except LoRAError as e:
+            error = api.APIError(str(e), 404, "NotFoundError") if e.not_found else api.APIError(str(e))
+            return JSONResponse(error.body(), status_code=error.status)
+        except ValueError as e:  # the name is taken
             return JSONResponse(api.APIError(str(e)).body(), status_code=400)
         return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 

@@ -15,7 +15,7 @@ import uvloop
 
 from tinyvllm.frontend.api.app import build_app
 from tinyvllm.frontend.engine.engine_pool import EnginePool, launch_pool
-from tinyvllm.frontend.engine.lora_adapters import LoRAAdapters, parse_lora_module
+from tinyvllm.frontend.engine.lora_adapters import LoRAAdapters
 from tinyvllm.frontend.api.ollama.model_store import default_models_dir
 from tinyvllm.frontend.api.request_gate import RequestGate
 from tinyvllm.frontend.api.router_registration import RouterHeartbeat
@@ -40,9 +40,8 @@ async def serve_async(engine: EnginePool, engine_config: EngineConfig, server_ar
     tokenizer = Tokenizer.from_model_path(model_path)
     forget_parsed_headers()  # the tokenizer holds the vocabulary now
     gate = RequestGate(server_args.max_waiting_requests, server_args.request_timeout_s)
-    adapters = LoRAAdapters(model_path, engine_config.lora)
-    for text in server_args.lora_modules:  # before the engine starts: a wrong adapter stops the server at once
-        adapters.add(parse_lora_module(text))
+    adapters = LoRAAdapters(model_path, engine_config.lora, name)
+    adapters.add_modules(server_args.lora_modules)  # before the engine starts: a wrong adapter stops the server
     heartbeat: RouterHeartbeat | None = None
     try:
         ready = await engine.start(server_args.startup_timeout_s)

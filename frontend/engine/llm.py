@@ -77,9 +77,7 @@ class LLM:
         if lora_request is not None:
             params = [dataclasses.replace(sp, lora=adapter) for sp, adapter in zip(params, adapters, strict=True)]
         for sp in params:
-            sp.validate()
-            if sp.lora is not None:
-                self.adapters.check(sp.lora)
+            self._check(sp)
         prompt_ids = [self._prompt_ids(p) for p in prompts]
         collectors = [SampleCollector(sp.n) for sp in params]
         self._loop.run(self._collect(list(zip(prompt_ids, params, collectors))))
@@ -132,7 +130,7 @@ class LLM:
         sampling = sampling or SamplingParams()
         if sampling.n != 1:
             raise ValueError("stream() yields one text: use generate() for n > 1")
-        sampling.validate()
+        self._check(sampling)
         ids = self._prompt_ids(prompt)
         detok = IncrementalDetokenizer(self.tokenizer, ids)
         outputs = self._engine.generate(self._request_id(), ids, sampling, self.tokenizer.eos_token_ids)
@@ -155,6 +153,11 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+    def _check(self, sampling: SamplingParams) -> None:
+        sampling.validate()
+        if sampling.lora is not None:
+            self.adapters.check(sampling.lora)
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
         return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)

@@ -41,6 +41,8 @@ def check_on_demand(engine: EngineConfig, args: ServerArgs) -> None:
                          "would collide")
     if engine.kv_transfer.role != "both":
         raise ValueError("--role needs --model: a prefill or decode instance serves one model")
+    if engine.lora.enable_lora or args.lora_modules:
+        raise ValueError("--enable-lora and --lora-modules need --model: an adapter fits one model's shapes")
     if engine.cache.kv_events_config is not None or engine.cache.kv_cache_dir or args.registration is not None:
         raise ValueError("--kv-events-config, --kv-cache-dir and --register-with need --model: the models served on "
                          "demand would share their ports, files and name")

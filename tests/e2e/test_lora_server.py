@@ -58,7 +58,7 @@ def test_served_adapters_equal_peft_and_load_and_unload_at_runtime(lora_server):
     again = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "wide", "lora_path": "x"})
     assert again.status_code == 400 and "already been loaded" in again.json()["error"]["message"]
     bad = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "nowhere", "lora_path": str(server.log_path)})
-    assert bad.status_code == 400 and "no PEFT LoRA adapter" in bad.json()["error"]["message"]
+    assert bad.status_code == 404 and "no PEFT LoRA adapter" in bad.json()["error"]["message"]
     assert 'running_lora_adapters=""' in httpx.get(f"{url}/metrics").text  # vllm:lora_requests_info, all idle
 
     assert httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "wide"}).status_code == 200

@@ -1,7 +1,10 @@
 """LoRA adapters through the engine's processes (LLM, the exact "c" kernel set): greedy tokens and their logprobs
 with each adapter equal transformers + peft's; one generate mixing the base model and two adapters gives each prompt
 what it gets alone; an adapter's prompt never hits blocks cached by the base or another adapter; with one adapter
-slot, requests of two adapters are served one adapter at a time; adapters that cannot be served are refused."""
+slot, requests of two adapters are served one adapter at a time; adapters that cannot be served are refused, and one
+whose folder disappears after its check fails its own request, not the engine."""
+import shutil
+
 import numpy as np
 import pytest
 
@@ -23,7 +26,7 @@ def models(tmp_path_factory):
 
 def test_adapters_equal_peft_mixed_or_alone_and_never_share_cached_blocks(models):
     base_folder, adapters, base = models
-    requests = [None, *(LoRARequest(name, str(folder)) for name, (folder, _) in adapters.items())]
+    requests = [None, *(LoRARequest(name, i + 1, str(folder)) for i, (name, (folder, _)) in enumerate(adapters.items()))]
     references = [greedy_reference(model, PROMPT, 6) for model in (base, *(tuned for _, tuned in adapters.values()))]
     with LLM(str(base_folder), max_loras=2, **ENGINE) as llm:
         alone = []
@@ -42,13 +45,21 @@ def test_adapters_equal_peft_mixed_or_alone_and_never_share_cached_blocks(models
 
 def test_one_slot_serves_two_adapters_in_turn_and_bad_adapters_are_refused(models, tmp_path):
     base_folder, adapters, _ = models
-    requests = [LoRARequest(name, str(folder)) for name, (folder, _) in adapters.items()]
+    requests = [LoRARequest(name, i + 1, str(folder)) for i, (name, (folder, _)) in enumerate(adapters.items())]
     with LLM(str(base_folder), max_loras=1, **ENGINE) as llm:
         both = llm.generate([PROMPT, PROMPT, PROMPT], GREEDY, lora_request=[*requests, requests[0]])
         alone = [llm.generate([PROMPT], GREEDY, lora_request=r)[0].token_ids for r in requests]
         assert [r.token_ids for r in both] == [*alone, alone[0]]
         with pytest.raises(LoRAError, match="no PEFT LoRA adapter"):
-            llm.generate([PROMPT], GREEDY, lora_request=LoRARequest("missing", str(tmp_path)))
+            llm.generate([PROMPT], GREEDY, lora_request=LoRARequest("missing", 9, str(tmp_path)))
+        # an adapter whose folder goes away after its check fails its own request only, in the worker
+        moved = shutil.copytree(adapters["small"][0], tmp_path / "moved")
+        doomed = LoRARequest("doomed", 10, str(moved))
+        llm.adapters.check(doomed)
+        shutil.rmtree(moved)
+        failed, = llm.generate([PROMPT], GREEDY, lora_request=doomed)
+        assert failed.finish_reason == "error" and "no PEFT LoRA adapter" in failed.error
+        assert llm.generate([PROMPT], GREEDY, lora_request=requests[1])[0].token_ids == alone[1]
     with LLM(str(base_folder), **{**ENGINE, "enable_lora": False}) as llm:
         with pytest.raises(LoRAError, match="--enable-lora"):
             llm.generate([PROMPT], GREEDY, lora_request=requests[0])

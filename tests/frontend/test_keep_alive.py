@@ -10,12 +10,12 @@ from tinyvllm.frontend.api.server_options import ServerArgs
 @pytest.mark.parametrize("value, seconds", [
     (0, 0.0), ("0", 0.0), ("0s", 0.0), (300, 300.0), ("300", 300.0), (2.5, 2.5), ("5m", 300.0), ("1h30m", 5400.0),
     ("10s", 10.0), ("250ms", 0.25), ("1.5h", 5400.0), (" 2m ", 120.0), (-1, FOREVER), ("-1", FOREVER),
-    ("-1m", FOREVER)])
+    ("-1m", FOREVER), (10 ** 400, FOREVER), (-(10 ** 400), FOREVER), ("99999999999h", FOREVER)])
 def test_values_as_ollama_reads_them(value, seconds):
     assert keep_alive_seconds(value) == seconds
 
 
-@pytest.mark.parametrize("value", ["5x", "", "m", "5m3", "1d", "nan", True, "five minutes"])
+@pytest.mark.parametrize("value", ["5x", "", "m", "5m3", "1d", "nan", float("nan"), True, "five minutes"])
 def test_anything_else_is_refused(value):
     with pytest.raises(KeepAliveInvalid):
         keep_alive_seconds(value)

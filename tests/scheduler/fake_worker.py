@@ -281,11 +281,11 @@ def make_scheduler(max_num_seqs: int = 8, max_num_batched_tokens: int = 64, max_
                    enable_prefix_caching: bool = True, sample_fn: SampleFn | None = None,
                    max_steps_in_flight: int = 1, async_scheduling: bool = False, num_swap_slots: int = 0,
                    swap_min_tokens: int = 1, sliding_window: int = 0,
-                   speculative: SpeculativeConfig | None = None) -> tuple[Scheduler, FakeWorker]:
+                   speculative: SpeculativeConfig | None = None, max_loras: int = 0) -> tuple[Scheduler, FakeWorker]:
     config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, block_size, num_blocks,
                              enable_prefix_caching, max_steps_in_flight, async_scheduling,
                              num_swap_slots=num_swap_slots, swap_min_tokens=swap_min_tokens,
-                             sliding_window=sliding_window, speculative=speculative)
+                             sliding_window=sliding_window, speculative=speculative, max_loras=max_loras)
     draft_k = speculative.num_speculative_tokens if speculative and speculative.method == "draft_model" else 0
     scheduler = Scheduler(config)
     return scheduler, FakeWorker(num_blocks, block_size, token_fn, sample_fn, window=sliding_window, draft_k=draft_k,

@@ -60,7 +60,7 @@ def test_each_adapter_equals_transformers_with_peft_and_a_mixed_step_equals_each
     from tinyvllm.protocol.sampling import LoRARequest
     base_folder, adapters, base_logprobs = models
     model = served(base_folder, module_kernel_set)
-    lora = {name: LoRARequest(name, str(folder)) for name, (folder, _) in adapters.items()}
+    lora = {name: LoRARequest(name, 1, str(folder)) for name, (folder, _) in adapters.items()}
     mixed = run(model, [(PROMPTS[0], None), (PROMPTS[1], lora["small"]), (PROMPTS[2], lora["wide"])])
     references = [base_logprobs[0], adapters["small"][1][1], adapters["wide"][1][2]]
     for got, reference, prompt in zip(mixed, references, PROMPTS):
@@ -79,10 +79,10 @@ def test_one_slot_serves_one_adapter_per_step_and_reloads_between_steps(models):
     base_folder, adapters, _ = models
     model = served(base_folder, "c", slots=1)
     for name in ("small", "wide", "small"):
-        got, = run(model, [(PROMPTS[0], LoRARequest(name, str(adapters[name][0])))])
+        got, = run(model, [(PROMPTS[0], LoRARequest(name, 1, str(adapters[name][0])))])
         np.testing.assert_allclose(got, expected(adapters[name][1][0], PROMPTS[0]), rtol=1e-4, atol=1e-4)
     with pytest.raises(LoRAError, match="more than --max-loras 1"):
-        model.lora.activate([LoRARequest(n, str(adapters[n][0])) for n in adapters])
+        model.lora.activate([LoRARequest(n, 1, str(adapters[n][0])) for n in adapters])
 
 
 def test_adapters_that_do_not_fit_are_refused(models, tmp_path):

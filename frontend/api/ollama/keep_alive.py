@@ -24,6 +24,8 @@ def keep_alive_seconds(value: str | float | int) -> float:
     `value` is neither a number nor a duration."""
     if isinstance(value, bool):
         raise KeepAliveInvalid(f"keep_alive must be a duration or a number of seconds, not {value!r}")
+    if isinstance(value, float) and math.isnan(value):
+        raise KeepAliveInvalid("keep_alive must be a duration or a number of seconds, not NaN")
     if isinstance(value, int | float):
         seconds = float(value) if abs(value) < FOREVER_FROM_S else (-1.0 if value < 0 else FOREVER_FROM_S)
     else:
