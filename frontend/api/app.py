@@ -169,6 +169,6 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
     app.state.gate = gate
     app.state.serving = serving
     model_store = mount_ollama(app, ServedEngine(engine, gate), serving, model_name, model_root, models_dir,
-                               max_body_bytes)  # /api/*
+                               max_body_bytes, adapters)  # /api/*
     app.state.api_key_required = bool(api_key)
     return app

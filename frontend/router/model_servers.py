@@ -32,7 +32,7 @@ from tinyvllm.frontend.api.ollama.model_store import ModelEntry, ModelStore, Sto
 from tinyvllm.frontend.api.server_options import ServerArgs
 from tinyvllm.frontend.router.instance_registry import STATIC, Instance
 from tinyvllm.protocol.child_process import ChildProcess
-from tinyvllm.protocol.engine_config import EngineConfig
+from tinyvllm.protocol.engine_config import MAX_LORA_RANK, EngineConfig, LoRAConfig
 
 log = logging.getLogger("tinyvllm.models")
 
@@ -193,6 +193,8 @@ class ModelServers:
     def _launch(self, entry: ModelEntry, name: str, folder: pathlib.Path) -> tuple[ChildProcess, httpx.AsyncClient]:
         """The (not yet started) process of `entry`'s server, listening in `folder`, and the client that reaches it."""
         engine = dataclasses.replace(self.engine, model=dataclasses.replace(self.engine.model, model=entry.source))
+        if entry.adapter is not None:  # a Modelfile ADAPTER: the model's server runs its one adapter
+            engine = dataclasses.replace(engine, lora=LoRAConfig(enable_lora=True, max_lora_rank=MAX_LORA_RANK))
         child = dataclasses.replace(self.child_server, host="127.0.0.1", port=0, uds=str(folder / "http.sock"),
                                     served_model_name=name, models_dir=str(self.store.folder), api_key=None,
                                     registration=None, allowed_origins=[])

@@ -66,3 +66,24 @@ def test_served_adapters_equal_peft_and_load_and_unload_at_runtime(lora_server):
     assert gone.status_code == 404 and gone.json()["error"]["message"] == "The lora adapter 'wide' cannot be found."
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="wide", prompt="Hi", max_tokens=1)
+
+
+def test_an_ollama_model_made_with_an_adapter_generates_as_that_adapter(lora_server):
+    """Ollama's create with `adapters` (uploaded blobs of a PEFT folder), the official client unmodified: the
+    model's replies are the adapter's, and its Modelfile names it."""
+    import ollama
+    server, adapters, _, _ = lora_server
+    client = ollama.Client(host=server.url)
+    folder = adapters["wide"][0]
+    blobs = {f.name: client.create_blob(f) for f in sorted(folder.iterdir()) if f.suffix in (".json", ".safetensors")}
+    client.create(model="tuned", from_=MODEL_NAME, adapters=blobs)
+    assert "ADAPTER " in client.show("tuned").modelfile
+    reply = client.generate(model="tuned", prompt="Once upon a time", raw=True,
+                            options={"temperature": 0, "num_predict": 5})
+    httpx.post(f"{server.url}/v1/load_lora_adapter", json={"lora_name": "wide", "lora_path": str(folder)})
+    expected = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused").completions.create(
+        model="wide", prompt="Once upon a time", max_tokens=5, temperature=0)
+    assert reply.response == expected.choices[0].text and reply.eval_count == 5
+    base = client.generate(model=MODEL_NAME, prompt="Once upon a time", raw=True,
+                           options={"temperature": 0, "num_predict": 5})
+    assert base.response != reply.response

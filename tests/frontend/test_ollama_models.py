@@ -163,7 +163,7 @@ async def test_blob_upload_is_bounded(served, monkeypatch):
     ({"model": "x", "from": "missing-model"}, 404, "not found"),
     ({"model": "x", "modelfile": "FROM tiny\nWHATEVER 1"}, 400, "unknown Modelfile command"),
     ({"model": "x", "modelfile": f"FROM {MODEL}\nPARAMETER colour 3"}, 400, "unknown parameter 'colour'"),
-    ({"model": "x", "modelfile": f"FROM {MODEL}\nADAPTER ./lora.gguf"}, 400, "adapters"),
+    ({"model": "x", "modelfile": f"FROM {MODEL}\nADAPTER ./lora"}, 400, "this server runs none (serve --enable-lora)"),
     ({"model": "x", "from": MODEL, "quantize": "q4_K_M"}, 400, "quantize"),
     ({"model": "x", "from": MODEL, "parameters": {"temperature": "warm"}}, 400, "temperature"),
     ({"model": "x", "from": MODEL, "template": "{{ call .Foo }}"}, 400, "unsupported template"),

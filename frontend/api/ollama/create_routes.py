@@ -48,14 +48,19 @@ def local_source(path_text: str) -> pathlib.Path:
         raise OllamaError(str(e)) from None
 
 
-def base_from_files(store: ModelStore, name: str, files: dict[str, str]) -> ModelEntry:
+def uploaded_folder(store: ModelStore, files: dict[str, str]) -> tuple[pathlib.Path, dict[str, str]]:
+    """The folder of uploaded blobs `files` (file name -> digest) under their names, and the names' hex digests."""
     digests = {file_name: parse_digest(d) for file_name, d in files.items()}
     for file_name, hex_digest in digests.items():
         if pathlib.Path(file_name).name != file_name:
             raise OllamaError(f"invalid file name {file_name!r}")
         if not store.blob_path(hex_digest).exists():
             raise OllamaError(f"blob sha256:{hex_digest} ({file_name}) was not uploaded: POST it to /api/blobs first")
-    folder = store.folder_from_blobs(digests)  # links named as uploaded: readers go by the .gguf suffix
+    return store.folder_from_blobs(digests), digests  # links named as uploaded: readers go by the .gguf suffix
+
+
+def base_from_files(store: ModelStore, name: str, files: dict[str, str]) -> ModelEntry:
+    folder, digests = uploaded_folder(store, files)
     if len(digests) == 1 and (file_name := next(iter(digests))).endswith(".gguf"):
         return weights_entry(name, folder / file_name, digests[file_name])
     return weights_entry(name, local_source(str(folder)))
@@ -64,7 +69,8 @@ def base_from_files(store: ModelStore, name: str, files: dict[str, str]) -> Mode
 def base_from(store: ModelStore, name: str, from_: str) -> ModelEntry:
     if (entry := store.get(from_)) is not None:
         return ModelEntry(names.full_name(name), entry.source, entry.name, dict(entry.parameters), entry.template,
-                          entry.system, entry.license, timestamp(), entry.size, entry.digest, entry.weights_sha256)
+                          entry.system, entry.license, timestamp(), entry.size, entry.digest, entry.weights_sha256,
+                          adapter=entry.adapter)
     if not pathlib.Path(from_).expanduser().exists():
         raise OllamaError(f"model '{from_}' not found: 'from' must name a model that /api/tags lists, or a GGUF "
                           "file or model folder on the server", 404)
@@ -97,6 +103,12 @@ def make_routes(service: OllamaService):
         entry.template = req.template or mf.template or entry.template
         entry.system = req.system or mf.system or entry.system
         entry.license = license_text(req.license) or mf.license or entry.license
+        if req.adapters:
+            entry.adapter = str((await asyncio.to_thread(uploaded_folder, store, req.adapters))[0])
+        elif mf.adapter:
+            entry.adapter = str(pathlib.Path(mf.adapter).expanduser().resolve())
+        if entry.adapter is not None:
+            await asyncio.to_thread(service.check_adapter, entry)
         if entry.template and "{%" not in entry.template:
             go_template.validate(entry.template)
         store.put(entry)

@@ -1,6 +1,7 @@
 """POST /api/generate and POST /api/chat: request fields -> a PreparedRequest for generation.respond."""
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -52,6 +53,7 @@ def make_routes(service: OllamaService):
         settings = _constrained(generation_settings(entry.parameters, req.options), fmt)
         if not prompt:
             return load_reply(name, is_chat=False, unload=is_unload(req.keep_alive))
+        settings.sampling.lora = await asyncio.to_thread(service.adapter_of, entry)
         thinking = think_variables(req.think, reasoning)
         if raw:
             text, add_special = prompt, True
@@ -80,6 +82,7 @@ def make_routes(service: OllamaService):
         settings = _constrained(generation_settings(entry.parameters, req.options), fmt)
         if not messages:
             return load_reply(name, is_chat=True, unload=is_unload(req.keep_alive))
+        settings.sampling.lora = await asyncio.to_thread(service.adapter_of, entry)
         messages = prompting.with_system(messages, entry.system)
         if fmt is not None:
             messages = prompting.with_instruction(messages, prompting.format_instruction(fmt))

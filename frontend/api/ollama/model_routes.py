@@ -83,7 +83,7 @@ def make_routes(service: OllamaService):
         template = entry.template or (info.chat_template if info else None) or default_template or ""
         reply = {"license": entry.license or "",
                  "modelfile": modelfile.render(entry.name, entry.source or entry.name, entry.template, entry.system,
-                                               entry.parameters, entry.license),
+                                               entry.parameters, entry.license, entry.adapter),
                  "parameters": modelfile.parameters_text(entry.parameters), "template": template}
         if entry.system:
             reply["system"] = entry.system

@@ -58,6 +58,7 @@ class ModelEntry:
     size: int = 0
     digest: str = ""  # sha256 (hex) of the weights: the real one for uploaded blobs, else cheap_digest's
     weights_sha256: str | None = None  # the real sha256 of a single-file source, when known
+    adapter: str | None = None  # a LoRA adapter over the weights (Modelfile ADAPTER): a PEFT folder
     served: bool = False  # the model the engine runs (never written to disk)
 
     def to_json(self) -> dict:

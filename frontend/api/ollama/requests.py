@@ -31,7 +31,6 @@ def refused(message: str, kind: type = list) -> Any:
 Images = refused(IMAGES_REFUSED)
 NoSuffix = refused("inserting (suffix) is not supported by this server", str)
 NoQuantize = refused("'quantize' is not supported by this server", str)
-NoAdapters = refused("'adapters' is not supported by this server", dict)
 NoMessages = refused("'messages' is not supported by this server")
 Think = Annotated[bool | Literal["low", "medium", "high"] | None,
                   Reworded("'think' must be true, false, \"low\", \"medium\" or \"high\"")]
@@ -151,14 +150,17 @@ class CreateRequest(NamedRequest):
     files: Annotated[dict[str, str], Reworded("'files' must map file names to sha256 digests"),
                      Field(default_factory=dict,
                            description="file name -> the sha256 of a blob uploaded to /api/blobs")]
-    modelfile: str = Field("", description="FROM, PARAMETER, TEMPLATE, SYSTEM, LICENSE")
+    modelfile: str = Field("", description="FROM, PARAMETER, TEMPLATE, SYSTEM, LICENSE, ADAPTER")
     template: str | None = None
     system: str | None = None
     license: Annotated[str | list[str], Reworded("'license' must be a string or a list of strings")] | None = None
     parameters: OllamaOptions | None = None
     stream: bool = True
     quantize: NoQuantize = ""
-    adapters: NoAdapters = Field(default_factory=dict)
+    adapters: Annotated[dict[str, str], Reworded("'adapters' must map file names to sha256 digests"),
+                        Field(default_factory=dict, description="a LoRA adapter's files (a PEFT folder's "
+                              "adapter_config.json and adapter_model.safetensors): file name -> the sha256 of a blob "
+                              "uploaded to /api/blobs")]
     messages: NoMessages = Field(default_factory=list)
 
 

@@ -17,13 +17,15 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
 def mount_ollama(app: Starlette, engine, serving, model_name: str, model_root: str | None = None,
-                 models_dir: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> ModelStore:
+                 models_dir: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 adapters=None) -> ModelStore:
     """engine: the EngineClient; serving: the app's RequestServing (over it). models_dir None: only the served
-    model, and nothing can be created.
+    model, and nothing can be created. adapters: the engine's LoRA adapters (--enable-lora), for models made with a
+    Modelfile ADAPTER.
 
     Returns the model store (its openai_cards() feed /v1/models)."""
     store = ModelStore(models_dir, model_name, model_root, serving.max_model_len)
-    service = OllamaService.create(engine, serving, store, max_body_bytes)
+    service = OllamaService.create(engine, serving, store, max_body_bytes, adapters)
     models = model_routes.make_routes(service)
     generate, chat = generate_routes.make_routes(service)
     embed, embeddings = embed_routes.make_routes(service)

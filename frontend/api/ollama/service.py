@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 from tinyvllm.frontend.api.ollama.http_io import OllamaError
 from tinyvllm.frontend.api.ollama.model_store import ModelEntry, ModelStore
+from tinyvllm.frontend.engine.lora_adapters import LoRAAdapters
+from tinyvllm.protocol.lora_adapter import LoRAError
+from tinyvllm.protocol.sampling import LoRARequest
 
 
 class TokenRecordingEngine:
@@ -40,18 +43,41 @@ class OllamaService:
     store: ModelStore
     max_model_len: int
     max_body_bytes: int
+    adapters: LoRAAdapters | None = None  # the engine's LoRA adapters (--enable-lora): Modelfile ADAPTER models
 
     @classmethod
-    def create(cls, engine, serving, store: ModelStore, max_body_bytes: int) -> "OllamaService":
+    def create(cls, engine, serving, store: ModelStore, max_body_bytes: int,
+               adapters: LoRAAdapters | None = None) -> "OllamaService":
         recorder = TokenRecordingEngine(serving.engine)
         own_serving = copy.copy(serving)  # same tokenizer, detokenizer and metrics; the recording engine
         own_serving.engine = recorder
-        return cls(engine, serving.tokenizer, own_serving, recorder, store, serving.max_model_len, max_body_bytes)
+        return cls(engine, serving.tokenizer, own_serving, recorder, store, serving.max_model_len, max_body_bytes,
+                   adapters)
 
     @classmethod
     def store_only(cls, store: ModelStore, max_body_bytes: int) -> "OllamaService":
         """For the store's routes alone (routes.store_routes), where no engine runs."""
         return cls(None, None, None, None, store, 0, max_body_bytes)
+
+    def adapter_of(self, entry: ModelEntry) -> LoRARequest | None:
+        """The LoRA adapter `entry` runs with (Modelfile ADAPTER), checked against the served model; None: none."""
+        if entry.adapter is None:
+            return None
+        adapter = LoRARequest(entry.name, 0, entry.adapter)
+        self.check_adapter(entry, adapter)
+        return adapter
+
+    def check_adapter(self, entry: ModelEntry, adapter: LoRARequest | None = None) -> None:
+        """A 400 unless this server runs adapters and entry's fits its model (where no engine runs: nothing to
+        check against, its own server checks it)."""
+        if self.adapters is None and self.engine is None:
+            return
+        if self.adapters is None:
+            raise OllamaError(f"model '{entry.name}' has a LoRA adapter: this server runs none (serve --enable-lora)")
+        try:
+            self.adapters.check(adapter or LoRARequest(entry.name, 0, entry.adapter))
+        except LoRAError as e:
+            raise OllamaError(str(e)) from None
 
     async def servable(self, name: str) -> ModelEntry:
         """The model `name`, if this server's engine can run it; 404 or 400 otherwise."""
