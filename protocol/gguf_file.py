@@ -178,3 +178,10 @@ class GGUFFile:
         """The tensor's bytes as a read-only uint8 view into the mapped file."""
         info = self.tensor_info(name)
         return self._data[info.offset:info.offset + info.nbytes]
+
+
+def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp stores llama q/k rows interleaved per head (pairs x[2j], x[2j+1]); return rotate_half order."""
+    head_dim = w.shape[0] // n_heads
+    rest = w.shape[1:]
+    return np.ascontiguousarray(w.reshape(n_heads, head_dim // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape))

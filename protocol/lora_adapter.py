@@ -1,5 +1,6 @@
-"""PEFT LoRA adapters as files: what an adapter folder holds and whether it fits a model, read once by the frontend
-(when an adapter is registered or first asked for) and by the worker that loads it (workers/lora.py)."""
+"""LoRA adapters as files (a PEFT folder, or llama.cpp's LoRA GGUF): what an adapter holds and whether it fits a
+model, read once by the frontend (when an adapter is registered or first asked for) and by the worker that loads it
+(workers/lora.py)."""
 from __future__ import annotations
 
 import json
@@ -10,9 +11,13 @@ import struct
 
 import numpy as np
 
+from tinyvllm.protocol.gguf_file import GGUFFile, unpermute_rope_rows
 from tinyvllm.protocol.model_config import ModelConfig
 
 MODULES = ("q", "k", "v", "o", "gate", "up", "down")
+GGUF_MODULES = {"attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o", "ffn_gate": "gate", "ffn_up": "up",
+                "ffn_down": "down"}
+_GGUF_LORA_RE = re.compile(r"blk\.(\d+)\.(\w+)\.weight\.lora_(a|b)")
 PEFT_DEFAULT_ALPHA = 8  # LoraConfig's lora_alpha
 PEFT_MODULES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate", "up_proj": "up",
                 "down_proj": "down"}
@@ -38,11 +43,18 @@ _UNSUPPORTED = ("use_dora", "modules_to_save", "lora_bias", "trainable_token_ind
                 "use_qalora", "target_parameters")
 
 
-def read_peft_adapter(path: str | pathlib.Path, cfg: ModelConfig, max_rank: int
+def read_lora_adapter(path: str | pathlib.Path, cfg: ModelConfig, max_rank: int
                       ) -> dict[tuple[int, str], tuple[np.ndarray, np.ndarray]]:
-    """{(layer, product): (A [r, in], scale x B [out, r])} of a PEFT LoRA folder, float32. LoRAError (not_found for
-    a folder without an adapter) for anything it cannot serve."""
-    folder = pathlib.Path(path)
+    """{(layer, product): (A [r, in], scale x B [out, r])} of a PEFT LoRA folder or a llama.cpp LoRA GGUF, float32,
+    q and k rows in the model's (Hugging Face's) order. LoRAError (not_found: no adapter there) for anything it cannot
+    serve."""
+    if str(path).endswith(".gguf"):
+        return _read_gguf_lora(pathlib.Path(path), cfg, max_rank)
+    return _read_peft_lora(pathlib.Path(path), cfg, max_rank)
+
+
+def _read_peft_lora(folder: pathlib.Path, cfg: ModelConfig, max_rank: int) -> dict:
+    path = folder
     try:
         config = json.loads((folder / "adapter_config.json").read_text())
         tensors = _read_float_tensors(folder / "adapter_model.safetensors")
@@ -62,19 +74,63 @@ def read_peft_adapter(path: str | pathlib.Path, cfg: ModelConfig, max_rank: int
             continue
         layer, module = int(parts[parts.index("layers") + 1]), PEFT_MODULES[parts[-1]]
         b = tensors.get(f"{prefix}.lora_B.weight")
+        _check_fits(path, prefix, a, b, shapes[module], layer, cfg, max_rank)
         rank = a.shape[0]
-        if b is None or layer >= cfg.n_layers or a.shape[1:] != (shapes[module][0],) or \
-                b.shape != (shapes[module][1], rank):
-            raise LoRAError(f"the adapter at {path} does not fit this model ({prefix}: A {a.shape}, "
-                            f"B {None if b is None else b.shape})")
-        if rank > max_rank:
-            raise LoRAError(f"the adapter at {path} has rank {rank}, more than --max-lora-rank {max_rank}")
         alpha = _pattern(config.get("alpha_pattern") or {}, prefix, config.get("lora_alpha", PEFT_DEFAULT_ALPHA))
         scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
         adapter[(layer, module)] = (a, (b.astype(np.float64) * scale).astype(np.float32))
     if not adapter:
         raise LoRAError(f"the adapter at {path} has no LoRA weights")
     return adapter
+
+
+def _check_fits(path, prefix: str, a: np.ndarray, b: np.ndarray | None, shape: tuple[int, int], layer: int,
+                cfg: ModelConfig, max_rank: int) -> None:
+    rank = a.shape[0]
+    if b is None or layer >= cfg.n_layers or a.shape[1:] != (shape[0],) or b.shape != (shape[1], rank):
+        raise LoRAError(f"the adapter at {path} does not fit this model ({prefix}: A {a.shape}, "
+                        f"B {None if b is None else b.shape})")
+    if rank > max_rank:
+        raise LoRAError(f"the adapter at {path} has rank {rank}, more than --max-lora-rank {max_rank}")
+
+
+def _read_gguf_lora(path: pathlib.Path, cfg: ModelConfig, max_rank: int) -> dict:
+    """llama.cpp's LoRA GGUF (convert_lora_to_gguf.py): blk.{i}.{tensor}.weight.lora_a [r, in] and .lora_b [out, r],
+    scaled by adapter.lora.alpha / r (alpha 0: by 1, as llama.cpp), q and k rows of llama in llama.cpp's order."""
+    try:
+        gguf = GGUFFile(path)
+        md = gguf.metadata
+    except (OSError, ValueError, KeyError, struct.error) as e:
+        raise LoRAError(f"no LoRA GGUF at {path}: {e}", not_found=True) from None
+    if md.get("general.type") != "adapter" or md.get("adapter.type") != "lora":
+        raise LoRAError(f"{path} is no LoRA adapter (general.type {md.get('general.type')!r})")
+    alpha, shapes, adapter = float(md.get("adapter.lora.alpha", 0.0)), module_shapes(cfg), {}
+    heads = {"q": cfg.n_heads, "k": cfg.n_kv_heads}
+    for name in gguf.tensor_names:
+        match = _GGUF_LORA_RE.fullmatch(name)
+        if match is None or match.group(2) not in GGUF_MODULES:
+            raise LoRAError(f"the adapter at {path} has {name}, which is not a served product's LoRA weight")
+        if match.group(3) == "b":
+            continue
+        layer, module = int(match.group(1)), GGUF_MODULES[match.group(2)]
+        a = _gguf_float(gguf, name, path)
+        b = _gguf_float(gguf, name[:-1] + "b", path) if name[:-1] + "b" in gguf.tensor_names else None
+        _check_fits(path, name, a, b, shapes[module], layer, cfg, max_rank)
+        if module in heads and md.get("general.architecture") == "llama":
+            b = unpermute_rope_rows(b, heads[module])
+        scale = alpha / a.shape[0] if alpha else 1.0
+        adapter[(layer, module)] = (a, (b.astype(np.float64) * scale).astype(np.float32))
+    if not adapter:
+        raise LoRAError(f"the adapter at {path} has no LoRA weights")
+    return adapter
+
+
+def _gguf_float(gguf: GGUFFile, name: str, path) -> np.ndarray:
+    kind = gguf.tensor_type(name)
+    if kind not in _FLOAT_DTYPES:
+        raise LoRAError(f"the adapter at {path} stores {name} as {kind}: only F32, F16 and BF16 are read")
+    values = gguf.raw(name).view(_FLOAT_DTYPES[kind]).reshape(gguf.tensor_shape(name))
+    return (values.astype(np.uint32) << 16).view(np.float32) if kind == "BF16" else values.astype(np.float32)
 
 
 def _read_float_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:

@@ -17,7 +17,7 @@ from collections import OrderedDict
 import numpy as np
 from tinygrad import Tensor, dtypes
 
-from tinyvllm.protocol.lora_adapter import MODULES, LoRAError, module_shapes, read_peft_adapter
+from tinyvllm.protocol.lora_adapter import MODULES, LoRAError, module_shapes, read_lora_adapter
 from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.protocol.sampling import LoRARequest
 from tinyvllm.workers.quantized_weight import DeviceWeight
@@ -42,9 +42,9 @@ class LoRAWeights:
         self.max_host = 4 * slots
 
     def read(self, adapter: LoRARequest) -> dict:
-        """The adapter's weights (read_peft_adapter's), from its folder the first time; LoRAError if unreadable."""
+        """The adapter's weights (read_lora_adapter's), from its files the first time; LoRAError if unreadable."""
         if (weights := self.host.get(adapter.key)) is None:
-            weights = self.host[adapter.key] = read_peft_adapter(adapter.path, self.cfg, self.rank)
+            weights = self.host[adapter.key] = read_lora_adapter(adapter.path, self.cfg, self.rank)
             while len(self.host) > self.max_host:
                 self.host.popitem(last=False)
         self.host.move_to_end(adapter.key)

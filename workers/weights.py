@@ -20,7 +20,7 @@ import re
 
 import numpy as np
 
-from tinyvllm.protocol.gguf_file import GGML_TYPE_IDS, GGUFFile
+from tinyvllm.protocol.gguf_file import GGML_TYPE_IDS, GGUFFile, unpermute_rope_rows
 from tinyvllm.protocol.model_config import GEMMA_ARCHS, ModelConfig
 from tinyvllm.protocol.model_path import is_gguf, resolve_model_path
 from tinyvllm.workers.gguf_dequantize import SUPPORTED, dequantize_tensor
@@ -121,13 +121,6 @@ def _concatenated_rows(parts: list) -> np.ndarray | QuantizedArray:
     if all(isinstance(p, np.ndarray) and p.dtype == np.float16 for p in parts):
         return np.concatenate(parts)
     return np.concatenate([np.asarray(part, np.float32) for part in parts])
-
-
-def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """llama.cpp stores llama q/k rows interleaved per head (pairs x[2j], x[2j+1]); return rotate_half order."""
-    head_dim = w.shape[0] // n_heads
-    rest = w.shape[1:]
-    return np.ascontiguousarray(w.reshape(n_heads, head_dim // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape))
 
 
 def _load_gguf(path: pathlib.Path, keep_quantized: bool) -> tuple[ModelConfig, dict]:

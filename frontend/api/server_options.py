@@ -25,9 +25,10 @@ class ServerArgs:
               f"default: the {API_KEY_ENV} environment variable (which, unlike the command line, other users cannot "
               f"see in ps), else no key", secret=True)
     models_dir: str | None = knob(
-        None, "folder of the Ollama API's named models (one JSON manifest each, pointing at weights); default: "
-              "the models folder in tinyvllm's cache. Without --model, every model there is served on demand: its own engine starts "
-              "on the first request that names it and stops when idle (--keep-alive, --max-loaded-models)")
+        None, "folder of the Ollama API's named models (one JSON manifest each, pointing at weights); default: the "
+              "models folder in tinyvllm's cache. Without --model, every model there is served on demand: its own "
+              "engine starts on the first request that names it and stops when idle (--keep-alive, "
+              "--max-loaded-models)")
     max_waiting_requests: int = knob(
         512, "generation requests that may wait for their first output (being read and tokenized, or queued for the "
              "engine) before new ones get 503 with Retry-After, as Ollama's OLLAMA_MAX_QUEUE")
@@ -60,8 +61,9 @@ class ServerArgs:
         0, "with --models-dir and no --model: most models loaded at once; a model that needs room unloads the least "
            "recently used idle one (never one with requests in flight). 0: as many as the free memory holds")
     lora_modules: list[str] = knob(
-        None, "LoRA adapters served by name, as name=path (a PEFT folder) entries; with --enable-lora. Each is a model "
-              "of /v1/models, chosen by a request's model", nargs="+", default_factory=list, metavar="NAME=PATH")
+        None, "LoRA adapters served by name, as name=path entries (a PEFT folder, or llama.cpp's LoRA .gguf); with "
+              "--enable-lora. Each is a model of /v1/models, chosen by a request's model", nargs="+",
+        default_factory=list, metavar="NAME=PATH")
     startup_timeout_s: float = 900.0
     uds: str | None = None  # a unix socket to serve on instead of host:port (a model's server under --models-dir)
     registration: Registration | None = None  # --register-with: heartbeats to a `tinyvllm router`

@@ -14,8 +14,9 @@ def http_config(app, host: str, port: int, uds: str | None = None) -> uvicorn.Co
     """uds: a unix socket to listen on instead of host:port."""
     # h11, uvicorn's pure-Python parser, drops a connection whose head is still unparsed past its bound; set well
     # above the request gate's MAX_HEADER_BYTES, so a head that size gets the gate's clear 431 instead
-    return uvicorn.Config(app, host=host, port=port, uds=uds, loop="none", log_level="warning", timeout_graceful_shutdown=5,
-                          lifespan="off", http="h11", h11_max_incomplete_event_size=4 * MAX_HEADER_BYTES)
+    return uvicorn.Config(app, host=host, port=port, uds=uds, loop="none", log_level="warning",
+                          timeout_graceful_shutdown=5, lifespan="off", http="h11",
+                          h11_max_incomplete_event_size=4 * MAX_HEADER_BYTES)
 
 
 class QuietSignalServer(uvicorn.Server):

@@ -6,7 +6,7 @@ import itertools
 import pathlib
 
 from tinyvllm.protocol.engine_config import LoRAConfig
-from tinyvllm.protocol.lora_adapter import LoRAError, read_peft_adapter
+from tinyvllm.protocol.lora_adapter import LoRAError, read_lora_adapter
 from tinyvllm.protocol.model_config import read_model_config
 from tinyvllm.protocol.sampling import LoRARequest
 
@@ -32,7 +32,7 @@ class LoRAAdapters:
         except ValueError as e:
             raise LoRAError(str(e)) from None
         if adapter.key not in self._checked:
-            read_peft_adapter(adapter.path, self._model_config, self.config.max_lora_rank)
+            read_lora_adapter(adapter.path, self._model_config, self.config.max_lora_rank)
             self._checked.add(adapter.key)
 
     def named(self, name: str, path: str) -> LoRARequest:

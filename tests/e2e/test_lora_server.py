@@ -52,7 +52,8 @@ def test_served_adapters_equal_peft_and_load_and_unload_at_runtime(lora_server):
         np.testing.assert_allclose(logprobs, expected_logprobs, rtol=1e-4, atol=1e-4)
 
     url = server.url
-    loaded = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "wide", "lora_path": str(adapters["wide"][0])})
+    loaded = httpx.post(f"{url}/v1/load_lora_adapter",
+                        json={"lora_name": "wide", "lora_path": str(adapters["wide"][0])})
     assert loaded.status_code == 200 and loaded.text == "Success: LoRA adapter 'wide' added successfully."
     assert greedy("wide")[0] == tokenizer.decode(greedy_reference(adapters["wide"][1], PROMPT, 5)[0])
     again = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "wide", "lora_path": "x"})

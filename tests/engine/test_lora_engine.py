@@ -26,7 +26,8 @@ def models(tmp_path_factory):
 
 def test_adapters_equal_peft_mixed_or_alone_and_never_share_cached_blocks(models):
     base_folder, adapters, base = models
-    requests = [None, *(LoRARequest(name, i + 1, str(folder)) for i, (name, (folder, _)) in enumerate(adapters.items()))]
+    requests = [None, *(LoRARequest(name, i + 1, str(folder))
+                        for i, (name, (folder, _)) in enumerate(adapters.items()))]
     references = [greedy_reference(model, PROMPT, 6) for model in (base, *(tuned for _, tuned in adapters.values()))]
     with LLM(str(base_folder), max_loras=2, **ENGINE) as llm:
         alone = []

@@ -86,14 +86,57 @@ def test_one_slot_serves_one_adapter_per_step_and_reloads_between_steps(models):
 
 
 def test_adapters_that_do_not_fit_are_refused(models, tmp_path):
-    from tinyvllm.protocol.lora_adapter import LoRAError, read_peft_adapter
+    from tinyvllm.protocol.lora_adapter import LoRAError, read_lora_adapter
     from tinyvllm.protocol.model_config import read_model_config
     base_folder, adapters, _ = models
     cfg = read_model_config(base_folder)
     with pytest.raises(LoRAError, match="rank 16, more than --max-lora-rank 8"):
-        read_peft_adapter(adapters["wide"][0], cfg, 8)
+        read_lora_adapter(adapters["wide"][0], cfg, 8)
     with pytest.raises(LoRAError, match="no PEFT LoRA adapter"):
-        read_peft_adapter(tmp_path, cfg, 16)
+        read_lora_adapter(tmp_path, cfg, 16)
     import dataclasses
     with pytest.raises(LoRAError, match="does not fit this model"):
-        read_peft_adapter(adapters["small"][0], dataclasses.replace(cfg, dim=32), 16)
+        read_lora_adapter(adapters["small"][0], dataclasses.replace(cfg, dim=32), 16)
+
+
+def write_lora_gguf(peft_folder, path, cfg, alpha: float):
+    """The adapter as llama.cpp's convert_lora_to_gguf.py writes it (with the gguf package, the format's reference):
+    blk.{i}.{tensor}.weight.lora_a / .lora_b, llama's q and k rows of B in llama.cpp's interleaved order."""
+    import gguf
+    from safetensors.numpy import load_file
+    from tests.helpers.hf_to_gguf import llama_cpp_permute
+    names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_string("general.type", "adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", alpha)
+    for key, value in sorted(load_file(peft_folder / "adapter_model.safetensors").items()):
+        parts = key.split(".")
+        layer, module, kind = parts[parts.index("layers") + 1], parts[parts.index("layers") + 3], key[-8]
+        if kind == "B" and module in ("q_proj", "k_proj"):
+            value = llama_cpp_permute(value, cfg.n_heads if module == "q_proj" else cfg.n_kv_heads)
+        writer.add_tensor(f"blk.{layer}.{names[module]}.weight.lora_{kind.lower()}", value.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_llama_cpp_lora_gguf_serves_as_its_peft_folder(models, tmp_path):
+    """llama.cpp's LoRA GGUF of the rank-8 q/v adapter (alpha 16) reads as the same A and scaled B, and a step with it
+    equals transformers + peft."""
+    from tinyvllm.protocol.lora_adapter import read_lora_adapter
+    from tinyvllm.protocol.model_config import read_model_config
+    from tinyvllm.protocol.sampling import LoRARequest
+    base_folder, adapters, _ = models
+    cfg = read_model_config(base_folder)
+    path = write_lora_gguf(adapters["small"][0], tmp_path / "small.gguf", cfg, 16.0)
+    from_gguf, from_peft = read_lora_adapter(path, cfg, 16), read_lora_adapter(adapters["small"][0], cfg, 16)
+    assert from_gguf.keys() == from_peft.keys() and len(from_gguf) == 2 * cfg.n_layers
+    for key in from_peft:
+        np.testing.assert_allclose(from_gguf[key][0], from_peft[key][0], rtol=1e-6)
+        np.testing.assert_allclose(from_gguf[key][1], from_peft[key][1], rtol=1e-6)
+    got, = run(served(base_folder, "c"), [(PROMPTS[1], LoRARequest("small", 1, str(path)))])
+    np.testing.assert_allclose(got, expected(adapters["small"][1][1], PROMPTS[1]), rtol=1e-4, atol=1e-4)

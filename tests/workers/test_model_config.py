@@ -11,7 +11,8 @@ from tinyvllm.protocol import model_path
 from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.protocol.model_path import resolve_model_path
 from tinyvllm.workers.safetensors_file import read_safetensors
-from tinyvllm.workers.weights import load_weights, unpermute_rope_rows
+from tinyvllm.protocol.gguf_file import unpermute_rope_rows
+from tinyvllm.workers.weights import load_weights
 
 DIMS = dict(vocab=96, dim=64, layers=2, heads=4, kv_heads=2, ffn=96)
 HEAD_DIM = DIMS["dim"] // DIMS["heads"]
