@@ -62,12 +62,13 @@ class PagedAttention:
         self.nb = nb
 
     def __call__(self, layer: int, q: Tensor, kv: Tensor, sinks: Tensor | None = None) -> Tensor:
-        """sinks: gpt-oss's attention sinks ([heads]; tinygrad's kernels for now, under both sets)."""
+        """sinks: gpt-oss's attention sinks ([heads])."""
         values, scales = write_layer(self.cache, layer, kv, self.write_slots)
         bs, dtype = self.cache.block_size, self.cache.dtype
         spec = self.specs[layer] if self.specs else AttentionSpec.plain(q.shape[2])
-        if sinks is None and self.c_attention and supports_cpu_attention(q.shape[1], kv.shape[2], q.shape[2]):
-            return cpu_paged_attention(q, values, self.tables, self.token_rows, self.positions, bs, dtype, scales, spec)
+        if self.c_attention and supports_cpu_attention(q.shape[1], kv.shape[2], q.shape[2]):
+            return cpu_paged_attention(q, values, self.tables, self.token_rows, self.positions, bs, dtype, scales, spec,
+                                       sinks)
         # tinygrad's kernels: each token gathers its sequence's first nb blocks and masks the positions after its own
         slots = block_slots(self.tables[self.token_rows][:, :self.nb], bs)  # [T, S]
         ctx = dequantize(values[slots], None if scales is None else scales[slots], dtype)  # [T, S, 2, KVH, D]

@@ -29,29 +29,31 @@ KV_FORMATS = {"float32": 0, "float16": 1, "bfloat16": 2, "int8": 3, "fp8": 4}  #
 
 
 def _program(tokens: int, heads: int, kv_heads: int, head_dim: int, block_size: int, max_blocks: int, dtype: str,
-             spec: AttentionSpec):
+             spec: AttentionSpec, sinks: bool):
     cores = max(1, min(NUM_CPU_THREADS.value, tokens * kv_heads))
     variant = f"_w{spec.window}_cap{spec.softcap:g}_s{spec.scale:.9g}" if spec != AttentionSpec.plain(head_dim) else ""
+    variant += "_sinks" if sinks else ""
     name = f"paged_attention_{tokens}_{heads}_{kv_heads}_{head_dim}_{block_size}_{max_blocks}_{dtype}_c{cores}{variant}"
     source = c_source("attention.c", dict(T=tokens, H=heads, KVH=kv_heads, D=head_dim, BS=block_size, MAXB=max_blocks,
                                           CORES=cores, SCALE=f"{float(spec.scale)!r}f", WINDOW=spec.window,
                                           SOFTCAP=f"{float(spec.softcap)!r}f", KV_FORMAT=KV_FORMATS[dtype],
-                                          QUANTIZED=int(is_quantized(dtype))))
+                                          QUANTIZED=int(is_quantized(dtype)), **({"SINKS": 1} if sinks else {})))
     return c_kernel(name, source, cores, Estimates(ops=4 * tokens * heads * head_dim))
 
 
 def cpu_paged_attention(q: Tensor, cache: Tensor, tables: Tensor, token_rows: Tensor, positions: Tensor,
                         block_size: int, dtype: str = "float32", scales: Tensor | None = None,
-                        spec: AttentionSpec | None = None) -> Tensor:
+                        spec: AttentionSpec | None = None, sinks: Tensor | None = None) -> Tensor:
     """q [T, H, D]; cache [slots, 2, KVH, D] in the storage of KV dtype `dtype` and, for int8/fp8, its scales
     [slots, 2, KVH] (workers/kv_cache.py); tables [R, max_blocks] int32; token_rows and positions [T] int32: token t
     attends to positions 0..positions[t] of table row token_rows[t] (the last spec.window of them, if set)
-    -> [T, H * D]."""
+    -> [T, H * D]. sinks [H]: gpt-oss's attention sinks."""
     tokens, heads, head_dim = q.shape
     out = Tensor.empty(tokens, heads * head_dim, dtype=dtypes.float32, device=q.device)
     spec = spec or AttentionSpec.plain(head_dim)
-    fxn = _program(tokens, heads, cache.shape[2], head_dim, block_size, tables.shape[-1], dtype, spec)
+    fxn = _program(tokens, heads, cache.shape[2], head_dim, block_size, tables.shape[-1], dtype, spec,
+                   sinks is not None)
     cache_inputs = (cache,) if scales is None else (cache, scales)
     return out.custom_kernel(q.float().contiguous(), *cache_inputs, tables.cast(dtypes.int32).contiguous(),
                              token_rows.cast(dtypes.int32).contiguous(), positions.cast(dtypes.int32).contiguous(),
-                             fxn=fxn)[0]
+                             *(() if sinks is None else (sinks.float().contiguous(),)), fxn=fxn)[0]

@@ -14,7 +14,7 @@ from tinyvllm.workers.kernel_set import configure_device
 BS, MAXB, KVH, H, D = 4, 5, 2, 6, 32
 
 
-def reference(q, cache, tables, lens, window=0, softcap=0.0):
+def reference(q, cache, tables, lens, window=0, softcap=0.0, sinks=None):
     B = q.shape[0]
     out = np.zeros((B, H, D), np.float64)
     for b in range(B):
@@ -26,8 +26,9 @@ def reference(q, cache, tables, lens, window=0, softcap=0.0):
             k, v = cache[slots, 0, h // (H // KVH)], cache[slots, 1, h // (H // KVH)]
             s = k.astype(np.float64) @ q[b, h] / np.sqrt(D)
             s = softcap * np.tanh(s / softcap) if softcap else s
-            e = np.exp(s - s.max())
-            out[b, h] = e @ v / e.sum()
+            top = s.max() if sinks is None else max(s.max(), sinks[h])
+            e = np.exp(s - top)
+            out[b, h] = e @ v / (e.sum() + (0.0 if sinks is None else np.exp(sinks[h] - top)))
     return out.reshape(B, H * D)
 
 
@@ -94,18 +95,21 @@ def test_a_flat_batch_of_chunks_and_decodes_of_several_sequences():
     np.testing.assert_allclose(got, np.concatenate(expected), rtol=5e-6, atol=1e-5)
 
 
-@pytest.mark.parametrize("window,softcap", [(0, 0.0), (6, 0.0), (0, 5.0)])
-def test_chunks_across_query_tiles_with_a_window_or_a_soft_cap(window, softcap):
-    """A 19-token chunk (query tiles of 8, 8 and 3 tokens), a decode, then a 10-token chunk of another sequence."""
+@pytest.mark.parametrize("window,softcap,with_sinks", [(0, 0.0, False), (6, 0.0, False), (0, 5.0, False),
+                                                       (6, 0.0, True)])
+def test_chunks_across_query_tiles_with_a_window_or_a_soft_cap(window, softcap, with_sinks):
+    """A 19-token chunk (query tiles of 8, 8 and 3 tokens), a decode, then a 10-token chunk of another sequence;
+    with_sinks: gpt-oss's attention sinks, one above the scores' range and one below."""
     _, cache, tables, _ = inputs(np.random.default_rng(31), 2)
     rows = np.array([0] * 19 + [1] + [1] * 10, np.int32)
     positions = np.concatenate([np.arange(1, 20), [3], np.arange(5, 15)]).astype(np.int32)
     q = np.random.default_rng(32).standard_normal((len(rows), H, D)).astype(np.float32) * 3
     spec = AttentionSpec(D ** -0.5, window, softcap)
+    sinks = np.array([40.0, -40.0, 0.5, 3.0, -2.0, 10.0], np.float32) if with_sinks else None
     got = cpu_paged_attention(Tensor(q), Tensor(cache), Tensor(tables), Tensor(rows), Tensor(positions), BS,
-                              spec=spec).numpy()
+                              spec=spec, sinks=None if sinks is None else Tensor(sinks)).numpy()
     expected = [reference(q[t:t + 1], cache, tables[rows[t]:rows[t] + 1], np.array([positions[t] + 1]), window,
-                          softcap) for t in range(len(rows))]
+                          softcap, sinks) for t in range(len(rows))]
     np.testing.assert_allclose(got, np.concatenate(expected), rtol=5e-6, atol=1e-5)
 
 

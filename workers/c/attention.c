@@ -3,7 +3,8 @@
 // table row, CORES, SCALE (a float literal: the scores' scale), WINDOW (attend to the last WINDOW positions only;
 // 0: all), SOFTCAP (scores become SOFTCAP * tanh(scores / SOFTCAP); 0.0f: not capped), KV_FORMAT
 // (workers/c/kv_formats.h) and QUANTIZED (1: the cache's codes have a float32 scale per slot, k-or-v and kv head, in
-// `scales` [slot][2][KVH]).
+// `scales` [slot][2][KVH]); SINKS (gpt-oss: `sinks` [H], a logit per head that joins each softmax and weighs no
+// value: the running maximum and sum start from it).
 //
 // Flash-style tiles: a work item is a tile of up to QT consecutive tokens of one sequence (a prompt chunk's; a
 // decode is a tile of one) and one kv head, so its G = H / KVH query heads times its tokens share every key and
@@ -96,7 +97,11 @@ ALWAYS_INLINE void load_chunk(v16 out[KC][DV], float *restrict chunk_scales, con
 // positions[b], so it sees that sequence's positions 0 .. positions[b] (a decode and a prompt chunk alike)
 void paged_attention(float *restrict out, const float *restrict q, const kv_t *restrict cache, SCALES_PARAM
                      const int *restrict tables,
-                     const int *restrict rows, const int *restrict positions, int core_id) {
+                     const int *restrict rows, const int *restrict positions,
+#if defined(SINKS)
+                     const float *restrict sinks,
+#endif
+                     int core_id) {
   // tiles: runs of consecutive positions of one table row (a prompt chunk's tokens; a bucket's padding, at
   // position 0 of row 0, is never in a real token's tile), cut every QT tokens
   int tile_start[T + 1], tiles = 0;
@@ -125,8 +130,13 @@ void paged_attention(float *restrict out, const float *restrict q, const kv_t *r
         qv[i][c] = *(const v16 *)(q + ((long)(b0 + i / G) * H + kvh * G + i % G) * D + c * 16) * SCALE;
         acc[i][c] = (v16){0};
       }
+#if defined(SINKS)
+      max_score[i] = sinks[kvh * G + i % G];  // the sink as a key of its own, exp(sink - max) = 1, with no value
+      denom[i] = 1.0f;
+#else
       max_score[i] = -__builtin_inff();
       denom[i] = 0.0f;
+#endif
     }
     for (int p0 = lo; p0 < hi; p0 += KC) {
       v16 k[KC][DV], v[KC][DV];
