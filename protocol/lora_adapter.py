@@ -13,6 +13,7 @@ import numpy as np
 
 from tinyvllm.protocol.gguf_file import GGUFFile, unpermute_rope_rows
 from tinyvllm.protocol.model_config import ModelConfig
+from tinyvllm.protocol.model_path import is_gguf
 
 MODULES = ("q", "k", "v", "o", "gate", "up", "down")
 GGUF_MODULES = {"attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o", "ffn_gate": "gate", "ffn_up": "up",
@@ -48,7 +49,7 @@ def read_lora_adapter(path: str | pathlib.Path, cfg: ModelConfig, max_rank: int
     """{(layer, product): (A [r, in], scale x B [out, r])} of a PEFT LoRA folder or a llama.cpp LoRA GGUF, float32,
     q and k rows in the model's (Hugging Face's) order. LoRAError (not_found: no adapter there) for anything it cannot
     serve."""
-    if str(path).endswith(".gguf"):
+    if is_gguf(pathlib.Path(path)):
         return _read_gguf_lora(pathlib.Path(path), cfg, max_rank)
     return _read_peft_lora(pathlib.Path(path), cfg, max_rank)
 
@@ -72,7 +73,10 @@ def _read_peft_lora(folder: pathlib.Path, cfg: ModelConfig, max_rank: int) -> di
             raise LoRAError(f"the adapter at {path} has {key}, which is not a served product's LoRA weight")
         if kind == "B.weight":
             continue
-        layer, module = int(parts[parts.index("layers") + 1]), PEFT_MODULES[parts[-1]]
+        layer_text = parts[parts.index("layers") + 1] if parts.index("layers") + 1 < len(parts) else ""
+        if not layer_text.isdigit():
+            raise LoRAError(f"the adapter at {path} has {key}, which names no layer")
+        layer, module = int(layer_text), PEFT_MODULES[parts[-1]]
         b = tensors.get(f"{prefix}.lora_B.weight")
         _check_fits(path, prefix, a, b, shapes[module], layer, cfg, max_rank)
         rank = a.shape[0]
@@ -104,6 +108,8 @@ def _read_gguf_lora(path: pathlib.Path, cfg: ModelConfig, max_rank: int) -> dict
         raise LoRAError(f"no LoRA GGUF at {path}: {e}", not_found=True) from None
     if md.get("general.type") != "adapter" or md.get("adapter.type") != "lora":
         raise LoRAError(f"{path} is no LoRA adapter (general.type {md.get('general.type')!r})")
+    if "adapter.alora.invocation_tokens" in md:  # activated LoRA: applies only after its tokens, not served
+        raise LoRAError(f"the adapter at {path} is an activated LoRA (aLoRA), which is not supported")
     alpha, shapes, adapter = float(md.get("adapter.lora.alpha", 0.0)), module_shapes(cfg), {}
     heads = {"q": cfg.n_heads, "k": cfg.n_kv_heads}
     for name in gguf.tensor_names:

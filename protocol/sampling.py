@@ -68,8 +68,9 @@ MAX_LORA_NAME_CHARS, MAX_LORA_PATH_CHARS = 256, 4096
 @dataclass(slots=True)
 class LoRARequest:
     """A LoRA adapter over the served model, vLLM's LoRARequest(lora_name, lora_int_id, lora_path): a PEFT folder on
-    the workers' machine. Its name and path together are the adapter (`key`): they key the workers' loaded adapters
-    and salt the prefix cache (scheduler/request.py), so another folder under a reused name is another adapter."""
+    the workers' machine. Its name, id and path together are the adapter (`key`): they key the workers' loaded
+    adapters and salt the prefix cache (scheduler/request.py), so a reload (a new id) or another folder under a reused
+    name is another adapter."""
     lora_name: str
     lora_int_id: int = 0
     lora_path: str = ""
@@ -84,7 +85,8 @@ class LoRARequest:
 
     @property
     def key(self) -> str:
-        return f"{self.lora_name}\n{self.lora_path}"
+        """What makes it one adapter: a new id (a reload, a re-created model) or path is another."""
+        return f"{self.lora_name}\n{self.lora_int_id}\n{self.lora_path}"
 
     def validate(self) -> None:
         if not 0 < len(self.name) <= MAX_LORA_NAME_CHARS or not 0 < len(self.path) <= MAX_LORA_PATH_CHARS:

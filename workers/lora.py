@@ -23,6 +23,7 @@ from tinyvllm.protocol.sampling import LoRARequest
 from tinyvllm.workers.quantized_weight import DeviceWeight
 
 ATTENTION, MLP = MODULES[:3], MODULES[4:]  # the products of qkv and of the MLP (o alone in attn_out)
+HOST_CACHE_BYTES = 1 << 30  # adapters read, kept in host memory beyond the resident ones up to this
 
 
 class LoRAWeights:
@@ -39,16 +40,18 @@ class LoRAWeights:
         self.bt = [{m: zeros(shapes[m][1], width) for m in MODULES} for _ in range(cfg.n_layers)]
         self.resident: OrderedDict[str, int] = OrderedDict()  # adapter key -> its slot, least recently used first
         self.host: OrderedDict[str, dict] = OrderedDict()  # adapter key -> its weights: a reload reads no file
-        self.max_host = 4 * slots
 
     def read(self, adapter: LoRARequest) -> dict:
         """The adapter's weights (read_lora_adapter's), from its files the first time; LoRAError if unreadable."""
         if (weights := self.host.get(adapter.key)) is None:
             weights = self.host[adapter.key] = read_lora_adapter(adapter.path, self.cfg, self.rank)
-            while len(self.host) > self.max_host:
-                self.host.popitem(last=False)
+            while len(self.host) > self.slots and self._host_bytes() > HOST_CACHE_BYTES:
+                self.host.popitem(last=False)  # the least recently used: read from its files again if needed
         self.host.move_to_end(adapter.key)
         return weights
+
+    def _host_bytes(self) -> int:
+        return sum(a.nbytes + b.nbytes for weights in self.host.values() for a, b in weights.values())
 
     def activate(self, adapters: list[LoRARequest]) -> dict[str, int]:
         """{key: slot} of a step's adapters (at most `slots` different ones, each read first), loading those not

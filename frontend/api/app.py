@@ -26,6 +26,7 @@ from tinyvllm.frontend.api.http_json import (CLIENT_CLOSED_REQUEST, DEFAULT_MAX_
                                              exception_response, read_json_body, run_unless_disconnected)
 from tinyvllm.frontend.api.metrics import FrontendMetrics
 from tinyvllm.frontend.api.ollama.routes import mount_ollama
+from tinyvllm.frontend.api.ollama.service import entry_adapter
 from tinyvllm.frontend.api.openai_requests import ChatRequest, CompletionRequest
 from tinyvllm.frontend.api.openai_responses import ChatResponse, CompletionResponse, ModelList
 from tinyvllm.frontend.api.kv_event_routes import kv_event_routes
@@ -87,12 +88,15 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
     serving = RequestServing(ServedEngine(engine, gate, metrics), tokenizer, max_model_len, make_detokenizer, metrics,
                              default_max_tokens, reasoning_format(reasoning_parser, tokenizer.chat_template))
     started_at = int(time.time())
+    served_adapter = None  # (set below, once the model store is read)
 
     async def generation(request: Request, is_chat: bool) -> Response:
         try:
             body = await read_json_body(request, max_body_bytes)
             req = api.parse_chat_request(body) if is_chat else api.parse_completion_request(body)
             adapter = adapters.get(req.model) if adapters is not None else None
+            if adapter is None and req.model in (None, model_name):
+                adapter = served_adapter  # a stored model made with an ADAPTER, served under its own name
             if req.model is not None and req.model != model_name and adapter is None:
                 raise api.model_not_found(req.model)
             req.sampling.lora = adapter
@@ -170,5 +174,8 @@ def build_app(engine, tokenizer, model_name: str, max_model_len: int, *, model_r
     app.state.serving = serving
     model_store = mount_ollama(app, ServedEngine(engine, gate), serving, model_name, model_root, models_dir,
                                max_body_bytes, adapters)  # /api/*
+    if adapters is not None and model_store.served.adapter is not None:
+        served_adapter = entry_adapter(model_store.served)
+        adapters.check(served_adapter)
     app.state.api_key_required = bool(api_key)
     return app

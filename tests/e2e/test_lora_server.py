@@ -10,7 +10,8 @@ import openai
 import pytest
 
 from tests.e2e.server_process import MODEL_NAME, start_server
-from tests.helpers.tiny_lora import greedy_reference, make_llama_with_adapters
+from tests.helpers.tiny_lora import greedy_reference, make_llama_with_adapters, write_lora_gguf
+from tinyvllm.protocol.model_config import read_model_config
 from tinyvllm.protocol.tokenizer import Tokenizer
 
 PROMPT = list(range(200, 230))
@@ -73,7 +74,7 @@ def test_an_ollama_model_made_with_an_adapter_generates_as_that_adapter(lora_ser
     """Ollama's create with `adapters` (uploaded blobs of a PEFT folder), the official client unmodified: the
     model's replies are the adapter's, and its Modelfile names it."""
     import ollama
-    server, adapters, _, _ = lora_server
+    server, adapters, _, base_folder = lora_server
     client = ollama.Client(host=server.url)
     folder = adapters["wide"][0]
     blobs = {f.name: client.create_blob(f) for f in sorted(folder.iterdir()) if f.suffix in (".json", ".safetensors")}
@@ -88,3 +89,10 @@ def test_an_ollama_model_made_with_an_adapter_generates_as_that_adapter(lora_ser
     base = client.generate(model=MODEL_NAME, prompt="Once upon a time", raw=True,
                            options={"temperature": 0, "num_predict": 5})
     assert base.response != reply.response
+    # the ollama CLI's ADAPTER ./x.gguf: one uploaded llama.cpp LoRA GGUF
+    gguf = write_lora_gguf(adapters["small"][0], folder.parent / "small.gguf", read_model_config(base_folder), 16.0)
+    client.create(model="tuned-gguf", from_=MODEL_NAME, adapters={"small.gguf": client.create_blob(gguf)})
+    small = client.generate(model="tuned-gguf", prompt="Once upon a time", raw=True,
+                            options={"temperature": 0, "num_predict": 5})
+    assert small.response == openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused").completions.create(
+        model="small", prompt="Once upon a time", max_tokens=5, temperature=0).choices[0].text

@@ -166,6 +166,29 @@ def test_bad_requests_get_the_apis_own_errors(switch):
     assert model_servers(switch) == {} or set(model_servers(switch).values()) <= {"alpha", "beta"}
 
 
+def test_a_stored_model_with_an_adapter_runs_it_on_every_route(switch, store, tmp_path):
+    """A model made FROM alpha's weights with a Modelfile ADAPTER: its own server enables LoRA, and OpenAI and
+    Ollama requests naming it both run with the adapter (unlike alpha's)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.helpers.tiny_lora import with_adapter
+    from tests.helpers.tiny_model import VOCAB_SIZE
+    _, a, _ = store
+    base = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, intermediate_size=128))
+    with_adapter(base, tmp_path / "adapter", 3, r=8, lora_alpha=32, target_modules=["q_proj", "v_proj", "down_proj"])
+    created = httpx.post(f"{switch.url}/api/create", timeout=60, json={
+        "model": "gamma", "from": str(a), "modelfile": f"ADAPTER {tmp_path / 'adapter'}", "stream": False})
+    assert created.status_code == 200, created.text
+    openai_client = openai.OpenAI(base_url=f"{switch.url}/v1", api_key="unused")
+    ask = lambda model: openai_client.completions.create(model=model, prompt="Once upon", max_tokens=6,
+                                                         temperature=0, extra_body={"ignore_eos": True})
+    tuned = ask("gamma").choices[0].text
+    reply = ollama.Client(host=switch.url).generate(model="gamma", prompt="Once upon", raw=True,
+                                                    options={"temperature": 0, "num_predict": 6})
+    assert reply.response == tuned
+    assert ask("alpha").choices[0].text != tuned
+
+
 def test_stopping_the_server_stops_every_models_processes(switch):
     """(Last: it stops the module's server.)"""
     assert httpx.post(f"{switch.url}/models/load", json={"model": "beta"}, timeout=120).status_code == 200

@@ -99,34 +99,10 @@ def test_adapters_that_do_not_fit_are_refused(models, tmp_path):
         read_lora_adapter(adapters["small"][0], dataclasses.replace(cfg, dim=32), 16)
 
 
-def write_lora_gguf(peft_folder, path, cfg, alpha: float):
-    """The adapter as llama.cpp's convert_lora_to_gguf.py writes it (with the gguf package, the format's reference):
-    blk.{i}.{tensor}.weight.lora_a / .lora_b, llama's q and k rows of B in llama.cpp's interleaved order."""
-    import gguf
-    from safetensors.numpy import load_file
-    from tests.helpers.hf_to_gguf import llama_cpp_permute
-    names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_string("general.type", "adapter")
-    writer.add_string("adapter.type", "lora")
-    writer.add_float32("adapter.lora.alpha", alpha)
-    for key, value in sorted(load_file(peft_folder / "adapter_model.safetensors").items()):
-        parts = key.split(".")
-        layer, module, kind = parts[parts.index("layers") + 1], parts[parts.index("layers") + 3], key[-8]
-        if kind == "B" and module in ("q_proj", "k_proj"):
-            value = llama_cpp_permute(value, cfg.n_heads if module == "q_proj" else cfg.n_kv_heads)
-        writer.add_tensor(f"blk.{layer}.{names[module]}.weight.lora_{kind.lower()}", value.astype(np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 def test_a_llama_cpp_lora_gguf_serves_as_its_peft_folder(models, tmp_path):
     """llama.cpp's LoRA GGUF of the rank-8 q/v adapter (alpha 16) reads as the same A and scaled B, and a step with it
     equals transformers + peft."""
+    from tests.helpers.tiny_lora import write_lora_gguf
     from tinyvllm.protocol.lora_adapter import read_lora_adapter
     from tinyvllm.protocol.model_config import read_model_config
     from tinyvllm.protocol.sampling import LoRARequest

@@ -103,8 +103,10 @@ def make_routes(service: OllamaService):
         entry.template = req.template or mf.template or entry.template
         entry.system = req.system or mf.system or entry.system
         entry.license = license_text(req.license) or mf.license or entry.license
-        if req.adapters:
-            entry.adapter = str((await asyncio.to_thread(uploaded_folder, store, req.adapters))[0])
+        if req.adapters:  # a PEFT folder's files, or one llama.cpp LoRA .gguf (what the ollama CLI uploads)
+            folder, digests = await asyncio.to_thread(uploaded_folder, store, req.adapters)
+            only = next(iter(digests)) if len(digests) == 1 else ""
+            entry.adapter = str(folder / only if only.endswith(".gguf") else folder)
         elif mf.adapter:
             entry.adapter = str(pathlib.Path(mf.adapter).expanduser().resolve())
         if entry.adapter is not None:

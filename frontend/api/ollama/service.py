@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import zlib
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -63,21 +64,22 @@ class OllamaService:
         """The LoRA adapter `entry` runs with (Modelfile ADAPTER), checked against the served model; None: none."""
         if entry.adapter is None:
             return None
-        adapter = LoRARequest(entry.name, 0, entry.adapter)
+        adapter = entry_adapter(entry)
         self.check_adapter(entry, adapter)
         return adapter
 
     def check_adapter(self, entry: ModelEntry, adapter: LoRARequest | None = None) -> None:
-        """A 400 unless this server runs adapters and entry's fits its model (where no engine runs: nothing to
-        check against, its own server checks it)."""
-        if self.adapters is None and self.engine is None:
+        """A 400 unless this server runs adapters and entry's fits its model. Not checked where no engine runs, or for
+        a model of other weights: their own server checks it."""
+        if self.engine is None or not self.store.uses_served_weights(entry):
             return
         if self.adapters is None:
             raise OllamaError(f"model '{entry.name}' has a LoRA adapter: this server runs none (serve --enable-lora)")
         try:
-            self.adapters.check(adapter or LoRARequest(entry.name, 0, entry.adapter))
+            self.adapters.check(adapter or entry_adapter(entry))
         except LoRAError as e:
             raise OllamaError(str(e)) from None
+
 
     async def servable(self, name: str) -> ModelEntry:
         """The model `name`, if this server's engine can run it; 404 or 400 otherwise."""
@@ -90,3 +92,9 @@ class OllamaService:
                               f"runs: this server serves only '{served}' (one engine per server) and models made "
                               f"from its weights; start another `tinyvllm serve --model {entry.source}` for it", 400)
         return entry
+
+
+def entry_adapter(entry: ModelEntry) -> LoRARequest:
+    """A stored model's adapter, its id from when the model was made: re-created, it is another adapter (its
+    cached blocks and the workers' copy are not reused)."""
+    return LoRARequest(entry.name, zlib.crc32(f"{entry.created}\n{entry.adapter}".encode()), entry.adapter)
