@@ -33,6 +33,8 @@ from tinyvllm.frontend.api.server_options import ServerArgs
 from tinyvllm.frontend.router.instance_registry import STATIC, Instance
 from tinyvllm.protocol.child_process import ChildProcess
 from tinyvllm.protocol.engine_config import MAX_LORA_RANK, EngineConfig, LoRAConfig
+from tinyvllm.protocol.lora_adapter import LoRAError, read_lora_adapter
+from tinyvllm.protocol.model_config import read_model_config
 
 log = logging.getLogger("tinyvllm.models")
 
@@ -71,6 +73,16 @@ class ModelServer:
         if self.open or self.state != LOADED or math.isinf(self.keep_alive_s):
             return None
         return self.idle_since + self.keep_alive_s
+
+
+def adapter_rank(entry: ModelEntry) -> int:
+    """The largest rank of a stored model's adapter (its server's slots are that large); ModelLoadError if the adapter
+    does not fit the model's weights."""
+    try:
+        adapter = read_lora_adapter(entry.adapter, read_model_config(pathlib.Path(entry.source)), MAX_LORA_RANK)
+    except (LoRAError, OSError, ValueError) as e:
+        raise ModelLoadError(f"model '{entry.name}' cannot load its adapter: {e}") from None
+    return max(a.shape[0] for a, _ in adapter.values())
 
 
 def memory_available() -> int:
@@ -182,7 +194,11 @@ class ModelServers:
             return server
         folder = pathlib.Path(tempfile.mkdtemp(prefix="tinyvllm-model-"))  # 0700
         name = names.short_name(entry.name)
-        process, client = self._launch(entry, name, folder)
+        try:
+            process, client = self._launch(entry, name, folder)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         url = self._urls.setdefault(key, f"http://model-{len(self._urls)}")  # a label: requests go by the socket
         server = ModelServer(name, entry, process, folder, client, Instance(url, STATIC, model=name, healthy=True))
         self.servers[key], self.by_url[url] = server, server
@@ -193,8 +209,9 @@ class ModelServers:
     def _launch(self, entry: ModelEntry, name: str, folder: pathlib.Path) -> tuple[ChildProcess, httpx.AsyncClient]:
         """The (not yet started) process of `entry`'s server, listening in `folder`, and the client that reaches it."""
         engine = dataclasses.replace(self.engine, model=dataclasses.replace(self.engine.model, model=entry.source))
-        if entry.adapter is not None:  # a Modelfile ADAPTER: the model's server runs its one adapter
-            engine = dataclasses.replace(engine, lora=LoRAConfig(enable_lora=True, max_lora_rank=MAX_LORA_RANK))
+        if entry.adapter is not None:  # a Modelfile ADAPTER: the model's server runs its one adapter, at its rank
+            engine = dataclasses.replace(engine, speculative_config=None, lora=LoRAConfig(
+                enable_lora=True, max_lora_rank=adapter_rank(entry)))
         child = dataclasses.replace(self.child_server, host="127.0.0.1", port=0, uds=str(folder / "http.sock"),
                                     served_model_name=name, models_dir=str(self.store.folder), api_key=None,
                                     registration=None, allowed_origins=[])

@@ -170,3 +170,15 @@ async def test_memory_counts_models_still_loading(store):
     servers.process("gamma").ready = True
     servers.release(await tasks[2])
     await servers.close()
+
+
+def test_a_stored_models_adapter_sizes_its_servers_slots_or_fails_its_load(tmp_path):
+    from tests.helpers.tiny_lora import make_llama_with_adapters
+    from tests.helpers.tiny_model import make_tiny_gguf
+    from tinyvllm.frontend.router.model_servers import adapter_rank
+    base, adapters, _ = make_llama_with_adapters(tmp_path, vocab_size=128, tokenizer=False)
+    assert adapter_rank(ModelEntry("m:latest", str(base), adapter=str(adapters["small"][0]))) == 8
+    assert adapter_rank(ModelEntry("m:latest", str(base), adapter=str(adapters["wide"][0]))) == 16
+    other = make_tiny_gguf(tmp_path / "other.gguf", dim=32)  # another model's shapes
+    with pytest.raises(ModelLoadError, match="cannot load its adapter.*does not fit"):
+        adapter_rank(ModelEntry("m:latest", str(other), adapter=str(adapters["small"][0])))
