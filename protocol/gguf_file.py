@@ -185,3 +185,8 @@ def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     head_dim = w.shape[0] // n_heads
     rest = w.shape[1:]
     return np.ascontiguousarray(w.reshape(n_heads, head_dim // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape))
+
+
+def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 values (their uint16 bits) as float32: a bfloat16 is the top half of a float32."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)

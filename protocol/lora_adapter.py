@@ -11,7 +11,7 @@ import struct
 
 import numpy as np
 
-from tinyvllm.protocol.gguf_file import GGUFFile, unpermute_rope_rows
+from tinyvllm.protocol.gguf_file import GGUFFile, bf16_to_float32, unpermute_rope_rows
 from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.protocol.model_path import is_gguf
 
@@ -135,8 +135,12 @@ def _gguf_float(gguf: GGUFFile, name: str, path) -> np.ndarray:
     kind = gguf.tensor_type(name)
     if kind not in _FLOAT_DTYPES:
         raise LoRAError(f"the adapter at {path} stores {name} as {kind}: only F32, F16 and BF16 are read")
-    values = gguf.raw(name).view(_FLOAT_DTYPES[kind]).reshape(gguf.tensor_shape(name))
-    return (values.astype(np.uint32) << 16).view(np.float32) if kind == "BF16" else values.astype(np.float32)
+    return _float32(gguf.raw(name).view(_FLOAT_DTYPES[kind]).reshape(gguf.tensor_shape(name)), kind)
+
+
+def _float32(values: np.ndarray, kind: str) -> np.ndarray:
+    """F32, F16 or BF16 (its uint16 bits) values as float32."""
+    return bf16_to_float32(values) if kind == "BF16" else values.astype(np.float32)
 
 
 def _read_float_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:
@@ -153,8 +157,7 @@ def _read_float_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:
         if end - start != count * dtype.itemsize or base + end > len(data):
             raise ValueError(f"{name}: its data does not match its shape")
         values = np.frombuffer(data, dtype, count, base + start).reshape(info["shape"])
-        tensors[name] = (values.astype(np.uint32) << 16).view(np.float32) if info["dtype"] == "BF16" else \
-            values.astype(np.float32)
+        tensors[name] = _float32(values, info["dtype"])
     return tensors
 
 

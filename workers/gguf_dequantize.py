@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinyvllm.protocol.gguf_file import GGML_TYPES, GGUFFile
+from tinyvllm.protocol.gguf_file import GGML_TYPES, GGUFFile, bf16_to_float32
 
 
 def dequantize_tensor(gguf: GGUFFile, name: str) -> np.ndarray:
@@ -18,11 +18,6 @@ def dequantize_tensor(gguf: GGUFFile, name: str) -> np.ndarray:
 def f16_field(blocks: np.ndarray, start: int) -> np.ndarray:
     """The little-endian float16 at byte `start` of each block ([..., block bytes]), as float32 [..., 1] (exact)."""
     return blocks[..., start:start + 2].view("<f2").astype(np.float32)
-
-
-def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 values (their uint16 bits) as float32: a bfloat16 is the top half of a float32."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
 def nibbles(qs: np.ndarray) -> np.ndarray:

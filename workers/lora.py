@@ -78,12 +78,12 @@ class LoRAWeights:
         written = []
         for layer in range(self.cfg.n_layers):
             for m in MODULES:
-                a = np.zeros((self.rank, shapes[m][0]), np.float32)
-                b = np.zeros((self.rank, shapes[m][1]), np.float32)
+                a = np.zeros((self.rank, shapes[m][0]), np.float32)  # a smaller rank's padding stays zero
+                bt = np.zeros((shapes[m][1], self.rank), np.float32)
                 if (found := adapter.get((layer, m))) is not None:
-                    a[:found[0].shape[0]], b[:found[0].shape[0]] = found[0], found[1].T
+                    a[:found[0].shape[0]], bt[:, :found[0].shape[0]] = found
                 written += [self.a[layer][m].parts[0][rows].assign(Tensor(a)),
-                            self.bt[layer][m].parts[0][:, rows].assign(Tensor(np.ascontiguousarray(b.T)))]
+                            self.bt[layer][m].parts[0][:, rows].assign(Tensor(bt))]
         Tensor.realize(*written)
 
     @staticmethod

@@ -24,7 +24,7 @@ class StoredTensor(NamedTuple):
 
     def float32(self) -> np.ndarray:
         if self.dtype == "BF16":
-            from tinyvllm.workers.gguf_dequantize import bf16_to_float32
+            from tinyvllm.protocol.gguf_file import bf16_to_float32
             return bf16_to_float32(self.values)
         if self.dtype == "F8_E4M3":
             from tinyvllm.workers.quantized_weight import E4M3_VALUES

@@ -53,7 +53,7 @@ class ModelServer:
     name: str  # the name it serves under: the stored name, without ":latest"
     entry: ModelEntry
     process: ChildProcess
-    folder: pathlib.Path  # private; holds the socket
+    folder: pathlib.Path  # private; holds its http.sock
     client: httpx.AsyncClient
     instance: Instance  # for the proxy (frontend/router/upstream_proxy.py)
     state: str = LOADING
@@ -62,10 +62,6 @@ class ModelServer:
     keep_alive_s: float = 0.0  # the last request to start sets it (Ollama's rule); /models/unload sets 0
     idle_since: float = 0.0  # the clock's time its last request ended
     expiry: asyncio.TimerHandle | None = None
-
-    @property
-    def socket(self) -> str:
-        return str(self.folder / "http.sock")
 
     @property
     def expires_at(self) -> float | None:

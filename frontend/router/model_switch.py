@@ -26,7 +26,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from tinyvllm.frontend.api.auth import OLLAMA, PROTECTED_PREFIXES, APIKeyMiddleware, error_body_for, error_style
-from tinyvllm.frontend.api.http_json import read_bounded_body
+from tinyvllm.frontend.api.http_json import read_bounded_body, read_json_object
 from tinyvllm.frontend.api.ollama import names
 from tinyvllm.frontend.api.ollama.generation import load_reply
 from tinyvllm.frontend.api.ollama.keep_alive import KeepAliveInvalid, is_unload, keep_alive_seconds
@@ -34,6 +34,7 @@ from tinyvllm.frontend.api.ollama.model_routes import NEVER_EXPIRES, tag_entry
 from tinyvllm.frontend.api.ollama.model_store import StoreError, now_rfc3339
 from tinyvllm.frontend.api.ollama.routes import store_routes
 from tinyvllm.frontend.api.ollama.service import OllamaService
+from tinyvllm.frontend.api.openai_protocol import APIError
 from tinyvllm.frontend.api.request_gate import GateMiddleware, RequestGate, current_ticket, send_error
 from tinyvllm.frontend.router.model_servers import LOADED, ModelLoadError, ModelServer, ModelServers
 from tinyvllm.frontend.router.router_metrics import MergedFamilies
@@ -146,9 +147,9 @@ def build_switch_app(servers: ModelServers, proxy: UpstreamProxy, gate: RequestG
     switch = ModelSwitch(servers, proxy, max_body_bytes)
 
     def expires_at(server: ModelServer) -> str:
-        if (at := server.expires_at) is not None:
-            return _rfc3339_in(at - servers.clock())
-        return _rfc3339_in(server.keep_alive_s if server.open and server.keep_alive_s else servers.keep_alive_s)
+        """When its keep_alive runs out: from its last request's end, or (busy, loading) as if that were now."""
+        at = server.expires_at
+        return _rfc3339_in(server.keep_alive_s if at is None else at - servers.clock())
 
     async def from_each(path: str) -> list[tuple[ModelServer, Response | None]]:
         async def get(server: ModelServer):
@@ -182,8 +183,7 @@ def build_switch_app(servers: ModelServers, proxy: UpstreamProxy, gate: RequestG
 
     async def change(request: Request, load: bool) -> Response:
         try:
-            body = await request.json()
-            name = body.get("model") if isinstance(body, dict) else None
+            name = (await read_json_object(request, max_body_bytes)).get("model")
             if not isinstance(name, str) or not name:
                 raise _RequestRefused(400, "you must provide a model parameter")
             if load:
@@ -191,8 +191,8 @@ def build_switch_app(servers: ModelServers, proxy: UpstreamProxy, gate: RequestG
             elif not servers.unload(name):
                 raise _RequestRefused(400, f"model '{name}' is not loaded")
             return JSONResponse({"success": True})
-        except ValueError:
-            error = _RequestRefused(400, "The request body is not valid JSON")
+        except APIError as e:  # a body too large, not JSON, or no object
+            error = _RequestRefused(e.status, e.message, e.type)
         except _RequestRefused as e:
             error = e
         except StoreError as e:

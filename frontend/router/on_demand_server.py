@@ -63,7 +63,7 @@ async def serve_on_demand(engine: EngineConfig, args: ServerArgs, keep_alive_s: 
             return 1
         print(f"tinyvllm ready: serving the models in {store.folder} on demand at http://{args.host}:{args.port}/v1 "
               f"({len(store.list())} models; keep_alive {keep_alive_s:g} s, "
-              f"{args.max_loaded_models or 'as many as memory holds'} loaded at most"
+              f"{servers.max_loaded or 'as many as memory holds'} loaded at most"
               f"{', API key required' if args.api_key else ''})", flush=True)
         await serve_until_drained(server, serving, gate, args.shutdown_timeout_s, shutdown.fail_open, log)
         return 0
