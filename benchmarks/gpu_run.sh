@@ -40,7 +40,7 @@ check)
   for d in CUDA NV; do
     DEV=$d timeout 120 python3 -c "from tinygrad import Tensor, Device; print(Device.DEFAULT, (Tensor([1., 2.]) * 3).tolist())" 2>&1 | tail -3
   done
-  timeout 300 python3 -m pytest -x -q -p no:cacheprovider tests/workers/test_paged_attention.py tests/workers/test_quantized_weight.py tests/workers/test_gpu_matvec.py \
+  timeout 300 python3 -m pytest -x -q -p no:cacheprovider tests/workers/test_paged_attention.py tests/workers/test_quantized_weight.py tests/workers/test_gpu_matvec.py tests/workers/test_gpu_gemm.py \
     tests/workers/test_runner_outputs.py tests/workers/test_block_copy.py tests/workers/test_sampler.py tests/workers/test_kv_write.py 2>&1 | tee "$out/check_$dev.txt" | tail -15
   ;;
 setup) ;;  # the wheels and the default model's twin only (a warm machine keeps them for the next call)

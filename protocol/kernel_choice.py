@@ -6,7 +6,8 @@
 - "c-int8" (the CPU default): the same, with every product of a Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or Q8_0 weight
   taking int8 activations.
 - "tinygrad": tinygrad's own kernels, what CUDA, AMD and Metal run; decode matvecs of quantised or float16
-  weights take workers/gpu_matvec.py's kernels where the device has local memory.
+  weights take workers/gpu_matvec.py's kernels where the device has local memory, and products of more rows
+  (batches, prompt chunks) workers/gpu_gemm.py's tensor-core kernels where the device has half tensor cores.
 
 A worker's model is built with one KernelChoice (`KernelChoice.named(name)`); inside the model only that object
 travels. It is plain data: workers/kernel_set.py resolves it against a device.
@@ -33,12 +34,15 @@ class KernelChoice:
     """What a kernel set runs. matmul and attention: one of KERNEL_KINDS. int8_activations: products of Q4_0, Q4_1, Q2_K,
     Q3_K, Q4_K, Q5_K, Q6_K and Q8_0 weights quantise their activations to int8 (C matmuls only). gpu_matvec: decode
     rows of quantised or float16 weights take workers/gpu_matvec.py's kernels, in matvec_layout (tinygrad matmuls on a device with
-    local memory only: workers/kernel_set.py's kernel_choice turns it off elsewhere)."""
+    local memory only: workers/kernel_set.py's kernel_choice turns it off elsewhere). tensor_cores: products of more
+    rows take workers/gpu_gemm.py's kernels, half (or bfloat16) inputs summed in float32 (tinygrad matmuls on a device
+    with half tensor cores only; kernel_choice turns it off elsewhere, so the CPU keeps float32)."""
     name: str
     matmul: str
     attention: str
     int8_activations: bool = False
     gpu_matvec: bool = False
+    tensor_cores: bool = False
     matvec_layout: MatvecLayout = MatvecLayout()
 
     @classmethod
@@ -46,7 +50,7 @@ class KernelChoice:
         check_kernel_set_name(name)
         if name in C_KERNEL_SETS:
             return cls(name, matmul="c", attention="c", int8_activations=name == "c-int8")
-        return cls(name, matmul="tinygrad", attention="tinygrad", gpu_matvec=True)
+        return cls(name, matmul="tinygrad", attention="tinygrad", gpu_matvec=True, tensor_cores=True)
 
     @property
     def c_kernels(self) -> bool:

@@ -23,6 +23,7 @@ from tinyvllm.protocol.kernel_choice import KernelChoice
 from tinyvllm.workers.cpu_graph import CPUGraph
 from tinyvllm.workers.cpu_matmul import ReassociatingClangRenderer
 from tinyvllm.workers.cuda_graph import use_cuda_graph
+from tinyvllm.workers.gpu_gemm import has_tensor_cores
 from tinyvllm.workers.gpu_matvec import gpu_matvec_device
 
 
@@ -54,12 +55,12 @@ def check_kernel_set(device: str, kernels: str | KernelChoice) -> None:
 
 def kernel_choice(device: str, kernels: str | KernelChoice | None = None) -> KernelChoice:
     """The kernels a model on `device` runs: a set's name (None: the device's default) or a KernelChoice, checked,
-    with the GPU matvecs left out where the device has no local memory."""
+    with the GPU matvecs left out where the device has no local memory and the tensor-core products where it has no
+    half tensor cores."""
     choice = _as_choice(kernels or default_kernel_set(device))
     check_kernel_set(device, choice)
-    if choice.gpu_matvec and not gpu_matvec_device(device):
-        return dataclasses.replace(choice, gpu_matvec=False)
-    return choice
+    return dataclasses.replace(choice, gpu_matvec=choice.gpu_matvec and gpu_matvec_device(device),
+                               tensor_cores=choice.tensor_cores and has_tensor_cores(device))
 
 
 def configure_device(device: str, kernels: str | KernelChoice) -> None:

@@ -18,7 +18,8 @@ from tinyvllm.workers.attention_spec import AttentionSpec
 from tinyvllm.workers.cpu_matmul import cpu_linear, shared_int8_tiles
 from tinyvllm.workers.cpu_matvec import c_kernels_support, cpu_expert_matvec
 from tinyvllm.workers.cpu_swiglu import cpu_swiglu
-from tinyvllm.workers.gpu_matvec import gpu_matvec, gpu_matvec_fits
+from tinyvllm.workers.gpu_gemm import gpu_gemm, gpu_gemm_fits, half_scratch_product
+from tinyvllm.workers.gpu_matvec import GPU_MATVEC_MAX_ROWS, gpu_matvec, gpu_matvec_fits
 from tinyvllm.workers.kernel_set import kernel_choice
 from tinyvllm.workers.lora import ATTENTION, MLP, LoRAWeights
 from tinyvllm.protocol.model_config import ModelConfig
@@ -82,13 +83,19 @@ def linear(h: Tensor, w: DeviceWeight, kernels: KernelChoice, max_fused_rows: in
     dequantisation is fused into the matmul's loads; for more rows (larger batches, prefill) the fused kernel would
     redo it for every few rows, so the weight is dequantised once into a scratch float32 buffer first (h.shape is
     static: each jitted step picks one). A 16-bit float weight is only widened: always fused. kernels.gpu_matvec (a
-    device with local memory): decode rows take workers/gpu_matvec.py's kernels in kernels.matvec_layout."""
+    device with local memory): decode rows take workers/gpu_matvec.py's kernels in kernels.matvec_layout.
+    kernels.tensor_cores (a device with half tensor cores): more rows take workers/gpu_gemm.py's kernels, the weight
+    dequantised inside them, and the kinds those do not read go through a half scratch instead of a float32 one."""
     if kernels.matmul == "c":
         return cpu_linear(h, w, kernels.int8_activations, tiles)
     if kernels.gpu_matvec and gpu_matvec_fits(h, w, kernels.matvec_layout):
         return gpu_matvec(h, w, kernels.matvec_layout)
+    if kernels.tensor_cores and h.shape[0] > GPU_MATVEC_MAX_ROWS and gpu_gemm_fits(h, w):
+        return gpu_gemm(h, w)
     weight = w.dequantized()
-    return h @ (weight.contiguous() if h.shape[0] > max_fused_rows and w.kind not in ("F32", "F16", "BF16") else weight).T
+    if h.shape[0] <= max_fused_rows or w.kind in ("F32", "F16", "BF16"):
+        return h @ weight.T
+    return half_scratch_product(h, w) if kernels.tensor_cores else h @ weight.contiguous().T
 
 
 def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS,
@@ -116,7 +123,7 @@ def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows
     def shared_tiles(h: Tensor, *ws: DeviceWeight) -> Tensor | None:  # h quantised once for its products
         return shared_int8_tiles(h, ws, kernels.int8_activations) if kernels.matmul == "c" else None
 
-    custom_kernels = kernels.matmul == "c" or kernels.gpu_matvec
+    custom_kernels = kernels.matmul == "c" or kernels.gpu_matvec or kernels.tensor_cores
 
     @function(precompile=True, allow_implicit=custom_kernels)
     def qkv(x, cos, sin, norm, wq, wk, wv, *extras):

@@ -14,7 +14,8 @@ from tinyvllm.workers.kernel_set import c_kernels_run_on, configure_device
 
 
 @contextlib.contextmanager
-def _configured(kernels: str):
+def configured(kernels: str):
+    """The default device set up for a kernel set, and put back afterwards."""
     dev = Device[Device.DEFAULT]
     renderers, graph = dev.renderers, dev.graph
     configure_device(Device.DEFAULT, kernels)
@@ -25,7 +26,7 @@ def _configured(kernels: str):
 
 
 def _each_set(request):
-    with _configured(request.param) as kernels:
+    with configured(request.param) as kernels:
         yield kernels
 
 
@@ -39,5 +40,5 @@ module_kernel_set = pytest.fixture(scope="module", params=RUNNABLE_SETS)(_each_s
 
 @pytest.fixture
 def c_kernel_set():
-    with _configured("c") as kernels:
+    with configured("c") as kernels:
         yield kernels

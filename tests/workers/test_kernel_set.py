@@ -45,12 +45,14 @@ def test_names_defaults_and_refusals():
 
 
 def test_the_choice_is_resolved_for_the_device():
-    """A name or a KernelChoice becomes one KernelChoice; the GPU matvecs only where the device has local memory."""
+    """A name or a KernelChoice becomes one KernelChoice; the GPU matvecs only where the device has local memory, the
+    tensor-core products only where it has half tensor cores (tests/workers/test_gpu_gemm.py: an emulated GPU's)."""
     assert kernel_choice(Device.DEFAULT) == KernelChoice.named("c-int8")
     assert kernel_choice(Device.DEFAULT, "c") == KernelChoice.named("c")
     tinygrad_here = kernel_choice(Device.DEFAULT, "tinygrad")  # the CPU has no local memory
-    assert tinygrad_here.matmul == "tinygrad" and not tinygrad_here.gpu_matvec
-    assert kernel_choice("PYTHON", "tinygrad") == KernelChoice.named("tinygrad")  # PYTHON emulates local memory
+    assert tinygrad_here.matmul == "tinygrad" and not tinygrad_here.gpu_matvec and not tinygrad_here.tensor_cores
+    on_python = kernel_choice("PYTHON", "tinygrad")  # PYTHON emulates local memory; tensor cores only as a GPU's target
+    assert on_python.gpu_matvec and not on_python.tensor_cores and KernelChoice.named("tinygrad").tensor_cores
     model = Transformer(CFG, random_llama(CFG), 8, kernels=KernelChoice.named("tinygrad"))
     assert model.kernels == tinygrad_here
 

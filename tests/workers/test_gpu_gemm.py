@@ -1,0 +1,151 @@
+"""workers/gpu_gemm.py: products of many rows with the weight dequantised inside the kernel, half (BF16: bfloat16)
+inputs summed in float32, equal to the float64 product of the same half-rounded inputs, for every kind it reads and
+both value layouts (the GPU's uint32 words and plain arrays). On the CPU the kernel runs under tinygrad's own opts;
+on tinygrad's PYTHON device emulating an sm_80 GPU (DEV=PYTHON::sm_80, in a subprocess: the target is read at
+start-up) it runs on emulated tensor cores, and each product's program is checked to hold WMMA instructions,
+through `linear` as a model calls it (a kind the kernel does not read goes through the half scratch, on tensor cores
+too). On a GPU benchmarks/gpu_run.sh check runs this file on the real device."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tinygrad import Device, Tensor, dtypes
+
+from tests.helpers.gguf_writer import quantize, random_blocks
+from tests.workers.conftest import configured
+from tinyvllm.workers.gpu_gemm import gpu_gemm, gpu_gemm_fits, half_scratch_product, has_tensor_cores
+from tinyvllm.workers.quantized_weight import DeviceWeight, QuantizedArray
+
+N, K = 32, 512  # 16 blocks: the tensor cores' K
+ROWS = (16, 24)  # a whole tensor-core tile, and one padded to it
+
+
+def host_weight(kind: str, rng: np.random.Generator, K: int = K):
+    if kind in ("Q4_K", "Q6_K"):  # random valid super-blocks (the writer does not quantise K-quants)
+        return QuantizedArray(kind, random_blocks(kind, (N, K // 256), rng, 1e-2))
+    x = rng.standard_normal((N, K)).astype(np.float32)
+    if kind == "F16":
+        return x.astype(np.float16)
+    if kind == "BF16":
+        bits = (x.view(np.uint32) >> 16).astype("<u2")  # truncated: any bfloat16 matrix will do
+        return QuantizedArray("BF16", bits.view(np.uint8).reshape(N, K, 2))
+    return QuantizedArray.from_raw(kind, np.frombuffer(quantize(x, kind), np.uint8), x.shape)
+
+
+def rounded(x: np.ndarray, kind: str) -> np.ndarray:
+    """x as the kernel's inputs hold it: half, or bfloat16 (rounded to nearest even) for BF16."""
+    if kind != "BF16":
+        return x.astype(np.float16).astype(np.float64)
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).view(np.float32).astype(np.float64)
+
+
+def check_product(kind: str, words: bool, rows: int, product, K: int = K) -> None:
+    rng = np.random.default_rng(rows)
+    host = host_weight(kind, rng, K)
+    w = DeviceWeight.from_host(host, words=words)
+    assert (w.parts[0].dtype == dtypes.uint32) == (words and kind in ("F16", "Q8_0"))
+    h = rng.standard_normal((rows, K)).astype(np.float32)
+    expected = rounded(h, kind) @ rounded(np.asarray(host, np.float32), kind).T
+    got = product(Tensor(h), w).numpy()
+    assert got.shape == (rows, N) and got.dtype == np.float32
+    # float32 sums of exact products; on a device without tensor cores each product is rounded to half first
+    np.testing.assert_allclose(got, expected, rtol=0, atol=2e-3 * np.abs(expected).max())
+
+
+CPU_KINDS = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K")  # clang here has no __bf16 arithmetic: BF16 off the CPU only
+
+
+@pytest.mark.parametrize("kind", CPU_KINDS + (() if Device.DEFAULT == "CPU" else ("BF16",)))
+@pytest.mark.parametrize("words", [True, False])
+def test_the_kernel_equals_the_product_of_half_inputs(kind, words):
+    """On the test device: the CPU (tinygrad's own opts), or a GPU's tensor cores (benchmarks/gpu_run.sh check)."""
+    tensor_cores = has_tensor_cores(Device.DEFAULT)
+    for rows in ROWS:
+        check_product(kind, words, rows, lambda h, w: gpu_gemm(h, w, tensor_cores))
+
+
+def test_which_weights_the_kernel_reads():
+    h = Tensor.zeros(16, K)
+    for kind in (*CPU_KINDS, "BF16"):
+        assert gpu_gemm_fits(h, DeviceWeight.from_host(host_weight(kind, np.random.default_rng(0)), words=True))
+    for kind in ("Q6_K", "Q8_16"):  # the half scratch's
+        assert not gpu_gemm_fits(h, DeviceWeight(kind, (Tensor.zeros(N, K // 32, 16, dtype=dtypes.uint8),)))
+    assert not gpu_gemm_fits(h, DeviceWeight("F32", (Tensor.zeros(N, K),)))  # float32 stays float32
+    assert not gpu_gemm_fits(Tensor.zeros(16, 48), DeviceWeight("F16", (Tensor.zeros(N, 48).half(),)))  # no whole blocks
+
+
+def test_the_half_scratch_product():
+    for rows in ROWS:
+        check_product("Q6_K", False, rows, lambda h, w: half_scratch_product(h, w, has_tensor_cores(Device.DEFAULT)))
+
+
+def tiny_model_step() -> tuple[int, float]:
+    """A 16-token prompt's greedy token and its logprob from a 2-layer Q8_0 model under the tinygrad kernel set: on
+    an emulated GPU the jitted step runs the matvec and gemm custom kernels inside the layer functions."""
+    from tests.workers.dense_reference import random_llama
+    from tinyvllm.protocol.messages import NewRequestData, StepPlan
+    from tinyvllm.protocol.model_config import ModelConfig
+    from tinyvllm.protocol.sampling import SamplingParams
+    from tinyvllm.workers.kv_cache import PagedKVCache
+    from tinyvllm.workers.model import Transformer
+    from tinyvllm.workers.model_runner import ModelRunner
+
+    cfg = ModelConfig(arch="llama", vocab_size=89, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=64,
+                      rope_theta=10000.0, rms_eps=1e-5, max_context=64, tie_embeddings=False)
+    weights = random_llama(cfg)
+    for name, a in weights.items():
+        if a.ndim == 2 and name != "token_embd.weight":
+            weights[name] = QuantizedArray.from_raw("Q8_0", np.frombuffer(quantize(a, "Q8_0"), np.uint8), a.shape)
+    runner = ModelRunner(Transformer(cfg, weights, 64, kernels="tinygrad"), PagedKVCache(cfg, 8, 16), max_num_seqs=2,
+                         max_model_len=64, max_num_batched_tokens=16)
+    request = NewRequestData("a", list(range(3, 19)), SamplingParams(temperature=0, max_tokens=2, logprobs=1), [0], 0, 16)
+    result = runner.execute(StepPlan(1, [request], [], []))
+    return result.sampled_token_ids[0], result.logprobs[0].logprob
+
+
+def emulated_gpu_checks() -> None:
+    """Run with DEV=PYTHON::sm_80: every product through `linear` as the model calls it, on tensor cores."""
+    import tinygrad.runtime.ops_python as ops_python
+    from tinygrad.uop.ops import Ops
+
+    from tinyvllm.workers.kernel_set import kernel_choice
+    from tinyvllm.workers.model import linear
+
+    programs: list[bool] = []  # per program made: whether it multiplies on tensor cores
+    make = ops_python.PythonProgram.__init__
+
+    def recording(self, dev, obj):
+        make(self, dev, obj)
+        if any(u.op in (Ops.REDUCE, Ops.WMMA) for u in self.uops) or any(u.op is Ops.RANGE for u in self.uops):
+            programs.append(any(u.op is Ops.WMMA for u in self.uops))
+    ops_python.PythonProgram.__init__ = recording
+
+    kernels = kernel_choice(Device.DEFAULT, "tinygrad")
+    assert kernels.tensor_cores and kernels.gpu_matvec, kernels
+    cases = [(kind, True, ROWS[1]) for kind in (*CPU_KINDS, "BF16", "Q6_K")] + [("Q8_0", True, ROWS[0])]
+    # the kinds with words as plain arrays too, at 32 rows (24 would find the scratch's F16 program cached)
+    for kind, words, rows in cases + [("F16", False, 32), ("Q8_0", False, 32)]:
+        programs.clear()
+        check_product(kind, words, rows, lambda h, w: linear(h, w, kernels))
+        assert programs and programs[-1], f"{kind} words={words} rows={rows}: no WMMA in {programs}"
+        print(kind, words, rows, "WMMA", flush=True)
+    programs.clear()  # 8 blocks: fewer than the tensor cores' K, so tinygrad's own opts, as on the CPU
+    check_product("Q8_0", True, 24, lambda h, w: linear(h, w, kernels), K=256)
+    assert programs and not any(programs), programs
+    print("step", *tiny_model_step())
+
+
+def test_on_emulated_tensor_cores():
+    env = {**os.environ, "DEV": "PYTHON::sm_80", "PYTHONPATH": str(Path(__file__).parents[2])}
+    run = subprocess.run([sys.executable, "-c", "from tests.workers.test_gpu_gemm import emulated_gpu_checks as c; c()"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    assert run.stdout.count("WMMA") == 7 + 1 + 2, run.stdout
+    token, logprob = next(line.split()[1:] for line in run.stdout.splitlines() if line.startswith("step "))
+    with configured("tinygrad"):
+        cpu_token, cpu_logprob = tiny_model_step()  # float32 products here
+    assert int(token) == cpu_token and abs(float(logprob) - cpu_logprob) < 1e-2, (token, logprob, cpu_token, cpu_logprob)

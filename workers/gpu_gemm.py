@@ -1,0 +1,100 @@
+"""Products of many rows (batched decode, prompt chunks) on tensor cores: h [T, K] @ w.T with half (or bfloat16)
+inputs and float32 accumulation, the weight dequantised inside the kernel, so no step holds a dequantised copy of
+any weight.
+
+`gpu_gemm` is a tinygrad custom kernel for the kinds whose bytes it reads directly (F16 and Q8_0 in the GPU's uint32
+words or as plain arrays, Q4_0, Q4_1, Q4_K, BF16): each weight element is the dequantisation of
+workers/quantized_weight.py (value = q * d (+ m), in float32) rounded once to half (BF16 stays bfloat16, as
+stored), multiplied by the row of h in the same width and summed in float32 on the tensor cores (tinygrad's TC opt,
+applied explicitly: its heuristics try tensor cores only for one reduce axis, and the element's byte and nibble
+fields split K into several). The tensor cores take K along the weight's 32-element blocks, 16 at a time (K a
+multiple of 512, as in every real model; a smaller K runs the same kernel under tinygrad's own opts), so nothing is
+padded there; T and the weight's rows are padded to the tile where they are not multiples of it.
+
+Every other kind (Q2_K, Q3_K, Q5_K, Q6_K, Q8_16, F8_E4M3, F32) is dequantised into a half scratch of one matrix,
+reused from layer to layer by the jit's memory planner (tests/workers/test_step_memory.py), which the same kernel
+multiplies as an F16 weight (`half_scratch_product`).
+
+Half inputs are what llama.cpp's CUDA backend gives cuBLAS for batches of quantised weights and what vLLM runs
+everywhere (bf16/fp16): lossy against the float32 path, which devices without tensor cores (the CPU) keep.
+"""
+from __future__ import annotations
+
+import functools
+
+from tinygrad import Device, Tensor, dtypes
+from tinygrad.codegen.opt import Opt, OptOps
+from tinygrad.uop.ops import AxisType, KernelInfo, Ops, UOp
+
+from tinyvllm.workers.quantized_weight import DeviceWeight
+
+GEMM_KINDS = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "BF16")
+# the tensor-core opt on the blocks axis (the last reduce range: see _kernel), allowed to pad T (tc_opt 2), WMMA on
+TENSOR_CORE_OPT = Opt(OptOps.TC, 0, (-1, 2, 1))
+TENSOR_CORE_K = 16  # blocks a tensor-core step takes: K a multiple of 512 (every real model's), else tinygrad's opts
+
+
+def has_tensor_cores(device: str) -> bool:
+    """Whether `device` multiplies half inputs into float32 on tensor cores (tinygrad's renderer says so)."""
+    return any(tc.dtype_in == dtypes.half and tc.dtype_out == dtypes.float for tc in Device[device].renderer.tensor_cores)
+
+
+def _input_dtype(kind: str):
+    return dtypes.bfloat16 if kind == "BF16" else dtypes.half
+
+
+def _element(kind: str, values: UOp, scales: tuple[UOp, ...], n: UOp, kb: UOp, e: UOp) -> UOp:
+    """Element e of row n's 32-element block kb, in the product's input width."""
+    f32 = dtypes.float32
+    u32 = lambda x: x.cast(dtypes.uint32)  # noqa: E731
+    words = values.dtype == dtypes.uint32
+    if kind == "BF16":  # the stored bits [N, K]
+        return values[n, kb * 32 + e].bitcast(dtypes.bfloat16)
+    if kind == "F16":  # word j: elements 2j (low half) and 2j + 1
+        if not words:
+            return values[n, kb * 32 + e]
+        return ((values[n, kb, e // 2] >> u32((e % 2) * 16)) & 0xFFFF).cast(dtypes.uint16).bitcast(dtypes.half)
+    if kind == "Q8_0":  # word j: elements 4j .. 4j + 3, signed bytes
+        q = ((values[n, kb, e // 4] >> u32((e % 4) * 8)) & 255).cast(dtypes.uint8).bitcast(dtypes.int8) if words \
+            else values[n, kb, e]
+        return (q.cast(f32) * scales[0][n, kb, 0].cast(f32)).cast(dtypes.half)
+    # Q4_0, Q4_1 and Q4_K: byte i of a block holds element i (low nibble) and element i + 16 (high nibble)
+    q = ((values[n, kb, e % 16] >> (e // 16 * 4).cast(dtypes.uint8)) & 15).cast(f32)
+    if kind == "Q4_K":  # the super-block's d and dmin times the block's 6-bit codes
+        codes, dm = scales
+        scale, minimum = dm[n, kb // 8, 0] * codes[n, kb, 0].cast(f32), -(dm[n, kb // 8, 1] * codes[n, kb, 1].cast(f32))
+    else:
+        scale = scales[0][n, kb, 0].cast(f32)
+        minimum = scale * -8 if kind == "Q4_0" else scales[1][n, kb, 0].cast(f32)
+    return (q * scale + minimum).cast(dtypes.half)
+
+
+def _kernel(kind: str, tensor_cores: bool, out: UOp, h: UOp, values: UOp, *scales: UOp) -> UOp:
+    rows, cols = out.shape
+    t, n = UOp.range(rows, 0), UOp.range(cols, 1)
+    e = UOp.range(32, 2, AxisType.REDUCE)
+    kb = UOp.range(h.shape[1] // 32, 3, AxisType.REDUCE)  # the highest id: the tensor cores' K (their axis 0)
+    product = (h[t, kb * 32 + e] * _element(kind, values, scales, n, kb, e)).cast(dtypes.float32)
+    acc = product.reduce(kb, e, arg=Ops.ADD)
+    info = KernelInfo(name=f"gemm_{kind.lower()}_{rows}_{cols}_{h.shape[1]}",
+                      opts_to_apply=(TENSOR_CORE_OPT,) if tensor_cores else None)  # else tinygrad's heuristics
+    return out[t, n].store(acc).end(t, n).sink(arg=info)
+
+
+def gpu_gemm_fits(h: Tensor, w: DeviceWeight) -> bool:
+    """Whether gpu_gemm reads w (a workers.quantized_weight.DeviceWeight) directly: its kind and whole 32-blocks."""
+    return w.kind in GEMM_KINDS and w.shape[1] % 32 == 0 and h.shape[1] == w.shape[1]
+
+
+def gpu_gemm(h: Tensor, w: DeviceWeight, tensor_cores: bool = True) -> Tensor:
+    """h [T, K] @ w.T for a DeviceWeight w [N, K] of GEMM_KINDS: [T, N] float32, summed in float32 from half (BF16:
+    bfloat16) inputs. tensor_cores=False: the same kernel under tinygrad's own opts (a device without them)."""
+    out = Tensor.empty(h.shape[0], w.shape[0], dtype=dtypes.float32, device=h.device)
+    kernel = functools.partial(_kernel, w.kind, tensor_cores and (w.shape[1] // 32) % TENSOR_CORE_K == 0)
+    return out.custom_kernel(h.cast(_input_dtype(w.kind)).contiguous(), *w.parts, fxn=kernel)[0]
+
+
+def half_scratch_product(h: Tensor, w: DeviceWeight, tensor_cores: bool = True) -> Tensor:
+    """h @ w.T through a half copy of the dequantised weight (w: any kind of whole 32-element blocks), which gpu_gemm
+    multiplies as an F16 weight."""
+    return gpu_gemm(h, DeviceWeight("F16", (w.dequantized().cast(dtypes.half).contiguous(),)), tensor_cores)
