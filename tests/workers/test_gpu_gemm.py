@@ -139,6 +139,37 @@ def emulated_gpu_checks() -> None:
     print("step", *tiny_model_step())
 
 
+def cuda_render_checks() -> None:
+    """Run with DEV=NULL:CUDA:sm_90 (tests/helpers/null_cuda.py): every product's CUDA source holds the tensor cores'
+    mma instruction, and a whole jitted model step renders (nothing runs: NULL)."""
+    from tests.helpers.null_cuda import SOURCES, use_source_only_cuda
+    use_source_only_cuda()
+    from tinyvllm.workers.kernel_set import kernel_choice
+    from tinyvllm.workers.model import linear
+
+    kernels = kernel_choice(Device.DEFAULT, "tinygrad")
+    assert kernels.tensor_cores and kernels.gpu_matvec, kernels
+    for kind in (*CPU_KINDS, "BF16", "Q6_K"):
+        SOURCES.clear()
+        w = DeviceWeight.from_host(host_weight(kind, np.random.default_rng(0)), words=True)
+        linear(Tensor.empty(24, K), w, kernels).realize()
+        assert "mma.sync.aligned.m16n8k16" in SOURCES[-1], f"{kind}: {SOURCES[-1]}"
+        print(kind, "mma", flush=True)
+    SOURCES.clear()
+    tiny_model_step()
+    assert any("gemm_q8_0" in s for s in SOURCES), len(SOURCES)  # a prompt's step: products of 16 rows
+    print("step rendered", len(SOURCES), flush=True)
+
+
+def test_cuda_renders_tensor_core_products():
+    env = {**os.environ, "DEV": "NULL:CUDA:sm_90", "PARALLEL": "0", "NULL_ALLOW_COPYOUT": "1",
+           "PYTHONPATH": str(Path(__file__).parents[2])}
+    run = subprocess.run([sys.executable, "-c", "from tests.workers.test_gpu_gemm import cuda_render_checks as c; c()"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    assert run.stdout.count(" mma") == 7 and "step rendered" in run.stdout, run.stdout
+
+
 def test_on_emulated_tensor_cores():
     env = {**os.environ, "DEV": "PYTHON::sm_80", "PYTHONPATH": str(Path(__file__).parents[2])}
     run = subprocess.run([sys.executable, "-c", "from tests.workers.test_gpu_gemm import emulated_gpu_checks as c; c()"],
