@@ -17,6 +17,7 @@ from tinyvllm.workers.cpu_attention import supports as supports_cpu_attention
 from tinyvllm.workers.kv_cache import PagedKVCache
 from tinyvllm.workers.kv_quant import dequantize
 from tinyvllm.workers.kv_write import token_slots, write_layer
+from tinyvllm.workers.paged_products import IN_PLACE_DTYPES, paged_attention_in_place
 
 
 def gqa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, spec: AttentionSpec | None = None,
@@ -69,7 +70,10 @@ class PagedAttention:
         if self.c_attention and supports_cpu_attention(q.shape[1], kv.shape[2], q.shape[2]):
             return cpu_paged_attention(q, values, self.tables, self.token_rows, self.positions, bs, dtype, scales, spec,
                                        sinks)
-        # tinygrad's kernels: each token gathers its sequence's first nb blocks and masks the positions after its own
+        if dtype in IN_PLACE_DTYPES:  # tinygrad's kernels, reading the cache in place (workers/paged_products.py)
+            return paged_attention_in_place(q, values, self.tables, self.token_rows, self.positions, self.nb, bs, dtype,
+                                            spec, sinks)
+        # a quantised cache: each token gathers its sequence's first nb blocks and masks the positions after its own
         slots = block_slots(self.tables[self.token_rows][:, :self.nb], bs)  # [T, S]
         ctx = dequantize(values[slots], None if scales is None else scales[slots], dtype)  # [T, S, 2, KVH, D]
         S = slots.shape[1]

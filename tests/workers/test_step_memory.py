@@ -20,12 +20,12 @@ DIM, FFN, ROWS = 256, 1024, 32
 LAYER_SCRATCH = 3 * FFN * DIM * 4  # gate, up and down (the Q8_0 matrices) as float32
 
 
-def step_allocation(path, monkeypatch, kernels: str) -> int:
-    """The most bytes allocated at once, beyond the model and its cache, while a ROWS-token prefill step runs
+def step_allocation(path, monkeypatch, kernels: str, rows: int = ROWS) -> int:
+    """The most bytes allocated at once, beyond the model and its cache, while a `rows`-token prefill step runs
     three times (eagerly, captured, replayed)."""
     cfg, weights = load_weights(path)
     runner = ModelRunner(Transformer(cfg, weights, 256, kernels=kernels), PagedKVCache(cfg, 16, 16),
-                         max_num_seqs=1, max_model_len=256, max_num_batched_tokens=ROWS)
+                         max_num_seqs=1, max_model_len=256, max_num_batched_tokens=rows)
     base = peak = GlobalCounters.mem_used
     allocate = Buffer.allocate
 
@@ -36,9 +36,10 @@ def step_allocation(path, monkeypatch, kernels: str) -> int:
         return result
 
     monkeypatch.setattr(Buffer, "allocate", counting)
-    prompt = np.random.default_rng(0).integers(100, 40000, ROWS).tolist()
+    prompt = np.random.default_rng(0).integers(100, 40000, rows).tolist()
     for step in range(3):
-        request = NewRequestData(f"r{step}", prompt, SamplingParams(temperature=0, max_tokens=1), [0, 1], 0, ROWS)
+        request = NewRequestData(f"r{step}", prompt, SamplingParams(temperature=0, max_tokens=1),
+                                 list(range(-(-rows // 16))), 0, rows)
         runner.execute(StepPlan(step + 1, [request], [], []))
     monkeypatch.setattr(Buffer, "allocate", allocate)
     return peak - base
@@ -54,3 +55,14 @@ def test_a_steps_scratch_does_not_grow_with_the_layers(tmp_path, monkeypatch, ke
     if kernel_set == "tinygrad":
         assert shallow > LAYER_SCRATCH  # the scratch is there (at least one layer's)
     assert deep - shallow < LAYER_SCRATCH  # and reused: 6 more layers add less than one layer's worth
+
+
+def test_tinygrads_attention_reads_the_cache_in_place(tmp_path, monkeypatch):
+    """tinygrad's attention (what GPUs run) reads a float cache through the block table (workers/paged_products.py):
+    a prompt's step no longer holds every token's context as a float32 copy, [T, S, 2, kv heads, head_dim]."""
+    rows = 128
+    path = make_tiny_gguf(tmp_path / "m.gguf", n_layers=2, dim=DIM, ffn=FFN)
+    gathered = rows * rows * 2 * 2 * (DIM // 4) * 4  # the copy's bytes: 2 kv heads of head_dim 64
+    allocated = step_allocation(path, monkeypatch, "tinygrad", rows)
+    print(f"{rows}-token step: {allocated / 1e6:.1f} MB allocated; a context copy alone {gathered / 1e6:.1f} MB")
+    assert allocated < gathered
