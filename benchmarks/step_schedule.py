@@ -9,8 +9,9 @@ llama-quantize mix) whose weights are empty device tensors of each kind's layout
 
     python benchmarks/step_schedule.py --shape llama-3-8b --type Q8_0 --batch 1 16 64 --prefill 2048
 
-Each step is measured with and without the tensor-core products (KernelChoice.tensor_cores: workers/gpu_gemm.py;
-without them, the float32 scratch path that came before). `floor GB`: what a step must read at least (every
+Each step is measured as the kernels were before workers/gpu_gemm.py and workers/paged_products.py (products of
+more rows through a float32 scratch of each weight, attention over a float32 copy of every token's context) and as
+they are. `floor GB`: what a step must read at least (every
 weight once, each sequence's cached keys and values once). Estimates, not measurements: a kernel's bytes are the
 buffers it touches, as tinygrad counts them (a weight read by several workgroups counts once). Requests are greedy
 (sampling with temperature, top-k or top-p adds ~55 passes over the logits: workers/sampler.py).
@@ -41,6 +42,7 @@ from tests.helpers.null_cuda import use_source_only_cuda  # noqa: E402
 from tinyvllm.protocol.messages import CachedRequestData, NewRequestData, StepPlan  # noqa: E402
 from tinyvllm.protocol.model_config import ModelConfig  # noqa: E402
 from tinyvllm.protocol.sampling import SamplingParams  # noqa: E402
+from tinyvllm.workers import attention, paged_products  # noqa: E402
 from tinyvllm.workers.kernel_set import configure_device, kernel_choice  # noqa: E402
 from tinyvllm.workers.kv_cache import PagedKVCache, bytes_per_block, cache_dtype  # noqa: E402
 from tinyvllm.workers.model import Transformer  # noqa: E402
@@ -74,7 +76,7 @@ class EmptyWeights:
         return {name: empty_weight(matrix_shape(shape), t, layout["dtype"], layout["words"]) for name, shape, t in self.specs}
 
 
-def build(shape_name: str, type_name: str, tensor_cores: bool, max_seqs: int, max_model_len: int, budget: int):
+def build(shape_name: str, type_name: str, now: bool, max_seqs: int, max_model_len: int, budget: int):
     s = shape_twin.SHAPES[shape_name]
     specs = shape_twin.tensor_specs(s, type_name)
     names = [name for name, _, _ in specs]
@@ -84,7 +86,8 @@ def build(shape_name: str, type_name: str, tensor_cores: bool, max_seqs: int, ma
         factor, low, high, original = s["llama3_rope"]
         host["rope_freqs.weight"] = shape_twin.llama3_rope_factors(cfg.head_dim, cfg.rope_theta, factor, low, high, original)
         cfg = dataclasses.replace(cfg, rope_scaling={"rope_type": "rope_freqs"})
-    kernels = dataclasses.replace(kernel_choice(Device.DEFAULT, "tinygrad"), tensor_cores=tensor_cores)
+    attention.IN_PLACE_DTYPES = paged_products.IN_PLACE_DTYPES if now else ()  # before: the gathered context
+    kernels = dataclasses.replace(kernel_choice(Device.DEFAULT, "tinygrad"), tensor_cores=now)
     configure_device(Device.DEFAULT, kernels)
     model = Transformer(cfg, host, max_model_len, kernels=kernels, weight_pack=EmptyWeights(specs))
     blocks = max_seqs * -(-max_model_len // 16) + 1
@@ -156,13 +159,13 @@ def main() -> None:
     record_kernels()
     print(f"{args.shape} {args.type} on {Device.DEFAULT} ({type(Device[Device.DEFAULT].renderer).__name__}, "
           f"{Device[Device.DEFAULT].renderer.target})")
-    print("| step | tensor-core products | kernels | GB moved (estimated) | floor GB |")
+    print("| step | kernels of | kernels | GB moved (estimated) | floor GB |")
     print("|---|---|---|---|---|")
     max_len = max(args.prefill, args.prompt_len + 16) + 16
-    for tensor_cores in (False, True):
-        cfg, runner = build(args.shape, args.type, tensor_cores, max(args.batch), max_len, max(512, args.prefill))
+    for now in (False, True):
+        cfg, runner = build(args.shape, args.type, now, max(args.batch), max_len, max(512, args.prefill))
         kv = bytes_per_block(cfg, 1, runner.cache.dtype)
-        label = "yes" if tensor_cores else "no (float32 scratch)"
+        label = "now" if now else "before"
         for i, batch in enumerate(args.batch):
             kernels, gb = decode_counts(runner, batch, args.prompt_len, 1000 * (i + 1))
             floor = (runner.model.weight_nbytes + batch * args.prompt_len * kv) / 1e9

@@ -74,7 +74,8 @@ def _kernel(kind: str, tensor_cores: bool, out: UOp, h: UOp, values: UOp, *scale
     t, n = UOp.range(rows, 0), UOp.range(cols, 1)
     e = UOp.range(32, 2, AxisType.REDUCE)
     kb = UOp.range(h.shape[1] // 32, 3, AxisType.REDUCE)  # the highest id: the tensor cores' K (their axis 0)
-    product = (h[t, kb * 32 + e] * _element(kind, values, scales, n, kb, e)).cast(dtypes.float32)
+    x = h[t, kb * 32 + e]
+    product = (x.cast(_input_dtype(kind)) * _element(kind, values, scales, n, kb, e)).cast(dtypes.float32)
     acc = product.reduce(kb, e, arg=Ops.ADD)
     info = KernelInfo(name=f"gemm_{kind.lower()}_{rows}_{cols}_{h.shape[1]}",
                       opts_to_apply=(TENSOR_CORE_OPT,) if tensor_cores else None)  # else tinygrad's heuristics
@@ -91,7 +92,7 @@ def gpu_gemm(h: Tensor, w: DeviceWeight, tensor_cores: bool = True) -> Tensor:
     bfloat16) inputs. tensor_cores=False: the same kernel under tinygrad's own opts (a device without them)."""
     out = Tensor.empty(h.shape[0], w.shape[0], dtype=dtypes.float32, device=h.device)
     kernel = functools.partial(_kernel, w.kind, tensor_cores and (w.shape[1] // 32) % TENSOR_CORE_K == 0)
-    return out.custom_kernel(h.cast(_input_dtype(w.kind)).contiguous(), *w.parts, fxn=kernel)[0]
+    return out.custom_kernel(h.float().contiguous(), *w.parts, fxn=kernel)[0]  # rounded to the input width inside
 
 
 def half_scratch_product(h: Tensor, w: DeviceWeight, tensor_cores: bool = True) -> Tensor:
