@@ -36,13 +36,16 @@ class KernelChoice:
     rows of quantised or float16 weights take workers/gpu_matvec.py's kernels, in matvec_layout (tinygrad matmuls on a device with
     local memory only: workers/kernel_set.py's kernel_choice turns it off elsewhere). tensor_cores: products of more
     rows take workers/gpu_gemm.py's kernels, half (or bfloat16) inputs summed in float32 (tinygrad matmuls on a device
-    with half tensor cores only; kernel_choice turns it off elsewhere, so the CPU keeps float32)."""
+    with half tensor cores only; kernel_choice turns it off elsewhere, so the CPU keeps float32);
+    bfloat16_tensor_cores: BF16 weights' products too (bfloat16 inputs; where the device has no such tensor cores,
+    the same kernel without them)."""
     name: str
     matmul: str
     attention: str
     int8_activations: bool = False
     gpu_matvec: bool = False
     tensor_cores: bool = False
+    bfloat16_tensor_cores: bool = False
     matvec_layout: MatvecLayout = MatvecLayout()
 
     @classmethod
@@ -50,7 +53,8 @@ class KernelChoice:
         check_kernel_set_name(name)
         if name in C_KERNEL_SETS:
             return cls(name, matmul="c", attention="c", int8_activations=name == "c-int8")
-        return cls(name, matmul="tinygrad", attention="tinygrad", gpu_matvec=True, tensor_cores=True)
+        return cls(name, matmul="tinygrad", attention="tinygrad", gpu_matvec=True, tensor_cores=True,
+                   bfloat16_tensor_cores=True)
 
     @property
     def c_kernels(self) -> bool:

@@ -5,18 +5,22 @@ any weight.
 `gpu_gemm` is a tinygrad custom kernel for the kinds whose bytes it reads directly (F16 and Q8_0 in the GPU's uint32
 words or as plain arrays, Q4_0, Q4_1, Q4_K, BF16): each weight element is the dequantisation of
 workers/quantized_weight.py (value = q * d (+ m), in float32) rounded once to half (BF16 stays bfloat16, as
-stored), multiplied by the row of h in the same width and summed in float32 on the tensor cores (tinygrad's TC opt,
-applied explicitly: its heuristics try tensor cores only for one reduce axis, and the element's byte and nibble
-fields split K into several). The tensor cores take K along the weight's 32-element blocks, 16 at a time (K a
-multiple of 512, as in every real model; a smaller K runs the same kernel under tinygrad's own opts), so nothing is
-padded there; T and the weight's rows are padded to the tile where they are not multiples of it.
+stored), multiplied by the row of h rounded to the same width (half saturated at +-65504, never inf) and summed in
+float32 on the tensor cores (tinygrad's TC opt, applied explicitly: its heuristics try tensor cores only for one
+reduce axis, and the element's byte and nibble fields split K into several). The tensor cores take K along the
+weight's 32-element blocks, 16 at a time (a K that is not a multiple of 512 is padded to one); T and the weight's
+rows are padded to the tile too. Where the device has no tensor core for the input width (bfloat16 before sm_80),
+or K is under TENSOR_CORE_MIN_K, the same kernel runs under tinygrad's own opts, multiplying the rounded inputs in
+float32.
 
-Every other kind (Q2_K, Q3_K, Q5_K, Q6_K, Q8_16, F8_E4M3, F32) is dequantised into a half scratch of one matrix,
-reused from layer to layer by the jit's memory planner (tests/workers/test_step_memory.py), which the same kernel
-multiplies as an F16 weight (`half_scratch_product`).
+The other quantised kinds (Q2_K, Q3_K, Q5_K, Q6_K, Q8_16, F8_E4M3) are dequantised into a half scratch of one
+matrix, reused from layer to layer by the jit's memory planner (tests/workers/test_step_memory.py), which the same
+kernel multiplies as an F16 weight (`half_scratch_product`); float32 weights stay float32 products.
 
 Half inputs are what llama.cpp's CUDA backend gives cuBLAS for batches of quantised weights and what vLLM runs
-everywhere (bf16/fp16): lossy against the float32 path, which devices without tensor cores (the CPU) keep.
+everywhere (bf16/fp16): lossy against the float32 path, which devices without tensor cores (the CPU) keep. So on a
+GPU the logits of a step of more than 4 rows (the output head too) come from half inputs, of fewer rows from the
+float32 matvecs: a near-tie may be decided differently depending on how many requests share the step.
 """
 from __future__ import annotations
 
@@ -29,14 +33,15 @@ from tinygrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 from tinyvllm.workers.quantized_weight import DeviceWeight
 
 GEMM_KINDS = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "BF16")
-# the tensor-core opt on the blocks axis (the last reduce range: see _kernel), allowed to pad T (tc_opt 2), WMMA on
+# the tensor-core opt on the blocks axis (the last reduce range: see _kernel), allowed to pad every axis (tc_opt 2)
 TENSOR_CORE_OPT = Opt(OptOps.TC, 0, (-1, 2, 1))
-TENSOR_CORE_K = 16  # blocks a tensor-core step takes: K a multiple of 512 (every real model's), else tinygrad's opts
+HALF_MAX = 65504.0
+TENSOR_CORE_MIN_K = 256  # 8 blocks, padded to the tensor cores' 16 (tinygrad 0.14 fails to pad 2 or 3 blocks)
 
 
-def has_tensor_cores(device: str) -> bool:
-    """Whether `device` multiplies half inputs into float32 on tensor cores (tinygrad's renderer says so)."""
-    return any(tc.dtype_in == dtypes.half and tc.dtype_out == dtypes.float for tc in Device[device].renderer.tensor_cores)
+def has_tensor_cores(device: str, dtype_in=dtypes.half) -> bool:
+    """Whether `device` multiplies dtype_in inputs into float32 on tensor cores (tinygrad's renderer says so)."""
+    return any(tc.dtype_in == dtype_in and tc.dtype_out == dtypes.float for tc in Device[device].renderer.tensor_cores)
 
 
 def _input_dtype(kind: str):
@@ -74,8 +79,12 @@ def _kernel(kind: str, tensor_cores: bool, out: UOp, h: UOp, values: UOp, *scale
     t, n = UOp.range(rows, 0), UOp.range(cols, 1)
     e = UOp.range(32, 2, AxisType.REDUCE)
     kb = UOp.range(h.shape[1] // 32, 3, AxisType.REDUCE)  # the highest id: the tensor cores' K (their axis 0)
-    x = h[t, kb * 32 + e]
-    product = (x.cast(_input_dtype(kind)) * _element(kind, values, scales, n, kb, e)).cast(dtypes.float32)
+    x, width = h[t, kb * 32 + e], _input_dtype(kind)
+    if width == dtypes.half:
+        x = x.maximum(-HALF_MAX).minimum(HALF_MAX)
+    x, w = x.cast(width), _element(kind, values, scales, n, kb, e)
+    # on tensor cores a product of the narrow inputs summed in float32; elsewhere the same inputs multiplied in float32
+    product = (x * w).cast(dtypes.float32) if tensor_cores else x.cast(dtypes.float32) * w.cast(dtypes.float32)
     acc = product.reduce(kb, e, arg=Ops.ADD)
     info = KernelInfo(name=f"gemm_{kind.lower()}_{rows}_{cols}_{h.shape[1]}",
                       opts_to_apply=(TENSOR_CORE_OPT,) if tensor_cores else None)  # else tinygrad's heuristics
@@ -89,9 +98,10 @@ def gpu_gemm_fits(h: Tensor, w: DeviceWeight) -> bool:
 
 def gpu_gemm(h: Tensor, w: DeviceWeight, tensor_cores: bool = True) -> Tensor:
     """h [T, K] @ w.T for a DeviceWeight w [N, K] of GEMM_KINDS: [T, N] float32, summed in float32 from half (BF16:
-    bfloat16) inputs. tensor_cores=False: the same kernel under tinygrad's own opts (a device without them)."""
+    bfloat16) inputs. tensor_cores: whether the device has tensor cores for the input width (the caller knows: no
+    device is asked while a step is traced); False: the same kernel under tinygrad's own opts."""
     out = Tensor.empty(h.shape[0], w.shape[0], dtype=dtypes.float32, device=h.device)
-    kernel = functools.partial(_kernel, w.kind, tensor_cores and (w.shape[1] // 32) % TENSOR_CORE_K == 0)
+    kernel = functools.partial(_kernel, w.kind, tensor_cores and w.shape[1] >= TENSOR_CORE_MIN_K)
     return out.custom_kernel(h.float().contiguous(), *w.parts, fxn=kernel)[0]  # rounded to the input width inside
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tinygrad import Device
+from tinygrad import Device, dtypes
 from tinygrad.renderer.cstyle import ClangRenderer
 
 from tinyvllm.protocol.kernel_choice import KernelChoice
@@ -60,7 +60,9 @@ def kernel_choice(device: str, kernels: str | KernelChoice | None = None) -> Ker
     choice = _as_choice(kernels or default_kernel_set(device))
     check_kernel_set(device, choice)
     return dataclasses.replace(choice, gpu_matvec=choice.gpu_matvec and gpu_matvec_device(device),
-                               tensor_cores=choice.tensor_cores and has_tensor_cores(device))
+                               tensor_cores=choice.tensor_cores and has_tensor_cores(device),
+                               bfloat16_tensor_cores=choice.bfloat16_tensor_cores
+                               and has_tensor_cores(device, dtypes.bfloat16))
 
 
 def configure_device(device: str, kernels: str | KernelChoice) -> None:

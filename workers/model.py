@@ -91,7 +91,7 @@ def linear(h: Tensor, w: DeviceWeight, kernels: KernelChoice, max_fused_rows: in
     if kernels.gpu_matvec and gpu_matvec_fits(h, w, kernels.matvec_layout):
         return gpu_matvec(h, w, kernels.matvec_layout)
     if kernels.tensor_cores and h.shape[0] > GPU_MATVEC_MAX_ROWS and gpu_gemm_fits(h, w):
-        return gpu_gemm(h, w)
+        return gpu_gemm(h, w, kernels.bfloat16_tensor_cores if w.kind == "BF16" else True)
     weight = w.dequantized()
     if h.shape[0] <= max_fused_rows or w.kind in ("F32", "F16", "BF16"):
         return h @ weight.T

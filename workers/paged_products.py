@@ -3,7 +3,7 @@ in place, through the block table.
 
 Gathering each token's context into a dense tensor ([T, S, 2, KVH, D] float32, S = the step's nb blocks) is what
 tinygrad realises when the gather feeds a matmul: per step, a decode batch of 64 on an 8B shape moved ~26 GB that
-way and a 2,048-token prompt ~2.8 TB (benchmarks/step_schedule.py). Here, two custom kernels over the positions
+way and a 2,048-token prompt ~3 TB (benchmarks/step_schedule.py, docs/BENCHMARKS.md). Here, two custom kernels over the positions
 s < nb * block_size of each token's sequence (nb: the step's symbolic variable, a range bound inside the kernels):
 - `paged_scores`: q [T, H, D] . key [slot(t, s), kv head of h] * scale, soft-capped, -inf where the token does not
   attend (after its own position, or outside its window) -> [T, H, max positions] float32, written up to S,
@@ -11,7 +11,9 @@ s < nb * block_size of each token's sequence (nb: the step's symbolic variable, 
   with m and l (the softmax's max and sum, sinks included) [T, H] from tinygrad reductions over the first S scores;
 slot(t, s) = tables[token_rows[t], s // block_size] * block_size + s % block_size. A masked position adds nothing,
 not even a NaN from a slot that holds another request's data or none. The scores buffer holds every position a
-sequence may reach (T x H x max_model_len float32 per captured step). The cache is read in its storage (float32,
+sequence may reach: T x H x max_model_len float32 per captured step (2,048 tokens x 32 heads x 8k positions: 2 GB),
+not counted when the KV cache is sized; about 2 x kv_heads x head_dim / heads times less than the gathered copy at a
+full context, but bound by max_model_len, not the context the step has. The cache is read in its storage (float32,
 float16, bfloat16: workers/kv_quant.py); the quantised dtypes (int8, fp8 and their scales) keep the gathered path.
 """
 from __future__ import annotations
@@ -52,9 +54,11 @@ def _value(cache_dtype: str, stored: UOp) -> UOp:
     return stored.cast(dtypes.float32)
 
 
-def _slot(tables: UOp, token_rows: UOp, t: UOp, s: UOp, block_size: int) -> UOp:
+def _slot(cache: UOp, tables: UOp, token_rows: UOp, t: UOp, s: UOp, block_size: int) -> UOp:
+    """A block freed behind a window is -1 in its table (its positions are masked): clamped to a real block, so no
+    index leaves the cache (and none needs wrapping)."""
     block = tables[token_rows[t].cast(dtypes.weakint), s // block_size].cast(dtypes.weakint)
-    return block * block_size + s % block_size
+    return block.maximum(0).minimum(cache.shape[0] // block_size - 1) * block_size + s % block_size
 
 
 def _info(name: str, threads: bool) -> KernelInfo:
@@ -69,7 +73,7 @@ def _scores_kernel(cache_dtype: str, block_size: int, spec: AttentionSpec, threa
     D, group = q.shape[2], H // cache.shape[2]
     t, h, s = UOp.range(T, 0), UOp.range(H, 1), UOp.range(nb * block_size, 2)
     e = UOp.range(D, 3, AxisType.REDUCE)
-    key = _value(cache_dtype, cache[_slot(tables, token_rows, t, s, block_size), 0, h // group, e])
+    key = _value(cache_dtype, cache[_slot(cache, tables, token_rows, t, s, block_size), 0, h // group, e])
     score = (q[t, h, e] * key).reduce(e, arg=Ops.ADD) * spec.scale
     if spec.softcap:
         score = (score * (1 / spec.softcap)).tanh() * spec.softcap
@@ -89,7 +93,7 @@ def _weighted_values_kernel(cache_dtype: str, block_size: int, threads: bool, nb
     s = UOp.range(nb * block_size, 3, AxisType.REDUCE)
     score = scores[t, h, s]
     weight = ((score - m[t, h]) * math.log2(math.e)).exp2()
-    value = _value(cache_dtype, cache[_slot(tables, token_rows, t, s, block_size), 1, h // group, d])
+    value = _value(cache_dtype, cache[_slot(cache, tables, token_rows, t, s, block_size), 1, h // group, d])
     acc = score.ne(-math.inf).where(weight * value, 0.0).reduce(s, arg=Ops.ADD) * inv_l[t, h]
     return out[t, h, d].store(acc).end(t, h, d).sink(arg=_info(f"paged_weighted_values_{T}_{H}_{D}", threads))
 

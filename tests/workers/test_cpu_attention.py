@@ -2,7 +2,8 @@
 token's own sequence's blocks: scattered and shared block ids, grouped query heads, lengths that end mid-block, a
 length of zero, scores spread over tens of units, decodes and causal prompt chunks of several sequences in one flat
 batch, chunks longer than the kernel's query tiles with a sliding window and soft-capped scores; and inside a
-TinyJit whose inputs change between calls (the CPU graph patches them)."""
+TinyJit whose inputs change between calls (the CPU graph patches them). The windows, caps, sinks and freed blocks
+also for tinygrad's in-place attention (workers/paged_products.py), what GPUs run."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit
@@ -10,6 +11,7 @@ from tinygrad import Tensor, TinyJit
 from tinyvllm.workers.attention_spec import AttentionSpec
 from tinyvllm.workers.cpu_attention import cpu_paged_attention, supports
 from tinyvllm.workers.kernel_set import configure_device
+from tinyvllm.workers.paged_products import paged_attention_in_place
 
 BS, MAXB, KVH, H, D = 4, 5, 2, 6, 32
 
@@ -95,9 +97,18 @@ def test_a_flat_batch_of_chunks_and_decodes_of_several_sequences():
     np.testing.assert_allclose(got, np.concatenate(expected), rtol=5e-6, atol=1e-5)
 
 
+def attend(kernel: str, q, cache, tables, rows, positions, spec, sinks=None):
+    """The C kernel, or tinygrad's in-place attention over all of the tables' blocks."""
+    args = (Tensor(q), Tensor(cache), Tensor(tables), Tensor(rows), Tensor(positions))
+    if kernel == "c":
+        return cpu_paged_attention(*args, BS, spec=spec, sinks=sinks).numpy()
+    return paged_attention_in_place(*args, tables.shape[1], BS, "float32", spec, sinks).numpy()
+
+
+@pytest.mark.parametrize("kernel", ["c", "in place"])
 @pytest.mark.parametrize("window,softcap,with_sinks", [(0, 0.0, False), (6, 0.0, False), (0, 5.0, False),
                                                        (6, 0.0, True)])
-def test_chunks_across_query_tiles_with_a_window_or_a_soft_cap(window, softcap, with_sinks):
+def test_chunks_across_query_tiles_with_a_window_or_a_soft_cap(window, softcap, with_sinks, kernel):
     """A 19-token chunk (query tiles of 8, 8 and 3 tokens), a decode, then a 10-token chunk of another sequence;
     with_sinks: gpt-oss's attention sinks, one above the scores' range and one below."""
     _, cache, tables, _ = inputs(np.random.default_rng(31), 2)
@@ -106,17 +117,18 @@ def test_chunks_across_query_tiles_with_a_window_or_a_soft_cap(window, softcap, 
     q = np.random.default_rng(32).standard_normal((len(rows), H, D)).astype(np.float32) * 3
     spec = AttentionSpec(D ** -0.5, window, softcap)
     sinks = np.array([40.0, -40.0, 0.5, 3.0, -2.0, 10.0], np.float32) if with_sinks else None
-    got = cpu_paged_attention(Tensor(q), Tensor(cache), Tensor(tables), Tensor(rows), Tensor(positions), BS,
-                              spec=spec, sinks=None if sinks is None else Tensor(sinks)).numpy()
+    got = attend(kernel, q, cache, tables, rows, positions, spec, None if sinks is None else Tensor(sinks))
     expected = [reference(q[t:t + 1], cache, tables[rows[t]:rows[t] + 1], np.array([positions[t] + 1]), window,
                           softcap, sinks) for t in range(len(rows))]
     np.testing.assert_allclose(got, np.concatenate(expected), rtol=5e-6, atol=1e-5)
 
 
-def test_padding_and_blocks_freed_behind_a_window_stay_out_of_real_tokens():
+@pytest.mark.parametrize("kernel", ["c", "in place"])
+def test_padding_and_blocks_freed_behind_a_window_stay_out_of_real_tokens(kernel):
     """A bucket's padding (row 0, position 0) right after a chunk of row 0 with a window, whose table no longer holds
     the blocks behind it (-1), and a value that overflowed to inf at the chunk's last position: the earlier tokens,
-    which do not see it, stay finite and exact; padding reads nothing it may not (its outputs are zeros)."""
+    which do not see it, stay finite and exact; the C kernel's padding reads nothing it may not (its outputs are
+    zeros; the in-place kernels read a real block for a -1, whose positions no real token sees)."""
     window = 6
     _, cache, tables, _ = inputs(np.random.default_rng(41), 1)
     tables[0, :2] = -1  # positions 0-7: behind every real token's window (the first sees 9-14)
@@ -125,11 +137,10 @@ def test_padding_and_blocks_freed_behind_a_window_stay_out_of_real_tokens():
     cache[last_slot, 1] = np.inf
     rows, positions = np.zeros(8, np.int32), np.concatenate([chunk, np.zeros(3, np.int32)])
     q = np.random.default_rng(42).standard_normal((8, H, D)).astype(np.float32) * 3
-    got = cpu_paged_attention(Tensor(q), Tensor(cache), Tensor(tables), Tensor(rows), Tensor(positions), BS,
-                              spec=AttentionSpec(D ** -0.5, window)).numpy()
+    got = attend(kernel, q, cache, tables, rows, positions, AttentionSpec(D ** -0.5, window))
     expected = [reference(q[t:t + 1], cache, tables[:1], np.array([positions[t] + 1]), window) for t in range(4)]
     np.testing.assert_allclose(got[:4], np.concatenate(expected), rtol=5e-6, atol=1e-5)
-    assert np.all(got[5:] == 0)
+    assert np.all(got[5:] == 0) if kernel == "c" else np.all(np.isfinite(got[5:]))
 
 
 def test_supported_shapes():

@@ -23,7 +23,7 @@ N, K = 32, 512  # 16 blocks: the tensor cores' K
 ROWS = (16, 24)  # a whole tensor-core tile, and one padded to it
 
 
-def host_weight(kind: str, rng: np.random.Generator, K: int = K):
+def host_weight(kind: str, rng: np.random.Generator, K: int = K, N: int = N):
     if kind in ("Q4_K", "Q6_K"):  # random valid super-blocks (the writer does not quantise K-quants)
         return QuantizedArray(kind, random_blocks(kind, (N, K // 256), rng, 1e-2))
     x = rng.standard_normal((N, K)).astype(np.float32)
@@ -43,9 +43,9 @@ def rounded(x: np.ndarray, kind: str) -> np.ndarray:
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).view(np.float32).astype(np.float64)
 
 
-def check_product(kind: str, words: bool, rows: int, product, K: int = K) -> None:
+def check_product(kind: str, words: bool, rows: int, product, K: int = K, N: int = N) -> None:
     rng = np.random.default_rng(rows)
-    host = host_weight(kind, rng, K)
+    host = host_weight(kind, rng, K, N)
     w = DeviceWeight.from_host(host, words=words)
     assert (w.parts[0].dtype == dtypes.uint32) == (words and kind in ("F16", "Q8_0"))
     h = rng.standard_normal((rows, K)).astype(np.float32)
@@ -63,7 +63,7 @@ CPU_KINDS = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K")  # clang here has no __bf16 
 @pytest.mark.parametrize("words", [True, False])
 def test_the_kernel_equals_the_product_of_half_inputs(kind, words):
     """On the test device: the CPU (tinygrad's own opts), or a GPU's tensor cores (benchmarks/gpu_run.sh check)."""
-    tensor_cores = has_tensor_cores(Device.DEFAULT)
+    tensor_cores = has_tensor_cores(Device.DEFAULT, dtypes.bfloat16 if kind == "BF16" else dtypes.half)
     for rows in ROWS:
         check_product(kind, words, rows, lambda h, w: gpu_gemm(h, w, tensor_cores))
 
@@ -83,9 +83,9 @@ def test_the_half_scratch_product():
         check_product("Q6_K", False, rows, lambda h, w: half_scratch_product(h, w, has_tensor_cores(Device.DEFAULT)))
 
 
-def tiny_model_step() -> tuple[int, float]:
+def tiny_model_step(dim: int = 32) -> tuple[int, float]:
     """A 16-token prompt's greedy token and its logprob from a 2-layer Q8_0 model under the tinygrad kernel set: on
-    an emulated GPU the jitted step runs the matvec and gemm custom kernels inside the layer functions."""
+    an emulated GPU the jitted step runs the gemm and attention custom kernels inside the layer functions."""
     from tests.workers.dense_reference import random_llama
     from tinyvllm.protocol.messages import NewRequestData, StepPlan
     from tinyvllm.protocol.model_config import ModelConfig
@@ -94,8 +94,8 @@ def tiny_model_step() -> tuple[int, float]:
     from tinyvllm.workers.model import Transformer
     from tinyvllm.workers.model_runner import ModelRunner
 
-    cfg = ModelConfig(arch="llama", vocab_size=89, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=64,
-                      rope_theta=10000.0, rms_eps=1e-5, max_context=64, tie_embeddings=False)
+    cfg = ModelConfig(arch="llama", vocab_size=89, dim=dim, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=dim // 4,
+                      ffn_dim=2 * dim, rope_theta=10000.0, rms_eps=1e-5, max_context=64, tie_embeddings=False)
     weights = random_llama(cfg)
     for name, a in weights.items():
         if a.ndim == 2 and name != "token_embd.weight":
@@ -125,7 +125,7 @@ def emulated_gpu_checks() -> None:
     ops_python.PythonProgram.__init__ = recording
 
     kernels = kernel_choice(Device.DEFAULT, "tinygrad")
-    assert kernels.tensor_cores and kernels.gpu_matvec, kernels
+    assert kernels.tensor_cores and kernels.bfloat16_tensor_cores and kernels.gpu_matvec, kernels
     cases = [(kind, True, ROWS[1]) for kind in (*CPU_KINDS, "BF16", "Q6_K")] + [("Q8_0", True, ROWS[0])]
     # the kinds with words as plain arrays too, at 32 rows (24 would find the scratch's F16 program cached)
     for kind, words, rows in cases + [("F16", False, 32), ("Q8_0", False, 32)]:
@@ -133,8 +133,13 @@ def emulated_gpu_checks() -> None:
         check_product(kind, words, rows, lambda h, w: linear(h, w, kernels))
         assert programs and programs[-1], f"{kind} words={words} rows={rows}: no WMMA in {programs}"
         print(kind, words, rows, "WMMA", flush=True)
-    programs.clear()  # 8 blocks: fewer than the tensor cores' K, so tinygrad's own opts, as on the CPU
-    check_product("Q8_0", True, 24, lambda h, w: linear(h, w, kernels), K=256)
+    for K_, N_ in ((256, 40), (896, 24)):  # K padded to the tensor cores' 16 blocks; rows not whole tiles
+        programs.clear()
+        check_product("Q8_0", True, 24, lambda h, w: linear(h, w, kernels), K=K_, N=N_)
+        assert programs and programs[-1], f"K={K_} N={N_}: no WMMA in {programs}"
+        print("Q8_0", K_, N_, "WMMA", flush=True)
+    programs.clear()  # 3 blocks, under TENSOR_CORE_MIN_K: tinygrad's own opts, as on the CPU
+    check_product("Q8_0", True, 24, lambda h, w: linear(h, w, kernels), K=96)
     assert programs and not any(programs), programs
     print("step", *tiny_model_step())
 
@@ -156,18 +161,39 @@ def cuda_render_checks() -> None:
         assert "mma.sync.aligned.m16n8k16" in SOURCES[-1], f"{kind}: {SOURCES[-1]}"
         print(kind, "mma", flush=True)
     SOURCES.clear()
-    tiny_model_step()
-    assert any("gemm_q8_0" in s for s in SOURCES), len(SOURCES)  # a prompt's step: products of 16 rows
+    tiny_model_step(dim=512)  # K of 512 and 1024: the step's products on tensor cores
+    gemms = [s for s in SOURCES if "gemm_q8_0" in s]  # a prompt's step: products of 16 rows
+    assert gemms and all("mma.sync.aligned" in s for s in gemms), len(SOURCES)
+    assert any("paged_scores" in s for s in SOURCES) and any("paged_weighted_values" in s for s in SOURCES)
     print("step rendered", len(SOURCES), flush=True)
 
 
-def test_cuda_renders_tensor_core_products():
-    env = {**os.environ, "DEV": "NULL:CUDA:sm_90", "PARALLEL": "0", "NULL_ALLOW_COPYOUT": "1",
+def cuda_without_bfloat16_tensor_cores() -> None:
+    """Run with DEV=NULL:CUDA:sm_75 (half tensor cores, none for bfloat16): a BF16 product renders without them."""
+    from tests.helpers.null_cuda import SOURCES, use_source_only_cuda
+    use_source_only_cuda()
+    from tinyvllm.workers.kernel_set import kernel_choice
+    from tinyvllm.workers.model import linear
+
+    kernels = kernel_choice(Device.DEFAULT, "tinygrad")
+    assert kernels.tensor_cores and not kernels.bfloat16_tensor_cores, kernels
+    for kind, mma in (("F16", True), ("BF16", False)):
+        SOURCES.clear()
+        w = DeviceWeight.from_host(host_weight(kind, np.random.default_rng(0)), words=True)
+        linear(Tensor.empty(24, K), w, kernels).realize()
+        assert ("mma.sync" in SOURCES[-1]) == mma, (kind, SOURCES[-1])
+    print("sm_75 rendered", flush=True)
+
+
+@pytest.mark.parametrize("arch,checks,printed", [("sm_90", "cuda_render_checks", "step rendered"),
+                                                 ("sm_75", "cuda_without_bfloat16_tensor_cores", "sm_75 rendered")])
+def test_cuda_renders_tensor_core_products(arch, checks, printed):
+    env = {**os.environ, "DEV": f"NULL:CUDA:{arch}", "PARALLEL": "0", "NULL_ALLOW_COPYOUT": "1",
            "PYTHONPATH": str(Path(__file__).parents[2])}
-    run = subprocess.run([sys.executable, "-c", "from tests.workers.test_gpu_gemm import cuda_render_checks as c; c()"],
+    run = subprocess.run([sys.executable, "-c", f"from tests.workers.test_gpu_gemm import {checks} as c; c()"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
-    assert run.stdout.count(" mma") == 7 and "step rendered" in run.stdout, run.stdout
+    assert printed in run.stdout and (arch != "sm_90" or run.stdout.count(" mma") == 7), run.stdout
 
 
 def test_on_emulated_tensor_cores():
@@ -175,7 +201,7 @@ def test_on_emulated_tensor_cores():
     run = subprocess.run([sys.executable, "-c", "from tests.workers.test_gpu_gemm import emulated_gpu_checks as c; c()"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
-    assert run.stdout.count("WMMA") == 7 + 1 + 2, run.stdout
+    assert run.stdout.count("WMMA") == 7 + 1 + 2 + 2, run.stdout
     token, logprob = next(line.split()[1:] for line in run.stdout.splitlines() if line.startswith("step "))
     with configured("tinygrad"):
         cpu_token, cpu_logprob = tiny_model_step()  # float32 products here
