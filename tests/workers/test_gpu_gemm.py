@@ -19,6 +19,8 @@ from tests.workers.conftest import configured
 from tinyvllm.workers.gpu_gemm import gpu_gemm, gpu_gemm_fits, half_scratch_product, has_tensor_cores
 from tinyvllm.workers.quantized_weight import DeviceWeight, QuantizedArray
 
+# the repository first, then what the caller has (a GPU machine's wheels: benchmarks/gpu_run.sh)
+REPO_PATH = os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])
 N, K = 32, 512  # 16 blocks: the tensor cores' K
 ROWS = (16, 24)  # a whole tensor-core tile, and one padded to it
 
@@ -189,7 +191,7 @@ def cuda_without_bfloat16_tensor_cores() -> None:
                                                  ("sm_75", "cuda_without_bfloat16_tensor_cores", "sm_75 rendered")])
 def test_cuda_renders_tensor_core_products(arch, checks, printed):
     env = {**os.environ, "DEV": f"NULL:CUDA:{arch}", "PARALLEL": "0", "NULL_ALLOW_COPYOUT": "1",
-           "PYTHONPATH": str(Path(__file__).parents[2])}
+           "PYTHONPATH": REPO_PATH}
     run = subprocess.run([sys.executable, "-c", f"from tests.workers.test_gpu_gemm import {checks} as c; c()"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
@@ -197,7 +199,7 @@ def test_cuda_renders_tensor_core_products(arch, checks, printed):
 
 
 def test_on_emulated_tensor_cores():
-    env = {**os.environ, "DEV": "PYTHON::sm_80", "PYTHONPATH": str(Path(__file__).parents[2])}
+    env = {**os.environ, "DEV": "PYTHON::sm_80", "PYTHONPATH": REPO_PATH}
     run = subprocess.run([sys.executable, "-c", "from tests.workers.test_gpu_gemm import emulated_gpu_checks as c; c()"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
