@@ -59,6 +59,10 @@ class PagedAttention:
         self.cache, self.tables, self.token_rows, self.positions = cache, tables, token_rows, positions
         self.specs = specs
         self.c_attention = kernels is not None and kernels.attention == "c"
+        # tinygrad's kernels on a device with local memory (a GPU) read a float cache in place; on tinygrad's CPU
+        # backend the gathered path stays (its buffers follow the step's context; the in-place scores buffer holds
+        # max_model_len positions per captured step, which loaded the CI machine's memory)
+        self.in_place = kernels is not None and kernels.gpu_matvec
         self.write_slots = token_slots(tables, token_rows, positions, n_valid, cache.block_size, cache.scratch_slot)
         self.nb = nb
 
@@ -70,7 +74,7 @@ class PagedAttention:
         if self.c_attention and supports_cpu_attention(q.shape[1], kv.shape[2], q.shape[2]):
             return cpu_paged_attention(q, values, self.tables, self.token_rows, self.positions, bs, dtype, scales, spec,
                                        sinks)
-        if dtype in IN_PLACE_DTYPES:  # tinygrad's kernels, reading the cache in place (workers/paged_products.py)
+        if self.in_place and dtype in IN_PLACE_DTYPES:  # reading the cache in place (workers/paged_products.py)
             return paged_attention_in_place(q, values, self.tables, self.token_rows, self.positions, self.nb, bs, dtype,
                                             spec, sinks)
         # a quantised cache: each token gathers its sequence's first nb blocks and masks the positions after its own

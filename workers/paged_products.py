@@ -14,7 +14,8 @@ not even a NaN from a slot that holds another request's data or none. The scores
 sequence may reach: T x H x max_model_len float32 per captured step (2,048 tokens x 32 heads x 8k positions: 2 GB),
 not counted when the KV cache is sized; about 2 x kv_heads x head_dim / heads times less than the gathered copy at a
 full context, but bound by max_model_len, not the context the step has. The cache is read in its storage (float32,
-float16, bfloat16: workers/kv_quant.py); the quantised dtypes (int8, fp8 and their scales) keep the gathered path.
+float16, bfloat16: workers/kv_quant.py); the quantised dtypes (int8, fp8 and their scales) keep the gathered path, as
+tinygrad's CPU backend does (workers/attention.py: the tests call these kernels directly there).
 """
 from __future__ import annotations
 

@@ -56,13 +56,3 @@ def test_a_steps_scratch_does_not_grow_with_the_layers(tmp_path, monkeypatch, ke
         assert shallow > LAYER_SCRATCH  # the scratch is there (at least one layer's)
     assert deep - shallow < LAYER_SCRATCH  # and reused: 6 more layers add less than one layer's worth
 
-
-def test_tinygrads_attention_reads_the_cache_in_place(tmp_path, monkeypatch):
-    """tinygrad's attention (what GPUs run) reads a float cache through the block table (workers/paged_products.py):
-    a prompt's step no longer holds every token's context as a float32 copy, [T, S, 2, kv heads, head_dim]."""
-    rows = 128
-    path = make_tiny_gguf(tmp_path / "m.gguf", n_layers=2, dim=DIM, ffn=FFN)
-    gathered = rows * rows * 2 * 2 * (DIM // 4) * 4  # the copy's bytes: 2 kv heads of head_dim 64
-    allocated = step_allocation(path, monkeypatch, "tinygrad", rows)
-    print(f"{rows}-token step: {allocated / 1e6:.1f} MB allocated; a context copy alone {gathered / 1e6:.1f} MB")
-    assert allocated < gathered
