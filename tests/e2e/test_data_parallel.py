@@ -92,11 +92,17 @@ def break_one_replica_under_load(server, sig: int, detect_s: float) -> None:
     running = lambda: per_engine(server, "vllm:num_requests_running", ENGINES)
     # Each stream is routed once the one before streams: with the replicas' reports current, the least loaded takes
     # it (a report still showing the last stream as waiting weighs it as four, and on a loaded machine split them 3-1).
-    streams = LongStreams(server.url, 4, max_tokens=LONG_TOKENS, one_at_a_time=True,
-                          describe=lambda: (running(), per_engine(server, "vllm:num_requests_waiting", ENGINES),
-                                            server.log_tail()))
-    assert wait_until(lambda: running() == {"0": 2, "1": 2}, 120), \
-        (running(), [(r.finish_reason, r.errors) if r else None for r in streams.results], server.log_tail())
+    # Beside another test file's heavy engine the reports can still be late and the four split 3-1 (seen at 17731b3
+    # too): those streams are ended and four placed again, a few times at most.
+    for attempt in range(3):
+        streams = LongStreams(server.url, 4, max_tokens=LONG_TOKENS, one_at_a_time=True,
+                              describe=lambda: (running(), per_engine(server, "vllm:num_requests_waiting", ENGINES),
+                                                server.log_tail()))
+        if wait_until(lambda: running() == {"0": 2, "1": 2}, 120):
+            break
+        outcome = (running(), [(r.finish_reason, r.errors) if r else None for r in streams.results], server.log_tail())
+        assert attempt < 2, outcome
+        assert streams.hang_up(60) and wait_until(lambda: running() == {"0": 0, "1": 0}, 60), outcome
     (worker,) = current_workers(server, "engine 1")
     starts = len(serving_lines(server, "engine 1"))
     os.kill(worker, sig)
