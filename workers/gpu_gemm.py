@@ -30,12 +30,12 @@ from tinygrad import Device, Tensor, dtypes
 from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 
+from tinyvllm.workers.kv_quant import HALF_MAX
 from tinyvllm.workers.quantized_weight import DeviceWeight
 
 GEMM_KINDS = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "BF16")
 # the tensor-core opt on the blocks axis (the last reduce range: see _kernel), allowed to pad every axis (tc_opt 2)
 TENSOR_CORE_OPT = Opt(OptOps.TC, 0, (-1, 2, 1))
-HALF_MAX = 65504.0
 TENSOR_CORE_MIN_K = 256  # 8 blocks, padded to the tensor cores' 16 (tinygrad 0.14 fails to pad 2 or 3 blocks)
 
 

@@ -20,12 +20,12 @@ DIM, FFN, ROWS = 256, 1024, 32
 LAYER_SCRATCH = 3 * FFN * DIM * 4  # gate, up and down (the Q8_0 matrices) as float32
 
 
-def step_allocation(path, monkeypatch, kernels: str, rows: int = ROWS) -> int:
-    """The most bytes allocated at once, beyond the model and its cache, while a `rows`-token prefill step runs
+def step_allocation(path, monkeypatch, kernels: str) -> int:
+    """The most bytes allocated at once, beyond the model and its cache, while a ROWS-token prefill step runs
     three times (eagerly, captured, replayed)."""
     cfg, weights = load_weights(path)
     runner = ModelRunner(Transformer(cfg, weights, 256, kernels=kernels), PagedKVCache(cfg, 16, 16),
-                         max_num_seqs=1, max_model_len=256, max_num_batched_tokens=rows)
+                         max_num_seqs=1, max_model_len=256, max_num_batched_tokens=ROWS)
     base = peak = GlobalCounters.mem_used
     allocate = Buffer.allocate
 
@@ -36,10 +36,9 @@ def step_allocation(path, monkeypatch, kernels: str, rows: int = ROWS) -> int:
         return result
 
     monkeypatch.setattr(Buffer, "allocate", counting)
-    prompt = np.random.default_rng(0).integers(100, 40000, rows).tolist()
+    prompt = np.random.default_rng(0).integers(100, 40000, ROWS).tolist()
     for step in range(3):
-        request = NewRequestData(f"r{step}", prompt, SamplingParams(temperature=0, max_tokens=1),
-                                 list(range(-(-rows // 16))), 0, rows)
+        request = NewRequestData(f"r{step}", prompt, SamplingParams(temperature=0, max_tokens=1), [0, 1], 0, ROWS)
         runner.execute(StepPlan(step + 1, [request], [], []))
     monkeypatch.setattr(Buffer, "allocate", allocate)
     return peak - base
@@ -55,4 +54,3 @@ def test_a_steps_scratch_does_not_grow_with_the_layers(tmp_path, monkeypatch, ke
     if kernel_set == "tinygrad":
         assert shallow > LAYER_SCRATCH  # the scratch is there (at least one layer's)
     assert deep - shallow < LAYER_SCRATCH  # and reused: 6 more layers add less than one layer's worth
-
