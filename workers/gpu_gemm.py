@@ -31,6 +31,7 @@ from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 
 from tinyvllm.workers.kv_quant import HALF_MAX
+from tinyvllm.workers.product_ends import loaded, norm_sources, split_sources
 from tinyvllm.workers.quantized_weight import DeviceWeight
 
 GEMM_KINDS = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "BF16")
@@ -74,12 +75,13 @@ def _element(kind: str, values: UOp, scales: tuple[UOp, ...], n: UOp, kb: UOp, e
     return (q * scale + minimum).cast(dtypes.half)
 
 
-def _kernel(kind: str, tensor_cores: bool, out: UOp, h: UOp, values: UOp, *scales: UOp) -> UOp:
+def _kernel(kind: str, tensor_cores: bool, normed: bool, out: UOp, h: UOp, *srcs: UOp) -> UOp:
+    (values, *scales), norm = split_sources(normed, srcs)
     rows, cols = out.shape
     t, n = UOp.range(rows, 0), UOp.range(cols, 1)
     e = UOp.range(32, 2, AxisType.REDUCE)
     kb = UOp.range(h.shape[1] // 32, 3, AxisType.REDUCE)  # the highest id: the tensor cores' K (their axis 0)
-    x, width = h[t, kb * 32 + e], _input_dtype(kind)
+    x, width = loaded(h, t, kb * 32 + e, norm), _input_dtype(kind)
     if width == dtypes.half:
         x = x.maximum(-HALF_MAX).minimum(HALF_MAX)
     x, w = x.cast(width), _element(kind, values, scales, n, kb, e)
@@ -96,16 +98,20 @@ def gpu_gemm_fits(h: Tensor, w: DeviceWeight) -> bool:
     return w.kind in GEMM_KINDS and w.shape[1] % 32 == 0 and h.shape[1] == w.shape[1]
 
 
-def gpu_gemm(h: Tensor, w: DeviceWeight, tensor_cores: bool = True) -> Tensor:
+def gpu_gemm(h: Tensor, w: DeviceWeight, tensor_cores: bool = True,
+             norm: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """h [T, K] @ w.T for a DeviceWeight w [N, K] of GEMM_KINDS: [T, N] float32, summed in float32 from half (BF16:
     bfloat16) inputs. tensor_cores: whether the device has tensor cores for the input width (the caller knows: no
-    device is asked while a step is traced); False: the same kernel under tinygrad's own opts."""
+    device is asked while a step is traced); False: the same kernel under tinygrad's own opts. norm: (inv_rms,
+    weight) of h's RMSNorm, applied as h is loaded (workers/product_ends.py)."""
     out = Tensor.empty(h.shape[0], w.shape[0], dtype=dtypes.float32, device=h.device)
-    kernel = functools.partial(_kernel, w.kind, tensor_cores and w.shape[1] >= TENSOR_CORE_MIN_K)
-    return out.custom_kernel(h.float().contiguous(), *w.parts, fxn=kernel)[0]  # rounded to the input width inside
+    kernel = functools.partial(_kernel, w.kind, tensor_cores and w.shape[1] >= TENSOR_CORE_MIN_K, norm is not None)
+    # h as it is (rounded to the input width inside): a .contiguous() here would copy a function's argument
+    return out.custom_kernel(h.float(), *w.parts, *norm_sources(norm), fxn=kernel)[0]
 
 
-def half_scratch_product(h: Tensor, w: DeviceWeight, tensor_cores: bool = True) -> Tensor:
+def half_scratch_product(h: Tensor, w: DeviceWeight, tensor_cores: bool = True,
+                         norm: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """h @ w.T through a half copy of the dequantised weight (w: any kind of whole 32-element blocks), which gpu_gemm
-    multiplies as an F16 weight."""
-    return gpu_gemm(h, DeviceWeight("F16", (w.dequantized().cast(dtypes.half).contiguous(),)), tensor_cores)
+    multiplies as an F16 weight (norm: as gpu_gemm's)."""
+    return gpu_gemm(h, DeviceWeight("F16", (w.dequantized().cast(dtypes.half).contiguous(),)), tensor_cores, norm)

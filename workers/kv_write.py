@@ -4,36 +4,43 @@ A token's slot is its block's id (looked up in its sequence's block table row) *
 block. The slots are computed once per step (`token_slots`), then each layer's `write_kv`
 stores every token's [2, kv_heads, head_dim] row at its slot in place: a custom kernel with a gathered store,
 which tinygrad's assign cannot express without one kernel per token (a decode step of 256 rows was 7,680
-kernels). The padding tokens of a step's bucket write to the scratch block. `write_layer` first converts the rows
-to the cache's dtype (workers/kv_quant.py); a quantised cache stores their scales the same way.
+kernels). The padding tokens of a step's bucket write to the scratch block. The rows become the cache's dtype
+(workers/kv_quant.py) inside the kernel; a quantised cache's are divided by their scales first, and the scales stored
+the same way.
 """
 from __future__ import annotations
+
+import functools
 
 from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import KernelInfo, UOp
 
 from tinyvllm.workers.kv_cache import PagedKVCache
-from tinyvllm.workers.kv_quant import quantize
+from tinyvllm.workers.kv_quant import encode, is_quantized, quantize
 
 
-def _store_rows(cache: UOp, rows: UOp, slots: UOp) -> UOp:
+def _store_rows(encoding: str | None, cache: UOp, rows: UOp, slots: UOp) -> UOp:
     t, *rest = (UOp.range(size, axis) for axis, size in enumerate(rows.shape))
-    name = f"write_kv_{'_'.join(map(str, rows.shape))}_{rows.dtype.name}"
-    return cache[(slots[t], *rest)].store(rows[(t, *rest)]).end(t, *rest).sink(arg=KernelInfo(name=name))
+    name = f"write_kv_{'_'.join(map(str, rows.shape))}_{cache.dtype.name}"
+    row = rows[(t, *rest)]
+    stored = encode(row, encoding) if encoding else row.cast(cache.dtype)
+    return cache[(slots[t], *rest)].store(stored).end(t, *rest).sink(arg=KernelInfo(name=name))
 
 
-def write_kv(cache: Tensor, rows: Tensor, slots: Tensor) -> Tensor:
-    """cache [num_slots, ...] with rows [T, ...] (cast to the cache's dtype) stored at slots [T] (int32): the cache
-    after the write."""
-    return cache.custom_kernel(rows.cast(cache.dtype).contiguous(), slots, fxn=_store_rows)[0]
+def write_kv(cache: Tensor, rows: Tensor, slots: Tensor, encoding: str | None = None) -> Tensor:
+    """cache [num_slots, ...] with rows [T, ...] stored at slots [T] (int32), converted to the cache's dtype inside
+    the kernel (encoding: by workers/kv_quant.py's encode of that cache dtype, else a cast): the cache after the
+    write."""
+    return cache.custom_kernel(rows.contiguous(), slots, fxn=functools.partial(_store_rows, encoding))[0]
 
 
 def write_layer(cache: PagedKVCache, layer: int, kv: Tensor, slots: Tensor) -> tuple[Tensor, Tensor | None]:
     """kv [T, 2, KVH, D] float32 into layer `layer` at slots [T]: (its values after the write, its scales after the
     write or None for an unquantised cache)."""
+    if not is_quantized(cache.dtype):
+        return write_kv(cache.layers[layer], kv, slots, cache.dtype), None
     codes, scales = quantize(kv, cache.dtype)
-    values = write_kv(cache.layers[layer], codes, slots)
-    return values, None if scales is None else write_kv(cache.scales[layer], scales, slots)
+    return write_kv(cache.layers[layer], codes, slots), write_kv(cache.scales[layer], scales, slots)
 
 
 def token_slots(tables: Tensor, token_rows: Tensor, positions: Tensor, n_valid: Tensor, block_size: int,

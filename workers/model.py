@@ -22,6 +22,7 @@ from tinyvllm.workers.gpu_gemm import gpu_gemm, gpu_gemm_fits, half_scratch_prod
 from tinyvllm.workers.gpu_matvec import GPU_MATVEC_MAX_ROWS, gpu_matvec, gpu_matvec_fits
 from tinyvllm.workers.kernel_set import kernel_choice
 from tinyvllm.workers.lora import ATTENTION, MLP, LoRAWeights
+from tinyvllm.workers.product_ends import inv_rms
 from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.protocol.rope_scaling import rope_frequencies
 from tinyvllm.workers.quantized_weight import DeviceWeight
@@ -30,7 +31,7 @@ from tinyvllm.workers.weights import EXPERT_MATRICES
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * weight
+    return x * inv_rms(x, eps).unsqueeze(-1) * weight
 
 
 def rope_tables(cfg: ModelConfig, max_positions: int, freq_factors=None, local: bool = False) -> tuple[Tensor, Tensor]:
@@ -51,11 +52,38 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (x1 * cos - x2 * sin).cat(x2 * cos + x1 * sin, dim=-1)
 
 
+def joined_products(weights: list[DeviceWeight], join: bool) -> tuple[DeviceWeight, ...]:
+    """The products of one input (q, k and v; gate and up) as the fewest weights: each run of weights of one kind and
+    layout concatenated, rows after rows (join=False: as they are)."""
+    runs: list[list[DeviceWeight]] = []
+    for w in weights:
+        if join and runs and runs[-1][0].joins(w):
+            runs[-1].append(w)
+        else:
+            runs.append([w])
+    return tuple(run[0] if len(run) == 1 else DeviceWeight.concatenated(run) for run in runs)
+
+
+def split_products(outputs: list[Tensor], sizes: tuple[int, ...]) -> list[Tensor]:
+    """The outputs [T, rows] of joined_products' weights, cut into the products of `sizes` rows each."""
+    parts = []
+    for out in outputs:
+        start = 0
+        while start < out.shape[1]:
+            parts.append(out[:, start:start + sizes[len(parts)]])
+            start += sizes[len(parts) - 1]
+    return parts
+
+
 class Layer:
-    def __init__(self, cfg: ModelConfig, w: dict[str, DeviceWeight], i: int):
+    def __init__(self, cfg: ModelConfig, w: dict[str, DeviceWeight], i: int, join_products: bool = False):
+        """join_products: q, k and v, and gate and up, as one weight each where their layouts match (each pair
+        taken out of `w` as it is joined, so a model's load holds one layer's copy at a time)."""
         p = f"blk.{i}."
         self.attn_norm, self.ffn_norm = w[p + "attn_norm.weight"].dequantized(), w[p + "ffn_norm.weight"].dequantized()
-        self.wq, self.wk, self.wv, self.wo = (w[p + f"attn_{n}.weight"] for n in ("q", "k", "v", "output"))
+        take = (lambda name: w.pop(name)) if join_products else (lambda name: w[name])
+        self.qkv = joined_products([take(p + f"attn_{n}.weight") for n in ("q", "k", "v")], join_products)
+        self.wo = w[p + "attn_output.weight"]
         self.biases = tuple(b.dequantized() for n in ("q", "k", "v") if (b := w.get(p + f"attn_{n}.bias")) is not None)
         self.output_bias = (w[p + "attn_output.bias"].dequantized(),) if cfg.output_bias else ()
         self.sinks = w[p + "attn_sinks.weight"].dequantized() if cfg.attention_sinks else None
@@ -66,7 +94,8 @@ class Layer:
             self.expert_biases = tuple(w[p + f"{n}.bias"].dequantized() for n in ("ffn_gate_inp", *EXPERT_MATRICES)
                                        if cfg.expert_bias)
         else:
-            self.w_gate, self.w_up, self.w_down = (w[p + f"ffn_{n}.weight"] for n in ("gate", "up", "down"))
+            self.gate_up = joined_products([take(p + f"ffn_{n}.weight") for n in ("gate", "up")], join_products)
+            self.w_down = w[p + "ffn_down.weight"]
         # Gemma's norms of the attention and MLP outputs, before each joins the residual stream
         self.post_attn_norm, self.post_ffn_norm = (tuple(x.dequantized() for x in [w.get(p + name)] if x is not None)
                                                    for name in ("post_attention_norm.weight", "post_ffw_norm.weight"))
@@ -76,7 +105,7 @@ FUSED_DEQUANT_MAX_ROWS = 8  # with tinygrad's own CPU kernels fused beat the scr
 
 
 def linear(h: Tensor, w: DeviceWeight, kernels: KernelChoice, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS,
-           tiles: Tensor | None = None) -> Tensor:
+           tiles: Tensor | None = None, norm: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """h @ w.T. C matmuls (the "c" and "c-int8" sets, tinygrad's CPU backend): workers/cpu_matmul.py's kernels, with
     int8 activations for Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and Q8_0 products where the set says so; tiles: h already
     quantised for them (workers/cpu_matmul.py's shared_int8_tiles). Otherwise, for up to max_fused_rows rows of h (decode) the
@@ -85,17 +114,21 @@ def linear(h: Tensor, w: DeviceWeight, kernels: KernelChoice, max_fused_rows: in
     static: each jitted step picks one). A 16-bit float weight is only widened: always fused. kernels.gpu_matvec (a
     device with local memory): decode rows take workers/gpu_matvec.py's kernels in kernels.matvec_layout.
     kernels.tensor_cores (a device with half tensor cores): more rows take workers/gpu_gemm.py's kernels, the weight
-    dequantised inside them, and the kinds those do not read go through a half scratch instead of a float32 one."""
+    dequantised inside them, and the kinds those do not read go through a half scratch instead of a float32 one.
+    norm: (inv_rms, weight) of h's RMSNorm (workers/product_ends.py), applied inside the GPU kernels where they take
+    the product, else by tinygrad."""
     if kernels.matmul == "c":
         return cpu_linear(h, w, kernels.int8_activations, tiles)
     if kernels.gpu_matvec and gpu_matvec_fits(h, w, kernels.matvec_layout):
-        return gpu_matvec(h, w, kernels.matvec_layout)
+        return gpu_matvec(h, w, kernels.matvec_layout, norm)
     if kernels.tensor_cores and h.shape[0] > GPU_MATVEC_MAX_ROWS and gpu_gemm_fits(h, w):
-        return gpu_gemm(h, w, kernels.bfloat16_tensor_cores if w.kind == "BF16" else True)
+        return gpu_gemm(h, w, kernels.bfloat16_tensor_cores if w.kind == "BF16" else True, norm)
+    if kernels.tensor_cores and h.shape[0] > max_fused_rows and w.kind not in ("F32", "F16", "BF16"):
+        return half_scratch_product(h, w, norm=norm)
+    if norm is not None:
+        h = h * norm[0].unsqueeze(-1) * norm[1]
     weight = w.dequantized()
-    if h.shape[0] <= max_fused_rows or w.kind in ("F32", "F16", "BF16"):
-        return h @ weight.T
-    return half_scratch_product(h, w) if kernels.tensor_cores else h @ weight.contiguous().T
+    return h @ (weight if h.shape[0] <= max_fused_rows or w.kind in ("F32", "F16", "BF16") else weight.contiguous()).T
 
 
 def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS,
@@ -105,12 +138,13 @@ def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows
     instead of once per layer (once per combination of weight kinds, if layers are quantised differently).
     lora: each function's last arguments are the step's LoRA mask and, per product, its layer's A and B
     (workers/lora.py), whose term joins the product."""
-    def lin(h: Tensor, w: DeviceWeight, tiles: Tensor | None = None, adapter: tuple = ()) -> Tensor:
-        out = linear(h, w, kernels, max_fused_rows, tiles)
-        if not adapter:
-            return out
+    def lora_term(h: Tensor, adapter: tuple) -> Tensor:
         mask, a, bt = adapter  # every slot's A and B^T; the mask keeps each row's own slot's columns
-        return out + linear(linear(h, a, kernels, max_fused_rows) * mask, bt, kernels, max_fused_rows)
+        return linear(linear(h, a, kernels, max_fused_rows) * mask, bt, kernels, max_fused_rows)
+
+    def lin(h: Tensor, w: DeviceWeight, adapter: tuple = ()) -> Tensor:
+        out = linear(h, w, kernels, max_fused_rows)
+        return out + lora_term(h, adapter) if adapter else out
 
     def split_lora(extras: tuple, products: int) -> tuple[tuple, list[tuple]]:
         """(the other extras, each product's (mask, A, B)); no adapters without lora."""
@@ -125,13 +159,29 @@ def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows
 
     custom_kernels = kernels.matmul == "c" or kernels.gpu_matvec or kernels.tensor_cores
 
+    def products(x: Tensor, norm: Tensor, weights: tuple[DeviceWeight, ...], sizes: tuple[int, ...],
+                 adapters: list[tuple]) -> list[Tensor]:
+        """The RMSNorm of x times joined_products' weights, one product per size, each with its LoRA term. On a GPU
+        (without adapters) the norm is applied inside the product kernels (workers/product_ends.py)."""
+        if kernels.gpu_matvec and not any(adapters):
+            scale = (inv_rms(x, cfg.rms_eps), norm)
+            return split_products([linear(x, w, kernels, max_fused_rows, norm=scale) for w in weights], sizes)
+        h = rms_norm(x, norm, cfg.rms_eps)
+        if len(weights) > 1:
+            h = h.contiguous()  # else each product recomputes the norm
+        tiles = shared_tiles(h, *weights)
+        outputs = split_products([linear(h, w, kernels, max_fused_rows, tiles) for w in weights], sizes)
+        return [out + lora_term(h, adapter) if adapter else out for out, adapter in zip(outputs, adapters)]
+
+    q_rows, kv_rows = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+
     @function(precompile=True, allow_implicit=custom_kernels)
-    def qkv(x, cos, sin, norm, wq, wk, wv, *extras):
-        """extras: the q, k and v biases (cfg.attention_bias), then the q and k norms (cfg.qk_norm)."""
+    def qkv(x, cos, sin, norm, weights, *extras):
+        """weights: q, k and v's (joined_products); extras: the q, k and v biases (cfg.attention_bias), then the q and
+        k norms (cfg.qk_norm)."""
         extras, adapters = split_lora(extras, 3)
-        T, h = x.shape[0], rms_norm(x, norm, cfg.rms_eps).contiguous()  # else each output recomputes the norm
-        tiles = shared_tiles(h, wq, wk, wv)
-        q, k, v = (lin(h, w, tiles, adapter) for w, adapter in zip((wq, wk, wv), adapters))
+        T = x.shape[0]
+        q, k, v = products(x, norm, weights, (q_rows, kv_rows, kv_rows), adapters)
         if cfg.attention_bias:
             q, k, v = q + extras[0], k + extras[1], v + extras[2]
         q, k = q.reshape(T, cfg.n_heads, cfg.head_dim), k.reshape(T, cfg.n_kv_heads, cfg.head_dim)
@@ -144,27 +194,31 @@ def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows
     def post_norm(x: Tensor, post: tuple) -> Tensor:
         return rms_norm(x, post[0], cfg.rms_eps) if post else x
 
+    def joined(out: Tensor, residual: Tensor | None) -> Tensor:
+        """A function's output, added to the residual stream where no rank meets another first: the add is then the
+        function's last kernel (a product's own output, returned, would be copied into the function's)."""
+        return out if residual is None else residual + out
+
     @function(precompile=True, allow_implicit=custom_kernels)
-    def attn_out(attn, wo, *extras):
+    def attn_out(attn, wo, *extras, residual=None):
         """extras: the output's bias (cfg.output_bias), then Gemma's norm of the output."""
         extras, (adapter,) = split_lora(extras, 1)
         out = lin(attn, wo, adapter=adapter)
-        return post_norm(out + extras[0], extras[1:]) if cfg.output_bias else post_norm(out, extras)
+        return joined(post_norm(out + extras[0], extras[1:]) if cfg.output_bias else post_norm(out, extras), residual)
 
     @function(precompile=True, allow_implicit=custom_kernels)
-    def mlp(x, norm, w_gate, w_up, w_down, *post):
+    def mlp(x, norm, gate_up, w_down, *post, residual=None):
+        """gate_up: gate and up's weights (joined_products); post: Gemma's norm of the output."""
         post, (gate_adapter, up_adapter, down_adapter) = split_lora(post, 3)
-        h = rms_norm(x, norm, cfg.rms_eps).contiguous()
-        tiles = shared_tiles(h, w_gate, w_up)
-        gate, up = lin(h, w_gate, tiles, gate_adapter), lin(h, w_up, tiles, up_adapter)
+        gate, up = products(x, norm, gate_up, (cfg.ffn_dim, cfg.ffn_dim), [gate_adapter, up_adapter])
         if cfg.hidden_act == "gelu_tanh":
             act = gate.gelu() * up  # tinygrad's gelu: the tanh form
         else:
             act = cpu_swiglu(gate, up) if kernels.matmul == "c" else gate.silu() * up
-        return post_norm(lin(act, w_down, adapter=down_adapter), post)
+        return joined(post_norm(lin(act, w_down, adapter=down_adapter), post), residual)
 
     @function(precompile=True, allow_implicit=custom_kernels)
-    def experts(x, norm, router, w_gate, w_up, w_down, *extras):
+    def experts(x, norm, router, w_gate, w_up, w_down, *extras, residual=None):
         """A mixture-of-experts MLP: each token's n_experts_used experts, summed weighted by their router
         probabilities. A product reads only the rows of the experts its token was routed to (decode reads the active
         parameters): the C kernels' expert variants (workers/cpu_matvec.cpu_expert_matvec) where they take the
@@ -200,7 +254,7 @@ def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows
         down = product(act, w_down, dim)
         if biases:
             down = down + biases[3][chosen]
-        return post_norm((down * top.unsqueeze(-1)).sum(1), post)
+        return joined(post_norm((down * top.unsqueeze(-1)).sum(1), post), residual)
 
     return qkv, attn_out, mlp if not cfg.n_experts else experts
 
@@ -233,7 +287,8 @@ class Transformer:
         self.output = w.get("output.weight", self.tok_embeddings)
         self.norm = w["output_norm.weight"].dequantized() if "output_norm.weight" in w else None  # last stage only
         self.weight_nbytes = sum(x.nbytes for x in w.values())  # bytes of weights on the device
-        self.layers = [Layer(cfg, w, i) for i in range(cfg.n_layers)]
+        # on a GPU (local memory) q, k and v, and gate and up, are one product each: fewer, larger kernels per step
+        self.layers = [Layer(cfg, w, i, join_products=self.kernels.gpu_matvec) for i in range(cfg.n_layers)]
         self.cos, self.sin = rope_tables(cfg, max_positions, weights.get("rope_freqs.weight"))
         self.local_rope = rope_tables(cfg, max_positions, local=True) if cfg.rope_local_theta else None
         self.attention_specs = [AttentionSpec(cfg.scale, cfg.window(i), cfg.attn_softcap) for i in range(cfg.n_layers)]
@@ -274,29 +329,32 @@ class Transformer:
     def _adapters(self, i: int, modules: tuple[str, ...], lora_mask: Tensor | None) -> list[Tensor]:
         return [lora_mask, *self.lora.args(i, modules)] if self.lora is not None else []
 
-    def attention(self, i: int, x: Tensor, rope: dict, attend, lora_mask: Tensor | None = None) -> Tensor:
-        """Layer i's attention output projection of x (a partial sum on a tensor-parallel rank)."""
+    def attention(self, i: int, x: Tensor, rope: dict, attend, lora_mask: Tensor | None = None,
+                  residual: bool = False) -> Tensor:
+        """Layer i's attention output projection of x (a partial sum on a tensor-parallel rank); residual: plus x."""
         layer, cos_sin = self.layers[i], rope[self.cfg.window(i) > 0]
-        q, kv = self._qkv(x, *cos_sin, layer.attn_norm, layer.wq, layer.wk, layer.wv, *layer.biases, *layer.qk_norms,
+        q, kv = self._qkv(x, *cos_sin, layer.attn_norm, layer.qkv, *layer.biases, *layer.qk_norms,
                           *self._adapters(i, ATTENTION, lora_mask))
         attended = attend(i, q, kv) if layer.sinks is None else attend(i, q, kv, sinks=layer.sinks)
         return self._attn_out(attended, layer.wo, *layer.output_bias, *layer.post_attn_norm,
-                              *self._adapters(i, ("o",), lora_mask))
+                              *self._adapters(i, ("o",), lora_mask), residual=x if residual else None)
 
-    def mlp(self, i: int, x: Tensor, lora_mask: Tensor | None = None) -> Tensor:
-        """Layer i's MLP output for x (a partial sum on a tensor-parallel rank)."""
-        layer, router = self.layers[i], getattr(self.layers[i], "router", None)
-        return self._mlp(x, layer.ffn_norm, *([router] if router is not None else []), layer.w_gate, layer.w_up,
-                         layer.w_down, *getattr(layer, "expert_biases", ()), *layer.post_ffn_norm,
-                         *self._adapters(i, MLP, lora_mask))
+    def mlp(self, i: int, x: Tensor, lora_mask: Tensor | None = None, residual: bool = False) -> Tensor:
+        """Layer i's MLP output for x (a partial sum on a tensor-parallel rank); residual: plus x."""
+        layer, extras = self.layers[i], (*self._adapters(i, MLP, lora_mask),)
+        if self.cfg.n_experts:
+            return self._mlp(x, layer.ffn_norm, layer.router, layer.w_gate, layer.w_up, layer.w_down,
+                             *layer.expert_biases, *layer.post_ffn_norm, *extras, residual=x if residual else None)
+        return self._mlp(x, layer.ffn_norm, layer.gate_up, layer.w_down, *layer.post_ffn_norm, *extras,
+                         residual=x if residual else None)
 
     def run_layers(self, x: Tensor, positions: Tensor, attend, lora_mask: Tensor | None = None) -> Tensor:
         """This model's layers over the residual stream x, without the final norm (a pipeline stage's work).
         lora_mask: with adapters, each token's slot columns (workers/lora.py)."""
         rope = self.rope(positions)
         for i in range(len(self.layers)):
-            x = (x + self.attention(i, x, rope, attend, lora_mask)).contiguous()
-            x = x + self.mlp(i, x, lora_mask)
+            x = self.attention(i, x, rope, attend, lora_mask, residual=True)
+            x = self.mlp(i, x, lora_mask, residual=True)
         return x
 
     def final_norm(self, x: Tensor) -> Tensor:

@@ -27,6 +27,7 @@ from tinygrad import Tensor, UOp, dtypes
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 
 from tinyvllm.workers.attention_spec import AttentionSpec
+from tinyvllm.workers.kv_quant import decode
 
 IN_PLACE_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -48,13 +49,6 @@ def _call(nb: UOp | int, out: Tensor, *srcs: Tensor, fxn) -> Tensor:
     return Tensor(out.uop.after(kernel))
 
 
-def _value(cache_dtype: str, stored: UOp) -> UOp:
-    """A cache element as float32 (kv_quant.decode's arithmetic)."""
-    if cache_dtype == "bfloat16":
-        return (stored.cast(dtypes.uint32) << 16).bitcast(dtypes.float32)
-    return stored.cast(dtypes.float32)
-
-
 def _slot(cache: UOp, tables: UOp, token_rows: UOp, t: UOp, s: UOp, block_size: int) -> UOp:
     """A block freed behind a window is -1 in its table (its positions are masked): clamped to a real block, so no
     index leaves the cache (and none needs wrapping)."""
@@ -74,7 +68,7 @@ def _scores_kernel(cache_dtype: str, block_size: int, spec: AttentionSpec, threa
     D, group = q.shape[2], H // cache.shape[2]
     t, h, s = UOp.range(T, 0), UOp.range(H, 1), UOp.range(nb * block_size, 2)
     e = UOp.range(D, 3, AxisType.REDUCE)
-    key = _value(cache_dtype, cache[_slot(cache, tables, token_rows, t, s, block_size), 0, h // group, e])
+    key = decode(cache[_slot(cache, tables, token_rows, t, s, block_size), 0, h // group, e], cache_dtype)
     score = (q[t, h, e] * key).reduce(e, arg=Ops.ADD) * spec.scale
     if spec.softcap:
         score = (score * (1 / spec.softcap)).tanh() * spec.softcap
@@ -87,16 +81,16 @@ def _scores_kernel(cache_dtype: str, block_size: int, spec: AttentionSpec, threa
 
 
 def _weighted_values_kernel(cache_dtype: str, block_size: int, threads: bool, nb: UOp, out: UOp, scores: UOp, m: UOp,
-                            inv_l: UOp, cache: UOp, tables: UOp, token_rows: UOp) -> UOp:
-    T, H, D = out.shape
+                            total: UOp, cache: UOp, tables: UOp, token_rows: UOp) -> UOp:
+    T, H, D = out.shape[0], scores.shape[1], cache.shape[3]
     group = H // cache.shape[2]
     t, h, d = UOp.range(T, 0), UOp.range(H, 1), UOp.range(D, 2)
     s = UOp.range(nb * block_size, 3, AxisType.REDUCE)
     score = scores[t, h, s]
     weight = ((score - m[t, h]) * math.log2(math.e)).exp2()
-    value = _value(cache_dtype, cache[_slot(cache, tables, token_rows, t, s, block_size), 1, h // group, d])
-    acc = score.ne(-math.inf).where(weight * value, 0.0).reduce(s, arg=Ops.ADD) * inv_l[t, h]
-    return out[t, h, d].store(acc).end(t, h, d).sink(arg=_info(f"paged_weighted_values_{T}_{H}_{D}", threads))
+    value = decode(cache[_slot(cache, tables, token_rows, t, s, block_size), 1, h // group, d], cache_dtype)
+    acc = score.ne(-math.inf).where(weight * value, 0.0).reduce(s, arg=Ops.ADD) / total[t, h]
+    return out[t, h * D + d].store(acc).end(t, h, d).sink(arg=_info(f"paged_weighted_values_{T}_{H}_{D}", threads))
 
 
 def paged_attention_in_place(q: Tensor, cache: Tensor, tables: Tensor, token_rows: Tensor, positions: Tensor, nb: UOp | int,
@@ -115,10 +109,11 @@ def paged_attention_in_place(q: Tensor, cache: Tensor, tables: Tensor, token_row
     m = seen.max(-1)
     if sinks is not None:
         m = m.maximum(sinks.float().reshape(1, H))
+    m = m.contiguous()  # one buffer for the sum and the kernel (else each makes its own)
     total = (seen - m.unsqueeze(-1)).exp().sum(-1)
     if sinks is not None:
         total = total + (sinks.float().reshape(1, H) - m).exp()
-    out = _call(nb, Tensor.empty(T, H, D, dtype=dtypes.float32, device=q.device), scores, m.contiguous(),
-                (1 / total).contiguous(), cache, tables, token_rows,
-                fxn=functools.partial(_weighted_values_kernel, cache_dtype, block_size, threads))
-    return out.reshape(T, H * D)
+    # [T, H * D] as the output projection reads it (a reshape of the kernel's output would be copied)
+    return _call(nb, Tensor.empty(T, H * D, dtype=dtypes.float32, device=q.device), scores, m,
+                 total.contiguous(), cache, tables, token_rows,
+                 fxn=functools.partial(_weighted_values_kernel, cache_dtype, block_size, threads))

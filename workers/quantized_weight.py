@@ -422,6 +422,18 @@ class DeviceWeight:
     def nbytes(self) -> int:
         return sum(p.nbytes() for p in self.parts)
 
+    def joins(self, other: DeviceWeight) -> bool:
+        """Whether `other`'s rows can follow this weight's in one weight (concatenated): the same kind and layout."""
+        return self.kind == other.kind and len(self.parts) == len(other.parts) and all(
+            a.dtype == b.dtype and a.shape[1:] == b.shape[1:] for a, b in zip(self.parts, other.parts))
+
+    @classmethod
+    def concatenated(cls, weights: list[DeviceWeight]) -> DeviceWeight:
+        """One realised weight holding the rows of `weights` (each joins the first) one after another: every part of
+        every kind is a row's blocks, rows first."""
+        return cls(weights[0].kind, tuple(Tensor.cat(*(w.parts[i] for w in weights)).contiguous().realize()
+                                          for i in range(len(weights[0].parts))))
+
     def dequantized(self) -> Tensor:
         """The float32 weight, lazily: no kernel runs until something that uses it is realised."""
         if self.kind == "F32":

@@ -85,28 +85,59 @@ def test_the_half_scratch_product():
         check_product("Q6_K", False, rows, lambda h, w: half_scratch_product(h, w, has_tensor_cores(Device.DEFAULT)))
 
 
-def tiny_model_step(dim: int = 32) -> tuple[int, float]:
-    """A 16-token prompt's greedy token and its logprob from a 2-layer Q8_0 model under the tinygrad kernel set: on
-    an emulated GPU the jitted step runs the gemm and attention custom kernels inside the layer functions."""
+def tiny_runner(dim: int, n_layers: int = 2, max_num_seqs: int = 2):
+    """A ModelRunner of a Q8_0 llama (the embedding float32) under the tinygrad kernel set: 8 blocks of 16."""
     from tests.workers.dense_reference import random_llama
-    from tinyvllm.protocol.messages import NewRequestData, StepPlan
     from tinyvllm.protocol.model_config import ModelConfig
-    from tinyvllm.protocol.sampling import SamplingParams
     from tinyvllm.workers.kv_cache import PagedKVCache
     from tinyvllm.workers.model import Transformer
     from tinyvllm.workers.model_runner import ModelRunner
 
-    cfg = ModelConfig(arch="llama", vocab_size=89, dim=dim, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=dim // 4,
-                      ffn_dim=2 * dim, rope_theta=10000.0, rms_eps=1e-5, max_context=64, tie_embeddings=False)
+    cfg = ModelConfig(arch="llama", vocab_size=89, dim=dim, n_layers=n_layers, n_heads=4, n_kv_heads=2,
+                      head_dim=dim // 4, ffn_dim=2 * dim, rope_theta=10000.0, rms_eps=1e-5, max_context=64,
+                      tie_embeddings=False)
     weights = random_llama(cfg)
     for name, a in weights.items():
         if a.ndim == 2 and name != "token_embd.weight":
             weights[name] = QuantizedArray.from_raw("Q8_0", np.frombuffer(quantize(a, "Q8_0"), np.uint8), a.shape)
-    runner = ModelRunner(Transformer(cfg, weights, 64, kernels="tinygrad"), PagedKVCache(cfg, 8, 16), max_num_seqs=2,
-                         max_model_len=64, max_num_batched_tokens=16)
+    return ModelRunner(Transformer(cfg, weights, 64, kernels="tinygrad"), PagedKVCache(cfg, 8, 16),
+                       max_num_seqs=max_num_seqs, max_model_len=64, max_num_batched_tokens=16)
+
+
+def tiny_model_step(dim: int = 32) -> tuple[int, float]:
+    """A 16-token prompt's greedy token and its logprob from a 2-layer Q8_0 model under the tinygrad kernel set: on
+    an emulated GPU the jitted step runs the gemm and attention custom kernels inside the layer functions."""
+    from tinyvllm.protocol.messages import NewRequestData, StepPlan
+    from tinyvllm.protocol.sampling import SamplingParams
+
     request = NewRequestData("a", list(range(3, 19)), SamplingParams(temperature=0, max_tokens=2, logprobs=1), [0], 0, 16)
-    result = runner.execute(StepPlan(1, [request], [], []))
+    result = tiny_runner(dim).execute(StepPlan(1, [request], [], []))
     return result.sampled_token_ids[0], result.logprobs[0].logprob
+
+
+def decode_step_kernels(n_layers: int, batch: int) -> int:
+    """Kernels a captured decode step of `batch` sequences launches (run under DEV=NULL:CUDA: nothing runs)."""
+    from tinygrad import GlobalCounters
+
+    from tinyvllm.protocol.messages import CachedRequestData, NewRequestData, StepPlan
+    from tinyvllm.protocol.sampling import SamplingParams
+
+    runner, ids = tiny_runner(512, n_layers, max_num_seqs=batch), [f"r{i}" for i in range(batch)]
+    runner.execute(StepPlan(1, [NewRequestData(r, [3, 4, 5], SamplingParams(temperature=0, max_tokens=9), [i], 0, 3)
+                                for i, r in enumerate(ids)], [], []))
+    for step in range(3):  # captured on the second
+        GlobalCounters.reset()
+        runner.execute(StepPlan(2 + step, [], [CachedRequestData(r, [], 3 + step, 1, [i]) for i, r in enumerate(ids)], []))
+    return GlobalCounters.kernel_count
+
+
+def kernels_per_decode_layer() -> None:
+    """Run with DEV=NULL:CUDA:sm_90: the kernels one layer adds to a decode step, on the matvecs (2 sequences) and on
+    the tensor-core GEMM (8)."""
+    from tests.helpers.null_cuda import use_source_only_cuda
+    use_source_only_cuda()
+    for batch in (2, 8):
+        print("per layer", batch, decode_step_kernels(2, batch) - decode_step_kernels(1, batch), flush=True)
 
 
 def emulated_gpu_checks() -> None:
@@ -196,6 +227,20 @@ def test_cuda_renders_tensor_core_products(arch, checks, printed):
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     assert printed in run.stdout and (arch != "sm_90" or run.stdout.count(" mma") == 7), run.stdout
+
+
+def test_a_decode_layer_is_at_most_16_kernels():
+    """An RMSNorm reduction and one product for q, k and v (their weights joined, the norm applied in the product),
+    two RoPE kernels, the cache write (converting to the cache's dtype inside), four of attention, the output
+    product and the residual add, the second norm's reduction, one gate|up product, SwiGLU, the down product and its
+    add: 16 (27 before the joins and fusions; docs/BENCHMARKS.md)."""
+    env = {**os.environ, "DEV": "NULL:CUDA:sm_90", "PARALLEL": "0", "NULL_ALLOW_COPYOUT": "1", "JIT": "2",
+           "PYTHONPATH": REPO_PATH}
+    run = subprocess.run([sys.executable, "-c", "from tests.workers.test_gpu_gemm import kernels_per_decode_layer as c; c()"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    counts = {int(b): int(n) for _, _, b, n in (line.split() for line in run.stdout.splitlines() if line.startswith("per layer"))}
+    assert counts == {2: 16, 8: 16}, run.stdout
 
 
 def test_on_emulated_tensor_cores():

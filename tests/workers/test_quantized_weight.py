@@ -138,9 +138,9 @@ def test_quantised_transformer_equals_float32_one(quantised_llama, n_tokens, ker
     (cfg, kept), (_, f32) = quantised_llama
     quantised = Transformer(cfg, kept, 64, kernels=kernel_set)
     plain = Transformer(cfg, kept, 64, kernels=kernel_set, dtype="float32")
-    assert quantised.tok_embeddings.kind == "Q8_0" and quantised.layers[1].wq.kind == "Q4_1"
+    wq, _, f16 = quantised.layers[1].qkv  # separate products on the CPU; v float16, widened inside the kernels
+    assert quantised.tok_embeddings.kind == "Q8_0" and wq.kind == "Q4_1"
     assert quantised.output is quantised.tok_embeddings and plain.tok_embeddings.kind == "F32"
-    f16 = quantised.layers[1].wv  # float16 on the device, widened inside the kernels of either set
     assert (f16.kind, f16.nbytes) == ("F16", cfg.n_kv_heads * cfg.head_dim * cfg.dim * 2)
     assert quantised.weight_nbytes * 3 < plain.weight_nbytes
     tokens = np.random.default_rng(2).integers(0, cfg.vocab_size, n_tokens).tolist()
@@ -159,9 +159,13 @@ def test_gpu_kernel_path_equals_float32_one(quantised_llama, n_tokens, monkeypat
     CPU: its kernels without the GPU layout, which needs local memory."""
     (cfg, kept), _ = quantised_llama
     monkeypatch.setattr(kernel_set_module, "gpu_matvec_device", lambda device: True)
-    monkeypatch.setattr(model_module, "gpu_matvec", lambda h, w, layout: gpu_matvec(h, w, None))
+    monkeypatch.setattr(model_module, "gpu_matvec", lambda h, w, layout, norm: gpu_matvec(h, w, None, norm))
     gpu_path = Transformer(cfg, kept, 64, kernels="tinygrad")
-    assert gpu_path.kernels.gpu_matvec and gpu_path.layers[1].wv.parts[0].dtype == dtypes.uint32
+    # q and k joined into one product (both Q4_1), v (float16 in words) its own
+    wqk, wv = gpu_path.layers[1].qkv
+    assert gpu_path.kernels.gpu_matvec and wv.parts[0].dtype == dtypes.uint32
+    assert (wqk.kind, wqk.shape[0]) == ("Q4_1", (cfg.n_heads + cfg.n_kv_heads) * cfg.head_dim)
+    assert len(gpu_path.layers[1].gate_up) == 1 and gpu_path.layers[1].gate_up[0].shape[0] == 2 * cfg.ffn_dim
     plain = Transformer(cfg, kept, 64, kernels="tinygrad", dtype="float32")
     tokens = np.random.default_rng(3).integers(0, cfg.vocab_size, n_tokens).tolist()
     outs = []

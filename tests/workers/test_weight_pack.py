@@ -58,8 +58,10 @@ def build(path, kernels="c", pack=None) -> Transformer:
 
 
 def parts(model: Transformer) -> dict[str, list]:
-    weights = [("embedding", model.tok_embeddings)] + [(f"{i}.{name}", w) for i, layer in enumerate(model.layers)
-                                                        for name, w in vars(layer).items() if hasattr(w, "parts")]
+    weights = [("embedding", model.tok_embeddings)] + [
+        (f"{i}.{name}" + (f".{j}" if isinstance(value, tuple) else ""), w) for i, layer in enumerate(model.layers)
+        for name, value in vars(layer).items()
+        for j, w in enumerate(value if isinstance(value, tuple) else (value,)) if hasattr(w, "parts")]
     return {name: (w.kind, [p for p in w.parts]) for name, w in weights}
 
 
@@ -201,7 +203,7 @@ def test_a_pack_of_other_shapes_is_not_used(model_path, tmp_path, caplog):
     layout = {"dtype": "auto", "words": False, "c_matmul": True}
     small_pack.rename(WeightPack(tmp_path / "packs", large).path(layout))
     model = build(large, pack=WeightPack(tmp_path / "packs", large))
-    assert "unusable" in caplog.text and model.layers[0].w_gate.shape == (128, 128)
+    assert "unusable" in caplog.text and model.layers[0].gate_up[0].shape == (128, 128)
     assert model.weight_nbytes == build(large).weight_nbytes
 
 
