@@ -1,21 +1,29 @@
-"""tinygrad's paged attention without a copy of any token's context: the two kernels that touch the KV cache read it
-in place, through the block table.
+"""tinygrad's paged attention without a copy of any token's context: the kernels that touch the KV cache read it in
+place, through the block table.
 
 Gathering each token's context into a dense tensor ([T, S, 2, KVH, D] float32, S = the step's nb blocks) is what
 tinygrad realises when the gather feeds a matmul: per step, a decode batch of 64 on an 8B shape moved ~26 GB that
-way and a 2,048-token prompt ~3 TB (benchmarks/step_schedule.py, docs/BENCHMARKS.md). Here, two custom kernels over the positions
-s < nb * block_size of each token's sequence (nb: the step's symbolic variable, a range bound inside the kernels):
-- `paged_scores`: q [T, H, D] . key [slot(t, s), kv head of h] * scale, soft-capped, -inf where the token does not
-  attend (after its own position, or outside its window) -> [T, H, max positions] float32, written up to S,
-- `paged_weighted_values`: sum over s of exp(score - m) * value [slot(t, s), kv head of h] / l -> [T, H, D],
-  with m and l (the softmax's max and sum, sinks included) [T, H] from tinygrad reductions over the first S scores;
-slot(t, s) = tables[token_rows[t], s // block_size] * block_size + s % block_size. A masked position adds nothing,
-not even a NaN from a slot that holds another request's data or none. The scores buffer holds every position a
-sequence may reach: T x H x max_model_len float32 per captured step (2,048 tokens x 32 heads x 8k positions: 2 GB),
-not counted when the KV cache is sized; about 2 x kv_heads x head_dim / heads times less than the gathered copy at a
-full context, but bound by max_model_len, not the context the step has. The cache is read in its storage (float32,
-float16, bfloat16: workers/kv_quant.py); the quantised dtypes (int8, fp8 and their scales) keep the gathered path, as
-tinygrad's CPU backend does (workers/attention.py: the tests call these kernels directly there).
+way and a 2,048-token prompt ~3 TB (benchmarks/step_schedule.py, docs/BENCHMARKS.md). Here, custom kernels over the
+positions s < nb * block_size of each token's sequence (nb: the step's symbolic variable, a range bound inside the
+kernels), slot(t, s) = tables[token_rows[t], s // block_size] * block_size + s % block_size, and a token's score of
+s = q [t, h] . key [slot(t, s), kv head of h] * scale, soft-capped, -inf where the token does not attend s (after its
+own position, or outside its window).
+
+Steps of fewer than FUSED_MIN_TOKENS tokens (decodes), spread over (token, head, position) threads:
+- `paged_scores` -> [T, H, max positions] float32, written up to S,
+- `paged_weighted_values`: sum over s of exp(score - m) * value [slot(t, s), kv head of h] / l -> [T, H * D],
+  with m and l (the softmax's max and sum, sinks included) [T, H] from tinygrad reductions over the first S scores.
+  The scores buffer holds every position a sequence may reach: T x H x max_model_len float32 per captured step,
+  not counted when the KV cache is sized (64 tokens x 32 heads x 8k positions: 64 MB).
+Prompt-sized steps (T x H threads fill a GPU) take one kernel, `paged_attention`: a thread per (token, head) holds
+its head_dim outputs in registers, passes over the positions once for the max and once more for the sum and the
+weighted values, the scores computed again each time and never stored (flash attention's two-pass form, without
+its tiles in shared memory): no buffer grows with max_model_len.
+
+A masked position adds nothing, not even a NaN from a slot that holds another request's data or none. The cache is
+read in its storage (float32, float16, bfloat16: workers/kv_quant.py); the quantised dtypes (int8, fp8 and their
+scales) keep the gathered path, as tinygrad's CPU backend does (workers/attention.py: the tests call these kernels
+directly there).
 """
 from __future__ import annotations
 
@@ -24,12 +32,14 @@ import functools
 import math
 
 from tinygrad import Tensor, UOp, dtypes
+from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 
 from tinyvllm.workers.attention_spec import AttentionSpec
 from tinyvllm.workers.kv_quant import decode
 
 IN_PLACE_DTYPES = ("float32", "float16", "bfloat16")
+FUSED_MIN_TOKENS = 128  # steps of this many tokens (prompt chunks) take the one-kernel attention
 
 
 def _call(nb: UOp | int, out: Tensor, *srcs: Tensor, fxn) -> Tensor:
@@ -62,12 +72,11 @@ def _info(name: str, threads: bool) -> KernelInfo:
     return KernelInfo(name=name, opts_to_apply=None if threads else ())
 
 
-def _scores_kernel(cache_dtype: str, block_size: int, spec: AttentionSpec, threads: bool, nb: UOp, out: UOp, q: UOp,
-                   cache: UOp, tables: UOp, token_rows: UOp, positions: UOp) -> UOp:
-    T, H, _ = out.shape
-    D, group = q.shape[2], H // cache.shape[2]
-    t, h, s = UOp.range(T, 0), UOp.range(H, 1), UOp.range(nb * block_size, 2)
-    e = UOp.range(D, 3, AxisType.REDUCE)
+def _score(cache_dtype: str, block_size: int, spec: AttentionSpec, q: UOp, cache: UOp, tables: UOp, token_rows: UOp,
+           positions: UOp, t: UOp, h: UOp, s: UOp, e_axis: int) -> UOp:
+    """Token t's head h's score of position s (q.k x scale, soft-capped), -inf where t does not attend s."""
+    group = q.shape[1] // cache.shape[2]
+    e = UOp.range(q.shape[2], e_axis, AxisType.REDUCE)
     key = decode(cache[_slot(cache, tables, token_rows, t, s, block_size), 0, h // group, e], cache_dtype)
     score = (q[t, h, e] * key).reduce(e, arg=Ops.ADD) * spec.scale
     if spec.softcap:
@@ -76,8 +85,15 @@ def _scores_kernel(cache_dtype: str, block_size: int, spec: AttentionSpec, threa
     attends = s < position + 1
     if spec.window:
         attends = attends & (position - spec.window < s)
-    stored = attends.where(score, -math.inf)
-    return out[t, h, s].store(stored).end(t, h, s).sink(arg=_info(f"paged_scores_{T}_{H}_{D}", threads))
+    return attends.where(score, -math.inf)
+
+
+def _scores_kernel(cache_dtype: str, block_size: int, spec: AttentionSpec, threads: bool, nb: UOp, out: UOp, q: UOp,
+                   cache: UOp, tables: UOp, token_rows: UOp, positions: UOp) -> UOp:
+    T, H, _ = out.shape
+    t, h, s = UOp.range(T, 0), UOp.range(H, 1), UOp.range(nb * block_size, 2)
+    stored = _score(cache_dtype, block_size, spec, q, cache, tables, token_rows, positions, t, h, s, 3)
+    return out[t, h, s].store(stored).end(t, h, s).sink(arg=_info(f"paged_scores_{T}_{H}_{q.shape[2]}", threads))
 
 
 def _weighted_values_kernel(cache_dtype: str, block_size: int, threads: bool, nb: UOp, out: UOp, scores: UOp, m: UOp,
@@ -93,15 +109,55 @@ def _weighted_values_kernel(cache_dtype: str, block_size: int, threads: bool, nb
     return out[t, h * D + d].store(acc).end(t, h, d).sink(arg=_info(f"paged_weighted_values_{T}_{H}_{D}", threads))
 
 
+def _fused_kernel(cache_dtype: str, block_size: int, spec: AttentionSpec, threads: bool, nb: UOp, out: UOp, q: UOp,
+                  cache: UOp, tables: UOp, token_rows: UOp, positions: UOp, *sinks: UOp) -> UOp:
+    """One thread per (token, head) and all of its head_dim outputs: the scores' max, then the softmax's sum and the
+    weighted values in one more pass over the positions (the scores computed again, never stored)."""
+    T, H, D = q.shape
+    group = H // cache.shape[2]
+    t, h, d = UOp.range(T, 0), UOp.range(H, 1), UOp.range(D, 2)
+    score = functools.partial(_score, cache_dtype, block_size, spec, q, cache, tables, token_rows, positions, t, h)
+    s1, s2 = UOp.range(nb * block_size, 3, AxisType.REDUCE), UOp.range(nb * block_size, 5, AxisType.REDUCE)
+    m = score(s1, 4).reduce(s1, arg=Ops.MAX)
+    if sinks:
+        m = m.maximum(sinks[0][h])
+    seen = score(s2, 6)
+    weight = ((seen - m) * math.log2(math.e)).exp2()
+    value = decode(cache[_slot(cache, tables, token_rows, t, s2, block_size), 1, h // group, d], cache_dtype)
+    total = weight.reduce(s2, arg=Ops.ADD)
+    acc = seen.ne(-math.inf).where(weight * value, 0.0).reduce(s2, arg=Ops.ADD)
+    if sinks:
+        total = total + ((sinks[0][h] - m) * math.log2(math.e)).exp2()
+    return out[t, h * D + d].store(acc / total).end(t, h, d).sink(
+        arg=KernelInfo(name=f"paged_attention_{T}_{H}_{D}", opts_to_apply=_fused_opts(T, D) if threads else ()))
+
+
+def _fused_opts(T: int, D: int) -> tuple[Opt, ...]:
+    """head_dim in each thread's registers (upcast, at most 16 at a time: so the max and the sum are computed once per
+    head, not once per output), tokens spread over a workgroup."""
+    opts = [Opt(OptOps.UPCAST, 2, 16 if D % 16 == 0 else D)]
+    if D % 16 == 0 and D > 16:
+        opts.append(Opt(OptOps.UPCAST, 2, D // 16))
+    local = next(n for n in (32, 16, 8, 4, 2, 1) if T % n == 0)
+    return (*opts, *([Opt(OptOps.LOCAL, 0, local)] if local > 1 else []))
+
+
 def paged_attention_in_place(q: Tensor, cache: Tensor, tables: Tensor, token_rows: Tensor, positions: Tensor, nb: UOp | int,
-                             block_size: int, cache_dtype: str, spec: AttentionSpec, sinks: Tensor | None = None) -> Tensor:
+                             block_size: int, cache_dtype: str, spec: AttentionSpec, sinks: Tensor | None = None,
+                             fused: bool | None = None) -> Tensor:
     """q [T, H, D]; cache [slots, 2, KVH, D] (one layer's, in its storage); tables [R, max_blocks] int32;
     token_rows, positions [T] int32; nb: the blocks attended (the step's bound variable, or an int) -> [T, H * D]
     float32.
-    sinks [H]: gpt-oss's attention sinks (a logit per head in every softmax, weighing no value)."""
+    sinks [H]: gpt-oss's attention sinks (a logit per head in every softmax, weighing no value).
+    fused: the one-kernel attention (default: for steps of FUSED_MIN_TOKENS tokens or more)."""
     T, H, D = q.shape
     threads = not q.device.startswith("CPU")
     tables, token_rows = tables.cast(dtypes.int32).contiguous(), token_rows.cast(dtypes.int32).contiguous()
+    if T >= FUSED_MIN_TOKENS if fused is None else fused:
+        return _call(nb, Tensor.empty(T, H * D, dtype=dtypes.float32, device=q.device), q.float().contiguous(), cache,
+                     tables, token_rows, positions.cast(dtypes.int32).contiguous(),
+                     *(() if sinks is None else (sinks.float().contiguous(),)),
+                     fxn=functools.partial(_fused_kernel, cache_dtype, block_size, spec, threads))
     scores = _call(nb, Tensor.empty(T, H, tables.shape[1] * block_size, dtype=dtypes.float32, device=q.device),
                    q.float().contiguous(), cache, tables, token_rows, positions.cast(dtypes.int32).contiguous(),
                    fxn=functools.partial(_scores_kernel, cache_dtype, block_size, spec, threads))

@@ -98,14 +98,15 @@ def test_a_flat_batch_of_chunks_and_decodes_of_several_sequences():
 
 
 def attend(kernel: str, q, cache, tables, rows, positions, spec, sinks=None):
-    """The C kernel, or tinygrad's in-place attention over all of the tables' blocks."""
+    """The C kernel, or tinygrad's in-place attention over all of the tables' blocks: its scores kernel and weighted
+    values ("in place", decode-sized steps), or its one fused kernel ("fused", prompt-sized steps)."""
     args = (Tensor(q), Tensor(cache), Tensor(tables), Tensor(rows), Tensor(positions))
     if kernel == "c":
         return cpu_paged_attention(*args, BS, spec=spec, sinks=sinks).numpy()
-    return paged_attention_in_place(*args, tables.shape[1], BS, "float32", spec, sinks).numpy()
+    return paged_attention_in_place(*args, tables.shape[1], BS, "float32", spec, sinks, fused=kernel == "fused").numpy()
 
 
-@pytest.mark.parametrize("kernel", ["c", "in place"])
+@pytest.mark.parametrize("kernel", ["c", "in place", "fused"])
 @pytest.mark.parametrize("window,softcap,with_sinks", [(0, 0.0, False), (6, 0.0, False), (0, 5.0, False),
                                                        (6, 0.0, True)])
 def test_chunks_across_query_tiles_with_a_window_or_a_soft_cap(window, softcap, with_sinks, kernel):
@@ -123,7 +124,7 @@ def test_chunks_across_query_tiles_with_a_window_or_a_soft_cap(window, softcap, 
     np.testing.assert_allclose(got, np.concatenate(expected), rtol=5e-6, atol=1e-5)
 
 
-@pytest.mark.parametrize("kernel", ["c", "in place"])
+@pytest.mark.parametrize("kernel", ["c", "in place", "fused"])
 def test_padding_and_blocks_freed_behind_a_window_stay_out_of_real_tokens(kernel):
     """A bucket's padding (row 0, position 0) right after a chunk of row 0 with a window, whose table no longer holds
     the blocks behind it (-1), and a value that overflowed to inf at the chunk's last position: the earlier tokens,

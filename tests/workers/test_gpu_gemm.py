@@ -174,6 +174,8 @@ def emulated_gpu_checks() -> None:
     programs.clear()  # 3 blocks, under TENSOR_CORE_MIN_K: tinygrad's own opts, as on the CPU
     check_product("Q8_0", True, 24, lambda h, w: linear(h, w, kernels), K=96)
     assert programs and not any(programs), programs
+    from tinyvllm.workers import paged_products
+    paged_products.FUSED_MIN_TOKENS = 16  # the 16-token prompt through the one-kernel attention with the GPU's opts
     print("step", *tiny_model_step())
 
 
@@ -199,6 +201,11 @@ def cuda_render_checks() -> None:
     assert gemms and all("mma.sync.aligned" in s for s in gemms), len(SOURCES)
     assert any("paged_scores" in s for s in SOURCES) and any("paged_weighted_values" in s for s in SOURCES)
     print("step rendered", len(SOURCES), flush=True)
+    from tinyvllm.workers import paged_products
+    paged_products.FUSED_MIN_TOKENS = 16
+    SOURCES.clear()
+    tiny_model_step(dim=512)  # the prompt through the one-kernel attention: head_dim 128 upcast in two steps
+    assert any("paged_attention_16_4_128" in s for s in SOURCES) and not any("paged_scores" in s for s in SOURCES)
 
 
 def cuda_without_bfloat16_tensor_cores() -> None:
