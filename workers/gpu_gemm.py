@@ -31,7 +31,7 @@ from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 
 from tinyvllm.workers.kv_quant import HALF_MAX
-from tinyvllm.workers.product_ends import loaded, norm_sources, split_sources
+from tinyvllm.workers.product_ends import AS_THEY_ARE, RowInput, loaded, split_sources
 from tinyvllm.workers.quantized_weight import DeviceWeight
 
 GEMM_KINDS = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "BF16")
@@ -75,43 +75,43 @@ def _element(kind: str, values: UOp, scales: tuple[UOp, ...], n: UOp, kb: UOp, e
     return (q * scale + minimum).cast(dtypes.half)
 
 
-def _kernel(kind: str, tensor_cores: bool, normed: bool, out: UOp, h: UOp, *srcs: UOp) -> UOp:
-    (values, *scales), norm = split_sources(normed, srcs)
+def _kernel(kind: str, tensor_cores: bool, K: int, rows_in: tuple[bool, bool], out: UOp, h: UOp, *srcs: UOp) -> UOp:
+    (values, *scales), norm = split_sources(rows_in, srcs)
     rows, cols = out.shape
     t, n = UOp.range(rows, 0), UOp.range(cols, 1)
     e = UOp.range(32, 2, AxisType.REDUCE)
-    kb = UOp.range(h.shape[1] // 32, 3, AxisType.REDUCE)  # the highest id: the tensor cores' K (their axis 0)
-    x, width = loaded(h, t, kb * 32 + e, norm), _input_dtype(kind)
+    kb = UOp.range(K // 32, 3, AxisType.REDUCE)  # the highest id: the tensor cores' K (their axis 0)
+    x, width = loaded(h, t, kb * 32 + e, K, rows_in, norm), _input_dtype(kind)
     if width == dtypes.half:
         x = x.maximum(-HALF_MAX).minimum(HALF_MAX)
     x, w = x.cast(width), _element(kind, values, scales, n, kb, e)
     # on tensor cores a product of the narrow inputs summed in float32; elsewhere the same inputs multiplied in float32
     product = (x * w).cast(dtypes.float32) if tensor_cores else x.cast(dtypes.float32) * w.cast(dtypes.float32)
     acc = product.reduce(kb, e, arg=Ops.ADD)
-    info = KernelInfo(name=f"gemm_{kind.lower()}_{rows}_{cols}_{h.shape[1]}",
+    info = KernelInfo(name=f"gemm_{kind.lower()}_{rows}_{cols}_{K}",
                       opts_to_apply=(TENSOR_CORE_OPT,) if tensor_cores else None)  # else tinygrad's heuristics
     return out[t, n].store(acc).end(t, n).sink(arg=info)
 
 
-def gpu_gemm_fits(h: Tensor, w: DeviceWeight) -> bool:
+def gpu_gemm_fits(h: Tensor, w: DeviceWeight, rows_in: RowInput = AS_THEY_ARE) -> bool:
     """Whether gpu_gemm reads w (a workers.quantized_weight.DeviceWeight) directly: its kind and whole 32-blocks."""
-    return w.kind in GEMM_KINDS and w.shape[1] % 32 == 0 and h.shape[1] == w.shape[1]
+    return w.kind in GEMM_KINDS and w.shape[1] % 32 == 0 and rows_in.width(h) == w.shape[1]
 
 
-def gpu_gemm(h: Tensor, w: DeviceWeight, tensor_cores: bool = True,
-             norm: tuple[Tensor, Tensor] | None = None) -> Tensor:
+def gpu_gemm(h: Tensor, w: DeviceWeight, tensor_cores: bool = True, rows_in: RowInput = AS_THEY_ARE) -> Tensor:
     """h [T, K] @ w.T for a DeviceWeight w [N, K] of GEMM_KINDS: [T, N] float32, summed in float32 from half (BF16:
     bfloat16) inputs. tensor_cores: whether the device has tensor cores for the input width (the caller knows: no
-    device is asked while a step is traced); False: the same kernel under tinygrad's own opts. norm: (inv_rms,
-    weight) of h's RMSNorm, applied as h is loaded (workers/product_ends.py)."""
+    device is asked while a step is traced); False: the same kernel under tinygrad's own opts. rows_in: h's RMSNorm
+    or SwiGLU, applied as h is loaded (workers/product_ends.py)."""
     out = Tensor.empty(h.shape[0], w.shape[0], dtype=dtypes.float32, device=h.device)
-    kernel = functools.partial(_kernel, w.kind, tensor_cores and w.shape[1] >= TENSOR_CORE_MIN_K, norm is not None)
+    kernel = functools.partial(_kernel, w.kind, tensor_cores and w.shape[1] >= TENSOR_CORE_MIN_K, w.shape[1],
+                               rows_in.flags())
     # h as it is (rounded to the input width inside): a .contiguous() here would copy a function's argument
-    return out.custom_kernel(h.float(), *w.parts, *norm_sources(norm), fxn=kernel)[0]
+    return out.custom_kernel(h.float(), *w.parts, *rows_in.sources(), fxn=kernel)[0]
 
 
 def half_scratch_product(h: Tensor, w: DeviceWeight, tensor_cores: bool = True,
-                         norm: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                         rows_in: RowInput = AS_THEY_ARE) -> Tensor:
     """h @ w.T through a half copy of the dequantised weight (w: any kind of whole 32-element blocks), which gpu_gemm
-    multiplies as an F16 weight (norm: as gpu_gemm's)."""
-    return gpu_gemm(h, DeviceWeight("F16", (w.dequantized().cast(dtypes.half).contiguous(),)), tensor_cores, norm)
+    multiplies as an F16 weight (rows_in: as gpu_gemm's)."""
+    return gpu_gemm(h, DeviceWeight("F16", (w.dequantized().cast(dtypes.half).contiguous(),)), tensor_cores, rows_in)

@@ -19,7 +19,7 @@ from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 
 from tinyvllm.protocol.kernel_choice import MatvecLayout
-from tinyvllm.workers.product_ends import loaded, norm_sources, split_sources
+from tinyvllm.workers.product_ends import AS_THEY_ARE, RowInput, loaded, split_sources
 from tinyvllm.workers.quantized_weight import WORDS_PER_BLOCK
 
 GPU_MATVEC_MAX_ROWS = 4  # rows of h (decode batch) this layout is for
@@ -69,13 +69,14 @@ def _block_scales(kind: str, n: UOp, kb: UOp, scales: tuple[UOp, ...]) -> list[U
     return [dm[n, kb // 8, 0] * codes[n, kb, 0].cast(f32), -(dm[n, kb // 8, 1] * codes[n, kb, 1].cast(f32))]
 
 
-def _kernel(kind: str, layout: MatvecLayout | None, normed: bool, out: UOp, h: UOp, *srcs: UOp) -> UOp:
-    (words, *scales), norm = split_sources(normed, srcs)
+def _kernel(kind: str, layout: MatvecLayout | None, K: int, rows_in: tuple[bool, bool], out: UOp, h: UOp,
+            *srcs: UOp) -> UOp:
+    (words, *scales), norm = split_sources(rows_in, srcs)
     rows, cols = out.shape
     t, n = UOp.range(rows, 0), UOp.range(cols, 1)
-    blocks = h.shape[1] // 32
+    blocks = K // 32
     kb = UOp.range(blocks, 2, AxisType.REDUCE)
-    x = [loaded(h, t, kb * 32 + e, norm) for e in range(32)]
+    x = [loaded(h, t, kb * 32 + e, K, rows_in, norm) for e in range(32)]
     block = _block_product(kind, x, [words[n, kb, j] for j in range(VALUES_PER_BLOCK[kind])], _block_scales(kind, n, kb, scales))
     acc = block.reduce(kb, arg=Ops.ADD)
     opts: tuple[Opt, ...] = ()
@@ -85,7 +86,7 @@ def _kernel(kind: str, layout: MatvecLayout | None, normed: bool, out: UOp, h: U
         wanted = ((OptOps.GROUP, 0, threads), (OptOps.LOCAL, col_axis, layout.local), (OptOps.UPCAST, col_axis, layout.rows),
                   (OptOps.UPCAST, 0, rows))  # each thread all rows of h: the weight is read once, not once per row
         opts = tuple(Opt(op, axis, amount) for op, axis, amount in wanted if amount > 1)  # an opt of 1 is refused
-    return out[t, n].store(acc).end(t, n).sink(arg=KernelInfo(name=f"matvec_{kind.lower()}_{rows}_{cols}_{h.shape[1]}",
+    return out[t, n].store(acc).end(t, n).sink(arg=KernelInfo(name=f"matvec_{kind.lower()}_{rows}_{cols}_{K}",
                                                                opts_to_apply=opts))
 
 
@@ -104,11 +105,10 @@ def gpu_matvec_fits(h: Tensor, w, layout: MatvecLayout = MatvecLayout()) -> bool
         and w.shape[0] % (layout.local * layout.rows) == 0
 
 
-def gpu_matvec(h: Tensor, w, layout: MatvecLayout | None = MatvecLayout(),
-               norm: tuple[Tensor, Tensor] | None = None) -> Tensor:
+def gpu_matvec(h: Tensor, w, layout: MatvecLayout | None = MatvecLayout(), rows_in: RowInput = AS_THEY_ARE) -> Tensor:
     """h [T, K] @ w.T for a workers.quantized_weight.DeviceWeight w [N, K] (see gpu_matvec_fits): [T, N] float32.
     layout=None: the same kernel without the GPU layout, for a device without local memory (the CPU tests).
-    norm: (inv_rms, weight) of h's RMSNorm, applied as h is loaded (workers/product_ends.py)."""
+    rows_in: h's RMSNorm or SwiGLU, applied as h is loaded (workers/product_ends.py)."""
     out = Tensor.empty(h.shape[0], w.shape[0], dtype=dtypes.float32, device=h.device)
-    kernel = functools.partial(_kernel, w.kind, layout, norm is not None)
-    return out.custom_kernel(h.float(), *w.parts, *norm_sources(norm), fxn=kernel)[0]  # h as it is: see gpu_gemm
+    kernel = functools.partial(_kernel, w.kind, layout, w.shape[1], rows_in.flags())
+    return out.custom_kernel(h.float(), *w.parts, *rows_in.sources(), fxn=kernel)[0]  # h as it is: see gpu_gemm

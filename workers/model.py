@@ -22,7 +22,7 @@ from tinyvllm.workers.gpu_gemm import gpu_gemm, gpu_gemm_fits, half_scratch_prod
 from tinyvllm.workers.gpu_matvec import GPU_MATVEC_MAX_ROWS, gpu_matvec, gpu_matvec_fits
 from tinyvllm.workers.kernel_set import kernel_choice
 from tinyvllm.workers.lora import ATTENTION, MLP, LoRAWeights
-from tinyvllm.workers.product_ends import inv_rms
+from tinyvllm.workers.product_ends import AS_THEY_ARE, RowInput, inv_rms
 from tinyvllm.protocol.model_config import ModelConfig
 from tinyvllm.protocol.rope_scaling import rope_frequencies
 from tinyvllm.workers.quantized_weight import DeviceWeight
@@ -105,7 +105,7 @@ FUSED_DEQUANT_MAX_ROWS = 8  # with tinygrad's own CPU kernels fused beat the scr
 
 
 def linear(h: Tensor, w: DeviceWeight, kernels: KernelChoice, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS,
-           tiles: Tensor | None = None, norm: tuple[Tensor, Tensor] | None = None) -> Tensor:
+           tiles: Tensor | None = None, rows_in: RowInput = AS_THEY_ARE) -> Tensor:
     """h @ w.T. C matmuls (the "c" and "c-int8" sets, tinygrad's CPU backend): workers/cpu_matmul.py's kernels, with
     int8 activations for Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and Q8_0 products where the set says so; tiles: h already
     quantised for them (workers/cpu_matmul.py's shared_int8_tiles). Otherwise, for up to max_fused_rows rows of h (decode) the
@@ -115,19 +115,17 @@ def linear(h: Tensor, w: DeviceWeight, kernels: KernelChoice, max_fused_rows: in
     device with local memory): decode rows take workers/gpu_matvec.py's kernels in kernels.matvec_layout.
     kernels.tensor_cores (a device with half tensor cores): more rows take workers/gpu_gemm.py's kernels, the weight
     dequantised inside them, and the kinds those do not read go through a half scratch instead of a float32 one.
-    norm: (inv_rms, weight) of h's RMSNorm (workers/product_ends.py), applied inside the GPU kernels where they take
-    the product, else by tinygrad."""
+    rows_in: h's RMSNorm or SwiGLU (workers/product_ends.py), applied inside the GPU kernels where they take the
+    product, else by tinygrad."""
     if kernels.matmul == "c":
-        return cpu_linear(h, w, kernels.int8_activations, tiles)
+        return cpu_linear(rows_in.applied(h), w, kernels.int8_activations, tiles)
     if kernels.gpu_matvec and gpu_matvec_fits(h, w, kernels.matvec_layout):
-        return gpu_matvec(h, w, kernels.matvec_layout, norm)
-    if kernels.tensor_cores and h.shape[0] > GPU_MATVEC_MAX_ROWS and gpu_gemm_fits(h, w):
-        return gpu_gemm(h, w, kernels.bfloat16_tensor_cores if w.kind == "BF16" else True, norm)
+        return gpu_matvec(h, w, kernels.matvec_layout, rows_in)
+    if kernels.tensor_cores and h.shape[0] > GPU_MATVEC_MAX_ROWS and gpu_gemm_fits(h, w, rows_in):
+        return gpu_gemm(h, w, kernels.bfloat16_tensor_cores if w.kind == "BF16" else True, rows_in)
     if kernels.tensor_cores and h.shape[0] > max_fused_rows and w.kind not in ("F32", "F16", "BF16"):
-        return half_scratch_product(h, w, norm=norm)
-    if norm is not None:
-        h = h * norm[0].unsqueeze(-1) * norm[1]
-    weight = w.dequantized()
+        return half_scratch_product(h, w, rows_in=rows_in)
+    h, weight = rows_in.applied(h), w.dequantized()
     return h @ (weight if h.shape[0] <= max_fused_rows or w.kind in ("F32", "F16", "BF16") else weight.contiguous()).T
 
 
@@ -164,8 +162,8 @@ def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows
         """The RMSNorm of x times joined_products' weights, one product per size, each with its LoRA term. On a GPU
         (without adapters) the norm is applied inside the product kernels (workers/product_ends.py)."""
         if kernels.gpu_matvec and not any(adapters):
-            scale = (inv_rms(x, cfg.rms_eps), norm)
-            return split_products([linear(x, w, kernels, max_fused_rows, norm=scale) for w in weights], sizes)
+            normed = RowInput(norm=(inv_rms(x, cfg.rms_eps), norm))
+            return split_products([linear(x, w, kernels, max_fused_rows, rows_in=normed) for w in weights], sizes)
         h = rms_norm(x, norm, cfg.rms_eps)
         if len(weights) > 1:
             h = h.contiguous()  # else each product recomputes the norm
@@ -210,6 +208,11 @@ def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows
     def mlp(x, norm, gate_up, w_down, *post, residual=None):
         """gate_up: gate and up's weights (joined_products); post: Gemma's norm of the output."""
         post, (gate_adapter, up_adapter, down_adapter) = split_lora(post, 3)
+        if kernels.gpu_matvec and len(gate_up) == 1 and cfg.hidden_act != "gelu_tanh" and not lora:
+            # on a GPU the down product takes silu(gate) * up from the joined product's rows as it loads them
+            rows = linear(x, gate_up[0], kernels, max_fused_rows, rows_in=RowInput(norm=(inv_rms(x, cfg.rms_eps), norm)))
+            return joined(post_norm(linear(rows, w_down, kernels, max_fused_rows, rows_in=RowInput(swiglu=True)), post),
+                          residual)
         gate, up = products(x, norm, gate_up, (cfg.ffn_dim, cfg.ffn_dim), [gate_adapter, up_adapter])
         if cfg.hidden_act == "gelu_tanh":
             act = gate.gelu() * up  # tinygrad's gelu: the tanh form

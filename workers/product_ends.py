@@ -1,12 +1,15 @@
-"""The RMSNorm of a GPU product's input rows, applied inside the product kernel (workers/gpu_matvec.py,
-workers/gpu_gemm.py) as each element is loaded, instead of a kernel of its own that writes the normalised rows: a
-decode step on a GPU is launch-bound (a 1B shape ran ~27 kernels a layer), and the norm feeds every layer's q/k/v
-and gate/up products.
+"""How a GPU product kernel (workers/gpu_matvec.py, workers/gpu_gemm.py) loads its input rows: as they are, through
+the RMSNorm before the product, or as SwiGLU's activation of the gate|up product's rows. Either way the transform is
+applied as each element is loaded, instead of a kernel of its own that writes the transformed rows: a decode step on
+a GPU is launch-bound (a 1B shape ran ~27 kernels a layer), and a prompt's [T, ffn] activation is read and written
+once less.
 
 The arithmetic is the unfused one's, in the same order: x * inv_rms[t] * weight[k] (workers/model.py's rms_norm),
-its inverse root computed by tinygrad before the product (one small reduction).
+its inverse root computed by tinygrad before the product (one small reduction); silu(gate) * up (tinygrad's silu).
 """
 from __future__ import annotations
+
+import dataclasses
 
 from tinygrad import Tensor
 from tinygrad.uop.ops import UOp
@@ -17,17 +20,43 @@ def inv_rms(x: Tensor, eps: float) -> Tensor:
     return (x.square().mean(-1) + eps).rsqrt()
 
 
-def norm_sources(norm: tuple[Tensor, Tensor] | None) -> tuple[Tensor, ...]:
-    """A product kernel's inputs after the weight's parts: the norm's (inv_rms [T], weight [K]), or none."""
-    return () if norm is None else (norm[0].float(), norm[1].float())
+@dataclasses.dataclass(frozen=True)
+class RowInput:
+    """norm: (inv_rms [T], weight [K]) of the rows' RMSNorm; swiglu: the rows are [T, 2K], gate then up, and the
+    product takes silu(gate) * up."""
+    norm: tuple[Tensor, Tensor] | None = None
+    swiglu: bool = False
+
+    def width(self, h: Tensor) -> int:
+        """K: the width of the rows the product multiplies."""
+        return h.shape[1] // 2 if self.swiglu else h.shape[1]
+
+    def applied(self, h: Tensor) -> Tensor:
+        """The transformed rows as tinygrad ops, for a product no GPU kernel takes."""
+        if self.norm is not None:
+            h = h * self.norm[0].unsqueeze(-1) * self.norm[1]
+        return h[:, :self.width(h)].silu() * h[:, self.width(h):] if self.swiglu else h
+
+    def sources(self) -> tuple[Tensor, ...]:
+        """A product kernel's inputs after the weight's parts (the norm's two, or none)."""
+        return () if self.norm is None else (self.norm[0].float(), self.norm[1].float())
+
+    def flags(self) -> tuple[bool, bool]:
+        """What the kernel's function needs to know statically: (normalised, swiglu)."""
+        return self.norm is not None, self.swiglu
 
 
-def split_sources(normed: bool, srcs: tuple[UOp, ...]) -> tuple[tuple[UOp, ...], tuple[UOp, ...]]:
+AS_THEY_ARE = RowInput()
+
+
+def split_sources(flags: tuple[bool, bool], srcs: tuple[UOp, ...]) -> tuple[tuple[UOp, ...], tuple[UOp, ...]]:
     """A product kernel's inputs after h: (the weight's parts, the norm's (inv_rms, weight) or ())."""
-    return (srcs[:-2], srcs[-2:]) if normed else (srcs, ())
+    return (srcs[:-2], srcs[-2:]) if flags[0] else (srcs, ())
 
 
-def loaded(h: UOp, t: UOp, k: UOp, norm: tuple[UOp, ...]) -> UOp:
-    """Element k of input row t, normalised where the product takes the norm."""
+def loaded(h: UOp, t: UOp, k: UOp, width: int, flags: tuple[bool, bool], norm: tuple[UOp, ...]) -> UOp:
+    """Element k (of `width`) of input row t, transformed as RowInput.flags says."""
+    if flags[1]:
+        return h[t, k].silu() * h[t, k + width]
     x = h[t, k]
     return x if not norm else x * norm[0][t] * norm[1][k]

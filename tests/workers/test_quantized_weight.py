@@ -159,7 +159,7 @@ def test_gpu_kernel_path_equals_float32_one(quantised_llama, n_tokens, monkeypat
     CPU: its kernels without the GPU layout, which needs local memory."""
     (cfg, kept), _ = quantised_llama
     monkeypatch.setattr(kernel_set_module, "gpu_matvec_device", lambda device: True)
-    monkeypatch.setattr(model_module, "gpu_matvec", lambda h, w, layout, norm: gpu_matvec(h, w, None, norm))
+    monkeypatch.setattr(model_module, "gpu_matvec", lambda h, w, layout, rows_in: gpu_matvec(h, w, None, rows_in))
     gpu_path = Transformer(cfg, kept, 64, kernels="tinygrad")
     # q and k joined into one product (both Q4_1), v (float16 in words) its own
     wqk, wv = gpu_path.layers[1].qkv
