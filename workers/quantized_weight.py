@@ -25,6 +25,9 @@ in the kernels; float32 for the products of a super-block's scale and a sub-bloc
           [N, K/32, 8] (64 bytes per super-block: byte e of its half's 32 holds element e of the half's 32-blocks
           0..3, two bits each, lowest first), its signed 8-bit scales per 16 elements int8 [N, K/32, 2] and d
           float32 [N, K/256, 1]; value = (code - 32) * (d x scale)
+    Q6_K32: Q6_K on a GPU (`words=True`), its codes regrouped per 32-block: low nibbles in Q4_1's order uint8
+          [N, K/32, 16], high 2 bits uint8 [N, K/32, 8] (byte j: elements j, j + 8, j + 16, j + 24, lowest first),
+          the scales and d as Q6_K's; the same values, each 32-block's bytes by themselves (workers/gpu_gemm.py)
     Q3_K: the file's bytes: each super-block's 2-bit codes uint8 [N, K/32, 8] (64 bytes per super-block: byte e of
           its half h holds elements e of 32-blocks 4h..4h+3, two bits each, lowest first) and third bits uint8
           [N, K/256, 32] (bit j of byte e: element e of 32-block j's, as Q5_K's fifth bits), its 16 six-bit scales
@@ -64,7 +67,7 @@ from tinygrad import Tensor, dtypes
 from tinyvllm.protocol.gguf_file import GGML_TYPE_IDS, GGML_TYPES
 from tinyvllm.workers.device_input import device_tensor
 from tinyvllm.workers.gguf_dequantize import (IQ4_VALUES, dequantize, f16_field, iq4_xs_scales, k_quant_values,
-                                              k_scales_mins, nibbles, q3_k_scale_codes, q5_codes)
+                                              k_scales_mins, nibbles, q3_k_scale_codes, q5_codes, q6_k_values)
 from tinyvllm.workers.kv_quant import decode as kv_decode
 
 # the kinds the kernels multiply (and F16, F32)
@@ -218,6 +221,17 @@ def _q6_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
             np.ascontiguousarray(b[:, :, 192:208]).view(np.int8).reshape(n, s * 8, 2), f16_field(b, 208))
 
 
+def _q6_k_block_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Q6_K super-blocks [N, S, 210] regrouped per 32-element block, the Q6_K32 kind's parts: low nibbles [N, 8S, 16]
+    in Q4_1's order, high bit pairs [N, 8S, 8] (byte j: elements j, j + 8, j + 16 and j + 24, two bits each, lowest
+    first), the file's scales int8 [N, 8S, 2] and d float32 [N, S, 1]."""
+    n, s = b.shape[:2]
+    codes = (q6_k_values(b.reshape(n * s, -1))[0].astype(np.int16) + 32).astype(np.uint8).reshape(n, s * 8, 32)
+    low, high = codes & 15, codes >> 4
+    pairs = high[..., 0:8] | (high[..., 8:16] << 2) | (high[..., 16:24] << 4) | (high[..., 24:32] << 6)
+    return low[..., :16] | (low[..., 16:] << 4), pairs, *_q6_k_parts(b)[2:]
+
+
 def _q3_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
     """Q3_K super-blocks [N, S, 110] as the Q3_K kind's parts: 2-bit codes [N, 8S, 8], third bits [N, S, 32] (both
     the file's bytes), scales minus 32 int8 [N, 8S, 2], d float32 [N, S, 1]."""
@@ -363,6 +377,13 @@ def _dequant_q6_k(low: Tensor, high: Tensor, scales: Tensor, d: Tensor) -> Tenso
     return _half_scaled(q, scales, d)
 
 
+def _dequant_q6_k32(packed: Tensor, pairs: Tensor, scales: Tensor, d: Tensor) -> Tensor:
+    n, blocks = packed.shape[:2]
+    low = Tensor.stack(packed & 15, packed >> 4, dim=2).reshape(n, blocks, 32).cast(dtypes.int32)
+    q = low + _bits(pairs.cast(dtypes.int32), 4, 2).reshape(n, blocks, 32) * 16 - 32
+    return _half_scaled(q, scales, d)
+
+
 def _half_scaled(q: Tensor, scales: Tensor, d: Tensor) -> Tensor:
     """Signed codes [N, K/32, 32] times d x their 16-element half's 8-bit scale."""
     halves = q.reshape(*q.shape[:-1], 2, 16).cast(dtypes.float32)
@@ -370,7 +391,7 @@ def _half_scaled(q: Tensor, scales: Tensor, d: Tensor) -> Tensor:
 
 
 _DEQUANT = {"Q4_0": _dequant_q4_0, "Q4_1": _dequant_q4_1, "Q2_K": _dequant_q2_k, "Q3_K": _dequant_q3_k, "Q4_K": _dequant_q4_k,
-            "Q5_K": _dequant_q5_k, "Q6_K": _dequant_q6_k,
+            "Q5_K": _dequant_q5_k, "Q6_K": _dequant_q6_k, "Q6_K32": _dequant_q6_k32,
             "Q8_0": _dequant_q8_0, "Q8_16": _dequant_q8_16, "F16": _widen_f16,
             "BF16": lambda w: kv_decode(w, "bfloat16"), "F8_E4M3": _dequant_f8_e4m3}
 
@@ -406,6 +427,8 @@ class DeviceWeight:
             return "F16", (np.ascontiguousarray(array),)
         if not isinstance(array, QuantizedArray) or dtype == "float32":
             return "F32", (np.ascontiguousarray(np.asarray(array, dtype=np.float32)),)
+        if words and array.kind == "Q6_K":  # the GPU's GEMM reads each 32-block's codes by themselves
+            return "Q6_K32", tuple(np.ascontiguousarray(p) for p in _q6_k_block_parts(array.blocks))
         host = array.device_parts()
         if words and array.kind in WORDS_PER_BLOCK:
             host = (np.ascontiguousarray(host[0]).view(np.uint32),) + host[1:]

@@ -94,11 +94,18 @@ def test_rows_taken_through_the_norm_or_swiglu_as_they_are_loaded(transform):
         np.testing.assert_allclose(got, expected, rtol=0, atol=(2e-3 if round_inputs else 1e-5) * np.abs(expected).max())
 
 
+def test_the_kernel_reads_q6_k_regrouped_per_block():
+    """Q6_K as a GPU holds it (words: the Q6_K32 kind, each 32-block's codes by themselves) in the kernel itself."""
+    tensor_cores = has_tensor_cores(Device.DEFAULT)
+    for rows in ROWS:
+        check_product("Q6_K", True, rows, lambda h, w: gpu_gemm(h, w, tensor_cores) if w.kind == "Q6_K32" else None)
+
+
 def test_which_weights_the_kernel_reads():
     h = Tensor.zeros(16, K)
-    for kind in (*CPU_KINDS, "BF16"):
+    for kind in (*CPU_KINDS, "BF16", "Q6_K"):
         assert gpu_gemm_fits(h, DeviceWeight.from_host(host_weight(kind, np.random.default_rng(0)), words=True))
-    for kind in ("Q6_K", "Q8_16"):  # the half scratch's
+    for kind in ("Q6_K", "Q8_16"):  # the half scratch's (Q6_K as the file has it: the CPU's layout)
         assert not gpu_gemm_fits(h, DeviceWeight(kind, (Tensor.zeros(N, K // 32, 16, dtype=dtypes.uint8),)))
     assert not gpu_gemm_fits(h, DeviceWeight("F32", (Tensor.zeros(N, K),)))  # float32 stays float32
     assert not gpu_gemm_fits(Tensor.zeros(16, 48), DeviceWeight("F16", (Tensor.zeros(N, 48).half(),)))  # no whole blocks
