@@ -3,7 +3,7 @@ the kernel, as tinygrad custom kernels with the matvec layout applied explicitly
 
 tinygrad's heuristics give a reduction its matvec layout (a group of threads per output row, rows upcast, rows
 spread over local threads) only when the product's two sources are plain loads. A weight that is widened
-(float16) or scaled (Q8_0, Q4_1, Q4_K) is not, so its decode matvecs got the generic layout: on an H200 a
+(float16) or scaled (Q8_0, Q4_1, Q4_K, Q6_K) is not, so its decode matvecs got the generic layout: on an H200 a
 Llama-3-8B-shaped Q8_0 batch-1 step took 197 ms, with the layout 19 ms (docs/BENCHMARKS.md). Each thread also
 reads a whole 32-element block per iteration from the weight's uint32 words (DeviceWeight.from_host(words=True)),
 which tinygrad folds into 16-byte vector loads (int8 weights were read a byte per instruction). The arithmetic is
@@ -23,7 +23,7 @@ from tinyvllm.workers.product_ends import AS_THEY_ARE, RowInput, loaded, split_s
 from tinyvllm.workers.quantized_weight import WORDS_PER_BLOCK
 
 GPU_MATVEC_MAX_ROWS = 4  # rows of h (decode batch) this layout is for
-VALUES_PER_BLOCK = {**WORDS_PER_BLOCK, "Q4_0": 16, "Q4_1": 16, "Q4_K": 16}  # a 32-element block's loads: words, or nibble bytes
+VALUES_PER_BLOCK = {**WORDS_PER_BLOCK, "Q4_0": 16, "Q4_1": 16, "Q4_K": 16, "Q6_K32": 16}  # a block's words, or nibble bytes
 
 
 def group_threads(blocks: int, threads: int) -> int:
@@ -49,6 +49,12 @@ def _block_product(kind: str, x: list[UOp], words: list[UOp], scales: list[UOp])
     if kind == "Q8_0":  # word j: elements 4j .. 4j + 3, signed bytes
         values = [(w >> s).cast(dtypes.int8).cast(f32) for w in words for s in (0, 8, 16, 24)]
         return _tree_sum([a * b for a, b in zip(x, values)]) * scales[0]
+    if kind == "Q6_K32":  # 16 nibble bytes (Q4_1's order), then 8 bytes of high pairs (byte i: elements i, i + 8, ...)
+        low, pairs = words[:16], words[16:]
+        codes = [((low[e % 16] >> (e // 16 * 4)) & 15).cast(dtypes.int32) +
+                 ((pairs[e % 8] >> (e // 8 * 2)) & 3).cast(dtypes.int32) * 16 - 32 for e in range(32)]
+        halves = [_tree_sum([a * c.cast(f32) for a, c in zip(x[i:i + 16], codes[i:i + 16])]) for i in (0, 16)]
+        return halves[0] * scales[0] + halves[1] * scales[1]  # each 16 elements' d x scale
     # Q4_0, Q4_1 and Q4_K, bytes (not words): byte i holds element i (low nibble) and element i + 16 (high nibble);
     # value = q * d + m
     values = [(w & 15).cast(f32) for w in words] + [(w >> 4).cast(f32) for w in words]
@@ -62,6 +68,9 @@ def _block_scales(kind: str, n: UOp, kb: UOp, scales: tuple[UOp, ...]) -> list[U
     if kind == "Q4_0":
         d = scales[0][n, kb, 0].cast(dtypes.float32)
         return [d, d * -8]
+    if kind == "Q6_K32":  # after the high pairs: the scale codes per 16 elements and the super-block's d
+        _, codes, d = scales
+        return [d[n, kb // 8, 0] * codes[n, kb, i].cast(dtypes.float32) for i in (0, 1)]
     if kind != "Q4_K":
         return [s[n, kb, 0].cast(dtypes.float32) for s in scales]
     codes, dm = scales
@@ -77,7 +86,10 @@ def _kernel(kind: str, layout: MatvecLayout | None, K: int, rows_in: tuple[bool,
     blocks = K // 32
     kb = UOp.range(blocks, 2, AxisType.REDUCE)
     x = [loaded(h, t, kb * 32 + e, K, rows_in, norm) for e in range(32)]
-    block = _block_product(kind, x, [words[n, kb, j] for j in range(VALUES_PER_BLOCK[kind])], _block_scales(kind, n, kb, scales))
+    values = [words[n, kb, j] for j in range(VALUES_PER_BLOCK[kind])]
+    if kind == "Q6_K32":
+        values += [scales[0][n, kb, j] for j in range(8)]  # the high pairs' bytes
+    block = _block_product(kind, x, values, _block_scales(kind, n, kb, scales))
     acc = block.reduce(kb, arg=Ops.ADD)
     opts: tuple[Opt, ...] = ()
     if layout is not None:
@@ -100,7 +112,7 @@ def gpu_matvec_device(device: str) -> bool:
 def gpu_matvec_fits(h: Tensor, w, layout: MatvecLayout = MatvecLayout()) -> bool:
     """Whether h @ w.T suits the kernel: a few rows, a weight widened or dequantised in the kernel, whole 32-element
     blocks per row and output rows that fill the layout's workgroups."""
-    values_fit = w.kind in ("Q4_0", "Q4_1", "Q4_K") or w.kind in WORDS_PER_BLOCK and w.parts[0].dtype == dtypes.uint32  # words only
+    values_fit = w.kind in ("Q4_0", "Q4_1", "Q4_K", "Q6_K32") or w.kind in WORDS_PER_BLOCK and w.parts[0].dtype == dtypes.uint32
     return values_fit and h.shape[0] <= GPU_MATVEC_MAX_ROWS and w.shape[1] % 32 == 0 \
         and w.shape[0] % (layout.local * layout.rows) == 0
 
