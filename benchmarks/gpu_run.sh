@@ -42,6 +42,8 @@ check)
   done
   timeout 300 python3 -m pytest -x -q -p no:cacheprovider tests/workers/test_paged_attention.py tests/workers/test_quantized_weight.py tests/workers/test_gpu_matvec.py tests/workers/test_gpu_gemm.py \
     tests/workers/test_runner_outputs.py tests/workers/test_block_copy.py tests/workers/test_sampler.py tests/workers/test_kv_write.py 2>&1 | tee "$out/check_$dev.txt" | tail -15
+  # tinygrad's in-place and fused paged attention on the GPU against the numpy reference (not the C kernel's cases)
+  timeout 200 python3 -m pytest -x -q -p no:cacheprovider tests/workers/test_cpu_attention.py -k "place or fused" 2>&1 | tee -a "$out/check_$dev.txt" | tail -5
   ;;
 setup) ;;  # the wheels and the default model's twin only (a warm machine keeps them for the next call)
 profile|bandwidth)  # the HBM ceiling first, read by PyTorch (the image's), then ours
