@@ -3,8 +3,8 @@ inputs and float32 accumulation, the weight dequantised inside the kernel, so no
 any weight.
 
 `gpu_gemm` is a tinygrad custom kernel for the kinds whose bytes it reads directly (F16 and Q8_0 in the GPU's uint32
-words or as plain arrays, Q4_0, Q4_1, Q4_K, Q6_K as a GPU holds it (Q6_K32), BF16): each weight element is the
-dequantisation of
+words or as plain arrays, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K as a GPU holds them (Q5_K32, Q6_K32), BF16): each weight
+element is the dequantisation of
 workers/quantized_weight.py (value = q * d (+ m), in float32) rounded once to half (BF16 stays bfloat16, as
 stored), multiplied by the row of h rounded to the same width (half saturated at +-65504, never inf) and summed in
 float32 on the tensor cores (tinygrad's TC opt, applied explicitly: its heuristics try tensor cores only for one
@@ -14,7 +14,7 @@ rows are padded to the tile too. Where the device has no tensor core for the inp
 or K is under TENSOR_CORE_MIN_K, the same kernel runs under tinygrad's own opts, multiplying the rounded inputs in
 float32.
 
-The other quantised kinds (Q2_K, Q3_K, Q5_K, Q8_16, F8_E4M3) are dequantised into a half scratch of one
+The other quantised kinds (Q2_K, Q3_K, Q8_16, F8_E4M3) are dequantised into a half scratch of one
 matrix, reused from layer to layer by the jit's memory planner (tests/workers/test_step_memory.py), which the same
 kernel multiplies as an F16 weight (`half_scratch_product`); float32 weights stay float32 products.
 
@@ -35,7 +35,7 @@ from tinyvllm.workers.kv_quant import HALF_MAX
 from tinyvllm.workers.product_ends import AS_THEY_ARE, RowInput, loaded, split_sources
 from tinyvllm.workers.quantized_weight import DeviceWeight
 
-GEMM_KINDS = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K32", "BF16")
+GEMM_KINDS = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K32", "Q6_K32", "BF16")
 # the tensor-core opt on the blocks axis (the last reduce range: see _kernel), allowed to pad every axis (tc_opt 2)
 TENSOR_CORE_OPT = Opt(OptOps.TC, 0, (-1, 2, 1))
 TENSOR_CORE_MIN_K = 256  # 8 blocks, padded to the tensor cores' 16 (tinygrad 0.14 fails to pad 2 or 3 blocks)
@@ -65,14 +65,17 @@ def _element(kind: str, values: UOp, scales: tuple[UOp, ...], n: UOp, kb: UOp, e
         q = ((values[n, kb, e // 4] >> u32((e % 4) * 8)) & 255).cast(dtypes.uint8).bitcast(dtypes.int8) if words \
             else values[n, kb, e]
         return (q.cast(f32) * scales[0][n, kb, 0].cast(f32)).cast(dtypes.half)
-    # Q4_0, Q4_1, Q4_K and Q6_K32: byte i of a block holds element i (low nibble) and element i + 16 (high nibble)
+    # Q4_0, Q4_1, Q4_K, Q5_K32, Q6_K32: byte i of a block holds element i (low nibble) and element i + 16 (high one)
     q = ((values[n, kb, e % 16] >> (e // 16 * 4).cast(dtypes.uint8)) & 15).cast(f32)
     if kind == "Q6_K32":  # plus 16 x the high pair (byte i: elements i, i + 8, i + 16, i + 24), minus 32
         pairs, scale_codes, d = scales
         high = ((pairs[n, kb, e % 8] >> (e // 8 * 2).cast(dtypes.uint8)) & 3).cast(dtypes.int32)
         code = (q.cast(dtypes.int32) + high * 16 - 32).cast(f32)
         return (code * (d[n, kb // 8, 0] * scale_codes[n, kb, e // 16].cast(f32))).cast(dtypes.half)
-    if kind == "Q4_K":  # the super-block's d and dmin times the block's 6-bit codes
+    if kind == "Q5_K32":  # plus 16 x the fifth bit (bit j of byte i: element 4j + i)
+        fifth, *scales = scales
+        q = q + ((fifth[n, kb, e % 4] >> (e // 4).cast(dtypes.uint8)) & 1).cast(f32) * 16
+    if kind in ("Q4_K", "Q5_K32"):  # the super-block's d and dmin times the block's 6-bit codes
         codes, dm = scales
         scale, minimum = dm[n, kb // 8, 0] * codes[n, kb, 0].cast(f32), -(dm[n, kb // 8, 1] * codes[n, kb, 1].cast(f32))
     else:

@@ -3,7 +3,7 @@ the kernel, as tinygrad custom kernels with the matvec layout applied explicitly
 
 tinygrad's heuristics give a reduction its matvec layout (a group of threads per output row, rows upcast, rows
 spread over local threads) only when the product's two sources are plain loads. A weight that is widened
-(float16) or scaled (Q8_0, Q4_1, Q4_K, Q6_K) is not, so its decode matvecs got the generic layout: on an H200 a
+(float16) or scaled (Q8_0, Q4_1, Q4_K, Q5_K, Q6_K) is not, so its decode matvecs got the generic layout: on an H200 a
 Llama-3-8B-shaped Q8_0 batch-1 step took 197 ms, with the layout 19 ms (docs/BENCHMARKS.md). Each thread also
 reads a whole 32-element block per iteration from the weight's uint32 words (DeviceWeight.from_host(words=True)),
 which tinygrad folds into 16-byte vector loads (int8 weights were read a byte per instruction). The arithmetic is
@@ -23,7 +23,7 @@ from tinyvllm.workers.product_ends import AS_THEY_ARE, RowInput, loaded, split_s
 from tinyvllm.workers.quantized_weight import WORDS_PER_BLOCK
 
 GPU_MATVEC_MAX_ROWS = 4  # rows of h (decode batch) this layout is for
-VALUES_PER_BLOCK = {**WORDS_PER_BLOCK, "Q4_0": 16, "Q4_1": 16, "Q4_K": 16, "Q6_K32": 16}  # a block's words, or nibble bytes
+VALUES_PER_BLOCK = {**WORDS_PER_BLOCK, "Q4_0": 16, "Q4_1": 16, "Q4_K": 16, "Q5_K32": 16, "Q6_K32": 16}  # words, or nibbles
 
 
 def group_threads(blocks: int, threads: int) -> int:
@@ -55,9 +55,11 @@ def _block_product(kind: str, x: list[UOp], words: list[UOp], scales: list[UOp])
                  ((pairs[e % 8] >> (e // 8 * 2)) & 3).cast(dtypes.int32) * 16 - 32 for e in range(32)]
         halves = [_tree_sum([a * c.cast(f32) for a, c in zip(x[i:i + 16], codes[i:i + 16])]) for i in (0, 16)]
         return halves[0] * scales[0] + halves[1] * scales[1]  # each 16 elements' d x scale
-    # Q4_0, Q4_1 and Q4_K, bytes (not words): byte i holds element i (low nibble) and element i + 16 (high nibble);
-    # value = q * d + m
-    values = [(w & 15).cast(f32) for w in words] + [(w >> 4).cast(f32) for w in words]
+    # Q4_0, Q4_1, Q4_K and Q5_K32, bytes (not words): byte i holds element i (low nibble) and element i + 16 (high
+    # nibble); Q5_K32 then 4 bytes of fifth bits (bit j of byte i: element 4j + i); value = q * d + m
+    values = [(w & 15).cast(f32) for w in words[:16]] + [(w >> 4).cast(f32) for w in words[:16]]
+    if kind == "Q5_K32":
+        values = [v + ((words[16 + e % 4] >> (e // 4)) & 1).cast(f32) * 16 for e, v in enumerate(values)]
     nibbles = _tree_sum([a * b for a, b in zip(x, values)])
     return nibbles * scales[0] + _tree_sum(list(x)) * scales[1]
 
@@ -71,9 +73,9 @@ def _block_scales(kind: str, n: UOp, kb: UOp, scales: tuple[UOp, ...]) -> list[U
     if kind == "Q6_K32":  # after the high pairs: the scale codes per 16 elements and the super-block's d
         _, codes, d = scales
         return [d[n, kb // 8, 0] * codes[n, kb, i].cast(dtypes.float32) for i in (0, 1)]
-    if kind != "Q4_K":
+    if kind not in ("Q4_K", "Q5_K32"):
         return [s[n, kb, 0].cast(dtypes.float32) for s in scales]
-    codes, dm = scales
+    codes, dm = scales[-2:]  # Q5_K32's fifth bits before them
     f32 = dtypes.float32
     return [dm[n, kb // 8, 0] * codes[n, kb, 0].cast(f32), -(dm[n, kb // 8, 1] * codes[n, kb, 1].cast(f32))]
 
@@ -87,8 +89,8 @@ def _kernel(kind: str, layout: MatvecLayout | None, K: int, rows_in: tuple[bool,
     kb = UOp.range(blocks, 2, AxisType.REDUCE)
     x = [loaded(h, t, kb * 32 + e, K, rows_in, norm) for e in range(32)]
     values = [words[n, kb, j] for j in range(VALUES_PER_BLOCK[kind])]
-    if kind == "Q6_K32":
-        values += [scales[0][n, kb, j] for j in range(8)]  # the high pairs' bytes
+    if kind in ("Q5_K32", "Q6_K32"):  # the fifth bits' bytes, the high pairs' bytes
+        values += [scales[0][n, kb, j] for j in range(scales[0].shape[-1])]
     block = _block_product(kind, x, values, _block_scales(kind, n, kb, scales))
     acc = block.reduce(kb, arg=Ops.ADD)
     opts: tuple[Opt, ...] = ()
@@ -112,7 +114,8 @@ def gpu_matvec_device(device: str) -> bool:
 def gpu_matvec_fits(h: Tensor, w, layout: MatvecLayout = MatvecLayout()) -> bool:
     """Whether h @ w.T suits the kernel: a few rows, a weight widened or dequantised in the kernel, whole 32-element
     blocks per row and output rows that fill the layout's workgroups."""
-    values_fit = w.kind in ("Q4_0", "Q4_1", "Q4_K", "Q6_K32") or w.kind in WORDS_PER_BLOCK and w.parts[0].dtype == dtypes.uint32
+    values_fit = w.kind in ("Q4_0", "Q4_1", "Q4_K", "Q5_K32", "Q6_K32") or \
+        w.kind in WORDS_PER_BLOCK and w.parts[0].dtype == dtypes.uint32
     return values_fit and h.shape[0] <= GPU_MATVEC_MAX_ROWS and w.shape[1] % 32 == 0 \
         and w.shape[0] % (layout.local * layout.rows) == 0
 

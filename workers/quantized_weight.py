@@ -28,6 +28,8 @@ in the kernels; float32 for the products of a super-block's scale and a sub-bloc
     Q6_K32: Q6_K on a GPU (`words=True`), its codes regrouped per 32-block: low nibbles in Q4_1's order uint8
           [N, K/32, 16], high 2 bits uint8 [N, K/32, 8] (byte j: elements j, j + 8, j + 16, j + 24, lowest first),
           the scales and d as Q6_K's; the same values, each 32-block's bytes by themselves (workers/gpu_gemm.py)
+    Q5_K32: Q5_K on a GPU, its fifth bits regrouped per 32-block uint8 [N, K/32, 4] (bit j of byte i: element
+          4j + i), the rest as Q5_K's
     Q3_K: the file's bytes: each super-block's 2-bit codes uint8 [N, K/32, 8] (64 bytes per super-block: byte e of
           its half h holds elements e of 32-blocks 4h..4h+3, two bits each, lowest first) and third bits uint8
           [N, K/256, 32] (bit j of byte e: element e of 32-block j's, as Q5_K's fifth bits), its 16 six-bit scales
@@ -232,6 +234,16 @@ def _q6_k_block_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
     return low[..., :16] | (low[..., 16:] << 4), pairs, *_q6_k_parts(b)[2:]
 
 
+def _q5_k_block_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Q5_K super-blocks [N, S, 176] regrouped per 32-element block, the Q5_K32 kind's parts: Q5_K's nibbles [N, 8S, 16],
+    each block's fifth bits [N, 8S, 4] (bit j of byte i: element 4j + i), Q5_K's codes [N, 8S, 2] and dm [N, S, 2]."""
+    packed, fifth, codes, dm = _k_quant_parts(b, five_bit=True)
+    n, s = fifth.shape[:2]
+    bits = (fifth[:, :, None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # [N, S, block, element]
+    by_byte = bits.reshape(n, s * 8, 8, 4) << np.arange(8, dtype=np.uint8)[:, None]  # [.., bit j, byte i]
+    return packed, np.bitwise_or.reduce(by_byte, axis=2).astype(np.uint8), codes, dm
+
+
 def _q3_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
     """Q3_K super-blocks [N, S, 110] as the Q3_K kind's parts: 2-bit codes [N, 8S, 8], third bits [N, S, 32] (both
     the file's bytes), scales minus 32 int8 [N, 8S, 2], d float32 [N, S, 1]."""
@@ -280,6 +292,8 @@ _DEVICE_PARTS = {
 }
 
 
+# the kinds a GPU holds regrouped per 32-element block (words=True), and as what
+BLOCKWISE = {"Q5_K": ("Q5_K32", _q5_k_block_parts), "Q6_K": ("Q6_K32", _q6_k_block_parts)}
 WORDS_PER_BLOCK = {"F16": 16, "Q8_0": 8}  # uint32 words of a 32-element block's values
 # (not Q4_1: tinygrad 0.14 fails to schedule its nibble arithmetic on uint32 inside a traced layer function)
 
@@ -377,6 +391,14 @@ def _dequant_q6_k(low: Tensor, high: Tensor, scales: Tensor, d: Tensor) -> Tenso
     return _half_scaled(q, scales, d)
 
 
+def _dequant_q5_k32(packed: Tensor, fifth: Tensor, codes: Tensor, dm: Tensor) -> Tensor:
+    n, blocks = packed.shape[:2]
+    low = Tensor.stack(packed & 15, packed >> 4, dim=2).reshape(n, blocks, 32).cast(dtypes.int32)
+    q = low + _bits(fifth.cast(dtypes.int32), 8, 1).reshape(n, blocks, 32) * 16
+    dm, codes = _per_block(dm, blocks), codes.cast(dtypes.float32)
+    return q.cast(dtypes.float32) * (dm[..., 0:1] * codes[..., 0:1]) - dm[..., 1:2] * codes[..., 1:2]
+
+
 def _dequant_q6_k32(packed: Tensor, pairs: Tensor, scales: Tensor, d: Tensor) -> Tensor:
     n, blocks = packed.shape[:2]
     low = Tensor.stack(packed & 15, packed >> 4, dim=2).reshape(n, blocks, 32).cast(dtypes.int32)
@@ -391,7 +413,7 @@ def _half_scaled(q: Tensor, scales: Tensor, d: Tensor) -> Tensor:
 
 
 _DEQUANT = {"Q4_0": _dequant_q4_0, "Q4_1": _dequant_q4_1, "Q2_K": _dequant_q2_k, "Q3_K": _dequant_q3_k, "Q4_K": _dequant_q4_k,
-            "Q5_K": _dequant_q5_k, "Q6_K": _dequant_q6_k, "Q6_K32": _dequant_q6_k32,
+            "Q5_K": _dequant_q5_k, "Q6_K": _dequant_q6_k, "Q5_K32": _dequant_q5_k32, "Q6_K32": _dequant_q6_k32,
             "Q8_0": _dequant_q8_0, "Q8_16": _dequant_q8_16, "F16": _widen_f16,
             "BF16": lambda w: kv_decode(w, "bfloat16"), "F8_E4M3": _dequant_f8_e4m3}
 
@@ -427,8 +449,9 @@ class DeviceWeight:
             return "F16", (np.ascontiguousarray(array),)
         if not isinstance(array, QuantizedArray) or dtype == "float32":
             return "F32", (np.ascontiguousarray(np.asarray(array, dtype=np.float32)),)
-        if words and array.kind == "Q6_K":  # the GPU's GEMM reads each 32-block's codes by themselves
-            return "Q6_K32", tuple(np.ascontiguousarray(p) for p in _q6_k_block_parts(array.blocks))
+        if words and array.kind in BLOCKWISE:  # the GPU's kernels read each 32-block's codes by themselves
+            kind, parts = BLOCKWISE[array.kind]
+            return kind, tuple(np.ascontiguousarray(p) for p in parts(array.blocks))
         host = array.device_parts()
         if words and array.kind in WORDS_PER_BLOCK:
             host = (np.ascontiguousarray(host[0]).view(np.uint32),) + host[1:]

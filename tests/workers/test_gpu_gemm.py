@@ -28,7 +28,7 @@ ROWS = (16, 24)  # a whole tensor-core tile, and one padded to it
 
 
 def host_weight(kind: str, rng: np.random.Generator, K: int = K, N: int = N):
-    if kind in ("Q4_K", "Q6_K"):  # random valid super-blocks (the writer does not quantise K-quants)
+    if kind in ("Q4_K", "Q5_K", "Q6_K"):  # random valid super-blocks (the writer does not quantise K-quants)
         return QuantizedArray(kind, random_blocks(kind, (N, K // 256), rng, 1e-2))
     x = rng.standard_normal((N, K)).astype(np.float32)
     if kind == "F16":
@@ -94,16 +94,17 @@ def test_rows_taken_through_the_norm_or_swiglu_as_they_are_loaded(transform):
         np.testing.assert_allclose(got, expected, rtol=0, atol=(2e-3 if round_inputs else 1e-5) * np.abs(expected).max())
 
 
-def test_the_kernel_reads_q6_k_regrouped_per_block():
-    """Q6_K as a GPU holds it (words: the Q6_K32 kind, each 32-block's codes by themselves) in the kernel itself."""
+@pytest.mark.parametrize("kind,gpu_kind", [("Q5_K", "Q5_K32"), ("Q6_K", "Q6_K32")])
+def test_the_kernel_reads_k_quants_regrouped_per_block(kind, gpu_kind):
+    """Q5_K and Q6_K as a GPU holds them (words: each 32-block's codes by themselves) in the kernel itself."""
     tensor_cores = has_tensor_cores(Device.DEFAULT)
     for rows in ROWS:
-        check_product("Q6_K", True, rows, lambda h, w: gpu_gemm(h, w, tensor_cores) if w.kind == "Q6_K32" else None)
+        check_product(kind, True, rows, lambda h, w: gpu_gemm(h, w, tensor_cores) if w.kind == gpu_kind else None)
 
 
 def test_which_weights_the_kernel_reads():
     h = Tensor.zeros(16, K)
-    for kind in (*CPU_KINDS, "BF16", "Q6_K"):
+    for kind in (*CPU_KINDS, "BF16", "Q5_K", "Q6_K"):
         assert gpu_gemm_fits(h, DeviceWeight.from_host(host_weight(kind, np.random.default_rng(0)), words=True))
     for kind in ("Q6_K", "Q8_16"):  # the half scratch's (Q6_K as the file has it: the CPU's layout)
         assert not gpu_gemm_fits(h, DeviceWeight(kind, (Tensor.zeros(N, K // 32, 16, dtype=dtypes.uint8),)))
@@ -190,7 +191,7 @@ def emulated_gpu_checks() -> None:
 
     kernels = kernel_choice(Device.DEFAULT, "tinygrad")
     assert kernels.tensor_cores and kernels.bfloat16_tensor_cores and kernels.gpu_matvec, kernels
-    cases = [(kind, True, ROWS[1]) for kind in (*CPU_KINDS, "BF16", "Q6_K")] + [("Q8_0", True, ROWS[0])]
+    cases = [(kind, True, ROWS[1]) for kind in (*CPU_KINDS, "BF16", "Q5_K", "Q6_K")] + [("Q8_0", True, ROWS[0])]
     # the kinds with words as plain arrays too, at 32 rows (24 would find the scratch's F16 program cached)
     for kind, words, rows in cases + [("F16", False, 32), ("Q8_0", False, 32)]:
         programs.clear()
@@ -220,7 +221,7 @@ def cuda_render_checks() -> None:
 
     kernels = kernel_choice(Device.DEFAULT, "tinygrad")
     assert kernels.tensor_cores and kernels.gpu_matvec, kernels
-    for kind in (*CPU_KINDS, "BF16", "Q6_K"):
+    for kind in (*CPU_KINDS, "BF16", "Q5_K", "Q6_K"):
         SOURCES.clear()
         w = DeviceWeight.from_host(host_weight(kind, np.random.default_rng(0)), words=True)
         linear(Tensor.empty(24, K), w, kernels).realize()
@@ -264,7 +265,7 @@ def test_cuda_renders_tensor_core_products(arch, checks, printed):
     run = subprocess.run([sys.executable, "-c", f"from tests.workers.test_gpu_gemm import {checks} as c; c()"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
-    assert printed in run.stdout and (arch != "sm_90" or run.stdout.count(" mma") == 7), run.stdout
+    assert printed in run.stdout and (arch != "sm_90" or run.stdout.count(" mma") == 8), run.stdout
 
 
 def test_a_decode_layer_is_15_kernels():
@@ -286,7 +287,7 @@ def test_on_emulated_tensor_cores():
     run = subprocess.run([sys.executable, "-c", "from tests.workers.test_gpu_gemm import emulated_gpu_checks as c; c()"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
-    assert run.stdout.count("WMMA") == 7 + 1 + 2 + 2, run.stdout
+    assert run.stdout.count("WMMA") == 8 + 1 + 2 + 2, run.stdout
     token, logprob = next(line.split()[1:] for line in run.stdout.splitlines() if line.startswith("step "))
     with configured("tinygrad"):
         cpu_token, cpu_logprob = tiny_model_step()  # float32 products here

@@ -1,5 +1,5 @@
 """workers/gpu_matvec.py: the decode matvec kernels compute h @ w.T of the dequantised weight (F16, Q8_0, Q4_0, Q4_1,
-Q4_K, Q6_K as a GPU holds it),
+Q4_K, Q5_K and Q6_K as a GPU holds them),
 without the GPU layout on the CPU and with it (groups, locals, upcasts) on tinygrad's
 PYTHON device, which emulates local memory; on a GPU (benchmarks/gpu_run.sh check) on the real device too."""
 import numpy as np
@@ -15,7 +15,7 @@ N = 32
 
 
 def host_weight(kind: str, x: np.ndarray):
-    if kind in ("Q4_K", "Q6_K"):  # random valid super-blocks (the writer does not quantise K-quants)
+    if kind in ("Q4_K", "Q5_K", "Q6_K"):  # random valid super-blocks (the writer does not quantise K-quants)
         return QuantizedArray(kind, random_blocks(kind, (x.shape[0], x.shape[1] // 256), np.random.default_rng(1), 1e-3))
     if kind == "F16":
         return x.astype(np.float16)
@@ -23,15 +23,15 @@ def host_weight(kind: str, x: np.ndarray):
 
 
 @pytest.mark.parametrize("device", [Device.DEFAULT, "PYTHON"])
-@pytest.mark.parametrize("kind", ["F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("kind", ["F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("K", [256, 96])  # 8 blocks a row: 8 threads each; 3 blocks: the group shrinks to 1
 def test_matvec_equals_the_dequantised_product(kind, device, K):
-    if kind in ("Q4_K", "Q6_K") and K % 256:
+    if kind in ("Q4_K", "Q5_K", "Q6_K") and K % 256:
         K = 768  # whole super-blocks: 24 blocks, a group of 8 threads over 3 super-blocks
     rng = np.random.default_rng(0)
     host = host_weight(kind, rng.standard_normal((N, K)).astype(np.float32))
     reference_weight = np.asarray(host, dtype=np.float32)
-    on_gpu = DeviceWeight.from_host(host, words=True)  # Q6_K: regrouped per 32-block, the Q6_K32 kind
+    on_gpu = DeviceWeight.from_host(host, words=True)  # Q5_K, Q6_K: regrouped per 32-block (Q5_K32, Q6_K32)
     w = DeviceWeight(on_gpu.kind, tuple(p.to(device).realize() for p in on_gpu.parts))
     layout = MatvecLayout() if device == "PYTHON" or gpu_matvec_device(Device.DEFAULT) else None
     for rows in (1, 4):

@@ -49,7 +49,7 @@ def test_compact_weight_dequantises_as_the_gguf_package_does(type_name, words):
     host = QuantizedArray(type_name, blocks)
     np.testing.assert_array_equal(np.asarray(host), want)  # workers/gguf_dequantize.py agrees with gguf
     weight = DeviceWeight.from_host(host, words=words)
-    gpu_kind = {"Q6_K": "Q6_K32"}.get(type_name) if words else None  # a GPU's Q6_K: regrouped per 32-block
+    gpu_kind = {"Q5_K": "Q5_K32", "Q6_K": "Q6_K32"}.get(type_name) if words else None  # regrouped per 32-block
     assert weight.kind == (gpu_kind or DEVICE_KIND[type_name]) and weight.shape == (N, K)
     np.testing.assert_array_equal(weight.dequantized().numpy(), want)
     rows = [3, 0, N - 1, 3]
