@@ -32,7 +32,7 @@ from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 
 from tinyvllm.workers.kv_quant import HALF_MAX
-from tinyvllm.workers.product_ends import AS_THEY_ARE, RowInput, loaded, split_sources
+from tinyvllm.workers.product_ends import AS_THEY_ARE, RowInput, loaded, row_transform_name, split_sources
 from tinyvllm.workers.quantized_weight import DeviceWeight
 
 GEMM_KINDS = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K32", "Q6_K32", "BF16")
@@ -97,7 +97,7 @@ def _kernel(kind: str, tensor_cores: bool, K: int, rows_in: tuple[bool, bool], o
     # on tensor cores a product of the narrow inputs summed in float32; elsewhere the same inputs multiplied in float32
     product = (x * w).cast(dtypes.float32) if tensor_cores else x.cast(dtypes.float32) * w.cast(dtypes.float32)
     acc = product.reduce(kb, e, arg=Ops.ADD)
-    info = KernelInfo(name=f"gemm_{kind.lower()}_{rows}_{cols}_{K}",
+    info = KernelInfo(name=f"gemm_{kind.lower()}_{rows}_{cols}_{K}{row_transform_name(rows_in)}",
                       opts_to_apply=(TENSOR_CORE_OPT,) if tensor_cores else None)  # else tinygrad's heuristics
     return out[t, n].store(acc).end(t, n).sink(arg=info)
 

@@ -19,7 +19,7 @@ from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 
 from tinyvllm.protocol.kernel_choice import MatvecLayout
-from tinyvllm.workers.product_ends import AS_THEY_ARE, RowInput, loaded, split_sources
+from tinyvllm.workers.product_ends import AS_THEY_ARE, RowInput, loaded, row_transform_name, split_sources
 from tinyvllm.workers.quantized_weight import WORDS_PER_BLOCK
 
 GPU_MATVEC_MAX_ROWS = 4  # rows of h (decode batch) this layout is for
@@ -100,7 +100,7 @@ def _kernel(kind: str, layout: MatvecLayout | None, K: int, rows_in: tuple[bool,
         wanted = ((OptOps.GROUP, 0, threads), (OptOps.LOCAL, col_axis, layout.local), (OptOps.UPCAST, col_axis, layout.rows),
                   (OptOps.UPCAST, 0, rows))  # each thread all rows of h: the weight is read once, not once per row
         opts = tuple(Opt(op, axis, amount) for op, axis, amount in wanted if amount > 1)  # an opt of 1 is refused
-    return out[t, n].store(acc).end(t, n).sink(arg=KernelInfo(name=f"matvec_{kind.lower()}_{rows}_{cols}_{K}",
+    return out[t, n].store(acc).end(t, n).sink(arg=KernelInfo(name=f"matvec_{kind.lower()}_{rows}_{cols}_{K}{row_transform_name(rows_in)}",
                                                                opts_to_apply=opts))
 
 

@@ -4,9 +4,9 @@ A token's slot is its block's id (looked up in its sequence's block table row) *
 block. The slots are computed once per step (`token_slots`), then each layer's `write_kv`
 stores every token's [2, kv_heads, head_dim] row at its slot in place: a custom kernel with a gathered store,
 which tinygrad's assign cannot express without one kernel per token (a decode step of 256 rows was 7,680
-kernels). The padding tokens of a step's bucket write to the scratch block. The rows become the cache's dtype
-(workers/kv_quant.py) inside the kernel; a quantised cache's are divided by their scales first, and the scales stored
-the same way.
+kernels). The padding tokens of a step's bucket write to the scratch block. A float32, float16 or bfloat16 cache's
+rows become its dtype (workers/kv_quant.py) inside the kernel; an int8 or fp8 cache's are quantised first (tinygrad
+ops over the step's rows: their scales need each row's maximum), and the scales stored the same way.
 """
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from tinyvllm.workers.weights import EXPERT_MATRICES
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    return x * inv_rms(x, eps).unsqueeze(-1) * weight
+    return x * inv_rms(x, eps) * weight
 
 
 def rope_tables(cfg: ModelConfig, max_positions: int, freq_factors=None, local: bool = False) -> tuple[Tensor, Tensor]:
@@ -72,6 +72,8 @@ def split_products(outputs: list[Tensor], sizes: tuple[int, ...]) -> list[Tensor
         while start < out.shape[1]:
             parts.append(out[:, start:start + sizes[len(parts)]])
             start += sizes[len(parts) - 1]
+        assert start == out.shape[1], (out.shape, sizes)
+    assert len(parts) == len(sizes), (len(parts), sizes)
     return parts
 
 
@@ -157,13 +159,16 @@ def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows
 
     custom_kernels = kernels.matmul == "c" or kernels.gpu_matvec or kernels.tensor_cores
 
+    def normed(x: Tensor, norm: Tensor) -> RowInput:  # the RMSNorm of x, for a GPU product to apply as it loads x
+        return RowInput(norm=(inv_rms(x, cfg.rms_eps), norm))
+
     def products(x: Tensor, norm: Tensor, weights: tuple[DeviceWeight, ...], sizes: tuple[int, ...],
                  adapters: list[tuple]) -> list[Tensor]:
         """The RMSNorm of x times joined_products' weights, one product per size, each with its LoRA term. On a GPU
         (without adapters) the norm is applied inside the product kernels (workers/product_ends.py)."""
         if kernels.gpu_matvec and not any(adapters):
-            normed = RowInput(norm=(inv_rms(x, cfg.rms_eps), norm))
-            return split_products([linear(x, w, kernels, max_fused_rows, rows_in=normed) for w in weights], sizes)
+            rows_in = normed(x, norm)
+            return split_products([linear(x, w, kernels, max_fused_rows, rows_in=rows_in) for w in weights], sizes)
         h = rms_norm(x, norm, cfg.rms_eps)
         if len(weights) > 1:
             h = h.contiguous()  # else each product recomputes the norm
@@ -210,7 +215,7 @@ def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows
         post, (gate_adapter, up_adapter, down_adapter) = split_lora(post, 3)
         if kernels.gpu_matvec and len(gate_up) == 1 and cfg.hidden_act != "gelu_tanh" and not lora:
             # on a GPU the down product takes silu(gate) * up from the joined product's rows as it loads them
-            rows = linear(x, gate_up[0], kernels, max_fused_rows, rows_in=RowInput(norm=(inv_rms(x, cfg.rms_eps), norm)))
+            rows = linear(x, gate_up[0], kernels, max_fused_rows, rows_in=normed(x, norm))
             return joined(post_norm(linear(rows, w_down, kernels, max_fused_rows, rows_in=RowInput(swiglu=True)), post),
                           residual)
         gate, up = products(x, norm, gate_up, (cfg.ffn_dim, cfg.ffn_dim), [gate_adapter, up_adapter])
@@ -333,31 +338,31 @@ class Transformer:
         return [lora_mask, *self.lora.args(i, modules)] if self.lora is not None else []
 
     def attention(self, i: int, x: Tensor, rope: dict, attend, lora_mask: Tensor | None = None,
-                  residual: bool = False) -> Tensor:
-        """Layer i's attention output projection of x (a partial sum on a tensor-parallel rank); residual: plus x."""
+                  residual: Tensor | None = None) -> Tensor:
+        """Layer i's attention output projection of x (a partial sum on a tensor-parallel rank), plus `residual`."""
         layer, cos_sin = self.layers[i], rope[self.cfg.window(i) > 0]
         q, kv = self._qkv(x, *cos_sin, layer.attn_norm, layer.qkv, *layer.biases, *layer.qk_norms,
                           *self._adapters(i, ATTENTION, lora_mask))
         attended = attend(i, q, kv) if layer.sinks is None else attend(i, q, kv, sinks=layer.sinks)
         return self._attn_out(attended, layer.wo, *layer.output_bias, *layer.post_attn_norm,
-                              *self._adapters(i, ("o",), lora_mask), residual=x if residual else None)
+                              *self._adapters(i, ("o",), lora_mask), residual=residual)
 
-    def mlp(self, i: int, x: Tensor, lora_mask: Tensor | None = None, residual: bool = False) -> Tensor:
-        """Layer i's MLP output for x (a partial sum on a tensor-parallel rank); residual: plus x."""
+    def mlp(self, i: int, x: Tensor, lora_mask: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+        """Layer i's MLP output for x (a partial sum on a tensor-parallel rank), plus `residual`."""
         layer, extras = self.layers[i], (*self._adapters(i, MLP, lora_mask),)
         if self.cfg.n_experts:
             return self._mlp(x, layer.ffn_norm, layer.router, layer.w_gate, layer.w_up, layer.w_down,
-                             *layer.expert_biases, *layer.post_ffn_norm, *extras, residual=x if residual else None)
+                             *layer.expert_biases, *layer.post_ffn_norm, *extras, residual=residual)
         return self._mlp(x, layer.ffn_norm, layer.gate_up, layer.w_down, *layer.post_ffn_norm, *extras,
-                         residual=x if residual else None)
+                         residual=residual)
 
     def run_layers(self, x: Tensor, positions: Tensor, attend, lora_mask: Tensor | None = None) -> Tensor:
         """This model's layers over the residual stream x, without the final norm (a pipeline stage's work).
         lora_mask: with adapters, each token's slot columns (workers/lora.py)."""
         rope = self.rope(positions)
         for i in range(len(self.layers)):
-            x = self.attention(i, x, rope, attend, lora_mask, residual=True)
-            x = self.mlp(i, x, lora_mask, residual=True)
+            x = self.attention(i, x, rope, attend, lora_mask, residual=x)
+            x = self.mlp(i, x, lora_mask, residual=x)
         return x
 
     def final_norm(self, x: Tensor) -> Tensor:

@@ -9,16 +9,18 @@ kernels), slot(t, s) = tables[token_rows[t], s // block_size] * block_size + s %
 s = q [t, h] . key [slot(t, s), kv head of h] * scale, soft-capped, -inf where the token does not attend s (after its
 own position, or outside its window).
 
-Steps of fewer than FUSED_MIN_TOKENS tokens (decodes), spread over (token, head, position) threads:
+Steps whose scores fit SCORES_BUFFER_MAX_BYTES (decode batches: 256 tokens x 32 heads x 8k positions is 256 MiB),
+spread over (token, head, position) threads:
 - `paged_scores` -> [T, H, max positions] float32, written up to S,
 - `paged_weighted_values`: sum over s of exp(score - m) * value [slot(t, s), kv head of h] / l -> [T, H * D],
   with m and l (the softmax's max and sum, sinks included) [T, H] from tinygrad reductions over the first S scores.
   The scores buffer holds every position a sequence may reach: T x H x max_model_len float32 per captured step,
-  not counted when the KV cache is sized (64 tokens x 32 heads x 8k positions: 64 MB).
-Prompt-sized steps (T x H threads fill a GPU) take one kernel, `paged_attention`: a thread per (token, head) holds
-its head_dim outputs in registers, passes over the positions once for the max and once more for the sum and the
-weighted values, the scores computed again each time and never stored (flash attention's two-pass form, without
-its tiles in shared memory): no buffer grows with max_model_len.
+  not counted when the KV cache is sized.
+Larger steps (prompt chunks: T x H threads fill a GPU) take one kernel, `paged_attention`: a thread per (token,
+head) holds its head_dim outputs in registers, passes over the positions once for the max and once more for the
+sum and the weighted values, the scores computed again each time and never stored (flash attention's two-pass form,
+without its tiles in shared memory): no buffer grows with max_model_len. Which is faster where, and whether a
+head_dim of 256 (Gemma) spills its registers, is for a GPU to measure.
 
 A masked position adds nothing, not even a NaN from a slot that holds another request's data or none. The cache is
 read in its storage (float32, float16, bfloat16: workers/kv_quant.py); the quantised dtypes (int8, fp8 and their
@@ -39,7 +41,8 @@ from tinyvllm.workers.attention_spec import AttentionSpec
 from tinyvllm.workers.kv_quant import decode
 
 IN_PLACE_DTYPES = ("float32", "float16", "bfloat16")
-FUSED_MIN_TOKENS = 128  # steps of this many tokens (prompt chunks) take the one-kernel attention
+# a step whose scores buffer ([T, heads, max positions] float32) would pass this takes the one-kernel attention
+SCORES_BUFFER_MAX_BYTES = 256 << 20
 
 
 def _call(nb: UOp | int, out: Tensor, *srcs: Tensor, fxn) -> Tensor:
@@ -149,11 +152,11 @@ def paged_attention_in_place(q: Tensor, cache: Tensor, tables: Tensor, token_row
     token_rows, positions [T] int32; nb: the blocks attended (the step's bound variable, or an int) -> [T, H * D]
     float32.
     sinks [H]: gpt-oss's attention sinks (a logit per head in every softmax, weighing no value).
-    fused: the one-kernel attention (default: for steps of FUSED_MIN_TOKENS tokens or more)."""
+    fused: the one-kernel attention (default: where the scores buffer would pass SCORES_BUFFER_MAX_BYTES)."""
     T, H, D = q.shape
     threads = not q.device.startswith("CPU")
     tables, token_rows = tables.cast(dtypes.int32).contiguous(), token_rows.cast(dtypes.int32).contiguous()
-    if T >= FUSED_MIN_TOKENS if fused is None else fused:
+    if (T * H * tables.shape[1] * block_size * 4 > SCORES_BUFFER_MAX_BYTES) if fused is None else fused:
         return _call(nb, Tensor.empty(T, H * D, dtype=dtypes.float32, device=q.device), q.float().contiguous(), cache,
                      tables, token_rows, positions.cast(dtypes.int32).contiguous(),
                      *(() if sinks is None else (sinks.float().contiguous(),)),

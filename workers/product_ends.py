@@ -16,16 +16,20 @@ from tinygrad.uop.ops import UOp
 
 
 def inv_rms(x: Tensor, eps: float) -> Tensor:
-    """[T]: 1 / sqrt(mean(x^2) + eps) of each row (workers/model.py's rms_norm multiplies by it)."""
-    return (x.square().mean(-1) + eps).rsqrt()
+    """[T, 1]: 1 / sqrt(mean(x^2) + eps) of each row (workers/model.py's rms_norm multiplies by it; kept 2-D, as it
+    was computed before the kernels took it: the same reduction, the same bits)."""
+    return (x.square().mean(-1, keepdim=True) + eps).rsqrt()
 
 
 @dataclasses.dataclass(frozen=True)
 class RowInput:
-    """norm: (inv_rms [T], weight [K]) of the rows' RMSNorm; swiglu: the rows are [T, 2K], gate then up, and the
-    product takes silu(gate) * up."""
+    """norm: (inv_rms [T, 1], weight [K]) of the rows' RMSNorm; swiglu: the rows are [T, 2K], gate then up, and the
+    product takes silu(gate) * up. One of the two at most."""
     norm: tuple[Tensor, Tensor] | None = None
     swiglu: bool = False
+
+    def __post_init__(self):
+        assert self.norm is None or not self.swiglu, "a product's rows are normalised or SwiGLU's, not both"
 
     def width(self, h: Tensor) -> int:
         """K: the width of the rows the product multiplies."""
@@ -34,7 +38,7 @@ class RowInput:
     def applied(self, h: Tensor) -> Tensor:
         """The transformed rows as tinygrad ops, for a product no GPU kernel takes."""
         if self.norm is not None:
-            h = h * self.norm[0].unsqueeze(-1) * self.norm[1]
+            h = h * self.norm[0] * self.norm[1]
         return h[:, :self.width(h)].silu() * h[:, self.width(h):] if self.swiglu else h
 
     def sources(self) -> tuple[Tensor, ...]:
@@ -59,4 +63,9 @@ def loaded(h: UOp, t: UOp, k: UOp, width: int, flags: tuple[bool, bool], norm: t
     if flags[1]:
         return h[t, k].silu() * h[t, k + width]
     x = h[t, k]
-    return x if not norm else x * norm[0][t] * norm[1][k]
+    return x if not norm else x * norm[0][t, 0] * norm[1][k]
+
+
+def row_transform_name(flags: tuple[bool, bool]) -> str:
+    """A kernel name's suffix for its rows' transform: the three variants of one product are told apart in profiles."""
+    return "_norm" if flags[0] else "_swiglu" if flags[1] else ""

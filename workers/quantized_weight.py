@@ -27,7 +27,8 @@ in the kernels; float32 for the products of a super-block's scale and a sub-bloc
           float32 [N, K/256, 1]; value = (code - 32) * (d x scale)
     Q6_K32: Q6_K on a GPU (`words=True`), its codes regrouped per 32-block: low nibbles in Q4_1's order uint8
           [N, K/32, 16], high 2 bits uint8 [N, K/32, 8] (byte j: elements j, j + 8, j + 16, j + 24, lowest first),
-          the scales and d as Q6_K's; the same values, each 32-block's bytes by themselves (workers/gpu_gemm.py)
+          the scales and d as Q6_K's; the same values, each 32-block's bytes by themselves (workers/gpu_gemm.py,
+          workers/gpu_matvec.py)
     Q5_K32: Q5_K on a GPU, its fifth bits regrouped per 32-block uint8 [N, K/32, 4] (bit j of byte i: element
           4j + i), the rest as Q5_K's
     Q3_K: the file's bytes: each super-block's 2-bit codes uint8 [N, K/32, 8] (64 bytes per super-block: byte e of
@@ -128,7 +129,7 @@ class QuantizedArray:
 
     @property
     def kind(self) -> str:
-        """The device kind it is multiplied as (IN_KERNEL_TYPES)."""
+        """The device kind it is multiplied as (IN_KERNEL_TYPES; a GPU holds Q5_K and Q6_K as BLOCKWISE says)."""
         return DEVICE_KIND[self.type_name]
 
     @classmethod
@@ -231,7 +232,8 @@ def _q6_k_block_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
     codes = (q6_k_values(b.reshape(n * s, -1))[0].astype(np.int16) + 32).astype(np.uint8).reshape(n, s * 8, 32)
     low, high = codes & 15, codes >> 4
     pairs = high[..., 0:8] | (high[..., 8:16] << 2) | (high[..., 16:24] << 4) | (high[..., 24:32] << 6)
-    return low[..., :16] | (low[..., 16:] << 4), pairs, *_q6_k_parts(b)[2:]
+    return (low[..., :16] | (low[..., 16:] << 4), pairs,
+            np.ascontiguousarray(b[:, :, 192:208]).view(np.int8).reshape(n, s * 8, 2), f16_field(b, 208))
 
 
 def _q5_k_block_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -419,7 +421,8 @@ _DEQUANT = {"Q4_0": _dequant_q4_0, "Q4_1": _dequant_q4_1, "Q2_K": _dequant_q2_k,
 
 
 class DeviceWeight:
-    """A weight on the device. `kind` is "F32" (parts: the float32 tensor), "F16" or a device kind (IN_KERNEL_TYPES).
+    """A weight on the device. `kind` is "F32" (parts: the float32 tensor), "F16" or a device kind (IN_KERNEL_TYPES,
+    or BLOCKWISE's Q5_K32 and Q6_K32 on a GPU).
 
     Only Tensors live in `parts` (and `kind` is a plain string) so a DeviceWeight can be passed straight
     into a tinygrad `function`: its Tensors become the function's arguments."""
@@ -449,7 +452,7 @@ class DeviceWeight:
             return "F16", (np.ascontiguousarray(array),)
         if not isinstance(array, QuantizedArray) or dtype == "float32":
             return "F32", (np.ascontiguousarray(np.asarray(array, dtype=np.float32)),)
-        if words and array.kind in BLOCKWISE:  # the GPU's kernels read each 32-block's codes by themselves
+        if words and array.kind in BLOCKWISE:  # the GPU's GEMM and matvec read each 32-block's codes by themselves
             kind, parts = BLOCKWISE[array.kind]
             return kind, tuple(np.ascontiguousarray(p) for p in parts(array.blocks))
         host = array.device_parts()

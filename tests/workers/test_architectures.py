@@ -190,3 +190,20 @@ def test_the_gemma2_comparison_sees_its_caps_and_windows():
         layer.self_attn.attn_logit_softcapping, layer.self_attn.sliding_window = 0.5, None
     model.config.layer_types = ["full_attention"] * 3
     assert np.abs(transformers_logprobs(model, prompt) - reference).max() > 0.1
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma2"])
+def test_the_gpu_path_with_joined_products_equals_transformers(arch, tmp_path, monkeypatch):
+    """On a device with local memory q|k|v and gate|up are joined at load, the products' outputs split back, and
+    attention reads the cache in place (workers/paged_products.py): with q/k/v biases (Qwen2), q/k norms (Qwen3),
+    GeGLU, output norms and windows (Gemma 2) the prompt's log-probabilities still equal transformers'. The path run
+    on the CPU, as tests/workers/test_quantized_weight.py runs it."""
+    from tinyvllm.workers import kernel_set, model as model_module
+    from tinyvllm.workers.gpu_matvec import gpu_matvec
+    monkeypatch.setattr(kernel_set, "gpu_matvec_device", lambda device: True)
+    monkeypatch.setattr(model_module, "gpu_matvec", lambda h, w, layout, rows_in: gpu_matvec(h, w, None, rows_in))
+    split, joined = model_module.split_products, []  # how many products each split had
+    monkeypatch.setattr(model_module, "split_products", lambda outputs, sizes: joined.append(len(outputs)) or
+                        split(outputs, sizes))
+    check_against_transformers(ARCHITECTURES[arch], lambda model: model.save_pretrained(tmp_path) or tmp_path, "tinygrad")
+    assert joined and all(n == 1 for n in joined), joined  # each layer's q|k|v (and gate|up) one product

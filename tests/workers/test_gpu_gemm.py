@@ -83,8 +83,8 @@ def test_rows_taken_through_the_norm_or_swiglu_as_they_are_loaded(transform):
     for rows, product, round_inputs in ((ROWS[0], gemm, True), (2, matvec, False)):
         w = DeviceWeight.from_host(host, words=True)
         if transform == "norm":
-            h, inv, scale = (rng.standard_normal(shape).astype(np.float32) for shape in ((rows, K), (rows,), (K,)))
-            x, rows_in = (h * inv[:, None]) * scale, RowInput(norm=(Tensor(inv), Tensor(scale)))
+            h, inv, scale = (rng.standard_normal(shape).astype(np.float32) for shape in ((rows, K), (rows, 1), (K,)))
+            x, rows_in = (h * inv) * scale, RowInput(norm=(Tensor(inv), Tensor(scale)))
         else:
             h = rng.standard_normal((rows, 2 * K)).astype(np.float32)
             gate, up = h[:, :K].astype(np.float64), h[:, K:]
@@ -207,8 +207,11 @@ def emulated_gpu_checks() -> None:
     check_product("Q8_0", True, 24, lambda h, w: linear(h, w, kernels), K=96)
     assert programs and not any(programs), programs
     from tinyvllm.workers import paged_products
-    paged_products.FUSED_MIN_TOKENS = 16  # the 16-token prompt through the one-kernel attention with the GPU's opts
+    paged_products.SCORES_BUFFER_MAX_BYTES = 0  # the 16-token prompt through the one-kernel attention, GPU opts
+    fused, traced = paged_products._fused_kernel, []
+    paged_products._fused_kernel = lambda *args: traced.append(1) or fused(*args)
     print("step", *tiny_model_step())
+    assert traced, "the one-kernel attention was not in the step"
 
 
 def cuda_render_checks() -> None:
@@ -234,7 +237,7 @@ def cuda_render_checks() -> None:
     assert any("paged_scores" in s for s in SOURCES) and any("paged_weighted_values" in s for s in SOURCES)
     print("step rendered", len(SOURCES), flush=True)
     from tinyvllm.workers import paged_products
-    paged_products.FUSED_MIN_TOKENS = 16
+    paged_products.SCORES_BUFFER_MAX_BYTES = 0
     SOURCES.clear()
     tiny_model_step(dim=512)  # the prompt through the one-kernel attention: head_dim 128 upcast in two steps
     assert any("paged_attention_16_4_128" in s for s in SOURCES) and not any("paged_scores" in s for s in SOURCES)
