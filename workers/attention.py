@@ -59,9 +59,9 @@ class PagedAttention:
         self.cache, self.tables, self.token_rows, self.positions = cache, tables, token_rows, positions
         self.specs = specs
         self.c_attention = kernels is not None and kernels.attention == "c"
-        # tinygrad's kernels on a device with local memory (a GPU) read a float cache in place; on tinygrad's CPU
-        # backend the gathered path stays (its buffers follow the step's context; the in-place scores buffer holds
-        # max_model_len positions per captured step, which loaded the CI machine's memory)
+        # tinygrad's kernels on a device with local memory (a GPU) read the cache in place, whatever its dtype; on
+        # tinygrad's CPU backend the gathered path stays (its buffers follow the step's context; the in-place scores
+        # buffer holds max_model_len positions per captured step, which loaded the CI machine's memory)
         self.in_place = kernels is not None and kernels.gpu_matvec
         self.write_slots = token_slots(tables, token_rows, positions, n_valid, cache.block_size, cache.scratch_slot)
         self.nb = nb
@@ -76,8 +76,8 @@ class PagedAttention:
                                        sinks)
         if self.in_place and dtype in IN_PLACE_DTYPES:  # reading the cache in place (workers/paged_products.py)
             return paged_attention_in_place(q, values, self.tables, self.token_rows, self.positions, self.nb, bs, dtype,
-                                            spec, sinks)
-        # a quantised cache: each token gathers its sequence's first nb blocks and masks the positions after its own
+                                            spec, sinks, scales=scales)
+        # tinygrad's CPU backend: each token gathers its sequence's first nb blocks and masks the positions after its own
         slots = block_slots(self.tables[self.token_rows][:, :self.nb], bs)  # [T, S]
         ctx = dequantize(values[slots], None if scales is None else scales[slots], dtype)  # [T, S, 2, KVH, D]
         S = slots.shape[1]

@@ -64,9 +64,9 @@ def _decode_e4m3(codes: Tensor) -> Tensor:
     """(8 + m) * 2^(e - 10), the subnormals (e = 0) 2m * 2^-10: no float32 denormal on the way."""
     c = codes.cast(dtypes.int32)
     e, m = (c >> 3) & 15, c & 7
-    mantissa = (e == 0).where(m * 2, m + 8).cast(dtypes.float32)
+    mantissa = e.eq(0).where(m * 2, m + 8).cast(dtypes.float32)  # eq and <: elementwise on UOps too (in-kernel)
     magnitude = mantissa * ((e + 117) << 23).bitcast(dtypes.float32)
-    return (c >= 0x80).where(-magnitude, magnitude)
+    return (c < 0x80).where(magnitude, -magnitude)
 
 
 def encode(x: Tensor, name: str) -> Tensor:

@@ -23,9 +23,8 @@ without its tiles in shared memory): no buffer grows with max_model_len. Which i
 head_dim of 256 (Gemma) spills its registers, is for a GPU to measure.
 
 A masked position adds nothing, not even a NaN from a slot that holds another request's data or none. The cache is
-read in its storage (float32, float16, bfloat16: workers/kv_quant.py); the quantised dtypes (int8, fp8 and their
-scales) keep the gathered path, as tinygrad's CPU backend does (workers/attention.py: the tests call these kernels
-directly there).
+read in its storage (float32, float16, bfloat16, and int8 / fp8 codes times their token's scale: workers/kv_quant.py);
+tinygrad's CPU backend keeps the gathered path (workers/attention.py: the tests call these kernels directly there).
 """
 from __future__ import annotations
 
@@ -40,7 +39,7 @@ from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 from tinyvllm.workers.attention_spec import AttentionSpec
 from tinyvllm.workers.kv_quant import decode
 
-IN_PLACE_DTYPES = ("float32", "float16", "bfloat16")
+IN_PLACE_DTYPES = ("float32", "float16", "bfloat16", "int8", "fp8")
 # a step whose scores buffer ([T, heads, max positions] float32) would pass this takes the one-kernel attention
 SCORES_BUFFER_MAX_BYTES = 256 << 20
 
@@ -75,12 +74,19 @@ def _info(name: str, threads: bool) -> KernelInfo:
     return KernelInfo(name=name, opts_to_apply=None if threads else ())
 
 
-def _score(cache_dtype: str, block_size: int, spec: AttentionSpec, q: UOp, cache: UOp, tables: UOp, token_rows: UOp,
-           positions: UOp, t: UOp, h: UOp, s: UOp, e_axis: int) -> UOp:
+def _cached(cache_dtype: str, cache: UOp, scales: UOp | None, slot: UOp, j: int, kv_head: UOp, e: UOp) -> UOp:
+    """Element e of the key (j = 0) or value (1) at `slot` as float32 (kv_quant.dequantize's arithmetic: the code
+    decoded, times its token's scale for int8 / fp8)."""
+    value = decode(cache[slot, j, kv_head, e], cache_dtype)
+    return value if scales is None else value * scales[slot, j, kv_head]
+
+
+def _score(cache_dtype: str, block_size: int, spec: AttentionSpec, q: UOp, cache: UOp, scales: UOp | None, tables: UOp,
+           token_rows: UOp, positions: UOp, t: UOp, h: UOp, s: UOp, e_axis: int) -> UOp:
     """Token t's head h's score of position s (q.k x scale, soft-capped), -inf where t does not attend s."""
     group = q.shape[1] // cache.shape[2]
     e = UOp.range(q.shape[2], e_axis, AxisType.REDUCE)
-    key = decode(cache[_slot(cache, tables, token_rows, t, s, block_size), 0, h // group, e], cache_dtype)
+    key = _cached(cache_dtype, cache, scales, _slot(cache, tables, token_rows, t, s, block_size), 0, h // group, e)
     score = (q[t, h, e] * key).reduce(e, arg=Ops.ADD) * spec.scale
     if spec.softcap:
         score = (score * (1 / spec.softcap)).tanh() * spec.softcap
@@ -92,41 +98,45 @@ def _score(cache_dtype: str, block_size: int, spec: AttentionSpec, q: UOp, cache
 
 
 def _scores_kernel(cache_dtype: str, block_size: int, spec: AttentionSpec, threads: bool, nb: UOp, out: UOp, q: UOp,
-                   cache: UOp, tables: UOp, token_rows: UOp, positions: UOp) -> UOp:
+                   cache: UOp, tables: UOp, token_rows: UOp, positions: UOp, *scales: UOp) -> UOp:
     T, H, _ = out.shape
     t, h, s = UOp.range(T, 0), UOp.range(H, 1), UOp.range(nb * block_size, 2)
-    stored = _score(cache_dtype, block_size, spec, q, cache, tables, token_rows, positions, t, h, s, 3)
+    stored = _score(cache_dtype, block_size, spec, q, cache, scales[0] if scales else None, tables, token_rows,
+                    positions, t, h, s, 3)
     return out[t, h, s].store(stored).end(t, h, s).sink(arg=_info(f"paged_scores_{T}_{H}_{q.shape[2]}", threads))
 
 
 def _weighted_values_kernel(cache_dtype: str, block_size: int, threads: bool, nb: UOp, out: UOp, scores: UOp, m: UOp,
-                            total: UOp, cache: UOp, tables: UOp, token_rows: UOp) -> UOp:
+                            total: UOp, cache: UOp, tables: UOp, token_rows: UOp, *scales: UOp) -> UOp:
     T, H, D = out.shape[0], scores.shape[1], cache.shape[3]
     group = H // cache.shape[2]
     t, h, d = UOp.range(T, 0), UOp.range(H, 1), UOp.range(D, 2)
     s = UOp.range(nb * block_size, 3, AxisType.REDUCE)
     score = scores[t, h, s]
     weight = ((score - m[t, h]) * math.log2(math.e)).exp2()
-    value = decode(cache[_slot(cache, tables, token_rows, t, s, block_size), 1, h // group, d], cache_dtype)
+    value = _cached(cache_dtype, cache, scales[0] if scales else None, _slot(cache, tables, token_rows, t, s, block_size),
+                    1, h // group, d)
     acc = score.ne(-math.inf).where(weight * value, 0.0).reduce(s, arg=Ops.ADD) / total[t, h]
     return out[t, h * D + d].store(acc).end(t, h, d).sink(arg=_info(f"paged_weighted_values_{T}_{H}_{D}", threads))
 
 
-def _fused_kernel(cache_dtype: str, block_size: int, spec: AttentionSpec, threads: bool, nb: UOp, out: UOp, q: UOp,
-                  cache: UOp, tables: UOp, token_rows: UOp, positions: UOp, *sinks: UOp) -> UOp:
+def _fused_kernel(cache_dtype: str, block_size: int, spec: AttentionSpec, threads: bool, scaled: bool, nb: UOp, out: UOp,
+                  q: UOp, cache: UOp, tables: UOp, token_rows: UOp, positions: UOp, *rest: UOp) -> UOp:
     """One thread per (token, head) and all of its head_dim outputs: the scores' max, then the softmax's sum and the
-    weighted values in one more pass over the positions (the scores computed again, never stored)."""
+    weighted values in one more pass over the positions (the scores computed again, never stored). rest: the cache's
+    scales (scaled: int8 / fp8), then the sinks if any."""
     T, H, D = q.shape
     group = H // cache.shape[2]
+    scales, sinks = (rest[0], rest[1:]) if scaled else (None, rest)
     t, h, d = UOp.range(T, 0), UOp.range(H, 1), UOp.range(D, 2)
-    score = functools.partial(_score, cache_dtype, block_size, spec, q, cache, tables, token_rows, positions, t, h)
+    score = functools.partial(_score, cache_dtype, block_size, spec, q, cache, scales, tables, token_rows, positions, t, h)
     s1, s2 = UOp.range(nb * block_size, 3, AxisType.REDUCE), UOp.range(nb * block_size, 5, AxisType.REDUCE)
     m = score(s1, 4).reduce(s1, arg=Ops.MAX)
     if sinks:
         m = m.maximum(sinks[0][h])
     seen = score(s2, 6)
     weight = ((seen - m) * math.log2(math.e)).exp2()
-    value = decode(cache[_slot(cache, tables, token_rows, t, s2, block_size), 1, h // group, d], cache_dtype)
+    value = _cached(cache_dtype, cache, scales, _slot(cache, tables, token_rows, t, s2, block_size), 1, h // group, d)
     total = weight.reduce(s2, arg=Ops.ADD)
     acc = seen.ne(-math.inf).where(weight * value, 0.0).reduce(s2, arg=Ops.ADD)
     if sinks:
@@ -147,8 +157,9 @@ def _fused_opts(T: int, D: int) -> tuple[Opt, ...]:
 
 def paged_attention_in_place(q: Tensor, cache: Tensor, tables: Tensor, token_rows: Tensor, positions: Tensor, nb: UOp | int,
                              block_size: int, cache_dtype: str, spec: AttentionSpec, sinks: Tensor | None = None,
-                             fused: bool | None = None) -> Tensor:
-    """q [T, H, D]; cache [slots, 2, KVH, D] (one layer's, in its storage); tables [R, max_blocks] int32;
+                             fused: bool | None = None, scales: Tensor | None = None) -> Tensor:
+    """q [T, H, D]; cache [slots, 2, KVH, D] (one layer's, in its storage; scales [slots, 2, KVH] float32 for an int8
+    or fp8 cache); tables [R, max_blocks] int32;
     token_rows, positions [T] int32; nb: the blocks attended (the step's bound variable, or an int) -> [T, H * D]
     float32.
     sinks [H]: gpt-oss's attention sinks (a logit per head in every softmax, weighing no value).
@@ -156,13 +167,14 @@ def paged_attention_in_place(q: Tensor, cache: Tensor, tables: Tensor, token_row
     T, H, D = q.shape
     threads = not q.device.startswith("CPU")
     tables, token_rows = tables.cast(dtypes.int32).contiguous(), token_rows.cast(dtypes.int32).contiguous()
+    scaled = () if scales is None else (scales,)
     if (T * H * tables.shape[1] * block_size * 4 > SCORES_BUFFER_MAX_BYTES) if fused is None else fused:
         return _call(nb, Tensor.empty(T, H * D, dtype=dtypes.float32, device=q.device), q.float().contiguous(), cache,
-                     tables, token_rows, positions.cast(dtypes.int32).contiguous(),
+                     tables, token_rows, positions.cast(dtypes.int32).contiguous(), *scaled,
                      *(() if sinks is None else (sinks.float().contiguous(),)),
-                     fxn=functools.partial(_fused_kernel, cache_dtype, block_size, spec, threads))
+                     fxn=functools.partial(_fused_kernel, cache_dtype, block_size, spec, threads, bool(scaled)))
     scores = _call(nb, Tensor.empty(T, H, tables.shape[1] * block_size, dtype=dtypes.float32, device=q.device),
-                   q.float().contiguous(), cache, tables, token_rows, positions.cast(dtypes.int32).contiguous(),
+                   q.float().contiguous(), cache, tables, token_rows, positions.cast(dtypes.int32).contiguous(), *scaled,
                    fxn=functools.partial(_scores_kernel, cache_dtype, block_size, spec, threads))
     seen = scores[:, :, :nb * block_size]
     m = seen.max(-1)
@@ -174,5 +186,5 @@ def paged_attention_in_place(q: Tensor, cache: Tensor, tables: Tensor, token_row
         total = total + (sinks.float().reshape(1, H) - m).exp()
     # [T, H * D] as the output projection reads it (a reshape of the kernel's output would be copied)
     return _call(nb, Tensor.empty(T, H * D, dtype=dtypes.float32, device=q.device), scores, m,
-                 total.contiguous(), cache, tables, token_rows,
+                 total.contiguous(), cache, tables, token_rows, *scaled,
                  fxn=functools.partial(_weighted_values_kernel, cache_dtype, block_size, threads))

@@ -3,7 +3,7 @@ token's own sequence's blocks: scattered and shared block ids, grouped query hea
 length of zero, scores spread over tens of units, decodes and causal prompt chunks of several sequences in one flat
 batch, chunks longer than the kernel's query tiles with a sliding window and soft-capped scores; and inside a
 TinyJit whose inputs change between calls (the CPU graph patches them). The windows, caps, sinks and freed blocks
-also for tinygrad's in-place attention (workers/paged_products.py), what GPUs run."""
+also for tinygrad's in-place attention (workers/paged_products.py), what GPUs run, over int8 and fp8 caches too."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit
@@ -147,3 +147,18 @@ def test_padding_and_blocks_freed_behind_a_window_stay_out_of_real_tokens(kernel
 def test_supported_shapes():
     assert supports(9, 3, 64) and supports(32, 8, 128)
     assert not supports(9, 3, 40)  # head_dim not a multiple of 16
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("dtype", ["int8", "fp8"])
+def test_a_quantised_cache_read_in_place(dtype, fused):
+    """tinygrad's in-place attention (both forms) over int8 / fp8 codes and their per-token scales equals the
+    reference over the dequantised cache (workers/kv_quant.py): GPUs no longer gather a quantised cache."""
+    from tinyvllm.workers.kv_quant import dequantize, quantize
+    q, cache, tables, lens = inputs(np.random.default_rng(51), 3)
+    codes, scales = (x.realize() for x in quantize(Tensor(cache), dtype))
+    rows, positions = np.arange(3, dtype=np.int32), lens - 1  # one decode per sequence
+    got = paged_attention_in_place(Tensor(q), codes, Tensor(tables), Tensor(rows), Tensor(positions), tables.shape[1],
+                                   BS, dtype, AttentionSpec(D ** -0.5, 0, 0.0), fused=fused, scales=scales).numpy()
+    expected = reference(q, dequantize(codes, scales, dtype).numpy(), tables, lens)
+    np.testing.assert_allclose(got, expected, rtol=5e-6, atol=1e-5)
