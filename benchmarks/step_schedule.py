@@ -10,8 +10,8 @@ llama-quantize mix) whose weights are empty device tensors of each kind's layout
     python benchmarks/step_schedule.py --shape llama-3-8b --type Q8_0 --batch 1 16 64 --prefill 2048
 
 Each step is measured as the kernels were before workers/gpu_gemm.py and workers/paged_products.py (products of
-more rows through a float32 scratch of each weight, attention over a float32 copy of every token's context) and as
-they are. `floor GB`: what a step must read at least (every
+more rows through a float32 scratch of each weight, attention over a float32 copy of every token's context; the
+other kernels as they are now) and as they are. `floor GB`: what a step must read at least (every
 weight once, each sequence's cached keys and values once). Estimates, not measurements: a kernel's bytes are the
 buffers it touches, as tinygrad counts them (a weight read by several workgroups counts once). Requests are greedy
 (sampling with temperature, top-k or top-p adds ~55 passes over the logits: workers/sampler.py).
@@ -42,7 +42,7 @@ from tests.helpers.null_cuda import use_source_only_cuda  # noqa: E402
 from tinyvllm.protocol.messages import CachedRequestData, NewRequestData, StepPlan  # noqa: E402
 from tinyvllm.protocol.model_config import ModelConfig  # noqa: E402
 from tinyvllm.protocol.sampling import SamplingParams  # noqa: E402
-from tinyvllm.workers import attention, paged_products  # noqa: E402
+from tinyvllm.workers import attention  # noqa: E402
 from tinyvllm.workers.kernel_set import configure_device, kernel_choice  # noqa: E402
 from tinyvllm.workers.kv_cache import PagedKVCache, bytes_per_block, cache_dtype  # noqa: E402
 from tinyvllm.workers.model import Transformer  # noqa: E402
@@ -86,7 +86,7 @@ def build(shape_name: str, type_name: str, now: bool, max_seqs: int, max_model_l
         factor, low, high, original = s["llama3_rope"]
         host["rope_freqs.weight"] = shape_twin.llama3_rope_factors(cfg.head_dim, cfg.rope_theta, factor, low, high, original)
         cfg = dataclasses.replace(cfg, rope_scaling={"rope_type": "rope_freqs"})
-    attention.IN_PLACE_DTYPES = paged_products.IN_PLACE_DTYPES if now else ()  # before: the gathered context
+    attention.READ_IN_PLACE = now  # before: the gathered context
     kernels = dataclasses.replace(kernel_choice(Device.DEFAULT, "tinygrad"), tensor_cores=now)
     configure_device(Device.DEFAULT, kernels)
     model = Transformer(cfg, host, max_model_len, kernels=kernels, weight_pack=EmptyWeights(specs))

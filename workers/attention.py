@@ -17,7 +17,11 @@ from tinyvllm.workers.cpu_attention import supports as supports_cpu_attention
 from tinyvllm.workers.kv_cache import PagedKVCache
 from tinyvllm.workers.kv_quant import dequantize
 from tinyvllm.workers.kv_write import token_slots, write_layer
-from tinyvllm.workers.paged_products import IN_PLACE_DTYPES, paged_attention_in_place
+from tinyvllm.workers.paged_products import paged_attention_in_place
+
+# tinygrad's kernels on a device with local memory (a GPU) read the cache in place (benchmarks/step_schedule.py turns
+# this off to count the gathered path they replaced)
+READ_IN_PLACE = True
 
 
 def gqa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, spec: AttentionSpec | None = None,
@@ -59,10 +63,9 @@ class PagedAttention:
         self.cache, self.tables, self.token_rows, self.positions = cache, tables, token_rows, positions
         self.specs = specs
         self.c_attention = kernels is not None and kernels.attention == "c"
-        # tinygrad's kernels on a device with local memory (a GPU) read the cache in place, whatever its dtype; on
-        # tinygrad's CPU backend the gathered path stays (its buffers follow the step's context; the in-place scores
-        # buffer holds max_model_len positions per captured step, which loaded the CI machine's memory)
-        self.in_place = kernels is not None and kernels.gpu_matvec
+        # on tinygrad's CPU backend the gathered path stays (its buffers follow the step's context; the in-place
+        # scores buffer holds max_model_len positions per captured step, which loaded the CI machine's memory)
+        self.in_place = READ_IN_PLACE and kernels is not None and kernels.gpu_matvec
         self.write_slots = token_slots(tables, token_rows, positions, n_valid, cache.block_size, cache.scratch_slot)
         self.nb = nb
 
@@ -74,7 +77,7 @@ class PagedAttention:
         if self.c_attention and supports_cpu_attention(q.shape[1], kv.shape[2], q.shape[2]):
             return cpu_paged_attention(q, values, self.tables, self.token_rows, self.positions, bs, dtype, scales, spec,
                                        sinks)
-        if self.in_place and dtype in IN_PLACE_DTYPES:  # reading the cache in place (workers/paged_products.py)
+        if self.in_place:  # reading the cache in place, whatever its dtype (workers/paged_products.py)
             return paged_attention_in_place(q, values, self.tables, self.token_rows, self.positions, self.nb, bs, dtype,
                                             spec, sinks, scales=scales)
         # tinygrad's CPU backend: each token gathers its sequence's first nb blocks and masks the positions after its own

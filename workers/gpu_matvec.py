@@ -114,8 +114,7 @@ def gpu_matvec_device(device: str) -> bool:
 def gpu_matvec_fits(h: Tensor, w, layout: MatvecLayout = MatvecLayout()) -> bool:
     """Whether h @ w.T suits the kernel: a few rows, a weight widened or dequantised in the kernel, whole 32-element
     blocks per row and output rows that fill the layout's workgroups."""
-    values_fit = w.kind in ("Q4_0", "Q4_1", "Q4_K", "Q5_K32", "Q6_K32") or \
-        w.kind in WORDS_PER_BLOCK and w.parts[0].dtype == dtypes.uint32
+    values_fit = w.kind in VALUES_PER_BLOCK and (w.kind not in WORDS_PER_BLOCK or w.parts[0].dtype == dtypes.uint32)
     return values_fit and h.shape[0] <= GPU_MATVEC_MAX_ROWS and w.shape[1] % 32 == 0 \
         and w.shape[0] % (layout.local * layout.rows) == 0
 

@@ -125,10 +125,11 @@ def linear(h: Tensor, w: DeviceWeight, kernels: KernelChoice, max_fused_rows: in
         return gpu_matvec(h, w, kernels.matvec_layout, rows_in)
     if kernels.tensor_cores and h.shape[0] > GPU_MATVEC_MAX_ROWS and gpu_gemm_fits(h, w, rows_in):
         return gpu_gemm(h, w, kernels.bfloat16_tensor_cores if w.kind == "BF16" else True, rows_in)
-    if kernels.tensor_cores and h.shape[0] > max_fused_rows and w.kind not in ("F32", "F16", "BF16"):
+    fused = h.shape[0] <= max_fused_rows or w.kind in ("F32", "F16", "BF16")
+    if kernels.tensor_cores and not fused:
         return half_scratch_product(h, w, rows_in=rows_in)
     h, weight = rows_in.applied(h), w.dequantized()
-    return h @ (weight if h.shape[0] <= max_fused_rows or w.kind in ("F32", "F16", "BF16") else weight.contiguous()).T
+    return h @ (weight if fused else weight.contiguous()).T
 
 
 def make_layer_functions(cfg: ModelConfig, kernels: KernelChoice, max_fused_rows: int = FUSED_DEQUANT_MAX_ROWS,

@@ -39,7 +39,6 @@ from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 from tinyvllm.workers.attention_spec import AttentionSpec
 from tinyvllm.workers.kv_quant import decode
 
-IN_PLACE_DTYPES = ("float32", "float16", "bfloat16", "int8", "fp8")
 # a step whose scores buffer ([T, heads, max positions] float32) would pass this takes the one-kernel attention
 SCORES_BUFFER_MAX_BYTES = 256 << 20
 

@@ -215,13 +215,18 @@ def _k_quant_parts(b: np.ndarray, five_bit: bool) -> tuple[np.ndarray, ...]:
             np.concatenate([f16_field(b, 0), f16_field(b, 2)], axis=-1))
 
 
+def _q6_k_scales(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q6_K super-blocks' scales int8 [N, 8S, 2] (one per 16 elements) and d float32 [N, S, 1], as the file has them."""
+    n, s = b.shape[:2]
+    return np.ascontiguousarray(b[:, :, 192:208]).view(np.int8).reshape(n, s * 8, 2), f16_field(b, 208)
+
+
 def _q6_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
     """Q6_K super-blocks [N, S, 210] as the Q6_K kind's parts: low nibbles [N, 8S, 16] and high bit pairs
     [N, 8S, 8] (the file's bytes), scales int8 [N, 8S, 2], d float32 [N, S, 1]."""
     n, s = b.shape[:2]
     return (np.ascontiguousarray(b[:, :, 0:128]).reshape(n, s * 8, 16),
-            np.ascontiguousarray(b[:, :, 128:192]).reshape(n, s * 8, 8),
-            np.ascontiguousarray(b[:, :, 192:208]).view(np.int8).reshape(n, s * 8, 2), f16_field(b, 208))
+            np.ascontiguousarray(b[:, :, 128:192]).reshape(n, s * 8, 8), *_q6_k_scales(b))
 
 
 def _q6_k_block_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -232,8 +237,7 @@ def _q6_k_block_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
     codes = (q6_k_values(b.reshape(n * s, -1))[0].astype(np.int16) + 32).astype(np.uint8).reshape(n, s * 8, 32)
     low, high = codes & 15, codes >> 4
     pairs = high[..., 0:8] | (high[..., 8:16] << 2) | (high[..., 16:24] << 4) | (high[..., 24:32] << 6)
-    return (low[..., :16] | (low[..., 16:] << 4), pairs,
-            np.ascontiguousarray(b[:, :, 192:208]).view(np.int8).reshape(n, s * 8, 2), f16_field(b, 208))
+    return low[..., :16] | (low[..., 16:] << 4), pairs, *_q6_k_scales(b)
 
 
 def _q5_k_block_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -306,9 +310,13 @@ def _from_words(words: Tensor, bits: int) -> Tensor:
     return fields.reshape(*words.shape[:-1], -1)
 
 
+def _nibbles(packed: Tensor) -> Tensor:
+    """Q4_1's order [..., 16] bytes -> [..., 32] codes: byte j holds element j (low nibble) and element j + 16."""
+    return Tensor.stack(packed & 15, packed >> 4, dim=2).reshape(*packed.shape[:-1], 32)
+
+
 def _dequant_q4_1(packed: Tensor, d: Tensor, m: Tensor) -> Tensor:
-    q = Tensor.stack(packed & 15, packed >> 4, dim=2).reshape(*packed.shape[:-1], 32)
-    return q.cast(dtypes.float32) * d.cast(dtypes.float32) + m.cast(dtypes.float32)
+    return _nibbles(packed).cast(dtypes.float32) * d.cast(dtypes.float32) + m.cast(dtypes.float32)
 
 
 def _dequant_q4_0(packed: Tensor, d: Tensor) -> Tensor:
@@ -354,12 +362,17 @@ def _bits(b: Tensor, count: int, width: int) -> Tensor:
     return Tensor.stack(*((b // (1 << (width * j))) % (1 << width) for j in range(count)), dim=-2)
 
 
+def _five_bit_scaled(packed: Tensor, fifth_bits: Tensor, codes: Tensor, dm: Tensor) -> Tensor:
+    """Q5_K's values from its nibbles and each element's fifth bit [N, K/32, 32]: (q + 16 x bit) * (d x scale) -
+    dmin x minimum."""
+    dm, codes = _per_block(dm, packed.shape[1]), codes.cast(dtypes.float32)
+    q = _nibbles(packed).cast(dtypes.int32) + fifth_bits * 16
+    return q.cast(dtypes.float32) * (dm[..., 0:1] * codes[..., 0:1]) - dm[..., 1:2] * codes[..., 1:2]
+
+
 def _dequant_q5_k(packed: Tensor, fifth: Tensor, codes: Tensor, dm: Tensor) -> Tensor:
     b = fifth.cast(dtypes.int32)  # [N, S, 32]: bit j of byte e is element e of block j's
-    sixteens = _bits(b, 8, 1).reshape(*packed.shape[:-1], 32) * 16
-    dm, codes = _per_block(dm, packed.shape[1]), codes.cast(dtypes.float32)
-    q = Tensor.stack(packed & 15, packed >> 4, dim=2).reshape(*packed.shape[:-1], 32).cast(dtypes.int32) + sixteens
-    return q.cast(dtypes.float32) * (dm[..., 0:1] * codes[..., 0:1]) - dm[..., 1:2] * codes[..., 1:2]
+    return _five_bit_scaled(packed, _bits(b, 8, 1).reshape(*packed.shape[:-1], 32), codes, dm)
 
 
 def _two_bit_codes(low: Tensor) -> Tensor:
@@ -394,18 +407,12 @@ def _dequant_q6_k(low: Tensor, high: Tensor, scales: Tensor, d: Tensor) -> Tenso
 
 
 def _dequant_q5_k32(packed: Tensor, fifth: Tensor, codes: Tensor, dm: Tensor) -> Tensor:
-    n, blocks = packed.shape[:2]
-    low = Tensor.stack(packed & 15, packed >> 4, dim=2).reshape(n, blocks, 32).cast(dtypes.int32)
-    q = low + _bits(fifth.cast(dtypes.int32), 8, 1).reshape(n, blocks, 32) * 16
-    dm, codes = _per_block(dm, blocks), codes.cast(dtypes.float32)
-    return q.cast(dtypes.float32) * (dm[..., 0:1] * codes[..., 0:1]) - dm[..., 1:2] * codes[..., 1:2]
+    return _five_bit_scaled(packed, _bits(fifth.cast(dtypes.int32), 8, 1).reshape(*packed.shape[:-1], 32), codes, dm)
 
 
 def _dequant_q6_k32(packed: Tensor, pairs: Tensor, scales: Tensor, d: Tensor) -> Tensor:
-    n, blocks = packed.shape[:2]
-    low = Tensor.stack(packed & 15, packed >> 4, dim=2).reshape(n, blocks, 32).cast(dtypes.int32)
-    q = low + _bits(pairs.cast(dtypes.int32), 4, 2).reshape(n, blocks, 32) * 16 - 32
-    return _half_scaled(q, scales, d)
+    high = _bits(pairs.cast(dtypes.int32), 4, 2).reshape(*packed.shape[:-1], 32)  # byte j: elements j, j + 8, ...
+    return _half_scaled(_nibbles(packed).cast(dtypes.int32) + high * 16 - 32, scales, d)
 
 
 def _half_scaled(q: Tensor, scales: Tensor, d: Tensor) -> Tensor:
